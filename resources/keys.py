@@ -1,0 +1,125 @@
+"""Every tensor-store key the project uses, in one place.
+
+All keys are relative to the store root (a folder, or `s3://bucket/prefix`). A *commit
+key* names a folder-like prefix holding content-addressed data objects and a
+`_MANIFEST.json` written last (see `resources/store.py`); readers trust only committed
+manifests.
+
+| function | key (commit key unless noted) | holds | written by |
+|---|---|---|---|
+| `anchor_key(run, v)` | `runs/{run}/anchors/v{v:06d}` | full BF16 policy weights at version v, the base a PULSE patch chain starts from | trainer, every `anchor_every` versions |
+| `patch_key(run, v)` | `runs/{run}/patches/v{v:06d}` | PULSE patch v-1 -> v (changed BF16 values) plus the weights hash of v | trainer |
+| `weights_key(run, v)` | `runs/{run}/weights/v{v:06d}` | trainer checkpoint after update v: FP32 master weights and optimizer state, for `--resume` | trainer |
+| `rollout_key(run, it, rid)` | `runs/{run}/rollouts/it-{it:06d}/{rid}` | final result of one request: trajectory (latents, log-probs), reward, image; committed exclusively so a duplicate is harmless | rollout worker |
+| `rollout_state_key(run, rid)` | `runs/{run}/rollout_state/{rid}` | latest in-flight state of one request (latents, step index, log-probs so far), overwritten every c steps | rollout worker |
+| `seed_plan_key(run, it)` | `runs/{run}/seed_plans/it-{it:06d}` | ranked seeds per prompt for iteration it, chosen by exploration on stale weights | coordinator (explore phase) |
+| `bandit_state_key(run)` | `runs/{run}/bandit` | UCB bandit arm statistics, overwritten each iteration | coordinator |
+
+Listing helpers: `rollouts_prefix(run, it)` lists one iteration's results,
+`run_prefix(run)` everything of a run. Iterations are zero-padded like the Dagster
+partition keys (`it-000012`), so keys sort in iteration order.
+
+Example:
+    store.publish_tensors(patch_key("demo", 3), patch_tensors)
+    for key in store.list_commits(rollouts_prefix("demo", 3)): ...
+"""
+
+from __future__ import annotations
+
+import re
+
+# Names that become one key segment: no slashes, no leading dot (hidden/temporary files
+# of the local store start with a dot), nothing a shell or S3 console would mangle.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._=+-]{0,199}$")
+MANIFEST_NAME = "_MANIFEST.json"
+
+
+def check_name(value: str, what: str) -> str:
+    """Return `value` if it is a safe single key segment, else raise ValueError naming `what`."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a valid key segment: use 1-200 characters from "
+            "A-Z a-z 0-9 . _ = + - , not starting with '.' or '-'"
+        )
+    return value
+
+
+def check_key(key: str) -> str:
+    """Return `key` if it is a relative store key made of valid segments, else raise ValueError."""
+    if not isinstance(key, str) or not key or key.startswith("/") or key.endswith("/"):
+        raise ValueError(f"store key {key!r} must be a non-empty relative path like 'runs/demo/x'")
+    for segment in key.split("/"):
+        check_name(segment, f"segment of store key {key!r}:")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing prefix: empty, or a key (optionally ending in '/')."""
+    if prefix:
+        check_key(prefix.rstrip("/") or "/")
+    return prefix
+
+
+def _index(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative int, got {value!r}")
+    if value > 999_999:
+        raise ValueError(f"{what} {value} exceeds the 6-digit key layout (max 999999)")
+    return value
+
+
+def iteration_label(iteration: int) -> str:
+    """`it-000012`: the iteration's key segment, identical to its Dagster partition key."""
+    return f"it-{_index(iteration, 'iteration'):06d}"
+
+
+def version_label(version: int) -> str:
+    """`v000012`: a weights version's key segment."""
+    return f"v{_index(version, 'version'):06d}"
+
+
+def run_prefix(run: str) -> str:
+    """Everything a run stores lives under this prefix."""
+    return f"runs/{check_name(run, 'run name')}/"
+
+
+def anchor_key(run: str, version: int) -> str:
+    """Full BF16 weights at `version`: the start of a PULSE patch chain."""
+    return f"{run_prefix(run)}anchors/{version_label(version)}"
+
+
+def patch_key(run: str, version: int) -> str:
+    """PULSE patch that takes weights from `version - 1` to `version`."""
+    if version < 1:
+        raise ValueError(f"patch version must be >= 1 (a patch goes from v-1 to v), got {version}")
+    return f"{run_prefix(run)}patches/{version_label(version)}"
+
+
+def weights_key(run: str, version: int) -> str:
+    """Trainer checkpoint (FP32 master weights + optimizer state) after update `version`."""
+    return f"{run_prefix(run)}weights/{version_label(version)}"
+
+
+def rollouts_prefix(run: str, iteration: int) -> str:
+    """Prefix under which all results of one iteration are committed."""
+    return f"{run_prefix(run)}rollouts/{iteration_label(iteration)}/"
+
+
+def rollout_key(run: str, iteration: int, request_id: str) -> str:
+    """Final result of one request; committed exclusively (first writer wins)."""
+    return rollouts_prefix(run, iteration) + check_name(request_id, "request id")
+
+
+def rollout_state_key(run: str, request_id: str) -> str:
+    """Latest committed in-flight state of one request, for resume after preemption."""
+    return f"{run_prefix(run)}rollout_state/{check_name(request_id, 'request id')}"
+
+
+def seed_plan_key(run: str, iteration: int) -> str:
+    """Seed plan (ranked seeds per prompt) used by iteration `iteration`'s rollouts."""
+    return f"{run_prefix(run)}seed_plans/{iteration_label(iteration)}"
+
+
+def bandit_state_key(run: str) -> str:
+    """UCB bandit statistics for exploration arms (overwritten each iteration)."""
+    return f"{run_prefix(run)}bandit"

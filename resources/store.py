@@ -1,0 +1,272 @@
+"""The tensor store interface: raw objects, tensor dicts, and publish-then-commit with checksums.
+
+A backend implements six primitives (`put_bytes`, `get_bytes`, `exists`, `list_keys`,
+`delete`, `create_exclusive`); everything else is shared here so both backends behave
+identically under one contract test suite.
+
+Publish, then commit: `publish(commit_key, {name: bytes})` writes each object under a
+content-addressed key (`{commit_key}/{name}.{xxh3}`), then the manifest
+`{commit_key}/_MANIFEST.json` last. Readers (`load_bytes`, `load_tensors`) trust only a
+committed manifest and verify size and checksum of every object they read. With
+`exclusive=True` the manifest is created only if absent (exactly one writer wins a race);
+otherwise it replaces the previous manifest, whose superseded objects are then deleted
+(assumes one writer per commit key at a time, e.g. the holder of a queue lease).
+
+Example:
+    store = open_store("file:///tmp/spotlight-store")     # or "s3://bucket/prefix"
+    store.publish_tensors(patch_key("demo", 3), {"values": t}, metadata={"hash": h})
+    tensors = store.load_tensors(patch_key("demo", 3))
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from urllib.parse import urlparse
+
+from resources.keys import MANIFEST_NAME, check_key
+from resources.manifest import Manifest, ObjectEntry, check_metadata, checksum, manifest_key, object_key
+from resources.tensors import tensors_from_bytes, tensors_to_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+TENSORS_NAME = "tensors.safetensors"
+SUPPORTED_SCHEMES = "a folder path, file:///absolute/path, or s3://bucket/prefix"
+
+
+class StoreError(Exception):
+    """A store operation failed in a way the caller cannot fix by changing arguments."""
+
+
+class ObjectNotFoundError(StoreError, LookupError):
+    """The key does not exist."""
+
+
+class NotCommittedError(ObjectNotFoundError):
+    """No committed manifest exists under the commit key (nothing published yet, or deleted)."""
+
+
+class ChecksumMismatchError(StoreError):
+    """An object's bytes differ from its manifest: modified after commit or corrupted."""
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Outcome of `publish`: the manifest committed now, and whether it is this call's."""
+
+    manifest: Manifest
+    """The committed manifest (this call's, or the winner's when an exclusive publish lost)."""
+    won: bool
+    """True when this call's manifest is the committed one."""
+    identical: bool
+    """True when the committed content equals what this call published (always when won)."""
+
+
+class TensorStore(abc.ABC):
+    """A key -> bytes store with tensor dicts and checksummed publish-then-commit."""
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """URL that `open_store` turns back into an equivalent store (no credentials)."""
+
+    @abc.abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write (or replace) one object atomically: readers see the old or the new bytes."""
+
+    @abc.abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """Read one object; raise ObjectNotFoundError if it does not exist."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """True if an object exists at exactly this key."""
+
+    @abc.abstractmethod
+    def list_keys(self, prefix: str = "") -> list[str]:
+        """All object keys starting with `prefix` (plain string prefix), sorted."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete one object; deleting a missing key is not an error."""
+
+    @abc.abstractmethod
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Create the object only if absent, atomically; True if this call created it."""
+
+    def get_sized(self, key: str, size_bytes: int) -> bytes:
+        """Read an object whose size is known (backends may use ranged parallel reads)."""
+        return self.get_bytes(key)
+
+    def delete_keys(self, keys: Iterable[str]) -> None:
+        """Delete many objects (backends may batch)."""
+        for key in keys:
+            self.delete(key)
+
+    def put_tensors(self, key: str, tensors: Mapping[str, "torch.Tensor"]) -> None:
+        """Write a tensor dict as safetensors bytes (no manifest; see `publish_tensors`)."""
+        self.put_bytes(key, tensors_to_bytes(tensors))
+
+    def get_tensors(self, key: str) -> dict[str, "torch.Tensor"]:
+        """Read a tensor dict written by `put_tensors`."""
+        return tensors_from_bytes(self.get_bytes(key))
+
+    def read_manifest(self, commit_key: str) -> Manifest | None:
+        """The committed manifest of `commit_key`, or None when nothing is committed."""
+        key = manifest_key(commit_key)
+        try:
+            data = self.get_bytes(key)
+        except ObjectNotFoundError:
+            return None
+        return Manifest.from_bytes(data, where=self._where(key))
+
+    def publish(
+        self,
+        commit_key: str,
+        objects: Mapping[str, bytes],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        exclusive: bool = False,
+    ) -> PublishResult:
+        """Write `objects`, then commit them with a manifest (see the module docstring)."""
+        if not objects:
+            raise ValueError(f"publish to {commit_key!r} needs at least one object")
+        entries = {}
+        for name, data in objects.items():
+            digest = checksum(data)
+            entries[name] = ObjectEntry(object_key(commit_key, name, digest), digest, len(data))
+        manifest = Manifest(commit_key, entries, check_metadata(metadata))
+        previous = self.read_manifest(commit_key)
+        if exclusive and previous is not None:
+            return PublishResult(previous, won=False, identical=previous.same_content(manifest))
+        already = {e.key for e in previous.objects.values()} if previous else set()
+        for name, entry in entries.items():
+            if entry.key not in already:  # content-addressed: same key means same bytes
+                self.put_bytes(entry.key, objects[name])
+        if exclusive:
+            return self._commit_exclusive(manifest)
+        self.put_bytes(manifest_key(commit_key), manifest.to_bytes())
+        if previous is not None:
+            keep = {e.key for e in entries.values()}
+            self.delete_keys(e.key for e in previous.objects.values() if e.key not in keep)
+        return PublishResult(manifest, won=True, identical=True)
+
+    def _commit_exclusive(self, manifest: Manifest) -> PublishResult:
+        key = manifest_key(manifest.commit_key)
+        if self.create_exclusive(key, manifest.to_bytes()):
+            return PublishResult(manifest, won=True, identical=True)
+        committed = self.read_manifest(manifest.commit_key)
+        if committed is None:
+            raise StoreError(f"commit {self._where(key)} was taken by another writer and then deleted; retry the publish")
+        if committed.writer == manifest.writer:
+            # A retried request whose first attempt had already landed: that was us.
+            return PublishResult(committed, won=True, identical=True)
+        winner_keys = {e.key for e in committed.objects.values()}
+        self.delete_keys(e.key for e in manifest.objects.values() if e.key not in winner_keys)
+        return PublishResult(committed, won=False, identical=committed.same_content(manifest))
+
+    def publish_tensors(
+        self,
+        commit_key: str,
+        tensors: Mapping[str, "torch.Tensor"],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        exclusive: bool = False,
+    ) -> PublishResult:
+        """Publish one tensor dict as the commit's `tensors.safetensors` object."""
+        return self.publish(commit_key, {TENSORS_NAME: tensors_to_bytes(tensors)}, metadata, exclusive=exclusive)
+
+    def load_bytes(self, commit_key: str, name: str) -> bytes:
+        """Read one object of a committed manifest, verifying its size and checksum."""
+        manifest = self._require_manifest(commit_key)
+        for _ in range(3):
+            entry = manifest.objects.get(name)
+            if entry is None:
+                raise ObjectNotFoundError(
+                    f"commit {self._where(commit_key)} has no object {name!r}; it has {sorted(manifest.objects)}"
+                )
+            try:
+                return self._verified(entry, self.get_sized(entry.key, entry.size_bytes), name)
+            except ObjectNotFoundError:
+                # The commit may have been replaced between reading its manifest and its object.
+                newer = self._require_manifest(commit_key)
+                if newer.objects.get(name) == entry:
+                    break
+                manifest = newer
+        raise StoreError(
+            f"object {self._where(entry.key)} named by the manifest of {commit_key!r} is missing: "
+            "it was deleted outside the store API or the store is damaged; re-publish the commit"
+        )
+
+    def load_tensors(self, commit_key: str, name: str = TENSORS_NAME) -> dict[str, "torch.Tensor"]:
+        """Read and verify a committed tensor dict."""
+        return tensors_from_bytes(self.load_bytes(commit_key, name))
+
+    def list_commits(self, prefix: str = "") -> list[str]:
+        """Commit keys under `prefix` that have a committed manifest, sorted."""
+        suffix = "/" + MANIFEST_NAME
+        return sorted(k[: -len(suffix)] for k in self.list_keys(prefix) if k.endswith(suffix))
+
+    def delete_commit(self, commit_key: str) -> None:
+        """Uncommit first (delete the manifest), then every object under the commit key."""
+        self.delete(manifest_key(commit_key))
+        self.delete_keys(self.list_keys(check_key(commit_key) + "/"))
+
+    def _require_manifest(self, commit_key: str) -> Manifest:
+        manifest = self.read_manifest(commit_key)
+        if manifest is None:
+            raise NotCommittedError(f"nothing is committed at {self._where(commit_key)} (no {MANIFEST_NAME})")
+        return manifest
+
+    def _verified(self, entry: ObjectEntry, data: bytes, name: str) -> bytes:
+        actual = checksum(data)
+        if len(data) != entry.size_bytes or actual != entry.xxh3_128:
+            raise ChecksumMismatchError(
+                f"object {name!r} at {self._where(entry.key)} does not match its manifest: "
+                f"expected {entry.size_bytes} bytes with xxh3-128 {entry.xxh3_128}, "
+                f"read {len(data)} bytes with xxh3-128 {actual}. It was modified after commit "
+                "or corrupted; refusing to use it. Re-publish the commit."
+            )
+        return data
+
+    def _where(self, key: str) -> str:
+        return f"{self.url.rstrip('/')}/{key}"
+
+
+def open_store(url: str | Path) -> TensorStore:
+    """Open a store from a URL: a folder path, `file:///abs/path`, or `s3://bucket/prefix`.
+
+    S3 endpoint, region and credentials come from boto3's standard configuration
+    (`AWS_ENDPOINT_URL`, `AWS_PROFILE`, `AWS_ACCESS_KEY_ID`, ...), never from the URL.
+    """
+    text = str(url)
+    if not text:
+        raise ValueError(f"store URL is empty: use {SUPPORTED_SCHEMES}")
+    parsed = urlparse(text)
+    scheme = parsed.scheme.lower()
+    if scheme == "" or (len(scheme) == 1 and text[1:3] in (":\\", ":/")):  # plain (or Windows) path
+        from resources.store_local import LocalTensorStore
+
+        return LocalTensorStore(text)
+    if scheme == "file":
+        if parsed.netloc not in ("", "localhost") or parsed.query:
+            raise ValueError(f"store URL {text!r}: a file URL must look like file:///absolute/path")
+        from resources.store_local import LocalTensorStore
+
+        return LocalTensorStore(parsed.path)
+    if scheme == "s3":
+        if parsed.username or parsed.password:
+            # Do not echo the URL: it holds a secret.
+            raise ValueError("an s3:// store URL must not contain credentials: configure them for boto3 instead")
+        if parsed.query or parsed.fragment:
+            raise ValueError(
+                f"store URL {text!r}: use s3://bucket/prefix only; set the endpoint with AWS_ENDPOINT_URL "
+                "and credentials through boto3's standard configuration"
+            )
+        from resources.store_s3 import S3TensorStore
+
+        return S3TensorStore(parsed.netloc, parsed.path.strip("/"))
+    raise ValueError(f"unsupported store URL scheme {scheme!r} in {text!r}: use {SUPPORTED_SCHEMES}")

@@ -1,0 +1,139 @@
+"""LocalTensorStore: the embedded default, a folder with atomic, durable writes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+
+from resources.keys import check_key, check_prefix
+from resources.store import ObjectNotFoundError, StoreError, TensorStore
+
+_TMP_PREFIX = ".tmp-"
+
+
+class LocalTensorStore(TensorStore):
+    """Objects are files under `root`; keys map to relative paths.
+
+    Writes go to a hidden temp file in the target folder, are fsynced, then renamed into
+    place (atomic on POSIX), so a reader never sees a partial object. Conditional create
+    hard-links the finished temp file to the key: `link` fails if the key exists, which
+    is the O_EXCL guarantee without ever exposing a half-written manifest.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.fsync = fsync
+        """fsync files and folders on write; off trades crash durability for speed."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(f"cannot create store folder {self.root}: {err.strerror}") from err
+        if not self.root.is_dir():
+            raise StoreError(f"store path {self.root} exists and is not a folder")
+
+    @property
+    def url(self) -> str:
+        return self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalTensorStore({str(self.root)!r})"
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError as err:
+            raise ValueError(f"cannot write key {key!r}: it is already used as a prefix of other keys") from err
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._fsync_dir(path.parent)
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._fsync_dir(path.parent)
+        return True
+
+    def get_bytes(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:
+            raise ObjectNotFoundError(f"no object at {self.url}/{key}") from err
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix)
+        # Walk only the deepest folder the prefix names, then filter by the full prefix.
+        base = self.root / prefix.rpartition("/")[0] if "/" in prefix else self.root
+        keys = []
+        for folder, dirs, files in os.walk(base):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            rel = Path(folder).relative_to(self.root).as_posix()
+            for name in files:
+                if not name.startswith("."):
+                    key = name if rel == "." else f"{rel}/{name}"
+                    if key.startswith(prefix):
+                        keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except (FileNotFoundError, IsADirectoryError):
+            return
+        self._prune_empty_parents(path.parent)
+
+    def _write_temp(self, path: Path, data: bytes) -> Path:
+        # A concurrent delete may prune the folder between mkdir and open: retry then.
+        for _ in range(5):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+            try:
+                with open(tmp, "xb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    if self.fsync:
+                        os.fsync(handle.fileno())
+                return tmp
+            except FileNotFoundError:
+                continue
+            except NotADirectoryError as err:
+                raise ValueError(f"cannot write {path}: a parent of this key is already an object") from err
+        raise StoreError(f"could not create a temp file in {path.parent}: the folder keeps disappearing")
+
+    def _fsync_dir(self, folder: Path) -> None:
+        # The rename is durable only once the folder entry is on disk.
+        if not self.fsync:
+            return
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _prune_empty_parents(self, folder: Path) -> None:
+        # Keeps the tree from filling with empty folders of deleted commits.
+        while folder != self.root and self.root in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError as err:
+                if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    return
+                raise
+            folder = folder.parent

@@ -1,0 +1,87 @@
+"""Shared pytest fixtures: stores (local folder, S3 on a moto server) and ledgers."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+_DUMMY_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """A running S3-compatible endpoint with a fresh, empty bucket for one test."""
+
+    url: str
+    """http://127.0.0.1:PORT of the moto server."""
+    bucket: str
+    """A bucket created for this test only."""
+
+    def store(self, prefix: str = "store", **config_fields: object):
+        """An S3TensorStore on this bucket; keyword arguments become S3Config fields."""
+        from resources.store_s3 import S3Config, S3TensorStore
+
+        return S3TensorStore(self.bucket, prefix, endpoint_url=self.url, config=S3Config(**config_fields))
+
+    def client(self):
+        """A plain boto3 client on the endpoint, for inspecting what the store wrote."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.url)
+
+
+@pytest.fixture(scope="session")
+def _moto_url() -> Iterator[str]:
+    """One moto S3 server (a real HTTP endpoint on 127.0.0.1, free port) per test session."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_server(_moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> S3Endpoint:
+    """Dummy credentials and AWS_ENDPOINT_URL in the environment, ~/.aws hidden, a new bucket."""
+    for name, value in _DUMMY_AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    # Never let a developer's real configuration reach the tests.
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", _moto_url)
+    bucket = f"spotlight-{uuid.uuid4().hex[:12]}"
+    endpoint = S3Endpoint(_moto_url, bucket)
+    endpoint.client().create_bucket(Bucket=bucket)
+    return endpoint
+
+
+@pytest.fixture
+def tmp_store(tmp_path: Path):
+    """A LocalTensorStore in a fresh temporary folder."""
+    from resources.store_local import LocalTensorStore
+
+    return LocalTensorStore(tmp_path / "store")
+
+
+@pytest.fixture
+def mem_ledger():
+    """An in-memory run ledger at the current schema, with the default price table."""
+    from resources.ledger import Ledger
+
+    ledger = Ledger.in_memory()
+    yield ledger
+    ledger.close()
