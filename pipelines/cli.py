@@ -1,0 +1,210 @@
+"""The `spotlight` command line: pretraining, the GRPO loop, benchmarks and the run ledger.
+
+Heavy imports (torch, diffusers, dagster) happen inside each command, after argument
+parsing, so `spotlight --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(
+    help="spotlight: GRPO post-training of flow-matching DiTs on spot GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print figures (use --json for machine-readable output).")
+app.add_typer(bench_app, name="bench")
+
+
+def emit_json(record: dict) -> None:
+    """One JSON object per line on stdout (JSON Lines)."""
+    typer.echo(json.dumps(record, sort_keys=True))
+
+def _human_line(r: dict) -> str:
+    val = "" if r.get("validation_score") is None else f"  held-out {r['validation_score']:.3f}"
+    if r["iteration"] == 0:
+        return f"it 0  (start){val}"
+    return (f"it {r['iteration']:>3}  reward {r['reward_mean']:.3f} ± {r['reward_std']:.3f}  "
+            f"zero-std {r['zero_std_ratio']:.2f}  step {r['step_s']:.1f}s{val}")
+
+
+@app.command()
+def train(
+    iterations: Optional[int] = typer.Option(None, help="GRPO iterations (default: the preset's)."),
+    preset: str = typer.Option("cpu_tiny", help="Training preset (workers/presets.py)."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+    seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
+    lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
+    out: Optional[Path] = typer.Option(None, help="Folder for the final policy and metrics.jsonl."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
+) -> None:
+    """Synchronous GRPO post-training on MiniGenEval, in this process."""
+    import dataclasses
+
+    from workers.presets import get_preset
+
+    try:
+        config = get_preset(preset)
+        changes = {k: v for k, v in {"iterations": iterations, "seed": seed}.items() if v is not None}
+        if lr is not None:
+            changes["grpo"] = dataclasses.replace(config.grpo, lr=lr)
+        config = dataclasses.replace(config, **changes)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from workers.policy import SHIPPED_BASE, load_policy, save_policy
+    from workers.train_loop import run_training
+
+    policy = load_policy(checkpoint or SHIPPED_BASE)
+    err_console = Console(stderr=True)
+    metrics = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        metrics = (out / "metrics.jsonl").open("w")
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task("GRPO", total=config.iterations)
+        for record in run_training(policy, config):
+            if as_json:
+                emit_json(record)
+            else:
+                progress.console.print(_human_line(record))
+            if metrics is not None:
+                metrics.write(json.dumps(record, sort_keys=True) + "\n")
+                metrics.flush()
+            progress.update(task, completed=record["iteration"])
+    if out is not None:
+        metrics.close()
+        save_policy(policy, out / "policy")
+        err_console.print(f"saved the trained policy to {out / 'policy'}")
+
+
+@app.command()
+def pretrain(
+    out: Path = typer.Option(..., help="Folder to write the base policy to."),
+    steps: int = typer.Option(1200, help="Flow-matching optimizer steps."),
+    batch_size: int = typer.Option(32),
+    lr: float = typer.Option(1e-3),
+    seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json", help="Print the final validation as JSON."),
+) -> None:
+    """Pretrain the tiny DiT by flow matching on rendered MiniGenEval scenes (makes the base model)."""
+    from workers.pretrain import PretrainConfig
+
+    try:
+        config = PretrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    from rich.progress import Progress
+
+    from workers.evaluate import evaluate
+    from workers.policy import PolicyConfig, build_policy, save_policy
+    from workers.pretrain import pretrain as run_pretrain
+    from workers.prompts import split_prompts
+
+    policy = build_policy(PolicyConfig(), seed=seed)
+    with Progress(transient=not as_json) as progress:
+        task = progress.add_task("pretraining", total=steps)
+        for step, loss in run_pretrain(policy, config):
+            progress.update(task, completed=step, description=f"pretraining  loss {loss:.4f}")
+    save_policy(policy, out)
+    result = evaluate(policy, split_prompts()["heldout"])
+    record = {"steps": steps, "lr": lr, "seed": seed, "heldout_score": result.score,
+              "heldout_partial": result.partial, "per_category": result.per_category}
+    if as_json:
+        emit_json(record)
+    else:
+        typer.echo(f"saved {out}; held-out score {result.score:.3f} {result.per_category}")
+
+
+@bench_app.command("rollout")
+def bench_rollout(
+    batch_size: int = typer.Option(64, help="Requests sampled together."),
+    num_steps: int = typer.Option(8, help="Denoising steps."),
+    repeats: int = typer.Option(3, help="Timed repetitions (after one warm-up)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Rollout throughput (samples/s) and GRPO update time on this machine."""
+    from workers.bench_rollout import bench_rollout as run
+
+    result = run(batch_size=batch_size, num_steps=num_steps, repeats=repeats)
+    if as_json:
+        emit_json(result)
+    else:
+        for k, v in result.items():
+            typer.echo(f"{k:>28}: {v}")
+
+
+@app.command("ledger")
+def ledger_query(
+    sql: str = typer.Argument(..., help='Read-only SQL, e.g. "SELECT * FROM cost_per_iteration". Tables and views: docs/LEDGER.md.'),
+    db: Optional[Path] = typer.Option(None, "--db", help="Ledger file. Default: $SPOTLIGHT_LEDGER, else the newest runs/*/ledger.duckdb."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print CSV instead of a table."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per row (JSON Lines)."),
+) -> None:
+    """Query a run ledger with read-only SQL; works while the run is writing it."""
+    import csv
+    import io
+
+    import duckdb
+
+    from resources.ledger_db import LedgerLockedError, find_ledger, query_ledger
+
+    if as_csv and as_json:
+        raise typer.BadParameter("choose one of --csv and --json")
+    try:
+        result = query_ledger(find_ledger(db), sql)
+    except (FileNotFoundError, LedgerLockedError, duckdb.Error) as err:
+        typer.echo(f"spotlight ledger: {err}", err=True)
+        raise typer.Exit(1) from err
+    if as_json:
+        for row in result.as_dicts():  # column order kept, unlike emit_json's sorted keys
+            typer.echo(json.dumps(row, default=str))
+    elif as_csv:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(result.columns)
+        writer.writerows(result.rows)
+        typer.echo(buffer.getvalue(), nl=False)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*result.columns)
+        for row in result.rows:
+            table.add_row(*("" if v is None else format(v, ".6g") if isinstance(v, float) else str(v) for v in row))
+        Console().print(table)
+        typer.echo(f"{len(result.rows)} rows")
+
+
+@bench_app.command("store")
+def bench_store(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per measurement."),
+    s3: bool = typer.Option(True, "--s3/--no-s3", help="Also measure S3 against an in-process moto server (needs moto[server])."),
+    url: Optional[str] = typer.Option(None, "--url", help="Also measure this store URL (e.g. s3://bucket/prefix; endpoint from AWS_ENDPOINT_URL)."),
+    large_mib: int = typer.Option(64, "--large-mib", help="Size of a large object in MiB."),
+    num_small: int = typer.Option(200, "--num-small", help="Small (64 KiB) objects per measurement."),
+) -> None:
+    """Tensor-store put/get throughput: raw objects and publish/load with checksums."""
+    from resources.store_bench import StoreBenchConfig, run_store_benchmarks
+
+    config = StoreBenchConfig(num_small=num_small, large_bytes=large_mib * 1024 * 1024)
+    rows = run_store_benchmarks(config, with_moto=s3, extra_url=url)
+    if as_json:
+        for row in rows:
+            emit_json(row)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("backend", "objects", "op", "mode", "count", "MB/s", "objects/s")
+    for r in rows:
+        table.add_row(r["backend"], f"{r['objects']} ({r['object_bytes'] // 1024} KiB)", r["op"], r["mode"],
+                      str(r["count"]), f"{r['MB_per_s']:.1f}", f"{r['objects_per_s']:.1f}")
+    Console().print(table)

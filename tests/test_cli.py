@@ -1,0 +1,50 @@
+"""The CLI refuses bad input before spending compute, and prints JSON Lines with --json."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--lr", "-0.001"], "lr"),
+    (["--preset", "gpu_huge"], "unknown preset"),
+    (["--iterations", "0"], "iterations"),
+])
+def test_train_rejects_bad_input_with_a_clear_message(args, message):
+    result = runner.invoke(app, ["train", *args])
+    assert result.exit_code != 0
+    assert message in result.output
+
+
+def test_train_config_with_group_size_one_is_refused():
+    from workers.trainer import TrainConfig
+
+    with pytest.raises(ValueError, match="group_size"):
+        TrainConfig(group_size=1)
+
+
+def test_train_config_with_an_unknown_reward_lists_the_registered_ones():
+    from workers.trainer import TrainConfig
+
+    with pytest.raises(ValueError, match="minigeneval"):
+        TrainConfig(reward="aesthetic_v9")
+
+
+def test_train_prints_one_json_object_per_iteration(tmp_path, tiny_policy):
+    from workers.policy import save_policy
+
+    save_policy(tiny_policy, tmp_path / "ckpt")
+    result = runner.invoke(app, ["train", "--preset", "cpu_smoke", "--checkpoint", str(tmp_path / "ckpt"),
+                                 "--json", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [r["iteration"] for r in lines] == [0, 1, 2]
+    for key in ("reward_mean", "reward_std", "zero_std_ratio", "validation_score", "step_s"):
+        assert key in lines[1]
+    assert (tmp_path / "run" / "policy" / "policy.json").is_file()
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3

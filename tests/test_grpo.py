@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from workers.grpo import GRPOConfig, clipped_policy_loss, group_advantages, group_reward_stats, kl_to_reference
+
+
+def test_advantages_are_zero_mean_and_unit_std_per_group():
+    rewards = torch.tensor([0.1, 0.5, 0.9, 0.3, 2.0, 4.0, 6.0, 8.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    adv = group_advantages(rewards, groups)
+    for g in (0, 1):
+        a = adv[groups == g].double()
+        assert abs(float(a.mean())) < 1e-6
+        assert abs(float(a.std(unbiased=False)) - 1.0) < 1e-3
+
+
+def test_a_group_with_equal_rewards_gets_zero_advantage():
+    adv = group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 0, 1, 1]))
+    assert torch.equal(adv[:3], torch.zeros(3))
+    stats = group_reward_stats(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 1, 1]))
+    assert stats["zero_std_ratio"] == 0.5
+
+
+def test_advantages_are_clipped():
+    rewards = torch.tensor([0.0] * 99 + [1.0])
+    adv = group_advantages(rewards, torch.zeros(100, dtype=torch.long), clip=5.0)
+    assert float(adv.max()) == 5.0
+
+
+def test_loss_pushes_up_the_log_prob_of_positive_advantage_samples():
+    lp = torch.zeros(2, requires_grad=True)
+    loss, _ = clipped_policy_loss(lp, torch.zeros(2), torch.tensor([1.0, -1.0]), clip_range=1e-4)
+    loss.backward()
+    assert lp.grad[0] < 0 < lp.grad[1]  # gradient descent raises sample 0, lowers sample 1
+
+
+def test_clipped_ratio_stops_the_gradient():
+    lp = torch.tensor([0.01], requires_grad=True)  # ratio e^0.01 is far outside 1 +- 1e-4
+    loss, stats = clipped_policy_loss(lp, torch.zeros(1), torch.tensor([1.0]), clip_range=1e-4)
+    loss.backward()
+    assert float(lp.grad) == 0.0 and stats["clip_frac"] == 1.0
+
+
+def test_kl_to_an_identical_reference_is_zero_and_grows_with_distance():
+    mean = torch.randn(3, 3, 4, 4)
+    std, dt = torch.tensor(0.5), torch.tensor(-0.125)
+    assert torch.equal(kl_to_reference(mean, mean, std, dt), torch.zeros(3))
+    assert bool((kl_to_reference(mean + 0.2, mean, std, dt) > kl_to_reference(mean + 0.1, mean, std, dt)).all())
+
+
+@pytest.mark.parametrize("field,value", [("lr", -1e-5), ("lr", 0.0), ("clip_range", 0.0), ("kl_beta", -0.1),
+                                         ("num_minibatches", 0)])
+def test_bad_grpo_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        GRPOConfig(**{field: value})

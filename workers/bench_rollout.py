@@ -1,0 +1,47 @@
+"""`spotlight bench rollout`: rollout throughput and GRPO update time of the shipped base policy."""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+
+from workers.grpo import GRPOConfig
+from workers.policy import load_policy
+from workers.sampler import SamplerConfig
+from workers.trainer import GRPOTrainer, TrainConfig
+
+
+def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3) -> dict:
+    """Median seconds of a batch rollout (SDE, log-probs, reward) and of one GRPO update on it."""
+    if batch_size < 2 or batch_size % 2 or repeats < 1:
+        raise ValueError("batch_size must be an even number >= 2 and repeats >= 1")
+    policy = load_policy()
+    config = TrainConfig(
+        prompts_per_iteration=batch_size // 2, group_size=2,
+        sampler=SamplerConfig(num_steps=num_steps), grpo=GRPOConfig(num_minibatches=2),
+    )
+    trainer = GRPOTrainer(policy, config)
+    trainer.collect(0)  # warm-up: first calls allocate and pick kernels
+    rollout_s, update_s = [], []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        batch = trainer.collect(i + 1)
+        rollout_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        trainer.update(batch)
+        update_s.append(time.perf_counter() - t0)
+    med_roll = sorted(rollout_s)[len(rollout_s) // 2]
+    med_upd = sorted(update_s)[len(update_s) // 2]
+    return {
+        "batch_size": batch_size,
+        "num_steps": num_steps,
+        "rollout_s": round(med_roll, 4),
+        "samples_per_s": round(batch_size / med_roll, 2),
+        "grpo_update_s": round(med_upd, 4),
+        "grpo_samples_per_s": round(batch_size / med_upd, 2),
+        "params_M": round(sum(p.numel() for p in policy.parameters()) / 1e6, 3),
+        "torch_threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+    }

@@ -1,0 +1,101 @@
+"""GRPO maths for flow-matching policies: group advantages, the clipped loss, the KL term.
+
+Pure torch, no I/O. Shapes in the docstrings; N = samples in the batch.
+
+Example:
+    adv_N = group_advantages(rewards_N, group_ids_N, clip=5.0)
+    loss, stats = clipped_policy_loss(log_prob_N, old_log_prob_N, adv_N, clip_range=1e-4)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    lr: float = 2e-5
+    """AdamW learning rate on the FP32 master weights (RL range 1e-6 .. 1e-4; see docs/RECIPE.md)."""
+    clip_range: float = 1e-4
+    """PPO ratio clip (Flow-GRPO: log-probs are means over 3k dims, so ratios stay near 1)."""
+    adv_clip: float = 5.0
+    """Advantages are clipped to [-adv_clip, adv_clip]."""
+    kl_beta: float = 0.0
+    """Weight of the KL to the reference (base) policy; 0 skips the reference forward."""
+    num_epochs: int = 1
+    """Passes over each iteration's rollouts."""
+    num_minibatches: int = 2
+    """Optimizer steps per epoch; gradients accumulate over the SDE steps of a minibatch."""
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+
+    def __post_init__(self):
+        if not 0 < self.lr <= 1e-2:
+            raise ValueError(f"lr must be in (0, 1e-2], got {self.lr} (RL learning rates are 1e-6 .. 1e-4)")
+        if self.clip_range <= 0:
+            raise ValueError(f"clip_range must be > 0, got {self.clip_range}")
+        if self.adv_clip <= 0:
+            raise ValueError(f"adv_clip must be > 0, got {self.adv_clip}")
+        if self.kl_beta < 0:
+            raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
+        if self.num_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError(f"num_epochs and num_minibatches must be >= 1, got {self.num_epochs}, {self.num_minibatches}")
+        if self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+
+
+def group_advantages(rewards_N: torch.Tensor, group_ids_N: torch.Tensor, clip: float = 5.0,
+                     eps: float = 1e-4) -> torch.Tensor:
+    """(r - group mean) / (group std + eps), clipped; zero for groups whose rewards are all equal.
+
+    rewards_N: (N,) float; group_ids_N: (N,) int, samples of one prompt share an id.
+    """
+    rewards = rewards_N.double()
+    _, inv = torch.unique(group_ids_N, return_inverse=True)
+    g = int(inv.max()) + 1
+    count = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, torch.ones_like(rewards))
+    mean = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, rewards) / count
+    var = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, (rewards - mean[inv]) ** 2) / count
+    adv = (rewards - mean[inv]) / (var.sqrt()[inv] + eps)
+    return adv.clamp(-clip, clip).float()
+
+
+def group_reward_stats(rewards_N: torch.Tensor, group_ids_N: torch.Tensor) -> dict[str, float]:
+    """Flow-GRPO's diagnostics: mean within-group std and the share of zero-std groups."""
+    stds = []
+    for gid in torch.unique(group_ids_N):
+        r = rewards_N[group_ids_N == gid].double()
+        stds.append(float(r.std(unbiased=False)))
+    return {
+        "reward_std": float(sum(stds) / len(stds)),
+        "zero_std_ratio": float(sum(s < 1e-8 for s in stds) / len(stds)),
+    }
+
+
+def clipped_policy_loss(log_prob_N: torch.Tensor, old_log_prob_N: torch.Tensor, adv_N: torch.Tensor,
+                        clip_range: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip loss, mean over the batch. All inputs (N,); old log-probs are constants."""
+    ratio = torch.exp(log_prob_N - old_log_prob_N.detach())
+    unclipped = -adv_N * ratio
+    clipped = -adv_N * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    loss = torch.maximum(unclipped, clipped).mean()
+    with torch.no_grad():
+        stats = {
+            "clip_frac": float(((ratio - 1.0).abs() > clip_range).float().mean()),
+            "approx_kl": float(0.5 * ((log_prob_N - old_log_prob_N) ** 2).mean()),
+        }
+    return loss, stats
+
+
+def kl_to_reference(mean: torch.Tensor, ref_mean: torch.Tensor, std_dev_t: torch.Tensor,
+                    dt: torch.Tensor) -> torch.Tensor:
+    """KL between the Gaussian SDE steps of the policy and the reference, per sample (N,).
+
+    ||mu - mu_ref||^2 / (2 (std sqrt(-dt))^2), averaged over non-batch dims (as the log-prob).
+    """
+    var = (std_dev_t * torch.sqrt(-dt)) ** 2
+    kl = (mean - ref_mean.detach()) ** 2 / (2 * var)
+    return kl.mean(dim=tuple(range(1, kl.dim())))

@@ -1,0 +1,53 @@
+"""Named training presets: functions that return a complete TrainConfig.
+
+Example:
+    config = get_preset("cpu_tiny")
+    config = dataclasses.replace(config, iterations=10)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from workers.grpo import GRPOConfig
+from workers.sampler import SamplerConfig
+from workers.trainer import TrainConfig
+
+
+def cpu_tiny() -> TrainConfig:
+    """The default: the shipped 2.5M-parameter base on 2 CPU cores, about 15 minutes.
+
+    Why these numbers: docs/RECIPE.md.
+    """
+    return TrainConfig(
+        iterations=40,
+        prompts_per_iteration=8,
+        group_size=8,
+        reward="minigeneval",
+        sampler=SamplerConfig(num_steps=8, noise_level=0.7, forward_dtype="bf16"),
+        grpo=GRPOConfig(lr=2e-5, clip_range=1e-4, adv_clip=5.0, kl_beta=0.0, num_epochs=1, num_minibatches=2),
+        validate_every=5,
+        validation_seeds=2,
+    )
+
+
+def cpu_smoke() -> TrainConfig:
+    """Two small iterations: checks the whole loop runs (tests, CI), not that it learns."""
+    return TrainConfig(
+        iterations=2,
+        prompts_per_iteration=2,
+        group_size=4,
+        sampler=SamplerConfig(num_steps=4, noise_level=0.7),
+        grpo=GRPOConfig(num_minibatches=1),
+        validate_every=1,
+        validation_seeds=1,
+    )
+
+
+PRESETS: dict[str, Callable[[], TrainConfig]] = {"cpu_tiny": cpu_tiny, "cpu_smoke": cpu_smoke}
+
+
+def get_preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]()

@@ -1,0 +1,176 @@
+"""The GRPO trainer: rollouts -> rewards -> group advantages -> clipped policy-gradient steps.
+
+FP32 master weights live in the policy and AdamW; forwards run under BF16 autocast
+(SamplerConfig.forward_dtype), as on GPUs. Prompts and seeds of iteration k are a pure
+function of (run seed, k), so any iteration can be replayed or planned ahead (seed plans).
+
+Example:
+    trainer = GRPOTrainer(policy, TrainConfig())
+    batch = trainer.collect(iteration=0)        # Rollouts: trajectory, rewards, advantages
+    stats = trainer.update(batch)               # one iteration's optimizer steps
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from workers.grpo import GRPOConfig, clipped_policy_loss, group_advantages, group_reward_stats, kl_to_reference
+from workers.prompts import parse_prompt, split_prompts
+from workers.render import to_uint8
+from workers.rewards import get_reward
+from workers.sampler import SamplerConfig, Trajectory, rollout, step_log_prob
+from workers.sde import noise_seed
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    iterations: int = 40
+    prompts_per_iteration: int = 8
+    group_size: int = 8
+    """Samples per prompt (GRPO's group); >= 2, or advantages are all zero."""
+    reward: str = "minigeneval"
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    seed: int = 0
+    """Fixes the prompt schedule and every request's seed."""
+    validate_every: int = 5
+    """Held-out validation every this many iterations (and before the first, after the last)."""
+    validation_seeds: int = 2
+    """Fixed seeds per held-out prompt."""
+
+    def __post_init__(self):
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares samples of one prompt), got {self.group_size}")
+        if self.prompts_per_iteration < 1:
+            raise ValueError(f"prompts_per_iteration must be >= 1, got {self.prompts_per_iteration}")
+        if self.grpo.num_minibatches > self.prompts_per_iteration * self.group_size:
+            raise ValueError(f"grpo.num_minibatches={self.grpo.num_minibatches} exceeds the samples per iteration")
+        if not self.sampler.sde_steps:
+            raise ValueError("sampler.noise_level must be > 0 for training: the ODE has no log-probs")
+        if self.validate_every < 1 or self.validation_seeds < 1:
+            raise ValueError("validate_every and validation_seeds must be >= 1")
+        get_reward(self.reward)  # an unknown reward fails here, before any compute
+
+
+@dataclass
+class Rollouts:
+    iteration: int
+    trajectory: Trajectory
+    rewards: torch.Tensor
+    """(N,) float."""
+    group_ids: torch.Tensor
+    """(N,) int: index of the prompt within the iteration."""
+    advantages: torch.Tensor
+    """(N,) float."""
+    rollout_s: float
+
+
+def iteration_prompts(seed: int, iteration: int, num_prompts: int) -> list[str]:
+    """The train prompts of an iteration: category-balanced, deterministic in (seed, iteration)."""
+    by_cat: dict[str, list[str]] = {}
+    for p in split_prompts()["train"]:
+        by_cat.setdefault(parse_prompt(p).category, []).append(p)
+    cats = sorted(by_cat)
+    rng = np.random.default_rng(noise_seed(seed, 10_000_000 + iteration))
+    out = []
+    for i in range(num_prompts):
+        pool = by_cat[cats[(i + iteration * num_prompts) % len(cats)]]
+        out.append(pool[rng.integers(len(pool))])
+    return out
+
+
+def request_seed(seed: int, iteration: int, prompt_index: int, sample_index: int) -> int:
+    """The default (unexplored) seed of one rollout request."""
+    return noise_seed(seed, (iteration * 1_000 + prompt_index) * 1_000 + sample_index) % 2**31
+
+
+class GRPOTrainer:
+    def __init__(self, policy, config: TrainConfig, reference=None):
+        self.policy = policy
+        self.config = config
+        self.reward_fn = get_reward(config.reward)
+        g = config.grpo
+        self.reference = None
+        if g.kl_beta > 0:
+            self.reference = reference if reference is not None else copy.deepcopy(policy)
+            self.reference.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            policy.parameters(), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay
+        )
+
+    def collect(self, iteration: int, seeds: list[int] | None = None) -> Rollouts:
+        """Sample the iteration's groups (seeds from a seed plan, else the defaults) and score them."""
+        c = self.config
+        prompts = iteration_prompts(c.seed, iteration, c.prompts_per_iteration)
+        all_prompts = [p for p in prompts for _ in range(c.group_size)]
+        if seeds is None:
+            seeds = [request_seed(c.seed, iteration, i, j) for i in range(len(prompts)) for j in range(c.group_size)]
+        t0 = time.perf_counter()
+        self.policy.eval()
+        traj = rollout(self.policy, all_prompts, seeds, c.sampler)
+        rewards = torch.as_tensor(self.reward_fn(to_uint8(traj.images), all_prompts), dtype=torch.float32)
+        group_ids = torch.arange(len(prompts)).repeat_interleave(c.group_size)
+        adv = group_advantages(rewards, group_ids, clip=c.grpo.adv_clip)
+        return Rollouts(iteration, traj, rewards, group_ids, adv, time.perf_counter() - t0)
+
+    def _minibatch_loss(self, batch: Rollouts, index: torch.Tensor) -> dict[str, float]:
+        """Accumulate gradients of one minibatch over every SDE step; returns its stats."""
+        c, g = self.config.sampler, self.config.grpo
+        traj = batch.trajectory
+        prompts = [traj.prompts[i] for i in index.tolist()]
+        steps = c.sde_steps
+        sigmas = c.sigmas()
+        sums = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "kl": 0.0}
+        for t in steps:
+            emb, mask = self.policy.encode_prompts(prompts)
+            lp, mean, std = step_log_prob(self.policy, traj.latents, t, emb, mask, c, index)
+            loss, stats = clipped_policy_loss(lp, traj.log_probs[t][index], batch.advantages[index], g.clip_range)
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_emb, ref_mask = self.reference.encode_prompts(prompts)
+                    _, ref_mean, _ = step_log_prob(self.reference, traj.latents, t, ref_emb, ref_mask, c, index)
+                kl = kl_to_reference(mean, ref_mean, std, sigmas[t + 1] - sigmas[t]).mean()
+                loss = loss + g.kl_beta * kl
+                sums["kl"] += kl.item() / len(steps)
+            (loss / len(steps)).backward()
+            sums["loss"] += loss.item() / len(steps)
+            sums["clip_frac"] += stats["clip_frac"] / len(steps)
+            sums["approx_kl"] += stats["approx_kl"] / len(steps)
+        return sums
+
+    def update(self, batch: Rollouts) -> dict[str, float]:
+        """GRPO epochs over the batch; returns mean loss / clip / KL stats and the train time."""
+        g = self.config.grpo
+        t0 = time.perf_counter()
+        self.policy.train()
+        n = batch.rewards.shape[0]
+        gen = torch.Generator().manual_seed(noise_seed(self.config.seed, 20_000_000 + batch.iteration))
+        totals: dict[str, float] = {}
+        num_steps = 0
+        for _ in range(g.num_epochs):
+            for index in torch.randperm(n, generator=gen).chunk(g.num_minibatches):
+                self.optimizer.zero_grad(set_to_none=True)
+                stats = self._minibatch_loss(batch, index)
+                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), g.max_grad_norm))
+                self.optimizer.step()
+                num_steps += 1
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        self.policy.eval()
+        out = {k: v / num_steps for k, v in totals.items()}
+        out["train_s"] = time.perf_counter() - t0
+        out["optimizer_steps"] = num_steps
+        return out
+
+    def batch_stats(self, batch: Rollouts) -> dict[str, float]:
+        stats = group_reward_stats(batch.rewards, batch.group_ids)
+        stats["reward_mean"] = float(batch.rewards.mean())
+        stats["rollout_s"] = batch.rollout_s
+        return stats
