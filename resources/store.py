@@ -236,37 +236,43 @@ class TensorStore(abc.ABC):
         return f"{self.url.rstrip('/')}/{key}"
 
 
-def open_store(url: str | Path) -> TensorStore:
-    """Open a store from a URL: a folder path, `file:///abs/path`, or `s3://bucket/prefix`.
-
-    S3 endpoint, region and credentials come from boto3's standard configuration
-    (`AWS_ENDPOINT_URL`, `AWS_PROFILE`, `AWS_ACCESS_KEY_ID`, ...), never from the URL.
-    """
+def parse_store_url(url: str | Path) -> tuple[str, str, str]:
+    """Check a store URL without touching anything: ("local", path, "") or ("s3", bucket, prefix)."""
     text = str(url)
     if not text:
         raise ValueError(f"store URL is empty: use {SUPPORTED_SCHEMES}")
     parsed = urlparse(text)
     scheme = parsed.scheme.lower()
     if scheme == "" or (len(scheme) == 1 and text[1:3] in (":\\", ":/")):  # plain (or Windows) path
-        from resources.store_local import LocalTensorStore
-
-        return LocalTensorStore(text)
+        return "local", text, ""
     if scheme == "file":
         if parsed.netloc not in ("", "localhost") or parsed.query:
             raise ValueError(f"store URL {text!r}: a file URL must look like file:///absolute/path")
-        from resources.store_local import LocalTensorStore
-
-        return LocalTensorStore(parsed.path)
+        return "local", parsed.path, ""
     if scheme == "s3":
         if parsed.username or parsed.password:
             # Do not echo the URL: it holds a secret.
             raise ValueError("an s3:// store URL must not contain credentials: configure them for boto3 instead")
-        if parsed.query or parsed.fragment:
+        if parsed.query or parsed.fragment or not parsed.netloc:
             raise ValueError(
                 f"store URL {text!r}: use s3://bucket/prefix only; set the endpoint with AWS_ENDPOINT_URL "
                 "and credentials through boto3's standard configuration"
             )
-        from resources.store_s3 import S3TensorStore
-
-        return S3TensorStore(parsed.netloc, parsed.path.strip("/"))
+        return "s3", parsed.netloc, parsed.path.strip("/")
     raise ValueError(f"unsupported store URL scheme {scheme!r} in {text!r}: use {SUPPORTED_SCHEMES}")
+
+
+def open_store(url: str | Path) -> TensorStore:
+    """Open a store from a URL: a folder path, `file:///abs/path`, or `s3://bucket/prefix`.
+
+    S3 endpoint, region and credentials come from boto3's standard configuration
+    (`AWS_ENDPOINT_URL`, `AWS_PROFILE`, `AWS_ACCESS_KEY_ID`, ...), never from the URL.
+    """
+    kind, location, prefix = parse_store_url(url)
+    if kind == "local":
+        from resources.store_local import LocalTensorStore
+
+        return LocalTensorStore(location)
+    from resources.store_s3 import S3TensorStore
+
+    return S3TensorStore(location, prefix)

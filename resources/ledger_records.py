@@ -1,0 +1,228 @@
+"""Typed rows the coordinator records in the run ledger; field names are the column names."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+REQUEST_KINDS = ("rollout", "explore", "validate")
+REQUEST_STATUSES = ("done", "failed", "cancelled")
+ATTEMPT_OUTCOMES = ("running", "done", "preempted", "lease_expired", "failed", "cancelled")
+WORKER_ROLES = ("rollout", "explore", "trainer", "coordinator", "node_agent")
+WORKER_END_REASONS = ("finished", "preempted", "failed", "scaled_down", "interrupted")
+SYNC_KINDS = ("patch", "anchor", "dense")
+
+Timestamp = datetime | float | None
+"""A datetime (naive = UTC), POSIX seconds (time.time()), or None for now."""
+
+
+def to_utc(at: Timestamp) -> datetime:
+    """Naive UTC datetime for a TIMESTAMP column."""
+    if at is None:
+        return datetime.now(timezone.utc).replace(tzinfo=None)
+    if isinstance(at, (int, float)) and not isinstance(at, bool):
+        return datetime.fromtimestamp(float(at), timezone.utc).replace(tzinfo=None)
+    if isinstance(at, datetime):
+        return at.astimezone(timezone.utc).replace(tzinfo=None) if at.tzinfo else at
+    raise ValueError(f"time must be a datetime, POSIX seconds or None, got {at!r}")
+
+
+def check_choice(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+
+
+def check_non_negative(record: object, *names: str) -> None:
+    for name in names:
+        value = getattr(record, name)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{type(record).__name__}.{name} must be a finite number >= 0, got {value!r}")
+
+
+def check_fraction(record: object, *names: str) -> None:
+    check_non_negative(record, *names)
+    for name in names:
+        value = getattr(record, name)
+        if value is not None and value > 1:
+            raise ValueError(f"{type(record).__name__}.{name} must lie in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished (or abandoned) request: the unit of work workers pull."""
+
+    request_id: str
+    """Queue id; also the result's store key segment."""
+    iteration: int
+    """Iteration the request belongs to."""
+    kind: str
+    """rollout, explore or validate."""
+    prompt: str
+    """Prompt text."""
+    seed: int
+    """Seed fixing the initial noise and every SDE step's noise."""
+    weights_version: int
+    """Policy version the request was sampled with."""
+    worker_id: str | None
+    """Worker that produced the result (None if it never finished)."""
+    attempts: int
+    """Deliveries it took (1 = no preemption)."""
+    status: str = "done"
+    """done, failed or cancelled."""
+    result_hash: str | None = None
+    """xxh3 of the result, for exactly-once and reproducibility checks."""
+    reward: float | None = None
+    """Reward of the produced image."""
+    enqueued_at: Timestamp = None
+    """When it was queued."""
+    finished_at: Timestamp = None
+    """When its result was committed."""
+    arm: str | None = None
+    """Exploration arm (explore requests only)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.kind, REQUEST_KINDS, "RequestRecord.kind")
+        check_choice(self.status, REQUEST_STATUSES, "RequestRecord.status")
+        if self.attempts < 1:
+            raise ValueError(f"RequestRecord.attempts must be >= 1, got {self.attempts}")
+        if self.reward is not None and not math.isfinite(self.reward):
+            raise ValueError(f"RequestRecord.reward must be finite, got {self.reward}")
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One delivery of a request to a worker."""
+
+    request_id: str
+    """The request."""
+    attempt: int
+    """1 for the first delivery."""
+    worker_id: str
+    """Worker that held the lease."""
+    started_at: Timestamp
+    """Lease start."""
+    ended_at: Timestamp
+    """Lease end (None while running)."""
+    outcome: str
+    """running, done, preempted, lease_expired, failed or cancelled."""
+    resumed_from_step: int = 0
+    """Denoising step the attempt resumed from (0 = from scratch)."""
+    steps_done: int | None = None
+    """Denoising steps this attempt computed."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.outcome, ATTEMPT_OUTCOMES, "AttemptRecord.outcome")
+        check_non_negative(self, "resumed_from_step", "steps_done")
+        if self.attempt < 1:
+            raise ValueError(f"AttemptRecord.attempt must be >= 1, got {self.attempt}")
+
+
+@dataclass(frozen=True)
+class PreemptionRecord:
+    """A spot worker taken away."""
+
+    worker_id: str
+    """The preempted worker."""
+    preempted_at: Timestamp
+    """When the notice (or the kill) arrived."""
+    notice_s: float
+    """Seconds of notice given; 0 = none (SIGKILL)."""
+    steps_lost: int
+    """Denoising steps that must be recomputed."""
+    state_committed: bool
+    """Whether in-flight state was committed before the worker died."""
+    request_id: str | None = None
+    """Request in flight, if any."""
+    seconds_lost: float | None = None
+    """Compute time of the lost steps."""
+
+    def __post_init__(self) -> None:
+        check_non_negative(self, "notice_s", "steps_lost", "seconds_lost")
+
+
+@dataclass(frozen=True)
+class SyncRecord:
+    """One weights publication: a PULSE patch, a full anchor, or a dense copy."""
+
+    version: int
+    """Weights version reached."""
+    kind: str
+    """patch, anchor or dense."""
+    dense_bytes: int
+    """Size of the full BF16 weights (what a dense sync would send)."""
+    patch_bytes: int
+    """Bytes actually published."""
+    iteration: int | None = None
+    """Iteration whose sync phase published it."""
+    changed_fraction: float | None = None
+    """Share of BF16 values that changed since version-1."""
+    encode_s: float | None = None
+    """Seconds to diff and encode."""
+    apply_s: float | None = None
+    """Seconds to apply on a worker (including the hash check)."""
+    weights_hash: str | None = None
+    """xxh3-128 of the weights at `version`."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.kind, SYNC_KINDS, "SyncRecord.kind")
+        check_non_negative(self, "dense_bytes", "patch_bytes", "encode_s", "apply_s")
+        check_fraction(self, "changed_fraction")
+
+
+@dataclass(frozen=True)
+class ExplorationRecord:
+    """What exploration did while iteration `iteration` trained (it plans iteration+1)."""
+
+    iteration: int
+    """Iteration during whose training exploration ran."""
+    arm: str
+    """Bandit arm (exploration configuration) chosen."""
+    budget_s: float
+    """Time budget: the predicted training time."""
+    time_used_s: float
+    """Time exploration actually took."""
+    num_requests: int
+    """Exploration requests completed."""
+    reward_variance: float | None = None
+    """Mean within-prompt reward variance over the explored seeds."""
+    rank_consistency: float | None = None
+    """Agreement of stale-weight seed ranking with fresh weights (pairwise concordance)."""
+    ucb_score: float | None = None
+    """UCB value of the chosen arm when it was chosen."""
+
+    def __post_init__(self) -> None:
+        check_non_negative(self, "budget_s", "time_used_s", "num_requests", "reward_variance")
+        check_fraction(self, "rank_consistency")
+
+
+@dataclass(frozen=True)
+class TrainStepRecord:
+    """One optimizer step of GRPO."""
+
+    iteration: int
+    """Iteration."""
+    step: int
+    """Step index within the iteration."""
+    loss: float | None = None
+    """Policy loss."""
+    kl: float | None = None
+    """KL to the reference policy."""
+    reward_mean: float | None = None
+    """Mean reward of the batch."""
+    reward_std: float | None = None
+    """Mean within-group reward std."""
+    zero_std_ratio: float | None = None
+    """Share of groups whose rewards are all equal (no learning signal)."""
+    clip_fraction: float | None = None
+    """Share of ratios clipped."""
+    grad_norm: float | None = None
+    """Gradient norm before clipping."""
+    learning_rate: float | None = None
+    """Learning rate used."""
+    duration_s: float | None = None
+    """Wall time of the step."""
+
+    def __post_init__(self) -> None:
+        check_fraction(self, "zero_std_ratio", "clip_fraction")
+        check_non_negative(self, "reward_std", "grad_norm", "learning_rate", "duration_s")
