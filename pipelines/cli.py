@@ -205,6 +205,8 @@ def bench_store(
 
     table = Table("backend", "objects", "op", "mode", "count", "MB/s", "objects/s")
     for r in rows:
-        table.add_row(r["backend"], f"{r['objects']} ({r['object_bytes'] // 1024} KiB)", r["op"], r["mode"],
+        size = r["object_bytes"] / 1024
+        size_text = f"{size / 1024:g} MiB" if size >= 1024 else f"{size:g} KiB"
+        table.add_row(r["backend"], f"{r['objects']} {size_text}", r["op"], r["mode"],
                       str(r["count"]), f"{r['MB_per_s']:.1f}", f"{r['objects_per_s']:.1f}")
     Console().print(table)
