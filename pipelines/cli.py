@@ -195,7 +195,11 @@ def bench_store(
     from resources.store_bench import StoreBenchConfig, run_store_benchmarks
 
     config = StoreBenchConfig(num_small=num_small, large_bytes=large_mib * 1024 * 1024)
-    rows = run_store_benchmarks(config, with_moto=s3, extra_url=url)
+    try:
+        rows = run_store_benchmarks(config, with_moto=s3, extra_url=url)
+    except ValueError as err:
+        typer.echo(f"spotlight bench store: {err}", err=True)
+        raise typer.Exit(1) from err
     if as_json:
         for row in rows:
             emit_json(row)

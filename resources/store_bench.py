@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import tempfile
@@ -104,6 +105,8 @@ def moto_store() -> Iterator[TensorStore]:
 
 def run_store_benchmarks(config: StoreBenchConfig, *, with_moto: bool, extra_url: str | None = None) -> list[dict]:
     """Local folder (a temp dir), optionally moto S3 and a user-given store URL."""
+    if with_moto and importlib.util.find_spec("moto") is None:
+        raise ValueError("the S3 benchmark needs moto[server] (pip install 'moto[server]'); or run with --no-s3")
     rows = []
     with tempfile.TemporaryDirectory(prefix="spotlight-bench-") as folder:
         rows += bench_store(LocalTensorStore(folder), "local", config)

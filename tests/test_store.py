@@ -382,3 +382,13 @@ def test_keys_follow_the_documented_layout() -> None:
 def test_key_functions_reject_bad_arguments(call) -> None:
     with pytest.raises(ValueError):
         call()
+
+
+def test_store_benchmark_reports_every_operation_and_cleans_up(tmp_store: LocalTensorStore) -> None:
+    from resources.store_bench import StoreBenchConfig, bench_store
+
+    rows = bench_store(tmp_store, "local", StoreBenchConfig(num_small=3, small_bytes=100, num_large=1, large_bytes=5000))
+    assert [(r["objects"], r["op"], r["mode"]) for r in rows][:4] == [
+        ("small", "put", "raw"), ("small", "get", "raw"), ("small", "put", "committed"), ("small", "get", "committed")]
+    assert len(rows) == 8 and all(r["objects_per_s"] > 0 and r["seconds"] >= 0 for r in rows)
+    assert tmp_store.list_keys() == []
