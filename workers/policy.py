@@ -169,7 +169,7 @@ def load_policy(path: str | Path = SHIPPED_BASE) -> Policy:
     cfg = meta["policy_config"]
     config = PolicyConfig(**{**cfg, "rope_axes": tuple(cfg["rope_axes"])})
     transformer = QwenImageTransformer2DModel.from_pretrained(
-        path / "transformer", torch_dtype=torch.float32, local_files_only=True
+        path / "transformer", torch_dtype=torch.float32, local_files_only=True, low_cpu_mem_usage=False
     )
     text_encoder = TextEncoder(config.text_dim)
     text_encoder.load_state_dict(load_file(str(path / "text_encoder.safetensors")))

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -28,8 +29,10 @@ class PretrainConfig:
     """Optimizer steps."""
     batch_size: int = 32
     lr: float = 1e-3
-    """AdamW peak learning rate (linear warm-up, then constant)."""
+    """AdamW peak learning rate (linear warm-up, then cosine decay to 5 % of it)."""
     warmup_steps: int = 50
+    ema_decay: float = 0.995
+    """The saved weights are an exponential moving average (smoother samples); 0 disables it."""
     weight_decay: float = 0.0
     seed: int = 0
     """Fixes the initial weights, the data and the noise."""
@@ -41,13 +44,16 @@ class PretrainConfig:
             raise ValueError(f"lr must be in (0, 1), got {self.lr}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
 
 
 class SceneStream:
     """An endless, seeded stream of (prompts, images in [-1, 1]) from the train split."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, image_size: int = 32):
         self.rng = np.random.default_rng(seed)
+        self.image_size = image_size
         by_cat: dict[str, list[str]] = {}
         for p in split_prompts()["train"]:
             by_cat.setdefault(parse_prompt(p).category, []).append(p)
@@ -60,7 +66,7 @@ class SceneStream:
             cat = self.categories[self.rng.integers(len(self.categories))]
             pool = self.by_cat[cat]
             prompts.append(pool[self.rng.integers(len(pool))])
-        images = np.stack([render_scene(parse_prompt(p), self.rng) for p in prompts])
+        images = np.stack([render_scene(parse_prompt(p), self.rng, self.image_size) for p in prompts])
         return prompts, to_model_space(images)
 
 
@@ -77,12 +83,22 @@ def flow_matching_loss(policy, prompts: list[str], x0_N3HW: torch.Tensor, gen: t
     return torch.nn.functional.mse_loss(v.float(), eps - x0_N3HW)
 
 
+def lr_factor(step: int, config: PretrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 5 % of the peak at the last step."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
 def pretrain(policy, config: PretrainConfig) -> Iterator[tuple[int, float]]:
-    """Train in place; yields (step, loss) after every optimizer step."""
-    stream = SceneStream(config.seed)
+    """Train in place (ending with the EMA weights); yields (step, loss) after every optimizer step."""
+    stream = SceneStream(config.seed, policy.config.image_size)
     gen = torch.Generator().manual_seed(config.seed)
     opt = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
+    params = [p for p in policy.parameters() if p.requires_grad]
+    ema = [p.detach().clone() for p in params] if config.ema_decay > 0 else None
     policy.train()
     for step in range(1, config.steps + 1):
         prompts, x0 = stream.batch(config.batch_size)
@@ -92,5 +108,11 @@ def pretrain(policy, config: PretrainConfig) -> Iterator[tuple[int, float]]:
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
         sched.step()
+        if ema is not None:
+            torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - config.ema_decay)
         yield step, loss.item()
+    if ema is not None:
+        with torch.no_grad():
+            for p, e in zip(params, ema):
+                p.copy_(e)
     policy.eval()

@@ -1,0 +1,33 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up first.
+VENV ?= .venv
+PYTHON ?= python3
+# The CPU build of torch (a bare `torch` would pull a multi-GB CUDA build). Elsewhere, add
+# PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu" to get the CPU wheel.
+TORCH_SPEC ?= torch==2.13.0
+PIP_TORCH_ARGS ?=
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-fast clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(BIN)/spotlight train --out runs/demo
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from workers.policy import PolicyConfig, build_policy
+from workers.pretrain import PretrainConfig, SceneStream, flow_matching_loss, lr_factor, pretrain
+
+
+def test_scene_stream_is_seeded_and_never_shows_heldout_prompts():
+    from workers.prompts import split_prompts
+
+    a_prompts, a_images = SceneStream(3).batch(16)
+    b_prompts, b_images = SceneStream(3).batch(16)
+    assert a_prompts == b_prompts and torch.equal(a_images, b_images)
+    assert a_images.shape == (16, 3, 32, 32) and a_images.min() >= -1 and a_images.max() <= 1
+    heldout = set(split_prompts()["heldout"])
+    assert not heldout & set(SceneStream(0).batch(256)[0])
+
+
+def test_pretraining_lowers_the_flow_matching_loss():
+    config = PolicyConfig(num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
+    policy = build_policy(config, seed=0)
+    prompts, x0 = SceneStream(1).batch(32)
+
+    def held_loss():
+        with torch.no_grad():
+            return float(flow_matching_loss(policy, prompts, x0, torch.Generator().manual_seed(0)))
+
+    before = held_loss()
+    for _ in pretrain(policy, PretrainConfig(steps=40, batch_size=16, lr=2e-3, warmup_steps=5, ema_decay=0.0)):
+        pass
+    assert held_loss() < 0.8 * before
+
+
+def test_learning_rate_warms_up_then_decays_to_five_percent():
+    cfg = PretrainConfig(steps=100, warmup_steps=10)
+    assert lr_factor(0, cfg) == pytest.approx(0.1)
+    assert lr_factor(10, cfg) == pytest.approx(1.0)
+    assert lr_factor(100, cfg) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("field,value", [("steps", 0), ("lr", -1.0), ("ema_decay", 1.0), ("warmup_steps", -1)])
+def test_bad_pretrain_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        PretrainConfig(**{field: value})
