@@ -85,3 +85,12 @@ def mem_ledger():
     ledger = Ledger.in_memory()
     yield ledger
     ledger.close()
+
+
+@pytest.fixture
+def tiny_policy():
+    """A randomly initialised policy small enough for sub-second rollouts (16x16 images, one block)."""
+    from workers.policy import PolicyConfig, build_policy
+
+    config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
+    return build_policy(config, seed=0).eval()
