@@ -18,7 +18,7 @@ def test_words_outside_the_grammar_raise_an_error_naming_them(prompt, word):
 
 @pytest.mark.parametrize("prompt,problem", [
     ("two red circle", "plural"), ("a red circles", "singular"), ("a red circle and a red square", "different colours"),
-    ("three red circles and two blue squares", "at most 4"), ("two red circles on the left", "single object"),
+    ("three red circles and one blue square", "at most 3"), ("two red circles on the left", "single object"),
 ])
 def test_malformed_prompts_say_what_is_wrong(prompt, problem):
     with pytest.raises(PromptError, match=problem):

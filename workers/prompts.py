@@ -29,7 +29,7 @@ SHAPES = ("circle", "square", "triangle")
 COUNT_WORDS = {"a": 1, "one": 1, "two": 2, "three": 3}
 RELATIONS = {"left of": "left_of", "right of": "right_of", "above": "above", "below": "below"}
 POSITIONS = ("left", "right", "top", "bottom")
-MAX_OBJECTS = 4  # more than four objects do not fit a 32x32 canvas legibly
+MAX_OBJECTS = 3  # more objects of a legible size (9-12 px) do not fit a 32x32 canvas
 
 VOCAB: tuple[str, ...] = tuple(
     ["<pad>"]

@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw
 from workers.prompts import COLORS, SceneSpec
 
 IMAGE_SIZE = 32
-MIN_RADIUS, MAX_RADIUS = 3.5, 5.0
+MIN_RADIUS, MAX_RADIUS = 4.5, 6.0
 GAP_PX = 2.0
 EXTENT = 1.42
 """A triangle's vertices reach 1.42 r from its centre; spacing uses it so objects never touch."""
