@@ -214,3 +214,22 @@ def bench_store(
         table.add_row(r["backend"], f"{r['objects']} {size_text}", r["op"], r["mode"],
                       str(r["count"]), f"{r['MB_per_s']:.1f}", f"{r['objects_per_s']:.1f}")
     Console().print(table)
+
+
+@bench_app.command("pulse")
+def bench_pulse(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="A 0.5M-parameter model and 33 states: a smoke run in seconds."),
+) -> None:
+    """PULSESync: BF16 change rate, bytes per changed value and single-core speed on an LM-shaped AdamW trajectory."""
+    import logging
+
+    from workers.pulse.bench import run_pulse_bench
+    from workers.pulse.bench_report import format_pulse_report
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # progress on stderr
+    figures = run_pulse_bench(quick=quick)
+    if as_json:
+        emit_json(figures)
+        return
+    typer.echo(format_pulse_report(figures))

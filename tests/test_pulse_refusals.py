@@ -7,6 +7,7 @@ import struct
 
 import pytest
 import torch
+import zstandard
 
 from workers.pulse import PatchError, apply_patch, encode_patch, read_patch_header, weights_hash
 from workers.pulse.patch_format import PREFIX, pack_patch
@@ -121,7 +122,7 @@ def test_non_contiguous_receiver_tensor_is_refused(pair_and_patch) -> None:
 def recrafted(patch: bytes, edit) -> bytes:
     """The same payload under an edited header, with valid checksums: only structure checks can refuse it."""
     header = read_patch_header(patch)
-    raw = json.loads(patch[PREFIX.size : header.header_size])
+    raw = json.loads(zstandard.ZstdDecompressor().decompress(patch[PREFIX.size : header.header_size]))
     edit(raw)
     for key in ("payload_size", "payload_xxh3_128"):
         raw.pop(key)

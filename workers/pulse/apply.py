@@ -94,7 +94,8 @@ def _new_bits(weights: Mapping[str, torch.Tensor], entry: TensorEntry, indices, 
             raise PatchError(f"tensor {entry.name!r}: value streams do not hold {entry.count} values")
         return join_bf16(exponent, sign_mantissa)
     negative = segment["delta_sign"]
-    magnitude = join_levels([segment["delta_magnitude8"], segment["delta_magnitude16"]], MAGNITUDE_ESCAPES)
+    # int32: a magnitude is at most 255 + 65535 even in a crafted patch.
+    magnitude = join_levels([segment["delta_magnitude8"], segment["delta_magnitude16"]], MAGNITUDE_ESCAPES, np.int32)
     if negative.size != entry.count or magnitude.size != entry.count:
         raise PatchError(f"tensor {entry.name!r}: delta streams do not hold {entry.count} values")
     prev_bits = bf16_bits(weights[entry.name])[indices]

@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -50,13 +51,13 @@ def encode_patch(
     _check_args(prev, cur, base_version, version, mode)
     prev_bf16 = {name: as_bf16(prev[name], name) for name in prev}
     cur_bf16 = {name: as_bf16(cur[name], name) for name in cur}
-    streams: dict[str, list[np.ndarray]] = {name: [] for name, _, _ in STREAM_LAYOUTS[mode]}
+    streams = _Streams({name: [] for name, _, _ in STREAM_LAYOUTS[mode]})
     tensors = []
     for name in sorted(cur_bf16):
         entry = _add_tensor(streams, name, prev_bf16[name], cur_bf16[name], mode)
         if entry is not None:
             tensors.append(entry)
-    stream_entries, payload = _compress_streams(streams, mode, level)
+    stream_entries, payload = _compress_streams(streams.parts, mode, level)
     header = {
         "format_version": FORMAT_VERSION,
         "mode": mode,
@@ -83,30 +84,40 @@ def _check_args(prev: Mapping, cur: Mapping, base_version: int, version: int, mo
             raise ValueError(f"tensor {name!r} changed shape: {tuple(prev[name].shape)} -> {tuple(cur[name].shape)}")
 
 
-def _add_tensor(
-    streams: dict[str, list[np.ndarray]], name: str, prev: torch.Tensor, cur: torch.Tensor, mode: str
-) -> dict | None:
+@dataclass
+class _Streams:
+    """Each stream's parts (one array per tensor) and its running element count."""
+
+    parts: dict[str, list[np.ndarray]]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, values: np.ndarray) -> None:
+        self.parts[name].append(values)
+        self.counts[name] = self.counts.get(name, 0) + values.size
+
+
+def _add_tensor(streams: _Streams, name: str, prev: torch.Tensor, cur: torch.Tensor, mode: str) -> dict | None:
     """Append one tensor's changes to the streams; None when nothing changed."""
     prev_bits, cur_bits = bf16_bits(prev), bf16_bits(cur)
     indices = changed_indices(prev_bits, cur_bits)
     if indices.size == 0:
         return None
-    offsets = {stream: sum(len(part) for part in parts) for stream, parts in streams.items()}
+    offsets = {stream: streams.counts.get(stream, 0) for stream in streams.parts}
     gaps = gaps_from_indices(indices)
     gap_width = choose_gap_width(gaps)
     for stream, part in zip(GAP_STREAMS_BY_WIDTH[gap_width], split_levels(gaps, GAP_ESCAPES_BY_WIDTH[gap_width])):
-        streams[stream].append(part)
+        streams.add(stream, part)
     new_bits = cur_bits[indices]
     if mode == "absolute":
         exponent, sign_mantissa = split_bf16(new_bits)
-        streams["value_exponent"].append(exponent)
-        streams["value_sign_mantissa"].append(sign_mantissa)
+        streams.add("value_exponent", exponent)
+        streams.add("value_sign_mantissa", sign_mantissa)
     else:
         negative, magnitude = ulp_delta_split(prev_bits[indices], new_bits)
         narrow, wide = split_levels(magnitude, MAGNITUDE_ESCAPES)
-        streams["delta_sign"].append(negative)
-        streams["delta_magnitude8"].append(narrow)
-        streams["delta_magnitude16"].append(wide)
+        streams.add("delta_sign", negative)
+        streams.add("delta_magnitude8", narrow)
+        streams.add("delta_magnitude16", wide)
     return {
         "name": name,
         "shape": list(cur.shape),

