@@ -185,3 +185,18 @@ def test_encode_rejects_mismatched_inputs_with_a_clear_error() -> None:
         encode_patch({"w": torch.zeros(3, dtype=torch.float16)}, {"w": torch.ones(3, dtype=torch.float16)}, base_version=0, version=1)
     with pytest.raises(ValueError, match="mode"):
         encode_patch(prev, clone(prev), base_version=0, version=1, mode="delta")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", MODES)
+def test_patch_applies_in_place_to_weights_on_a_cuda_device(mode: str) -> None:
+    prev_cpu = {"w": random_bf16(1000, 100, seed=17)}
+    cur_cpu = {"w": perturb(prev_cpu["w"], 0.05, seed=18)}
+    prev = {name: tensor.cuda() for name, tensor in prev_cpu.items()}
+    patch = encode_patch(prev, {name: tensor.cuda() for name, tensor in cur_cpu.items()}, base_version=0, version=1, mode=mode)
+    receiver = clone(prev)
+    storage = receiver["w"].data_ptr()
+    apply_patch(receiver, patch)
+    assert receiver["w"].is_cuda and receiver["w"].data_ptr() == storage
+    assert_bitwise_equal({name: tensor.cpu() for name, tensor in receiver.items()}, cur_cpu)

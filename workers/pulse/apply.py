@@ -13,10 +13,10 @@ import numpy as np
 import torch
 import zstandard
 
-from workers.pulse.encode import GAP_STREAMS_BY_WIDTH
 from workers.pulse.patch_format import PatchError, PatchHeader, TensorEntry, read_patch_header
 from workers.pulse.streams import (
     GAP_ESCAPES_BY_WIDTH,
+    GAP_STREAMS_BY_WIDTH,
     MAGNITUDE_ESCAPES,
     indices_from_gaps,
     join_bf16,
@@ -87,7 +87,10 @@ def decode_updates(weights: Mapping[str, torch.Tensor], patch: bytes, header: Pa
     return updates
 
 
-def _new_bits(weights: Mapping[str, torch.Tensor], entry: TensorEntry, indices, segment, mode: str) -> np.ndarray:
+def _new_bits(
+    weights: Mapping[str, torch.Tensor], entry: TensorEntry, indices: np.ndarray, segment: dict[str, np.ndarray], mode: str
+) -> np.ndarray:
+    """New int16 bit patterns at `indices`: absolute values, or the receiver's plus the ULP deltas."""
     if mode == "absolute":
         exponent, sign_mantissa = segment["value_exponent"], segment["value_sign_mantissa"]
         if exponent.size != entry.count or sign_mantissa.size != entry.count:

@@ -17,6 +17,7 @@ import zstandard
 from workers.pulse.patch_format import BF16, FORMAT_VERSION, MODES, STREAM_LAYOUTS, pack_patch
 from workers.pulse.streams import (
     GAP_ESCAPES_BY_WIDTH,
+    GAP_STREAMS_BY_WIDTH,
     MAGNITUDE_ESCAPES,
     changed_indices,
     choose_gap_width,
@@ -27,9 +28,6 @@ from workers.pulse.streams import (
     ulp_delta_split,
 )
 from workers.pulse.weights_hash import as_bf16, bf16_bits, weights_hash
-
-GAP_STREAMS_BY_WIDTH = {1: ("gap8", "gap16", "gap64"), 2: ("gap16", "gap64")}
-
 
 def encode_patch(
     prev: Mapping[str, torch.Tensor],
