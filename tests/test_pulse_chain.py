@@ -98,6 +98,14 @@ def test_chain_detects_a_tampered_anchor_by_the_final_hash() -> None:
         sync_weights({}, None, 12, chain, config)
 
 
+def test_anchor_only_sync_checks_an_expected_hash_when_given() -> None:
+    config = ChainConfig()
+    chain, hashes = published(random_walk_states(11, seed=5), config)
+    assert sync_weights({}, None, 10, chain, config, expected_hash=hashes[10]) == ChainPlan(anchor=10, patches=())
+    with pytest.raises(PatchError, match="does not match the sender's"):
+        sync_weights({}, None, 10, chain, config, expected_hash=hashes[9])
+
+
 def test_chain_stops_at_the_version_before_a_refused_patch() -> None:
     config = ChainConfig(mode="ulp_delta")
     chain, hashes = published(random_walk_states(6, seed=4), config)

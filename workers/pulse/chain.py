@@ -154,15 +154,15 @@ def sync_weights(
     plan = plan_chain(current, target, config)
     if plan.anchor is not None:
         _load_anchor(weights, source.get_anchor(plan.anchor))
-    expected = expected_hash
+    expected, patch = expected_hash, None
     for version in plan.patches:
         patch = source.get_patch(version)
         try:
             apply_patch(weights, patch, base_version=version - 1)
         except PatchError as err:
             raise PatchError(f"chain to version {target} stopped at version {version - 1}: {err}") from err
-        if expected_hash is None:
-            expected = read_patch_header(patch).target_hash
+    if expected is None and patch is not None:
+        expected = read_patch_header(patch).target_hash
     if expected is not None and weights_hash(weights) != expected:
         raise PatchError(f"weights hash after reaching version {target} does not match the sender's")
     return plan

@@ -29,6 +29,7 @@ from workers.pulse.streams import (
 )
 from workers.pulse.weights_hash import as_bf16, bf16_bits, weights_hash
 
+
 def encode_patch(
     prev: Mapping[str, torch.Tensor],
     cur: Mapping[str, torch.Tensor],
