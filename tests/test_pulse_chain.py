@@ -16,6 +16,7 @@ from workers.pulse import (
     sync_weights,
     weights_hash,
 )
+from workers.pulse.bench_stats import single_thread
 from workers.pulse.tiny_lm import LMConfig, TrajectoryConfig, lm_trajectory
 
 
@@ -131,7 +132,9 @@ def adamw_states() -> list[dict[str, torch.Tensor]]:
     """26 BF16 snapshots of a small transformer trained by AdamW (lr high enough to change every step)."""
     model = LMConfig(vocab_size=256, d_model=64, num_layers=2, num_heads=4, max_seq_len=16)
     run = TrajectoryConfig(warmup_steps=5, warmup_lr=3e-3, settle_steps=2, num_states=26, lr=1e-4, seq_len=16)
-    return list(lm_trajectory(model, run))
+    # One thread: on a shared machine a second torch thread waiting for a busy core is ~10x slower.
+    with single_thread():
+        return list(lm_trajectory(model, run))
 
 
 @pytest.mark.parametrize("mode", ["absolute", "ulp_delta"])
