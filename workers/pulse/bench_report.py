@@ -31,6 +31,8 @@ def format_pulse_report(figures: dict) -> str:
             f"{row['absolute_encode_gbps']:>13.2f} {row['ulp_delta_encode_gbps']:>13.2f}"
         )
     lines += ["", f"{'target':<32} {'measured':>10} {'wanted':>10}  met"]
+    if figures["quick"]:
+        lines.append("(quick run: the targets are set for the 54.7M model of the full run, not this one)")
     for name in TARGETS:
         target = figures["targets"][name]
         value = "n/a" if target["value"] is None else f"{target['value']:.2f}"
