@@ -220,6 +220,7 @@ def bench_store(
 def bench_pulse(
     as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
     quick: bool = typer.Option(False, "--quick", help="A 0.5M-parameter model and 33 states: a smoke run in seconds."),
+    dit: bool = typer.Option(True, "--dit/--no-dit", help="Also measure the tiny DiT's own GRPO updates."),
 ) -> None:
     """PULSESync: BF16 change rate, bytes per changed value and single-core speed on an LM-shaped AdamW trajectory."""
     import logging
@@ -228,7 +229,7 @@ def bench_pulse(
     from workers.pulse.bench_report import format_pulse_report
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # progress on stderr
-    figures = run_pulse_bench(quick=quick)
+    figures = run_pulse_bench(quick=quick, dit=dit)
     if as_json:
         emit_json(figures)
         return

@@ -48,3 +48,20 @@ def test_targets_report_a_miss_as_not_met() -> None:
     assert not targets["absolute_bytes_per_changed"]["met"]
     assert targets["ulp_delta_bytes_per_changed"]["met"] and targets["absolute_encode_gbps"]["met"]
     assert not targets["absolute_apply_gbps"]["met"] and targets["absolute_apply_gbps"]["value"] is None
+
+
+def test_tiny_dit_grpo_updates_round_trip_bit_exactly(tiny_policy, tmp_path) -> None:
+    from workers.policy import save_policy
+    from workers.pulse import apply_patch, encode_patch, weights_hash
+    from workers.pulse.dit_trajectory import dit_grpo_states
+
+    save_policy(tiny_policy, tmp_path / "ckpt")
+    states = [{k: v.to(torch.bfloat16) for k, v in s.items()}
+              for s in dit_grpo_states(3, lr=1e-4, checkpoint=tmp_path / "ckpt",
+                                                  prompts_per_iteration=2, reward="jpeg_compressibility")]
+    receiver = {k: v.clone() for k, v in states[0].items()}
+    for version in (1, 2):
+        patch = encode_patch(states[version - 1], states[version], base_version=version - 1, version=version)
+        apply_patch(receiver, patch)
+        assert weights_hash(receiver) == weights_hash(states[version])
+    assert weights_hash(states[2]) != weights_hash(states[0])  # GRPO really moved the weights

@@ -160,8 +160,25 @@ def _mean_of(rows: list[dict]) -> dict:
     return out
 
 
-def run_pulse_bench(quick: bool = False) -> dict:
-    """The LM-shaped benchmark: train, stream snapshots into bench_trajectory, add the 1 % micro-benchmark."""
+DIT_LRS = (3e-6, 2e-5)
+"""GRPO learning rates for the tiny DiT: PULSE's RL regime, and the cpu_tiny recipe's."""
+
+
+def run_dit_bench(quick: bool = False) -> dict:
+    """(a) The shipped tiny DiT under real GRPO updates, one trajectory per learning rate."""
+    from workers.pulse.dit_trajectory import dit_grpo_states
+
+    num_states = 3 if quick else 33
+    config = BenchConfig(ks=(1,) if quick else (1, 8, 32), detailed_pairs=1, repeats=1 if quick else 3,
+                         zstd_levels=(1,))
+    with single_thread():
+        return {f"lr={lr:g}": bench_trajectory(dit_grpo_states(num_states, lr), config)
+                for lr in (DIT_LRS[:1] if quick else DIT_LRS)}
+
+
+def run_pulse_bench(quick: bool = False, dit: bool = True) -> dict:
+    """(b) The LM-shaped benchmark (train, stream snapshots into bench_trajectory, add the 1 %
+    micro-benchmark) and, unless dit=False, (a) the tiny DiT's own GRPO updates."""
     model, run = (lm_tiny(), quick_trajectory()) if quick else (lm_50m(), TrajectoryConfig())
     config = BenchConfig(detailed_pairs=2, repeats=2, zstd_levels=(-1, 1, 3, 19)) if quick else BenchConfig()
     start = time.perf_counter()
@@ -175,6 +192,8 @@ def run_pulse_bench(quick: bool = False) -> dict:
     figures["trajectory"] = asdict(run)
     figures["quick"] = quick
     figures["targets"] = check_targets(figures)
+    if dit:
+        figures["dit_grpo"] = run_dit_bench(quick)
     figures["wall_s"] = time.perf_counter() - start
     return figures
 

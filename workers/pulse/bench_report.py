@@ -38,7 +38,23 @@ def format_pulse_report(figures: dict) -> str:
         value = "n/a" if target["value"] is None else f"{target['value']:.2f}"
         lines.append(f"{name:<32} {value:>10} {target['target']:>10}  {'yes' if target['met'] else 'NO'}")
     lines.append(f"bit-exact round trips: {figures['bitwise_exact'] and figures['synthetic_1pct']['absolute_bitwise_exact']}")
+    lines += _dit_lines(figures.get("dit_grpo", {}))
     return "\n".join(lines)
+
+
+def _dit_lines(dit: dict) -> list[str]:
+    """(a) The tiny DiT's GRPO trajectories, one block per learning rate."""
+    lines = []
+    for name, fig in dit.items():
+        lines += ["", f"tiny DiT, GRPO {name}: {fig['num_states']} states, {fig['dense_bytes'] / 1e6:.1f} MB dense BF16"]
+        for k, row in sorted(fig["by_k"].items(), key=lambda item: int(item[0])):
+            if row["num_pairs"]:
+                lines.append(
+                    f"{k:>3} {100 * row['changed_fraction_mean']:>10.2f} % changed  abs {row['absolute_bytes_per_changed']:.2f} "
+                    f"B/chg (x{row['absolute_ratio_vs_dense']:.1f})  ulp {row['ulp_delta_bytes_per_changed']:.2f} B/chg "
+                    f"(x{row['ulp_delta_ratio_vs_dense']:.1f})"
+                )
+    return lines
 
 
 def _detail_lines(title: str, row: dict) -> list[str]:

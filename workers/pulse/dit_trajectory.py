@@ -21,13 +21,14 @@ from workers.trainer import GRPOTrainer
 
 
 def dit_grpo_states(num_states: int, lr: float, checkpoint=SHIPPED_BASE,
-                    prompts_per_iteration: int = 4, group_size: int = 4) -> Iterator[dict[str, torch.Tensor]]:
+                    prompts_per_iteration: int = 4, group_size: int = 4,
+                    reward: str = "minigeneval") -> Iterator[dict[str, torch.Tensor]]:
     """num_states successive FP32 state dicts: the start, then one per GRPO optimizer step."""
     if num_states < 2:
         raise ValueError(f"num_states must be >= 2, got {num_states}")
     base = cpu_tiny()
     config = dataclasses.replace(
-        base, prompts_per_iteration=prompts_per_iteration, group_size=group_size,
+        base, prompts_per_iteration=prompts_per_iteration, group_size=group_size, reward=reward,
         grpo=dataclasses.replace(base.grpo, lr=lr, num_minibatches=1),
     )
     policy = load_policy(checkpoint)
