@@ -1,0 +1,223 @@
+"""The request queue interface: pull-based work with leases, priorities, dead letters and cancel-by-iteration.
+
+Workers pull: `claim` hands out the oldest request of the highest-priority kind (rollout,
+then validate, then explore) under a lease. The worker renews the lease with `heartbeat`
+while it works and completes the request with `ack`. A lease that is not renewed expires
+(a killed spot worker), and the request becomes claimable again with `attempts` + 1; after
+`max_deliveries` deliveries it is moved to the dead letters instead. Delivery is
+at-least-once; completion is recorded exactly once per request id (the first `ack` wins,
+later ones return False), matching results committed exclusively under the request id.
+
+Backends: `SqliteQueue` (one machine, many processes) and `RedisQueue` (Redis Streams
+consumer groups, many machines). See docs/QUEUE.md.
+
+Example:
+    queue = open_queue("runs/demo/queue.db")                 # or "redis://:pw@host:6379/0"
+    queue.put([{"request_id": "r0", "iteration": 3, "kind": "rollout", "payload": {"seed": 7}}])
+    lease = queue.claim("worker-1", lease_s=60)               # in each worker
+    ...; queue.heartbeat(lease); ...; queue.ack(lease, rollout_key("demo", 3, "r0"))
+    outcome = queue.wait_until_done(["r0"], timeout_s=600)    # in the coordinator
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+from urllib.parse import unquote, urlparse
+
+from resources.queue_records import (
+    DeadLetter,
+    Lease,
+    QueueStats,
+    Request,
+    WaitOutcome,
+    finite_positive,
+)
+
+SUPPORTED_URLS = "a file path, sqlite:///absolute/path.db, or redis://[:password@]host:port/db"
+PASSWORD_ENV = "SPOTLIGHT_REDIS_PASSWORD"
+END_STATES = ("done", "dead", "cancelled")
+
+
+class QueueError(Exception):
+    """A queue operation failed in a way the caller cannot fix by changing arguments."""
+
+
+class QueueUnavailableError(QueueError):
+    """The queue cannot be reached, or refused our credentials."""
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """Policy shared by every process that opens the same queue."""
+
+    max_deliveries: int = 5
+    """Deliveries before a request whose leases keep expiring goes to the dead letters.
+    Preemptions count as deliveries, so keep this above the preemptions one request may see."""
+    connect_timeout_s: float = 3.0
+    """How long to wait for the queue (the Redis server, or the SQLite file lock) before failing."""
+    max_lease_s: float = 24 * 3600.0
+    """Longest lease a claim or heartbeat may ask for."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_deliveries, bool) or not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
+            raise ValueError(f"QueueConfig.max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
+        finite_positive(self.connect_timeout_s, "QueueConfig.connect_timeout_s")
+        finite_positive(self.max_lease_s, "QueueConfig.max_lease_s")
+
+
+class RequestQueue(abc.ABC):
+    """Leased, prioritised, at-least-once work queue with an exactly-once completion record."""
+
+    config: QueueConfig
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """URL that `open_queue` turns back into the same queue (never holds a password)."""
+
+    @abc.abstractmethod
+    def put(self, requests: Iterable[Request | Mapping[str, Any]]) -> int:
+        """Enqueue requests; ids already known to the queue (in any state) are skipped. Returns how many were added."""
+
+    @abc.abstractmethod
+    def claim(self, worker_id: str, lease_s: float) -> Lease | None:
+        """Lease the next request (highest priority, then oldest), or None when nothing is claimable."""
+
+    @abc.abstractmethod
+    def heartbeat(self, lease: Lease) -> bool:
+        """Extend the lease to `lease.lease_s` from now. False when the lease is lost (reclaimed by
+        another worker, dead-lettered, cancelled or done): the worker should stop working on it."""
+
+    @abc.abstractmethod
+    def release(self, lease: Lease) -> bool:
+        """Give the request back at once (e.g. on a preemption notice, after committing state).
+        The delivery still counts toward max_deliveries. False when the lease was already lost."""
+
+    @abc.abstractmethod
+    def ack(self, lease: Lease | str, result_key: str) -> bool:
+        """Record the request (a lease or a request id) as done with its result key. True if this
+        call completed it; False if it was already done or cancelled (a duplicate is harmless)."""
+
+    @abc.abstractmethod
+    def cancel_iteration(self, iteration: int, kind: str | None = None) -> int:
+        """Drop pending and leased requests of an iteration (optionally one kind). Returns how many."""
+
+    @abc.abstractmethod
+    def stats(self) -> QueueStats:
+        """Counts by state across the whole queue."""
+
+    @abc.abstractmethod
+    def states(self, request_ids: Iterable[str]) -> dict[str, str]:
+        """request id -> one of REQUEST_STATES ('unknown' for ids never put)."""
+
+    @abc.abstractmethod
+    def results(self, request_ids: Iterable[str]) -> dict[str, str]:
+        """request id -> result key, for those of `request_ids` that are done."""
+
+    @abc.abstractmethod
+    def dead_letters(self) -> list[DeadLetter]:
+        """Requests given up after max_deliveries, oldest first."""
+
+    def close(self) -> None:
+        """Release connections; the queue object is unusable afterwards."""
+
+    def __enter__(self) -> "RequestQueue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_until_done(self, request_ids: Iterable[str], timeout_s: float, poll_s: float = 0.2) -> WaitOutcome:
+        """Poll until every request is done, dead or cancelled, or `timeout_s` passes.
+
+        Never raises on timeout: check `outcome.complete` and `outcome.unfinished`.
+        """
+        ids = list(dict.fromkeys(request_ids))
+        finite_positive(poll_s, "poll_s")
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            states = self.states(ids)
+            if all(s in END_STATES for s in states.values()) or time.monotonic() >= deadline:
+                break
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        done = [r for r, s in states.items() if s == "done"]
+        return WaitOutcome(results=self.results(done), states=states)
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """Where a Redis queue lives; the password is kept out of repr and the URL."""
+
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RedisAddress({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        user = f"{self.username}@" if self.username else ""
+        return f"redis://{user}{self.host}:{self.port}/{self.db}"
+
+
+def parse_queue_url(url: str | Path) -> Path | RedisAddress:
+    """Check a queue URL without connecting: a SQLite file Path, or a RedisAddress."""
+    text = str(url)
+    if not text:
+        raise ValueError(f"queue URL is empty: use {SUPPORTED_URLS}")
+    parsed = urlparse(text)
+    scheme = parsed.scheme.lower()
+    if scheme == "" or (len(scheme) == 1 and text[1:3] in (":\\", ":/")):  # plain (or Windows) path
+        return Path(text)
+    if scheme == "sqlite":
+        if parsed.netloc or not parsed.path.startswith("/") or parsed.query:
+            raise ValueError(f"queue URL {text!r}: a SQLite URL must look like sqlite:///absolute/path.db")
+        return Path(parsed.path)
+    if scheme == "redis":
+        return _redis_address(parsed)
+    raise ValueError(f"unsupported queue URL scheme {scheme!r}: use {SUPPORTED_URLS}")
+
+
+def _redis_address(parsed: Any) -> RedisAddress:
+    # Never echo the URL in these errors: it may hold the password.
+    safe = f"redis://{parsed.hostname or ''}:{parsed.port if _port_ok(parsed) else '?'}{parsed.path}"
+    if not parsed.hostname or parsed.query or parsed.fragment:
+        raise ValueError(f"queue URL {safe!r}: use redis://[:password@]host:port/db")
+    if not _port_ok(parsed):
+        raise ValueError(f"queue URL {safe!r}: the port must be a number in 1-65535")
+    db_text = parsed.path.strip("/") or "0"
+    if not db_text.isdigit():
+        raise ValueError(f"queue URL {safe!r}: the database must be a number, as in redis://host:6379/0")
+    password = unquote(parsed.password) if parsed.password else os.environ.get(PASSWORD_ENV) or None
+    username = unquote(parsed.username) if parsed.username else None
+    return RedisAddress(parsed.hostname, parsed.port or 6379, int(db_text), username, password)
+
+
+def _port_ok(parsed: Any) -> bool:
+    try:
+        return parsed.port is None or 0 < parsed.port < 65536
+    except ValueError:
+        return False
+
+
+def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQueue:
+    """Open a queue from a URL: a file path or `sqlite:///abs/path.db` (SqliteQueue), or
+    `redis://[:password@]host:port/db` (RedisQueue; the password may instead come from the
+    SPOTLIGHT_REDIS_PASSWORD environment variable). Raises QueueUnavailableError when the
+    queue cannot be reached within `config.connect_timeout_s`."""
+    where = parse_queue_url(url)
+    if isinstance(where, Path):
+        from resources.queue_sqlite import SqliteQueue
+
+        return SqliteQueue(where, config)
+    from resources.queue_redis import RedisQueue
+
+    return RedisQueue(where, config)

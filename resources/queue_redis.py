@@ -1,0 +1,175 @@
+"""RedisQueue: the request queue on Redis Streams consumer groups, for workers on many machines."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Mapping
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from resources import queue_redis_lua as lua
+from resources.queue import QueueConfig, QueueError, QueueUnavailableError, RedisAddress, RequestQueue
+from resources.queue_records import (
+    KINDS_BY_PRIORITY,
+    DeadLetter,
+    Lease,
+    QueueStats,
+    Request,
+    check_lease_s,
+    check_result_key,
+    check_worker_id,
+)
+
+HORIZON_MS = 30 * 24 * 3600 * 1000
+"""XAUTOCLAIM threshold shared by every process (see queue_redis_lua); leases must be shorter."""
+_PREFIX = "spotlight:{queue}"  # one hash tag: all keys in one slot, so the scripts also run on a cluster
+_CHUNK = 500
+
+
+class RedisQueue(RequestQueue):
+    """Requests are entries of one stream per kind, read through the consumer group `workers`.
+
+    claim = XAUTOCLAIM of an expired entry, else XREADGROUP of a new one (highest priority
+    stream first); heartbeat = XCLAIM of our own entry, resetting its idle time; ack = XACK
+    + XDEL and a result key in a hash. Each operation is one Lua script, so it is atomic and
+    one round trip. Lease times use the server's clock, so worker clocks may disagree.
+    """
+
+    def __init__(self, address: RedisAddress, config: QueueConfig = QueueConfig()) -> None:
+        if config.max_lease_s * 1000 >= HORIZON_MS:
+            raise ValueError(f"QueueConfig.max_lease_s must be below {HORIZON_MS // 1000} s for RedisQueue")
+        self.address = address
+        self.config = config
+        self._redis = redis.Redis(
+            host=address.host,
+            port=address.port,
+            db=address.db,
+            username=address.username,
+            password=address.password,
+            socket_connect_timeout=config.connect_timeout_s,
+            socket_timeout=max(10.0, config.connect_timeout_s),
+            # Retries cover dropped connections. A retried script may run twice: put and ack are
+            # idempotent, and a doubly claimed request just waits for its orphaned lease to expire.
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
+            decode_responses=True,
+        )
+        self._keys = [f"{_PREFIX}:stream:{kind}" for kind in KINDS_BY_PRIORITY] + [
+            f"{_PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")
+        ]
+        self._scripts = {
+            name: self._redis.register_script(getattr(lua, name))
+            for name in ("PUT", "CLAIM", "EXTEND", "ACK", "CANCEL", "STATS", "STATES")
+        }
+        self._create_groups()
+
+    @property
+    def url(self) -> str:
+        return self.address.url
+
+    def __repr__(self) -> str:
+        return f"RedisQueue({self.url!r})"
+
+    def close(self) -> None:
+        self._redis.close()
+
+    @contextmanager
+    def _errors(self, op: str) -> Iterator[None]:
+        where = f"{self.address.host}:{self.address.port}/{self.address.db}"
+        try:
+            yield
+        except redis.exceptions.AuthenticationError as err:
+            raise QueueUnavailableError(
+                f"Redis at {where} rejected the credentials during {op} ({err}): put the server's password "
+                "in the URL (redis://:PASSWORD@host:port/db) or in SPOTLIGHT_REDIS_PASSWORD"
+            ) from err
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+            raise QueueUnavailableError(
+                f"cannot reach the Redis queue at {where} during {op} "
+                f"(connect timeout {self.config.connect_timeout_s:g} s): {err}"
+            ) from err
+        except redis.exceptions.ResponseError as err:
+            raise QueueError(f"Redis at {where} refused {op}: {err}") from err
+
+    def _create_groups(self) -> None:
+        with self._errors("connect"):
+            self._redis.ping()
+            for stream in self._keys[:3]:
+                try:
+                    self._redis.xgroup_create(stream, "workers", id="0", mkstream=True)
+                except redis.exceptions.ResponseError as err:
+                    if "BUSYGROUP" not in str(err):  # another process created it first
+                        raise
+
+    def _run(self, name: str, args: list[Any]) -> Any:
+        with self._errors(name.lower()):
+            return self._scripts[name](keys=self._keys, args=args)
+
+    def put(self, requests: Iterable[Request | Mapping[str, Any]]) -> int:
+        rows = [Request.from_dict(r) for r in requests]
+        added = 0
+        for start in range(0, len(rows), _CHUNK):
+            args: list[Any] = []
+            for r in rows[start : start + _CHUNK]:
+                args += [r.request_id, r.kind, r.iteration, r.to_json()]
+            added += int(self._run("PUT", args))
+        return added
+
+    def claim(self, worker_id: str, lease_s: float) -> Lease | None:
+        check_worker_id(worker_id)
+        lease_s = check_lease_s(lease_s, self.config.max_lease_s)
+        found = self._run("CLAIM", [worker_id, _ms(lease_s), HORIZON_MS, self.config.max_deliveries])
+        if not found:
+            return None
+        entry, body, deliveries = found
+        return Lease(Request.from_json(body), worker_id, int(deliveries), lease_s, entry)
+
+    def heartbeat(self, lease: Lease) -> bool:
+        return self._extend(lease, _ms(lease.lease_s))
+
+    def release(self, lease: Lease) -> bool:
+        return self._extend(lease, 0)
+
+    def _extend(self, lease: Lease, lease_ms: int) -> bool:
+        args = [lease.request.kind, lease.token, lease.worker_id, lease.attempts, lease_ms, HORIZON_MS]
+        return self._run("EXTEND", args) == 1
+
+    def ack(self, lease: Lease | str, result_key: str) -> bool:
+        request_id = lease.request_id if isinstance(lease, Lease) else lease
+        return self._run("ACK", [request_id, check_result_key(result_key)]) == 1
+
+    def cancel_iteration(self, iteration: int, kind: str | None = None) -> int:
+        if kind is not None and kind not in KINDS_BY_PRIORITY:
+            raise ValueError(f"kind must be one of {KINDS_BY_PRIORITY} or None, got {kind!r}")
+        return int(self._run("CANCEL", [int(iteration), kind or ""]))
+
+    def stats(self) -> QueueStats:
+        return QueueStats(*(int(n) for n in self._run("STATS", [HORIZON_MS])))
+
+    def states(self, request_ids: Iterable[str]) -> dict[str, str]:
+        ids = list(request_ids)
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            out.update(zip(chunk, self._run("STATES", [HORIZON_MS, *chunk])))
+        return out
+
+    def results(self, request_ids: Iterable[str]) -> dict[str, str]:
+        ids = list(request_ids)
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            with self._errors("results"):
+                keys = self._redis.hmget(self._keys[5], chunk)
+            out.update((rid, key) for rid, key in zip(chunk, keys) if key is not None)
+        return out
+
+    def dead_letters(self) -> list[DeadLetter]:
+        with self._errors("dead_letters"):
+            entries = self._redis.xrange(self._keys[6])
+        return [DeadLetter(Request.from_json(fields["body"]), int(fields["attempts"])) for _, fields in entries]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000)) if seconds > 0 else 0
