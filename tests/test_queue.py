@@ -1,0 +1,428 @@
+"""The request-queue contract, run against SQLite and a real redis-server, plus URL and connection errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from resources.queue import (
+    PASSWORD_ENV,
+    QueueConfig,
+    QueueUnavailableError,
+    RequestQueue,
+    open_queue,
+    parse_queue_url,
+)
+from resources.queue_records import Request
+
+REPO = Path(__file__).resolve().parents[1]
+SHORT_LEASE_S = 0.3
+
+
+# --- fixtures ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisServer:
+    """A redis-server on 127.0.0.1 that requires a password and never writes to disk."""
+
+    port: int
+    password: str
+
+    def url(self, password: str | None = None, db: int = 0) -> str:
+        auth = f":{password}@" if password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
+
+    def flush(self) -> None:
+        import redis
+
+        with redis.Redis(port=self.port, password=self.password) as client:
+            client.flushall()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server per session, started here and stopped at the end (CI installs the package)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server); the Redis backend is untested")
+    server = RedisServer(_free_port(), "test-password-Zq9")
+    folder = tmp_path_factory.mktemp("redis")
+    args = ["--port", str(server.port), "--bind", "127.0.0.1", "--requirepass", server.password]
+    args += ["--save", "", "--appendonly", "no", "--dir", str(folder)]
+    process = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_ping(server)
+        yield server
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _wait_for_ping(server: RedisServer) -> None:
+    import redis
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with redis.Redis(port=server.port, password=server.password, socket_connect_timeout=1) as client:
+                client.ping()
+            return
+        except redis.exceptions.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _open(request: pytest.FixtureRequest, config: QueueConfig) -> RequestQueue:
+    if request.param == "sqlite":
+        return open_queue(request.getfixturevalue("tmp_path") / "queue.db", config)
+    server: RedisServer = request.getfixturevalue("redis_server")
+    server.flush()
+    # The password from the environment, so `open_queue(queue.url)` works here and in subprocesses.
+    request.getfixturevalue("monkeypatch").setenv(PASSWORD_ENV, server.password)
+    return open_queue(server.url(), config)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def queue(request: pytest.FixtureRequest) -> Iterator[RequestQueue]:
+    with _open(request, QueueConfig()) as opened:
+        yield opened
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def twice_queue(request: pytest.FixtureRequest) -> Iterator[RequestQueue]:
+    """A queue that dead-letters a request after two deliveries."""
+    with _open(request, QueueConfig(max_deliveries=2)) as opened:
+        yield opened
+
+
+def rollout(rid: str, iteration: int = 0, kind: str = "rollout", **payload: object) -> dict:
+    return {"request_id": rid, "iteration": iteration, "kind": kind, "payload": payload}
+
+
+def drain(queue: RequestQueue, worker_id: str = "w") -> list[str]:
+    """Claim and ack everything claimable, in claim order."""
+    order = []
+    while (lease := queue.claim(worker_id, lease_s=30)) is not None:
+        order.append(lease.request_id)
+        queue.ack(lease, f"results/{lease.request_id}")
+    return order
+
+
+# --- the contract ------------------------------------------------------------------------
+
+
+def test_claim_on_an_empty_queue_returns_none(queue: RequestQueue) -> None:
+    assert queue.claim("w1", lease_s=10) is None
+
+
+def test_a_claimed_request_carries_its_payload_and_first_attempt(queue: RequestQueue) -> None:
+    queue.put([rollout("r0", iteration=3, prompt="a red cube", seed=7)])
+    lease = queue.claim("w1", lease_s=10)
+    assert lease is not None
+    assert lease.request == Request("r0", 3, "rollout", {"prompt": "a red cube", "seed": 7})
+    assert (lease.worker_id, lease.attempts) == ("w1", 1)
+    assert queue.claim("w2", lease_s=10) is None  # leased: nobody else gets it
+
+
+def test_put_skips_request_ids_the_queue_already_knows(queue: RequestQueue) -> None:
+    assert queue.put([rollout("r0"), rollout("r1")]) == 2
+    assert queue.put([rollout("r1"), rollout("r2")]) == 1
+    drain(queue)
+    assert queue.put([rollout("r0")]) == 0  # even once done: a re-sent batch does not redo work
+    assert queue.stats().done == 3
+
+
+def test_rollouts_come_before_validations_before_explorations_and_fifo_within_a_kind(queue: RequestQueue) -> None:
+    kinds = ["explore", "validate", "rollout", "explore", "rollout", "validate"]
+    queue.put([rollout(f"r{i}", kind=kind) for i, kind in enumerate(kinds)])
+    assert drain(queue) == ["r2", "r4", "r1", "r5", "r0", "r3"]
+
+
+def test_ack_completes_once_and_a_duplicate_ack_is_harmless(queue: RequestQueue) -> None:
+    queue.put([rollout("r0"), rollout("r1")])
+    lease = queue.claim("w1", lease_s=10)
+    assert queue.ack(lease, "results/r0-first") is True
+    assert queue.ack(lease, "results/r0-second") is False
+    assert queue.ack("r1", "results/r1") is True  # by request id, e.g. from a coordinator
+    assert queue.results(["r0", "r1", "nope"]) == {"r0": "results/r0-first", "r1": "results/r1"}
+    assert queue.heartbeat(lease) is False  # done: the worker learns it can stop
+
+
+def test_an_expired_lease_is_reclaimed_by_another_worker_with_one_more_attempt(queue: RequestQueue) -> None:
+    queue.put([rollout("r0")])
+    first = queue.claim("w1", lease_s=SHORT_LEASE_S)
+    assert queue.claim("w2", lease_s=10) is None
+    time.sleep(SHORT_LEASE_S + 0.1)
+    assert queue.stats().pending == 1
+    second = queue.claim("w2", lease_s=10)
+    assert (second.request_id, second.worker_id, second.attempts) == ("r0", "w2", 2)
+    assert queue.heartbeat(first) is False  # the slow worker has lost it
+    assert queue.heartbeat(second) is True
+    # The slow worker finishes anyway: its result is recorded once, the second is a duplicate.
+    assert queue.ack(first, "results/r0") is True
+    assert queue.ack(second, "results/r0") is False
+    assert queue.stats() == type(queue.stats())(pending=0, leased=0, done=1, dead=0, cancelled=0)
+
+
+def test_the_same_worker_reclaiming_its_expired_lease_cannot_renew_the_old_one(queue: RequestQueue) -> None:
+    queue.put([rollout("r0")])
+    old = queue.claim("w1", lease_s=SHORT_LEASE_S)
+    time.sleep(SHORT_LEASE_S + 0.1)
+    new = queue.claim("w1", lease_s=10)
+    assert new.attempts == 2
+    assert queue.heartbeat(old) is False
+    assert queue.heartbeat(new) is True
+
+
+def test_heartbeats_keep_a_lease_beyond_its_length(queue: RequestQueue) -> None:
+    queue.put([rollout("r0")])
+    lease = queue.claim("w1", lease_s=SHORT_LEASE_S)
+    for _ in range(3):
+        time.sleep(SHORT_LEASE_S / 2)
+        assert queue.heartbeat(lease) is True
+    assert queue.claim("w2", lease_s=10) is None
+    assert queue.stats().leased == 1
+
+
+def test_a_released_request_is_claimable_at_once(queue: RequestQueue) -> None:
+    queue.put([rollout("r0")])
+    lease = queue.claim("w1", lease_s=60)
+    assert queue.release(lease) is True
+    again = queue.claim("w2", lease_s=60)
+    assert (again.request_id, again.attempts) == ("r0", 2)
+    assert queue.release(lease) is False
+
+
+def test_a_request_goes_to_the_dead_letters_after_max_deliveries(twice_queue: RequestQueue) -> None:
+    queue = twice_queue
+    queue.put([rollout("poison", iteration=4), rollout("fine")])
+    for attempt in (1, 2):
+        lease = queue.claim(f"w{attempt}", lease_s=SHORT_LEASE_S)
+        assert (lease.request_id, lease.attempts) == ("poison", attempt)
+        time.sleep(SHORT_LEASE_S + 0.1)
+    assert queue.claim("w3", lease_s=10).request_id == "fine"  # poison is skipped and buried
+    [dead] = queue.dead_letters()
+    assert (dead.request.request_id, dead.request.iteration, dead.attempts) == ("poison", 4, 2)
+    assert queue.states(["poison"]) == {"poison": "dead"}
+    assert queue.stats().dead == 1
+
+
+def test_a_late_ack_of_a_dead_letter_still_completes_it(twice_queue: RequestQueue) -> None:
+    queue = twice_queue
+    queue.put([rollout("slow")])
+    for _ in range(2):
+        lease = queue.claim("w1", lease_s=SHORT_LEASE_S)
+        time.sleep(SHORT_LEASE_S + 0.1)
+    assert queue.claim("w2", lease_s=10) is None
+    assert queue.ack(lease, "results/slow") is True
+    assert queue.dead_letters() == []
+    assert queue.states(["slow"]) == {"slow": "done"}
+
+
+def test_cancel_iteration_drops_its_pending_and_leased_requests_only(queue: RequestQueue) -> None:
+    queue.put([rollout("old-a", 1, "explore"), rollout("old-b", 1, "explore"), rollout("old-c", 1, "rollout")])
+    queue.put([rollout("new-a", 2, "explore")])
+    leased = queue.claim("w1", lease_s=60)  # old-c: rollouts first
+    queue.ack(leased, "results/old-c")
+    leased = queue.claim("w1", lease_s=60)  # old-a
+    assert queue.cancel_iteration(1, kind="explore") == 2
+    assert queue.heartbeat(leased) is False
+    assert queue.ack(leased, "results/old-a") is False  # a cancelled request stays cancelled
+    assert queue.states(["old-a", "old-b", "old-c", "new-a"]) == {
+        "old-a": "cancelled", "old-b": "cancelled", "old-c": "done", "new-a": "pending"
+    }
+    assert drain(queue) == ["new-a"]
+    assert queue.stats().cancelled == 2
+
+
+def test_cancel_iteration_of_one_kind_keeps_other_kinds(queue: RequestQueue) -> None:
+    queue.put([rollout("e", 5, "explore"), rollout("v", 5, "validate")])
+    assert queue.cancel_iteration(5, kind="explore") == 1
+    assert drain(queue) == ["v"]
+    with pytest.raises(ValueError, match="kind must be one of"):
+        queue.cancel_iteration(5, kind="train")
+
+
+def test_stats_count_requests_in_every_state(twice_queue: RequestQueue) -> None:
+    queue = twice_queue
+    queue.put([rollout(f"r{i}", iteration=i % 2) for i in range(6)])
+    queue.ack(queue.claim("w", lease_s=60), "results/r0")
+    queue.claim("w", lease_s=60)  # r1 leased
+    queue.cancel_iteration(0)  # r2, r4
+    stats = queue.stats()
+    assert (stats.pending, stats.leased, stats.done, stats.dead, stats.cancelled) == (2, 1, 1, 0, 2)
+    assert stats.open == 3
+
+
+def test_wait_until_done_returns_the_results_once_every_request_is_finished(queue: RequestQueue) -> None:
+    queue.put([rollout("r0"), rollout("r1")])
+    drain(queue)
+    outcome = queue.wait_until_done(["r0", "r1"], timeout_s=5)
+    assert outcome.complete
+    assert outcome.results == {"r0": "results/r0", "r1": "results/r1"}
+
+
+def test_wait_until_done_times_out_naming_the_unfinished_requests(queue: RequestQueue) -> None:
+    queue.put([rollout("r0"), rollout("r1")])
+    queue.ack("r0", "results/r0")
+    started = time.monotonic()
+    outcome = queue.wait_until_done(["r0", "r1", "never-put"], timeout_s=0.3, poll_s=0.05)
+    assert time.monotonic() - started < 2
+    assert not outcome.complete
+    assert outcome.unfinished == ["never-put", "r1"]
+    assert outcome.results == {"r0": "results/r0"}
+
+
+def test_a_reopened_queue_sees_the_same_requests(queue: RequestQueue) -> None:
+    queue.put([rollout("r0"), rollout("r1")])
+    lease = queue.claim("w1", lease_s=60)
+    with open_queue(queue.url) as other:
+        assert other.claim("w2", lease_s=60).request_id == "r1"
+        assert other.ack(lease, "results/r0") is True
+    assert queue.states(["r0", "r1"]) == {"r0": "done", "r1": "leased"}
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (rollout("has space"), "request id"),
+        (rollout("r", iteration=-1), "iteration must be an int >= 0"),
+        (rollout("r", kind="train"), "kind must be one of"),
+        ({"request_id": "r", "kind": "rollout"}, "missing fields \\['iteration'\\]"),
+        (rollout("r", blob=object()), "not JSON-serialisable"),
+        (rollout("r", blob="x" * 70_000), "put large data in the tensor store"),
+    ],
+)
+def test_invalid_requests_are_rejected_before_anything_is_queued(queue: RequestQueue, bad: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        queue.put([rollout("ok"), bad])
+    assert queue.stats().pending == 0
+
+
+@pytest.mark.parametrize("lease_s", [0, -1, float("nan"), 10 * 24 * 3600])
+def test_claim_rejects_lease_lengths_out_of_range(queue: RequestQueue, lease_s: float) -> None:
+    with pytest.raises(ValueError, match="lease_s must be a number in"):
+        queue.claim("w1", lease_s=lease_s)
+
+
+_WORKER = """
+import json, sys, time
+from resources.queue import open_queue
+queue, claimed = open_queue(sys.argv[1]), []
+print("ready", flush=True)
+sys.stdin.readline()  # start together, so the workers really compete
+while True:
+    lease = queue.claim(sys.argv[2], lease_s=60)
+    if lease is None:
+        if queue.stats().open == 0:
+            break
+        time.sleep(0.01)
+        continue
+    claimed.append(lease.request_id)
+    time.sleep(0.002)  # the work: lets other workers claim in between
+    assert queue.ack(lease, "results/" + lease.request_id)
+print(json.dumps(claimed))
+"""
+
+
+def test_concurrent_worker_processes_complete_every_request_exactly_once(queue: RequestQueue) -> None:
+    ids = [f"r{i:03d}" for i in range(150)]
+    queue.put([rollout(rid, kind=("rollout", "explore")[i % 2]) for i, rid in enumerate(ids)])
+    command = [sys.executable, "-c", _WORKER, queue.url]
+    workers = [
+        subprocess.Popen([*command, f"w{n}"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for n in range(3)
+    ]
+    for worker in workers:
+        assert worker.stdout.readline() == "ready\n"
+    for worker in workers:
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+    claimed = [json.loads(worker.communicate(timeout=60)[0]) for worker in workers]
+    assert all(worker.returncode == 0 for worker in workers)
+    everything = [rid for per_worker in claimed for rid in per_worker]
+    assert sorted(everything) == ids  # no request twice: leases were long enough never to expire
+    assert sum(1 for per_worker in claimed if per_worker) >= 2, "the workers did not run concurrently"
+    assert queue.results(ids) == {rid: f"results/{rid}" for rid in ids}
+
+
+# --- URLs, credentials, reachability -------------------------------------------------------
+
+
+def test_unknown_url_schemes_are_rejected_naming_the_supported_ones() -> None:
+    with pytest.raises(ValueError, match="unsupported queue URL scheme 'amqp'.*sqlite:///.*redis://"):
+        parse_queue_url("amqp://host/queue")
+
+
+def test_a_sqlite_url_and_a_plain_path_open_the_same_file(tmp_path: Path) -> None:
+    with open_queue(tmp_path / "q.db") as first:
+        first.put([rollout("r0")])
+    with open_queue(f"sqlite://{tmp_path}/q.db") as second:
+        assert second.claim("w", lease_s=5).request_id == "r0"
+        assert second.url == f"sqlite://{tmp_path.resolve()}/q.db"
+    with pytest.raises(ValueError, match="sqlite:///absolute/path.db"):
+        parse_queue_url("sqlite://relative/q.db")
+
+
+def test_redis_urls_take_the_password_from_the_url_or_the_environment_and_never_show_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    address = parse_queue_url("redis://:s%40cret@example.org:6380/2")
+    assert (address.host, address.port, address.db, address.password) == ("example.org", 6380, 2, "s@cret")
+    assert "cret" not in repr(address) and address.url == "redis://example.org:6380/2"
+    assert parse_queue_url("redis://example.org").password == "from-env"
+    with pytest.raises(ValueError, match="database must be a number") as err:
+        parse_queue_url("redis://:hunter2@example.org:6379/zero")
+    assert "hunter2" not in str(err.value)
+
+
+def test_a_wrong_redis_password_fails_with_a_clear_error_that_hides_it(redis_server: RedisServer) -> None:
+    with pytest.raises(QueueUnavailableError, match="rejected the credentials.*SPOTLIGHT_REDIS_PASSWORD") as err:
+        open_queue(redis_server.url(password="wrong-pass-7"))
+    assert "wrong-pass-7" not in str(err.value)
+
+
+def test_a_missing_redis_password_fails_with_a_clear_error(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    with pytest.raises(QueueUnavailableError, match="rejected the credentials"):
+        open_queue(redis_server.url())
+
+
+def test_an_unreachable_redis_fails_quickly_with_a_clear_error() -> None:
+    started = time.monotonic()
+    with pytest.raises(QueueUnavailableError, match=r"cannot reach the Redis queue at 127\.0\.0\.1:\d+/0"):
+        open_queue(f"redis://127.0.0.1:{_free_port()}/0", QueueConfig(connect_timeout_s=1.0))
+    assert time.monotonic() - started < 5
+
+
+def test_dagster_queue_resource_checks_the_url_at_load_and_opens_a_working_queue(tmp_path: Path) -> None:
+    from resources.dagster_resources import QueueResource
+
+    with pytest.raises(Exception, match="unsupported queue URL scheme 'amqp'"):
+        QueueResource(url="amqp://host/q")
+    with pytest.raises(Exception) as err:
+        QueueResource(url="redis://:hunter2@host:1/zero")
+    assert "hunter2" not in str(err.value)
+    with QueueResource(url=str(tmp_path / "q.db"), max_deliveries=2).get_queue() as opened:
+        assert opened.config.max_deliveries == 2
+        assert opened.put([rollout("r0")]) == 1
