@@ -22,6 +22,7 @@ from resources.queue import (
     open_queue,
     parse_queue_url,
 )
+from resources.queue_keepalive import LeaseKeeper
 from resources.queue_records import Request
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,6 +200,17 @@ def test_heartbeats_keep_a_lease_beyond_its_length(queue: RequestQueue) -> None:
         assert queue.heartbeat(lease) is True
     assert queue.claim("w2", lease_s=10) is None
     assert queue.stats().leased == 1
+
+
+def test_a_lease_keeper_holds_the_lease_and_reports_when_it_is_lost(queue: RequestQueue) -> None:
+    queue.put([rollout("r0", iteration=1)])
+    lease = queue.claim("w1", lease_s=SHORT_LEASE_S)
+    with LeaseKeeper(queue, lease) as keeper:
+        time.sleep(SHORT_LEASE_S * 2)
+        assert queue.claim("w2", lease_s=10) is None and not keeper.lost
+        queue.cancel_iteration(1)
+        time.sleep(SHORT_LEASE_S)
+        assert keeper.lost
 
 
 def test_a_released_request_is_claimable_at_once(queue: RequestQueue) -> None:
