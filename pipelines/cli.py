@@ -40,7 +40,8 @@ def train(
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
     seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
-    out: Optional[Path] = typer.Option(None, help="Folder for the final policy and metrics.jsonl."),
+    out: Optional[Path] = typer.Option(None, help="Run folder: final policy, metrics.jsonl and ledger.duckdb."),
+    usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
 ) -> None:
     """Synchronous GRPO post-training on MiniGenEval, in this process."""
@@ -57,20 +58,48 @@ def train(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     from rich.console import Console
-    from rich.progress import Progress
 
     from workers.policy import SHIPPED_BASE, load_policy, save_policy
-    from workers.train_loop import run_training
 
+    if usd_per_hour < 0:
+        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
     policy = load_policy(checkpoint or SHIPPED_BASE)
     err_console = Console(stderr=True)
-    metrics = None
+    metrics = recorder = None
     if out is not None:
+        from pipelines.train_ledger import TrainLedgerRecorder
+
         out.mkdir(parents=True, exist_ok=True)
         metrics = (out / "metrics.jsonl").open("w")
-    with Progress(console=err_console, transient=True) as progress:
+        recorder = TrainLedgerRecorder(out / "ledger.duckdb", out.name, preset, config, usd_per_hour)
+        recorder.start()
+    status = "interrupted"
+    try:
+        _train_loop(policy, config, as_json, err_console, metrics, recorder)
+        status = "succeeded"
+    finally:
+        if recorder is not None:
+            recorder.finish(status)
+        if metrics is not None:
+            metrics.close()
+    if out is not None:
+        save_policy(policy, out / "policy")
+        err_console.print(f"saved the trained policy to {out / 'policy'}; query the run with "
+                          f"spotlight ledger \"SELECT * FROM validation_curve\" --db {out / 'ledger.duckdb'}")
+
+
+def _train_loop(policy, config, as_json: bool, console, metrics, recorder) -> None:
+    import time
+
+    from rich.progress import Progress
+
+    from workers.train_loop import run_training
+
+    with Progress(console=console, transient=True) as progress:
         task = progress.add_task("GRPO", total=config.iterations)
+        started = time.time()
         for record in run_training(policy, config):
+            ended = time.time()
             if as_json:
                 emit_json(record)
             else:
@@ -78,11 +107,10 @@ def train(
             if metrics is not None:
                 metrics.write(json.dumps(record, sort_keys=True) + "\n")
                 metrics.flush()
+            if recorder is not None:
+                recorder.record(record, started, ended)
             progress.update(task, completed=record["iteration"])
-    if out is not None:
-        metrics.close()
-        save_policy(policy, out / "policy")
-        err_console.print(f"saved the trained policy to {out / 'policy'}")
+            started = ended
 
 
 @app.command()

@@ -48,3 +48,23 @@ def test_train_prints_one_json_object_per_iteration(tmp_path, tiny_policy):
         assert key in lines[1]
     assert (tmp_path / "run" / "policy" / "policy.json").is_file()
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy):
+    from workers.policy import save_policy
+
+    save_policy(tiny_policy, tmp_path / "ckpt")
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--preset", "cpu_smoke", "--checkpoint", str(tmp_path / "ckpt"),
+                                 "--out", str(run), "--usd-per-hour", "3.6"])
+    assert result.exit_code == 0, result.output
+    db = str(run / "ledger.duckdb")
+    curve = runner.invoke(app, ["ledger", "SELECT iteration, score FROM validation_curve", "--db", db, "--json"])
+    assert curve.exit_code == 0, curve.output
+    rows = [json.loads(line) for line in curve.stdout.splitlines() if line.startswith("{")]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    cost = runner.invoke(app, ["ledger", "SELECT sum(usd_total) AS usd FROM cost_per_iteration", "--db", db, "--csv"])
+    usd = float(cost.stdout.strip().splitlines()[-1])
+    assert usd > 0  # 3.6 $/h for the seconds the iterations took
+    steps = runner.invoke(app, ["ledger", "SELECT count(*) AS n FROM train_steps", "--db", db, "--csv"])
+    assert steps.stdout.strip().splitlines()[-1] == "2"

@@ -21,11 +21,14 @@ from workers.trainer import GRPOTrainer, TrainConfig
 
 def _validation_fields(result: EvalResult | None) -> dict:
     if result is None:
-        return {"validation_score": None, "validation_partial": None, "validation_per_category": None}
+        return {"validation_score": None, "validation_partial": None, "validation_per_category": None,
+                "validation_per_criterion": None, "validation_num_prompts": None}
     return {
         "validation_score": round(result.score, 6),
         "validation_partial": round(result.partial, 6),
         "validation_per_category": {k: round(v, 6) for k, v in result.per_category.items()},
+        "validation_per_criterion": {k: round(v, 6) for k, v in result.per_criterion.items()},
+        "validation_num_prompts": len(set(result.prompts)),
     }
 
 
