@@ -15,13 +15,7 @@ def format_pulse_report(figures: dict) -> str:
         "",
         f"{'k':>3} {'changed %':>10} {'abs B/chg':>10} {'ulp B/chg':>10} {'abs x':>8} {'ulp x':>8}",
     ]
-    for k, row in sorted(figures["by_k"].items(), key=lambda item: int(item[0])):
-        if row["num_pairs"]:
-            lines.append(
-                f"{k:>3} {100 * row['changed_fraction_mean']:>10.2f} {row['absolute_bytes_per_changed']:>10.2f} "
-                f"{row['ulp_delta_bytes_per_changed']:>10.2f} {row['absolute_ratio_vs_dense']:>8.1f} "
-                f"{row['ulp_delta_ratio_vs_dense']:>8.1f}"
-            )
+    lines += _k_rows(figures["by_k"])
     lines += ["", *_detail_lines("trajectory k=1", figures["detailed_k1"])]
     lines += _detail_lines("synthetic 1 % changed, +-1 ULP", figures["synthetic_1pct"])
     lines += ["", f"{'zstd':>5} {'abs B/chg':>10} {'ulp B/chg':>10} {'abs enc GB/s':>13} {'ulp enc GB/s':>13}"]
@@ -47,14 +41,19 @@ def _dit_lines(dit: dict) -> list[str]:
     lines = []
     for name, fig in dit.items():
         lines += ["", f"tiny DiT, GRPO {name}: {fig['num_states']} states, {fig['dense_bytes'] / 1e6:.1f} MB dense BF16"]
-        for k, row in sorted(fig["by_k"].items(), key=lambda item: int(item[0])):
-            if row["num_pairs"]:
-                lines.append(
-                    f"{k:>3} {100 * row['changed_fraction_mean']:>10.2f} % changed  abs {row['absolute_bytes_per_changed']:.2f} "
-                    f"B/chg (x{row['absolute_ratio_vs_dense']:.1f})  ulp {row['ulp_delta_bytes_per_changed']:.2f} B/chg "
-                    f"(x{row['ulp_delta_ratio_vs_dense']:.1f})"
-                )
+        lines += _k_rows(fig["by_k"])
     return lines
+
+
+def _k_rows(by_k: dict) -> list[str]:
+    """One line per k: changed %, bytes per changed value and ratio vs dense, both modes."""
+    return [
+        f"{k:>3} {100 * row['changed_fraction_mean']:>10.2f} {row['absolute_bytes_per_changed']:>10.2f} "
+        f"{row['ulp_delta_bytes_per_changed']:>10.2f} {row['absolute_ratio_vs_dense']:>8.1f} "
+        f"{row['ulp_delta_ratio_vs_dense']:>8.1f}"
+        for k, row in sorted(by_k.items(), key=lambda item: int(item[0]))
+        if row["num_pairs"]
+    ]
 
 
 def _detail_lines(title: str, row: dict) -> list[str]:
