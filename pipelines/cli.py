@@ -156,12 +156,16 @@ def bench_rollout(
     batch_size: int = typer.Option(64, help="Requests sampled together."),
     num_steps: int = typer.Option(8, help="Denoising steps."),
     repeats: int = typer.Option(3, help="Timed repetitions (after one warm-up)."),
+    full_sde: bool = typer.Option(False, "--full-sde", help="Train every step (Flow-GRPO), not the preset's SDE window."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Rollout throughput (samples/s) and GRPO update time on this machine."""
+    """Rollout throughput (samples/s) and GRPO update time on this machine (cpu_tiny settings)."""
     from workers.bench_rollout import bench_rollout as run
 
-    result = run(batch_size=batch_size, num_steps=num_steps, repeats=repeats)
+    try:
+        result = run(batch_size=batch_size, num_steps=num_steps, repeats=repeats, full_sde=full_sde)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     if as_json:
         emit_json(result)
     else:

@@ -7,21 +7,23 @@ import time
 
 import torch
 
-from workers.grpo import GRPOConfig
+import dataclasses
+
 from workers.policy import load_policy
-from workers.sampler import SamplerConfig
+from workers.presets import cpu_tiny
 from workers.trainer import GRPOTrainer, TrainConfig
 
 
-def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3) -> dict:
-    """Median seconds of a batch rollout (SDE, log-probs, reward) and of one GRPO update on it."""
-    if batch_size < 2 or batch_size % 2 or repeats < 1:
-        raise ValueError("batch_size must be an even number >= 2 and repeats >= 1")
+def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, full_sde: bool = False) -> dict:
+    """Median seconds of a batch rollout (SDE, log-probs, reward) and of one GRPO update on it,
+    with the cpu_tiny preset's sampler and optimizer (full_sde: train every step, not its window)."""
+    if batch_size < 8 or batch_size % 8 or repeats < 1:
+        raise ValueError("batch_size must be a multiple of 8 (groups of 8) and repeats >= 1")
     policy = load_policy()
-    config = TrainConfig(
-        prompts_per_iteration=batch_size // 2, group_size=2,
-        sampler=SamplerConfig(num_steps=num_steps), grpo=GRPOConfig(num_minibatches=2),
-    )
+    preset = cpu_tiny()
+    window = None if full_sde else preset.sampler.sde_window
+    sampler = dataclasses.replace(preset.sampler, num_steps=num_steps, sde_window=window)
+    config = TrainConfig(prompts_per_iteration=batch_size // 8, group_size=8, sampler=sampler, grpo=preset.grpo)
     trainer = GRPOTrainer(policy, config)
     trainer.collect(0)  # warm-up: first calls allocate and pick kernels
     rollout_s, update_s = [], []
@@ -37,6 +39,8 @@ def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3) ->
     return {
         "batch_size": batch_size,
         "num_steps": num_steps,
+        "sde_steps": len(sampler.sde_steps),
+        "forward_dtype": sampler.forward_dtype,
         "rollout_s": round(med_roll, 4),
         "samples_per_s": round(batch_size / med_roll, 2),
         "grpo_update_s": round(med_upd, 4),

@@ -16,7 +16,7 @@ import torch
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    lr: float = 2e-5
+    lr: float = 5e-5
     """AdamW learning rate on the FP32 master weights (RL range 1e-6 .. 1e-4; see docs/RECIPE.md)."""
     clip_range: float = 1e-4
     """PPO ratio clip (Flow-GRPO: log-probs are means over 3k dims, so ratios stay near 1)."""

@@ -15,17 +15,17 @@ from workers.trainer import TrainConfig
 
 
 def cpu_tiny() -> TrainConfig:
-    """The default: the shipped 2.5M-parameter base on 2 CPU cores, about 15 minutes.
+    """The default: the shipped 2.5M-parameter base on 2 CPU cores, 40 iterations of ~12 s.
 
-    Why these numbers: docs/RECIPE.md.
+    Why these numbers, and what they have (not yet) achieved: docs/RECIPE.md.
     """
     return TrainConfig(
         iterations=40,
         prompts_per_iteration=8,
         group_size=8,
         reward="minigeneval",
-        sampler=SamplerConfig(num_steps=8, noise_level=0.7, forward_dtype="bf16"),
-        grpo=GRPOConfig(lr=2e-5, clip_range=1e-4, adv_clip=5.0, kl_beta=0.0, num_epochs=1, num_minibatches=2),
+        sampler=SamplerConfig(num_steps=8, noise_level=0.7, sde_window=(0, 4), forward_dtype="bf16"),
+        grpo=GRPOConfig(lr=5e-5, clip_range=1e-4, adv_clip=5.0, kl_beta=0.0, num_epochs=1, num_minibatches=2),
         validate_every=5,
         validation_seeds=2,
     )

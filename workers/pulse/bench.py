@@ -160,7 +160,7 @@ def _mean_of(rows: list[dict]) -> dict:
     return out
 
 
-DIT_LRS = (3e-6, 2e-5)
+DIT_LRS = (3e-6, 5e-5)
 """GRPO learning rates for the tiny DiT: PULSE's RL regime, and the cpu_tiny recipe's."""
 
 
