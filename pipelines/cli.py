@@ -25,6 +25,13 @@ def emit_json(record: dict) -> None:
     """One JSON object per line on stdout (JSON Lines)."""
     typer.echo(json.dumps(record, sort_keys=True))
 
+
+def refuse_to_overwrite(out: Optional[Path], marker: str, overwrite: bool) -> None:
+    """Fail before any compute when `out` already holds results (nothing written is lost silently)."""
+    if out is not None and (out / marker).exists() and not overwrite:
+        raise typer.BadParameter(f"{out} already holds a {marker}; choose another folder or pass --overwrite")
+
+
 def _human_line(r: dict) -> str:
     val = "" if r.get("validation_score") is None else f"  held-out {r['validation_score']:.3f}"
     if r["iteration"] == 0:
@@ -42,11 +49,13 @@ def train(
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
     out: Optional[Path] = typer.Option(None, help="Run folder: final policy, metrics.jsonl and ledger.duckdb."),
     usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
 ) -> None:
     """Synchronous GRPO post-training on MiniGenEval, in this process."""
     import dataclasses
 
+    refuse_to_overwrite(out, "metrics.jsonl", overwrite)
     from workers.presets import get_preset
 
     try:
@@ -120,11 +129,13 @@ def pretrain(
     batch_size: int = typer.Option(32),
     lr: float = typer.Option(1e-3),
     seed: int = typer.Option(0),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a policy already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print the final validation as JSON."),
 ) -> None:
     """Pretrain the tiny DiT by flow matching on rendered MiniGenEval scenes (makes the base model)."""
     from workers.pretrain import PretrainConfig
 
+    refuse_to_overwrite(out, "policy.json", overwrite)
     try:
         config = PretrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed)
     except ValueError as err:

@@ -21,6 +21,13 @@ def test_train_rejects_bad_input_with_a_clear_message(args, message):
     assert message in result.output
 
 
+def test_train_refuses_to_overwrite_an_existing_run_folder(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    result = runner.invoke(app, ["train", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "--overwrite" in result.output
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"
+
+
 def test_train_config_with_group_size_one_is_refused():
     from workers.trainer import TrainConfig
 
