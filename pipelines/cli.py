@@ -125,7 +125,7 @@ def _train_loop(policy, config, as_json: bool, console, metrics, recorder) -> No
 @app.command()
 def pretrain(
     out: Path = typer.Option(..., help="Folder to write the base policy to."),
-    steps: int = typer.Option(1500, help="Flow-matching optimizer steps."),
+    steps: int = typer.Option(2500, help="Flow-matching optimizer steps."),
     batch_size: int = typer.Option(32),
     lr: float = typer.Option(1e-3),
     seed: int = typer.Option(0),

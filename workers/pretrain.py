@@ -5,7 +5,7 @@ that category, then a scene rendered for it. Held-out prompts are never rendered
 the held-out split tests combinations the base model has not seen.
 
 Example:
-    cfg = PretrainConfig(steps=1500)
+    cfg = PretrainConfig(steps=2500)
     policy = build_policy(PolicyConfig(), seed=cfg.seed)
     for step, loss in pretrain(policy, cfg): ...
 """
@@ -25,7 +25,7 @@ from workers.render import render_scene, to_model_space
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 1500
+    steps: int = 2500
     """Optimizer steps."""
     batch_size: int = 32
     lr: float = 1e-3
