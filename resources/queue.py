@@ -37,6 +37,7 @@ from resources.queue_records import (
     WaitOutcome,
     finite_positive,
 )
+from resources.urls import is_plain_path
 
 SUPPORTED_URLS = "a file path, sqlite:///absolute/path.db, or redis://[:password@]host:port/db"
 PASSWORD_ENV = "SPOTLIGHT_REDIS_PASSWORD"
@@ -175,7 +176,7 @@ def parse_queue_url(url: str | Path) -> Path | RedisAddress:
         raise ValueError(f"queue URL is empty: use {SUPPORTED_URLS}")
     parsed = urlparse(text)
     scheme = parsed.scheme.lower()
-    if scheme == "" or (len(scheme) == 1 and text[1:3] in (":\\", ":/")):  # plain (or Windows) path
+    if is_plain_path(text, scheme):  # a plain (or Windows) path
         return Path(text)
     if scheme == "sqlite":
         if parsed.netloc or not parsed.path.startswith("/") or parsed.query:

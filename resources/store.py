@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 from resources.keys import MANIFEST_NAME, check_key
 from resources.manifest import Manifest, ObjectEntry, check_metadata, checksum, manifest_key, object_key
 from resources.tensors import tensors_from_bytes, tensors_to_bytes
+from resources.urls import is_plain_path
 
 if TYPE_CHECKING:
     import torch
@@ -243,7 +244,7 @@ def parse_store_url(url: str | Path) -> tuple[str, str, str]:
         raise ValueError(f"store URL is empty: use {SUPPORTED_SCHEMES}")
     parsed = urlparse(text)
     scheme = parsed.scheme.lower()
-    if scheme == "" or (len(scheme) == 1 and text[1:3] in (":\\", ":/")):  # plain (or Windows) path
+    if is_plain_path(text, scheme):  # a plain (or Windows) path
         return "local", text, ""
     if scheme == "file":
         if parsed.netloc not in ("", "localhost") or parsed.query:
