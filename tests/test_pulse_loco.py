@@ -1,0 +1,144 @@
+"""PULSELoCo: the BF16-visibility gate, error feedback, outer step, payloads and configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.pulse.loco import (
+    OuterConfig,
+    SparseUpdate,
+    average_sparse,
+    flatten,
+    gate_pseudo_gradient,
+    outer_step,
+    restore_error,
+    unflatten_into,
+)
+from workers.pulse.loco_codec import PayloadError, decode_dense, decode_sparse, encode_dense, encode_sparse, layout_hash
+from workers.pulse.loco_launch import LocoRunConfig
+from workers.pulse.loco_tasks import TaskConfig
+from workers.pulse.loco_transport import ExchangeConfig
+
+HALF_ULP_AT_1_5 = 2.0**-8
+"""BF16 keeps 8 significant bits: values in [1, 2) are 2**-7 apart, so half a ULP is 2**-8."""
+
+
+def test_entry_below_half_a_bf16_ulp_is_held_back_then_sent_once_visible():
+    global_N = torch.tensor([1.5, 1.5])
+    small, large = 0.75 * HALF_ULP_AT_1_5, 1.5 * HALF_ULP_AT_1_5
+    local_N = global_N - torch.tensor([small, large])
+    error_N = torch.zeros(2)
+
+    update, error_N = gate_pseudo_gradient(global_N, local_N, error_N)
+    assert update.indices.tolist() == [1]  # the visible entry goes at once
+    assert update.values.tolist() == [large]
+    assert error_N.tolist() == [small, 0.0]  # the invisible one waits in FP32
+
+    update, error_N = gate_pseudo_gradient(global_N, local_N, error_N)
+    assert update.indices.tolist() == [0, 1]  # 2 x 0.75 half-ULPs now moves the BF16 value
+    assert update.values.tolist() == [2 * small, large]
+    assert error_N.tolist() == [0.0, 0.0]
+
+
+def test_error_feedback_never_loses_mass():
+    generator = torch.Generator().manual_seed(0)
+    numel = 4096
+    # BF16-representable weights and deltas on a 2**-16 grid: every FP32 sum below is exact.
+    global_N = (torch.randn(numel, generator=generator) * 0.05).to(torch.bfloat16).float()
+    error_N = torch.zeros(numel)
+    sent_total, delta_total = torch.zeros(numel), torch.zeros(numel)
+    for _ in range(6):
+        delta_N = torch.randint(-64, 65, (numel,), generator=generator).float() * 2.0**-16
+        update, error_N = gate_pseudo_gradient(global_N, global_N - delta_N, error_N)
+        sent_total[update.indices] += update.values
+        delta_total += delta_N
+        assert 0 < update.indices.numel() < numel
+    assert torch.equal(sent_total + error_N, delta_total)
+
+
+def test_a_replica_left_out_of_a_round_keeps_its_whole_pseudo_gradient_as_error():
+    global_N = torch.tensor([1.5, 1.5, 0.0])
+    error_N = torch.tensor([0.001, 0.0, 0.0])
+    local_N = global_N - torch.tensor([0.002, 0.01, 1e-3])
+    update, new_error_N = gate_pseudo_gradient(global_N, local_N, error_N.clone())
+    assert update.indices.numel() == 2 and new_error_N[0] != 0  # some sent, some held back
+    assert torch.equal(restore_error(update, new_error_N), error_N + (global_N - local_N))
+
+
+def test_outer_step_is_torch_sgd_with_nesterov_momentum():
+    generator = torch.Generator().manual_seed(1)
+    global_N, momentum_N = torch.randn(64, generator=generator), torch.zeros(64)
+    param = torch.nn.Parameter(global_N.clone())
+    sgd = torch.optim.SGD([param], lr=0.7, momentum=0.9, nesterov=True)
+    for _ in range(4):
+        avg_N = torch.randn(64, generator=generator) * 1e-3
+        outer_step(global_N, momentum_N, avg_N, OuterConfig())
+        param.grad = avg_N.clone()
+        sgd.step()
+    assert torch.equal(global_N, param.detach())
+
+
+def test_average_of_sparse_updates_counts_absent_entries_as_zero():
+    a = SparseUpdate(torch.tensor([0, 2]), torch.tensor([1.0, 4.0]), 4)
+    b = SparseUpdate(torch.tensor([2, 3]), torch.tensor([2.0, 8.0]), 4)
+    assert average_sparse([a, b], 4).tolist() == [0.5, 0.0, 3.0, 4.0]
+
+
+def test_flatten_and_unflatten_round_trip_in_sorted_name_order():
+    tensors = {"b": torch.zeros(2, 2), "a": torch.zeros(3)}
+    unflatten_into(torch.arange(7.0), tensors)
+    assert tensors["a"].tolist() == [0.0, 1.0, 2.0]
+    assert torch.equal(flatten(tensors), torch.arange(7.0))
+
+
+def test_payloads_round_trip_bit_exactly_and_refuse_damage():
+    generator = torch.Generator().manual_seed(2)
+    numel = 100_000
+    indices = torch.unique(torch.randint(numel, (3000,), generator=generator))
+    update = SparseUpdate(indices, torch.randn(indices.numel(), generator=generator), numel)
+    layout = layout_hash([("w", (numel,))])
+    payload = encode_sparse(update, layout, round_index=7, replica=1)
+    header, decoded = decode_sparse(payload, layout)
+    assert (header.round_index, header.replica, header.count) == (7, 1, indices.numel())
+    assert torch.equal(decoded.indices, update.indices)
+    assert torch.equal(decoded.values.view(torch.int32), update.values.view(torch.int32))
+    assert len(payload) < 0.4 * 4 * numel  # far below the dense FP32 vector
+    with pytest.raises(PayloadError, match="another model"):
+        decode_sparse(payload, layout ^ 1)
+    damaged = bytearray(payload)
+    damaged[-5] ^= 0xFF
+    with pytest.raises(PayloadError, match="corrupted"):
+        decode_sparse(bytes(damaged), layout)
+    with pytest.raises(PayloadError, match="truncated"):
+        decode_sparse(payload[:20], layout)
+    dense = torch.randn(50, generator=generator)
+    _, back = decode_dense(encode_dense(dense, layout, round_index=0, replica=0), layout)
+    assert torch.equal(back, dense)
+
+
+def test_empty_sparse_payload_round_trips():
+    update = SparseUpdate(torch.zeros(0, dtype=torch.int64), torch.zeros(0), 10)
+    _, decoded = decode_sparse(encode_sparse(update, 5, round_index=0, replica=0), 5)
+    assert decoded.indices.numel() == 0
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: OuterConfig(lr=0.0), "OuterConfig.lr"),
+        (lambda: OuterConfig(momentum=1.0), "OuterConfig.momentum"),
+        (lambda: ExchangeConfig(timeout_s=0), "ExchangeConfig.timeout_s"),
+        (lambda: ExchangeConfig(missing_policy="ignore"), "ExchangeConfig.missing_policy"),
+        (lambda: LocoRunConfig(modes=("fsdp",)), "LocoRunConfig.modes"),
+        (lambda: LocoRunConfig(num_replicas=0), "LocoRunConfig.num_replicas"),
+        (lambda: LocoRunConfig(inner_steps=0), "LocoRunConfig.rounds and inner_steps"),
+        (lambda: LocoRunConfig(transport="mpi"), "LocoRunConfig.transport"),
+        (lambda: LocoRunConfig(exchange=ExchangeConfig(missing_policy="survivors")), "missing_policy must be 'wait'"),
+        (lambda: TaskConfig(name="cnn"), "TaskConfig.name"),
+        (lambda: TaskConfig(lr=0.5), "TaskConfig.lr"),
+    ],
+)
+def test_bad_config_is_refused_with_a_clear_value_error(build, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.").replace("(", r"\(")):
+        build()
