@@ -1,0 +1,166 @@
+"""Launch a multi-replica DDP / DiLoCo / PULSELoCo run as separate processes, and collect what they report.
+
+The launcher is the run's coordinator: it writes the start weights (safetensors), one
+spec, starts one `workers.pulse.loco_worker` process per replica, waits, reads their
+JSON Lines reports, and (optionally) writes the ledger, the only process that does.
+
+Example:
+    config = LocoRunConfig(modes=("pulseloco",), num_replicas=2, rounds=4, inner_steps=8)
+    run = run_loco(config, Path("runs/loco-demo"))
+    record_loco_ledger(Path("runs/loco-demo/ledger.duckdb"), "loco-demo", config, run)
+
+Or from a shell: `python -m workers.pulse.loco_launch --mode pulseloco --out runs/loco-demo`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.pulse.loco import LOCO_MODES, OuterConfig
+from workers.pulse.loco_tasks import TaskConfig, lm_start_state
+from workers.pulse.loco_transport import TRANSPORTS, ExchangeConfig
+
+
+@dataclass(frozen=True)
+class LocoRunConfig:
+    """A multi-replica run: which sync modes, how many replicas and rounds, over which transport."""
+
+    modes: tuple[str, ...] = ("pulseloco",)
+    """Sync modes to run, one after the other, each from the same start: ddp, diloco, pulseloco."""
+    num_replicas: int = 2
+    """Replica processes, each training on its own shard of the data."""
+    rounds: int = 4
+    """Outer rounds (DDP: groups of inner_steps steps, for reporting)."""
+    inner_steps: int = 8
+    """Local optimizer steps per round (DiLoCo's H)."""
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    """Outer Nesterov SGD (DiLoCo and PULSELoCo)."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """What every replica trains."""
+    transport: str = "gloo"
+    """gloo (torch.distributed on CPU) or store (the tensor store at store_url)."""
+    store_url: str | None = None
+    """Tensor store for transport=store (default: a folder inside the run folder)."""
+    exchange: ExchangeConfig = field(default_factory=lambda: ExchangeConfig(missing_policy="wait"))
+    """Round timeout and what happens when a replica never arrives."""
+    zstd_level: int = 1
+    """zstd level of PULSELoCo payloads."""
+    eval_every: int = 1
+    """Held-out evaluation every this many rounds (and after the last)."""
+
+    def __post_init__(self) -> None:
+        if not self.modes or any(m not in LOCO_MODES for m in self.modes) or len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"LocoRunConfig.modes must be distinct values of {LOCO_MODES}, got {self.modes}")
+        if not 1 <= self.num_replicas <= 64:
+            raise ValueError(f"LocoRunConfig.num_replicas must be in [1, 64], got {self.num_replicas}")
+        if not 1 <= self.rounds <= 100_000 or not 1 <= self.inner_steps <= 100_000:
+            raise ValueError(f"LocoRunConfig.rounds and inner_steps must be in [1, 100000], got {self.rounds}, {self.inner_steps}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"LocoRunConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.transport == "gloo" and self.exchange.missing_policy != "wait":
+            raise ValueError("LocoRunConfig.exchange.missing_policy must be 'wait' with transport='gloo'; "
+                             "use transport='store' to continue with the survivors")
+        if not -7 <= self.zstd_level <= 22:
+            raise ValueError(f"LocoRunConfig.zstd_level must be in [-7, 22], got {self.zstd_level}")
+        if self.eval_every < 1:
+            raise ValueError(f"LocoRunConfig.eval_every must be >= 1, got {self.eval_every}")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict) -> "LocoRunConfig":
+        return cls(**{**raw, "modes": tuple(raw["modes"]), "outer": OuterConfig(**raw["outer"]),
+                      "task": TaskConfig(**raw["task"]), "exchange": ExchangeConfig(**raw["exchange"])})
+
+
+@dataclass(frozen=True)
+class LocoRun:
+    """What the replicas reported."""
+
+    events: list[dict]
+    """Every JSON line of every replica (events start, round, excluded, timeout)."""
+    exit_codes: dict[int, int]
+    """Exit code of each replica process."""
+    wall_s: float
+
+    def rounds(self, mode: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == "round" and e["mode"] == mode]
+
+
+def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None = None, timeout_s: float = 3600.0) -> LocoRun:
+    """Run every replica as a process and wait for all; `die_at` {replica: round} injects deaths."""
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    spec = {"config": config.to_json(), "init_method": f"file://{out.resolve()}/gloo-rendezvous-{time.time_ns()}",
+            "store_url": config.store_url or str(out / "store"), "prefix": f"loco/{out.name or 'run'}-{time.time_ns()}"}
+    if config.task.name == "lm":
+        from safetensors.torch import save_file
+
+        save_file(lm_start_state(config.task), str(out / "start.safetensors"))
+        spec["start_path"] = str(out / "start.safetensors")
+    (out / "spec.json").write_text(json.dumps(spec, indent=1))
+    reports = [out / f"replica-{r}.jsonl" for r in range(config.num_replicas)]
+    processes = {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for replica, report in enumerate(reports):
+        report.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "workers.pulse.loco_worker", str(out / "spec.json"),
+                   "--replica", str(replica), "--out", str(report)]
+        if die_at and replica in die_at:
+            command += ["--die-at-round", str(die_at[replica])]
+        processes[replica] = subprocess.Popen(command, env=env)
+    exit_codes = {r: p.wait(timeout=timeout_s) for r, p in processes.items()}
+    events = [json.loads(line) for report in reports if report.exists() for line in report.read_text().splitlines()]
+    return LocoRun(events, exit_codes, time.perf_counter() - started)
+
+
+def sync_totals(run: LocoRun, mode: str) -> list[dict]:
+    """Per round: bytes per counted replica, density, and the replicas counted (each once)."""
+    by_round: dict[int, dict[int, dict]] = {}
+    for event in run.rounds(mode):
+        by_round.setdefault(event["round"], {})[event["replica"]] = event  # a replica reports a round once
+    rows = []
+    for round_index in sorted(by_round):
+        records = by_round[round_index].values()
+        hashes = {r["weights_hash"] for r in records}
+        rows.append({
+            "round": round_index, "replicas": sorted(by_round[round_index]),
+            "bytes_per_replica": sum(r["bytes_sent"] for r in records) / len(records),
+            "density": sum(r["density"] for r in records) / len(records),
+            "encode_s": max(r["encode_s"] for r in records), "numel": next(iter(records))["numel"],
+            "weights_hash": hashes.pop() if len(hashes) == 1 else None,
+        })
+    return rows
+
+
+SYNC_KIND = {"ddp": "dense", "diloco": "dense", "pulseloco": "patch"}
+"""The ledger's `syncs.kind` of each mode (the run's mode itself is in `runs.config`)."""
+
+
+def record_loco_ledger(path: Path, run_id: str, config: LocoRunConfig, run: LocoRun) -> None:
+    """Write the run and one `syncs` row per round (bytes sent per replica) to a ledger; one mode per ledger."""
+    from resources.ledger import Ledger
+    from resources.ledger_records import SyncRecord
+
+    if len(config.modes) != 1:
+        raise ValueError(f"record_loco_ledger takes a run of one mode (one ledger per run), got {config.modes}")
+    mode = config.modes[0]
+    with Ledger(path) as ledger:
+        ledger.start_run(run_id, preset=f"loco-{mode}", config=config.to_json())
+        for row in sync_totals(run, mode):
+            ledger.record_sync(SyncRecord(
+                version=row["round"] + 1, kind=SYNC_KIND[mode], iteration=row["round"],
+                dense_bytes=4 * row["numel"] * (config.inner_steps if mode == "ddp" else 1),
+                patch_bytes=round(row["bytes_per_replica"]), changed_fraction=min(1.0, row["density"]),
+                encode_s=row["encode_s"], weights_hash=row["weights_hash"],
+            ))
+        ok = all(code == 0 for code in run.exit_codes.values())
+        ledger.end_run(run_id, status="succeeded" if ok else "failed")
