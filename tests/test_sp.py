@@ -68,6 +68,7 @@ def single():
     return traj.images.numpy(), traj.log_probs.numpy()
 
 
+@pytest.mark.slow  # spawns two processes (~30 s here); tests/test_node_agent.py covers SP = single process fast
 def test_sp_degree_2_rollout_matches_single_process(sp_results, single):
     for rank in (0, 1):
         images, log_probs = sp_results[rank]["gen0"]
@@ -75,18 +76,21 @@ def test_sp_degree_2_rollout_matches_single_process(sp_results, single):
         np.testing.assert_allclose(log_probs, single[1], rtol=0, atol=SP_ATOL)
 
 
+@pytest.mark.slow  # spawns two processes (~30 s here); tests/test_node_agent.py covers SP = single process fast
 def test_every_rank_holds_the_same_state(sp_results):
     for gen in ("gen0", "gen1"):
         for a, b in zip(sp_results[0][gen], sp_results[1][gen]):
             assert np.array_equal(a, b)
 
 
+@pytest.mark.slow  # spawns two processes (~30 s here); tests/test_node_agent.py covers SP = single process fast
 def test_reformed_group_at_same_degree_is_bit_identical(sp_results):
     for rank in (0, 1):
         for a, b in zip(sp_results[rank]["gen0"], sp_results[rank]["gen1"]):
             assert np.array_equal(a, b)
 
 
+@pytest.mark.slow  # spawns two processes (~30 s here); tests/test_node_agent.py covers SP = single process fast
 def test_leaving_the_group_restores_the_single_process_model(sp_results, single):
     for rank in (0, 1):
         images, log_probs = sp_results[rank]["alone"]
@@ -111,3 +115,53 @@ def test_padding_the_text_does_not_change_the_velocity(tiny_policy):
         v_padded = tiny_policy.velocity(x, sigma, *pad_text(emb, mask, 4))
     assert pad_text(emb, mask, 4)[0].shape[1] == 12
     torch.testing.assert_close(v_padded, v, rtol=0, atol=SP_ATOL)
+
+
+# ----- the SP degree policy (workers/sp_degree.py) -----
+
+LATENCY = {1: 2.0, 2: 1.2, 4: 0.8}
+
+
+def test_deep_queue_keeps_every_worker_on_its_own_request():
+    from workers.sp_degree import choose_sp_degree
+
+    choice = choose_sp_degree(4, queue_depth=16, latency_s=LATENCY)
+    assert (choice.degree, choice.num_groups, choice.makespan_s) == (1, 4, 8.0)
+
+
+def test_single_request_uses_all_workers_to_cut_its_latency():
+    from workers.sp_degree import choose_sp_degree
+
+    assert choose_sp_degree(4, queue_depth=1, latency_s=LATENCY).degree == 4
+    assert choose_sp_degree(4, queue_depth=2, latency_s=LATENCY).degree == 2
+    assert choose_sp_degree(3, queue_depth=1, latency_s=LATENCY).degree == 2  # 4 does not fit
+
+
+def test_degree_changes_only_when_it_saves_more_than_a_reform():
+    from workers.sp_degree import choose_sp_degree
+
+    lat = {1: 1.0, 2: 0.95}
+    assert choose_sp_degree(2, 1, lat).degree == 2
+    assert choose_sp_degree(2, 1, lat, current_degree=1, reform_s=0.2).degree == 1
+    assert choose_sp_degree(2, 0, LATENCY).degree == 1  # nothing queued: smallest groups
+
+
+def test_slower_sp_is_never_chosen():
+    from workers.sp_degree import amdahl_latency_s, choose_sp_degree
+
+    slow_sp = {1: 1.0, 2: amdahl_latency_s(1.0, 2, parallel_fraction=0.9, comm_s=0.6)}
+    assert slow_sp[2] == pytest.approx(1.15)
+    assert choose_sp_degree(2, 1, slow_sp).degree == 1
+
+
+def test_degree_policy_rejects_bad_input():
+    from workers.sp_degree import choose_sp_degree
+
+    with pytest.raises(ValueError, match="num_workers"):
+        choose_sp_degree(0, 1, LATENCY)
+    with pytest.raises(ValueError, match="queue_depth"):
+        choose_sp_degree(2, -1, LATENCY)
+    with pytest.raises(ValueError, match="no degree"):
+        choose_sp_degree(1, 1, {2: 1.0})
+    with pytest.raises(ValueError, match="latencies"):
+        choose_sp_degree(2, 1, {1: 0.0})
