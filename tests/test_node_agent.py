@@ -112,3 +112,13 @@ def test_agent_refuses_a_degree_the_workers_cannot_form(tmp_path):
         AgentConfig(policy_config=TINY, store_url=str(tmp_path), weights_key="k", commit_every=0)
     with pytest.raises(ValueError, match="payload lacks"):
         SPRequest.from_payload("r", {"prompt": "a red circle"})
+
+
+def test_projection_is_labelled_and_moves_20b_weights_over_nvlink_faster_than_from_the_store():
+    from workers.bench_projection import project_20b
+
+    join = {"rendezvous_s": 0.1, "process_start_s": 10.0}
+    figures = project_20b({"elastic": {"join": join}, "naive": {"join": join}})
+    assert figures["label"].startswith("PROJECTION")
+    assert figures["elastic.weight_transfer_s"] == pytest.approx(40e9 / 450e9, abs=1e-3)
+    assert figures["elastic.total_s"] < 1 < figures["naive_best.total_s"] < figures["naive_typical.total_s"]

@@ -37,6 +37,7 @@ def worker_main(conn: Connection, worker_id: str, store_host: str, store_port: i
 
     cfg = PolicyConfig(**{**policy_config, "rope_axes": tuple(policy_config["rope_axes"])})
     policy = build_policy(cfg, seed=0).eval()
+    import workers.sampler, workers.shared_weights, workers.sp  # noqa: F401  (a standby pays imports before it is needed)
     store = torch.distributed.TCPStore(store_host, store_port, is_master=False)
     worker = _Worker(worker_id, policy, store)
     conn.send({"op": "ready", "worker_id": worker_id, "startup_s": time.perf_counter() - t0})
