@@ -259,6 +259,30 @@ def bench_store(
     Console().print(table)
 
 
+@bench_app.command("elastic")
+def bench_elastic(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    repeats: int = typer.Option(3, help="Repetitions of each re-form event (medians reported)."),
+) -> None:
+    """Elastic SP: re-form time after a lost / joining worker, naive vs node agent; SP degree 1 vs 2 throughput."""
+    from workers.bench_elastic import run_elastic_bench
+
+    try:
+        figures = run_elastic_bench(repeats=repeats)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if as_json:
+        emit_json(figures)
+        return
+    for path in ("elastic", "naive"):
+        for event in ("lost", "join"):
+            f = figures[path][event]
+            typer.echo(f"{path:>8} {event:<5} total {f['total_s']:.3f} s = start {f['process_start_s']:.3f} "
+                       f"+ rendezvous {f['rendezvous_s']:.3f} + weights {f['weight_transfer_s']:.3f} + warm-up {f['warmup_s']:.3f}")
+    typer.echo(f"speedup {figures['speedup']}; throughput {figures['throughput']}")
+    typer.echo(f"{figures['projection_20b_8gpu_nvlink']}")
+
+
 @bench_app.command("pulse")
 def bench_pulse(
     as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
