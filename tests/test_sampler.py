@@ -50,3 +50,12 @@ def test_ode_sampling_has_no_log_probs(tiny_policy):
 def test_bad_sampler_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplerConfig(**kwargs)
+
+
+def test_auto_forward_dtype_uses_bf16_only_where_it_is_native():
+    from workers.sampler import cpu_has_native_bf16, resolve_forward_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_forward_dtype("auto", cpu) == ("bf16" if cpu_has_native_bf16() else "fp32")
+    assert resolve_forward_dtype("auto", cuda) == "bf16"
+    assert resolve_forward_dtype("fp32", cuda) == "fp32" and resolve_forward_dtype("bf16", cpu) == "bf16"

@@ -11,6 +11,7 @@ import dataclasses
 
 from workers.policy import load_policy
 from workers.presets import cpu_tiny
+from workers.sampler import resolve_forward_dtype
 from workers.trainer import GRPOTrainer, TrainConfig
 
 
@@ -40,7 +41,7 @@ def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, fu
         "batch_size": batch_size,
         "num_steps": num_steps,
         "sde_steps": len(sampler.sde_steps),
-        "forward_dtype": sampler.forward_dtype,
+        "forward_dtype": resolve_forward_dtype(sampler.forward_dtype, torch.device("cpu")),
         "rollout_s": round(med_roll, 4),
         "samples_per_s": round(batch_size / med_roll, 2),
         "grpo_update_s": round(med_upd, 4),

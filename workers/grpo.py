@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import torch
 
 
+OBJECTIVES = ("flow_grpo", "nft")
+
+
 @dataclass(frozen=True)
 class GRPOConfig:
     lr: float = 5e-5
@@ -31,8 +34,22 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
+    objective: str = "flow_grpo"
+    """"flow_grpo": PPO-clip on the SDE steps' log-probs (needs noise_level > 0).
+    "nft": advantage-weighted flow matching (workers/nft.py; any sampler, including the ODE)."""
+    nft_beta: float = 1.0
+    """NFT: how far the implicit positive/negative policies step from the sampling policy."""
+    nft_timesteps: int = 2
+    """NFT: noise levels drawn per sample and update (more = lower-variance gradient, more compute)."""
+    nft_adv_scale: float = 2.0
+    """NFT: an advantage of +-nft_adv_scale maps to optimality 1 / 0."""
 
     def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if not 0 < self.nft_beta <= 10 or self.nft_timesteps < 1 or self.nft_adv_scale <= 0:
+            raise ValueError(f"nft_beta must be in (0, 10], nft_timesteps >= 1, nft_adv_scale > 0; got "
+                             f"{self.nft_beta}, {self.nft_timesteps}, {self.nft_adv_scale}")
         if not 0 < self.lr <= 1e-2:
             raise ValueError(f"lr must be in (0, 1e-2], got {self.lr} (RL learning rates are 1e-6 .. 1e-4)")
         if self.clip_range <= 0:

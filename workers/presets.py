@@ -24,7 +24,7 @@ def cpu_tiny() -> TrainConfig:
         prompts_per_iteration=8,
         group_size=8,
         reward="minigeneval",
-        sampler=SamplerConfig(num_steps=8, noise_level=0.7, sde_window=(0, 4), forward_dtype="bf16"),
+        sampler=SamplerConfig(num_steps=8, noise_level=0.7, sde_window=(0, 4)),
         grpo=GRPOConfig(lr=5e-5, clip_range=1e-4, adv_clip=5.0, kl_beta=0.0, num_epochs=1, num_minibatches=2),
         validate_every=5,
         validation_seeds=2,

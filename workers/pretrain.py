@@ -21,6 +21,7 @@ import torch
 
 from workers.prompts import parse_prompt, split_prompts
 from workers.render import render_scene, to_model_space
+from workers.sampler import SamplerConfig, autocast_for
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def flow_matching_loss(policy, prompts: list[str], x0_N3HW: torch.Tensor, gen: t
     s = sigma.view(n, 1, 1, 1)
     x = (1 - s) * x0_N3HW + s * eps
     emb, mask = policy.encode_prompts(prompts)
-    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+    with autocast_for(SamplerConfig(), x.device):  # bf16 where native, else fp32
         v = policy.velocity(x, sigma, emb, mask)
     return torch.nn.functional.mse_loss(v.float(), eps - x0_N3HW)
 

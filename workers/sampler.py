@@ -13,8 +13,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -32,8 +34,10 @@ class SamplerConfig:
     sde_window: tuple[int, int] | None = None
     """Steps [start, end) sampled by the SDE (and trained); the rest follow the ODE.
     None = every step (Flow-GRPO); a short window is Flow-GRPO-Fast."""
-    forward_dtype: str = "bf16"
-    """"bf16" (autocast, as on GPUs; 2x faster on AVX512-BF16 CPUs) or "fp32"."""
+    forward_dtype: str = "auto"
+    """"bf16" (autocast, as on GPUs), "fp32", or "auto": bf16 on CUDA and on CPUs with native
+    BF16 (AVX512-BF16 / AMX, where it is ~2x faster), fp32 elsewhere (on AVX2-only CPUs bf16
+    is emulated and ~4x slower)."""
 
     def __post_init__(self):
         if self.num_steps < 1:
@@ -42,8 +46,8 @@ class SamplerConfig:
             raise ValueError(f"noise_level must be >= 0, got {self.noise_level}")
         if self.shift <= 0:
             raise ValueError(f"shift must be > 0, got {self.shift}")
-        if self.forward_dtype not in ("bf16", "fp32"):
-            raise ValueError(f"forward_dtype must be 'bf16' or 'fp32', got {self.forward_dtype!r}")
+        if self.forward_dtype not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"forward_dtype must be 'auto', 'bf16' or 'fp32', got {self.forward_dtype!r}")
         if self.sde_window is not None:
             a, b = self.sde_window
             if not 0 <= a < b <= self.num_steps:
@@ -91,8 +95,25 @@ class Trajectory:
         return SamplerState(self.step, self.latents[self.step].clone(), self.log_probs.clone())
 
 
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs with AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; False if unknown)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_forward_dtype(forward_dtype: str, device: torch.device) -> str:
+    """"auto" -> "bf16" where bf16 matmuls are native (CUDA, AVX512-BF16/AMX CPUs), else "fp32"."""
+    if forward_dtype != "auto":
+        return forward_dtype
+    return "bf16" if device.type == "cuda" or cpu_has_native_bf16() else "fp32"
+
+
 def autocast_for(config: SamplerConfig, device: torch.device):
-    if config.forward_dtype == "bf16":
+    if resolve_forward_dtype(config.forward_dtype, device) == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return nullcontext()
 

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from workers.grpo import GRPOConfig, clipped_policy_loss, group_advantages, group_reward_stats, kl_to_reference
+from workers.nft import nft_loss, noisy_sample, optimality
 from workers.prompts import parse_prompt, split_prompts
 from workers.render import to_uint8
 from workers.rewards import get_reward
-from workers.sampler import SamplerConfig, Trajectory, rollout, step_log_prob
+from workers.sampler import SamplerConfig, Trajectory, autocast_for, rollout, step_log_prob
 from workers.sde import noise_seed
 
 
@@ -52,8 +53,9 @@ class TrainConfig:
             raise ValueError(f"prompts_per_iteration must be >= 1, got {self.prompts_per_iteration}")
         if self.grpo.num_minibatches > self.prompts_per_iteration * self.group_size:
             raise ValueError(f"grpo.num_minibatches={self.grpo.num_minibatches} exceeds the samples per iteration")
-        if not self.sampler.sde_steps:
-            raise ValueError("sampler.noise_level must be > 0 for training: the ODE has no log-probs")
+        if self.grpo.objective == "flow_grpo" and not self.sampler.sde_steps:
+            raise ValueError("sampler.noise_level must be > 0 for objective 'flow_grpo': the ODE has no "
+                             "log-probs (use grpo.objective='nft' to train on ODE rollouts)")
         if self.validate_every < 1 or self.validation_seeds < 1:
             raise ValueError("validate_every and validation_seeds must be >= 1")
         get_reward(self.reward)  # an unknown reward fails here, before any compute
@@ -98,6 +100,8 @@ class GRPOTrainer:
         self.reward_fn = get_reward(config.reward)
         g = config.grpo
         self.reference = None
+        self.sampling_policy = copy.deepcopy(policy).requires_grad_(False) if g.objective == "nft" else None
+        """NFT's v_old: the weights the current batch was sampled with."""
         if g.kl_beta > 0:
             self.reference = reference if reference is not None else copy.deepcopy(policy)
             self.reference.requires_grad_(False)
@@ -114,6 +118,8 @@ class GRPOTrainer:
             seeds = [request_seed(c.seed, iteration, i, j) for i in range(len(prompts)) for j in range(c.group_size)]
         t0 = time.perf_counter()
         self.policy.eval()
+        if self.sampling_policy is not None:
+            self.sampling_policy.load_state_dict(self.policy.state_dict())
         traj = rollout(self.policy, all_prompts, seeds, c.sampler)
         rewards = torch.as_tensor(self.reward_fn(to_uint8(traj.images), all_prompts), dtype=torch.float32)
         group_ids = torch.arange(len(prompts)).repeat_interleave(c.group_size)
@@ -145,6 +151,30 @@ class GRPOTrainer:
             sums["approx_kl"] += stats["approx_kl"] / len(steps)
         return sums
 
+    def _nft_minibatch_loss(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
+        """Accumulate the NFT loss's gradients over nft_timesteps noise levels per sample."""
+        g, c = self.config.grpo, self.config.sampler
+        x0 = batch.trajectory.images[index]
+        prompts = [batch.trajectory.prompts[i] for i in index.tolist()]
+        r = optimality(batch.advantages[index], g.nft_adv_scale)
+        device = next(self.policy.parameters()).device
+        sums = {"loss": 0.0, "fm_loss": 0.0, "drift": 0.0}
+        for _ in range(g.nft_timesteps):
+            sigma = torch.rand(x0.shape[0], generator=gen)
+            x, target = noisy_sample(x0, sigma, torch.randn(x0.shape, generator=gen))
+            with autocast_for(c, device):
+                emb, mask = self.policy.encode_prompts(prompts)
+                v = self.policy.velocity(x.to(device), sigma.to(device), emb, mask)
+                with torch.no_grad():
+                    old_emb, old_mask = self.sampling_policy.encode_prompts(prompts)
+                    v_old = self.sampling_policy.velocity(x.to(device), sigma.to(device), old_emb, old_mask)
+            loss, stats = nft_loss(v.float(), v_old.float(), target.to(device), r.to(device), g.nft_beta)
+            (loss / g.nft_timesteps).backward()
+            sums["loss"] += loss.item() / g.nft_timesteps
+            for k in ("fm_loss", "drift"):
+                sums[k] += stats[k] / g.nft_timesteps
+        return sums
+
     def update(self, batch: Rollouts) -> dict[str, float]:
         """GRPO epochs over the batch; returns mean loss / clip / KL stats and the train time."""
         g = self.config.grpo
@@ -157,7 +187,10 @@ class GRPOTrainer:
         for _ in range(g.num_epochs):
             for index in torch.randperm(n, generator=gen).chunk(g.num_minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
-                stats = self._minibatch_loss(batch, index)
+                if g.objective == "nft":
+                    stats = self._nft_minibatch_loss(batch, index, gen)
+                else:
+                    stats = self._minibatch_loss(batch, index)
                 stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), g.max_grad_norm))
                 self.optimizer.step()
                 num_steps += 1

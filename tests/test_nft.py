@@ -1,0 +1,97 @@
+import pytest
+import torch
+
+from workers.grpo import GRPOConfig
+from workers.nft import nft_loss, noisy_sample, optimality
+from workers.sampler import SamplerConfig
+from workers.trainer import GRPOTrainer, TrainConfig
+
+
+def test_at_the_sampling_policy_the_gradient_is_advantage_weighted_flow_matching():
+    v = torch.randn(4, 3, 8, 8, requires_grad=True)
+    v_old, target = v.detach().clone(), torch.randn(4, 3, 8, 8)
+    r = torch.tensor([1.0, 0.0, 0.5, 0.75])
+    loss, _ = nft_loss(v, v_old, target, r, beta=1.0)
+    loss.backward()
+    # d/dv of r|v-u|^2 + (1-r)|2v_old-v-u|^2 at v = v_old, averaged over 3*64 dims and 4 samples
+    expected = 2 * (2 * r - 1).view(4, 1, 1, 1) * (v_old - target) / (3 * 64) / 4
+    assert torch.allclose(v.grad, expected, atol=1e-6)
+    assert v.grad[2].abs().max() == 0  # r = 0.5 (a tied group): no push at all
+
+
+def test_a_tied_group_only_pulls_the_policy_back_to_the_sampling_policy():
+    v_old, target = torch.zeros(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    v = (v_old + 0.3).requires_grad_(True)
+    loss, stats = nft_loss(v, v_old, target, torch.full((2,), 0.5), beta=1.0)
+    loss.backward()
+    assert stats["drift"] > 0
+    assert (v.grad > 0).all()  # descent moves v back towards v_old = 0
+
+
+def test_optimality_maps_advantages_into_zero_one():
+    r = optimality(torch.tensor([-10.0, -1.0, 0.0, 1.0, 10.0]), scale=2.0)
+    assert r.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    with pytest.raises(ValueError, match="scale"):
+        optimality(torch.zeros(1), scale=0.0)
+
+
+def test_noisy_sample_interpolates_between_image_and_noise():
+    x0, eps = torch.ones(2, 3, 2, 2), -torch.ones(2, 3, 2, 2)
+    x, target = noisy_sample(x0, torch.tensor([0.0, 1.0]), eps)
+    assert torch.equal(x[0], x0[0]) and torch.equal(x[1], eps[1])
+    assert torch.equal(target, eps - x0)
+
+
+def _nft_config(**grpo):
+    return TrainConfig(prompts_per_iteration=2, group_size=4, reward="jpeg_compressibility",
+                       sampler=SamplerConfig(num_steps=4, noise_level=0.0),
+                       grpo=GRPOConfig(objective="nft", num_minibatches=1, **grpo))
+
+
+def _weighted_fm_loss(policy, batch, gen_seed=0) -> float:
+    """Advantage-weighted flow-matching loss of the batch's images (lower = good samples likelier)."""
+    gen = torch.Generator().manual_seed(gen_seed)
+    x0 = batch.trajectory.images
+    total = 0.0
+    with torch.no_grad():
+        emb, mask = policy.encode_prompts(batch.trajectory.prompts)
+        for _ in range(8):
+            sigma = torch.rand(x0.shape[0], generator=gen)
+            x, target = noisy_sample(x0, sigma, torch.randn(x0.shape, generator=gen))
+            per = ((policy.velocity(x, sigma, emb, mask) - target) ** 2).mean(dim=(1, 2, 3))
+            total += float((batch.advantages * per).sum())
+    return total
+
+
+def test_an_nft_update_on_ode_rollouts_makes_better_samples_likelier(tiny_policy):
+    trainer = GRPOTrainer(tiny_policy, _nft_config(lr=1e-3, nft_timesteps=4))
+    batch = trainer.collect(0)
+    assert torch.isnan(batch.trajectory.log_probs).all()  # ODE rollout: no log-probs needed
+    before = _weighted_fm_loss(tiny_policy, batch)
+    stats = trainer.update(batch)
+    assert stats["fm_loss"] > 0 and stats["optimizer_steps"] == 1
+    assert _weighted_fm_loss(tiny_policy, batch) < before
+
+
+def test_the_sampling_policy_is_the_snapshot_taken_at_collection(tiny_policy):
+    trainer = GRPOTrainer(tiny_policy, _nft_config(lr=1e-3))
+    batch = trainer.collect(0)
+    snapshot = {k: v.clone() for k, v in trainer.sampling_policy.state_dict().items()}
+    trainer.update(batch)
+    assert all(torch.equal(snapshot[k], v) for k, v in trainer.sampling_policy.state_dict().items())
+    changed = [k for k, v in tiny_policy.state_dict().items() if not torch.equal(snapshot[k], v)]
+    assert changed  # the policy moved, its sampling snapshot did not
+    trainer.collect(1)
+    assert all(torch.equal(tiny_policy.state_dict()[k], v) for k, v in trainer.sampling_policy.state_dict().items())
+
+
+def test_flow_grpo_on_the_ode_is_refused_with_a_pointer_to_nft():
+    with pytest.raises(ValueError, match="nft"):
+        TrainConfig(sampler=SamplerConfig(noise_level=0.0), grpo=GRPOConfig(objective="flow_grpo"))
+
+
+@pytest.mark.parametrize("field,value", [("objective", "ppo"), ("nft_beta", 0.0), ("nft_timesteps", 0),
+                                         ("nft_adv_scale", -1.0)])
+def test_bad_nft_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        GRPOConfig(**{field: value})
