@@ -56,3 +56,15 @@ def test_prompts_and_seeds_are_a_pure_function_of_run_seed_and_iteration():
 def test_config_refuses_more_minibatches_than_samples():
     with pytest.raises(ValueError, match="num_minibatches"):
         TrainConfig(prompts_per_iteration=1, group_size=2, grpo=GRPOConfig(num_minibatches=4))
+
+
+def test_train_categories_restrict_the_prompt_schedule():
+    from workers.prompts import parse_prompt
+
+    prompts = [p for it in range(6) for p in iteration_prompts(0, it, 8, ("counting", "position"))]
+    assert {parse_prompt(p).category for p in prompts} == {"counting", "position"}
+
+
+def test_an_unknown_train_category_is_refused_before_compute():
+    with pytest.raises(ValueError, match="train_categories"):
+        TrainConfig(train_categories=("counting", "colour_binding"))

@@ -69,7 +69,14 @@ class TextEncoder(nn.Module):
 
     def forward(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
         h = self.embed(ids_BL) + self.pos[: ids_BL.shape[1]]
-        return self.layer(h, src_key_padding_mask=~mask_BL)
+        # No fused inference fast path: in fp32 it rounds differently from the training path,
+        # and a rollout's log-probs must equal the trainer's recomputation bit for bit.
+        fast = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            return self.layer(h, src_key_padding_mask=~mask_BL)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fast)
 
 
 class Policy(nn.Module):

@@ -166,6 +166,8 @@ def all_specs() -> list[SceneSpec]:
     return specs
 
 
+CATEGORIES = ("single_object", "absolute_position", "counting", "color_binding", "counting_binding", "position")
+"""Every prompt category of the grammar (SceneSpec.category)."""
 HELDOUT_CATEGORIES = ("counting", "color_binding", "counting_binding", "position")
 """The held-out split tests what GenEval finds hard: counting, attribute binding, relations."""
 

@@ -21,7 +21,7 @@ import torch
 
 from workers.grpo import GRPOConfig, clipped_policy_loss, group_advantages, group_reward_stats, kl_to_reference
 from workers.nft import nft_loss, noisy_sample, optimality
-from workers.prompts import parse_prompt, split_prompts
+from workers.prompts import CATEGORIES, parse_prompt, split_prompts
 from workers.render import to_uint8
 from workers.rewards import get_reward
 from workers.sampler import SamplerConfig, Trajectory, autocast_for, rollout, step_log_prob
@@ -43,6 +43,8 @@ class TrainConfig:
     """Held-out validation every this many iterations (and before the first, after the last)."""
     validation_seeds: int = 2
     """Fixed seeds per held-out prompt."""
+    train_categories: tuple[str, ...] | None = None
+    """Train only on prompts of these categories (e.g. the held-out split's); None = all."""
 
     def __post_init__(self):
         if self.iterations < 1:
@@ -59,6 +61,10 @@ class TrainConfig:
         if self.validate_every < 1 or self.validation_seeds < 1:
             raise ValueError("validate_every and validation_seeds must be >= 1")
         get_reward(self.reward)  # an unknown reward fails here, before any compute
+        if self.train_categories is not None:
+            unknown = set(self.train_categories) - set(CATEGORIES)
+            if unknown or not self.train_categories:
+                raise ValueError(f"train_categories must be a non-empty subset of {CATEGORIES}, got {self.train_categories}")
 
 
 @dataclass
@@ -74,12 +80,13 @@ class Rollouts:
     rollout_s: float
 
 
-def iteration_prompts(seed: int, iteration: int, num_prompts: int) -> list[str]:
+def iteration_prompts(seed: int, iteration: int, num_prompts: int,
+                      categories: tuple[str, ...] | None = None) -> list[str]:
     """The train prompts of an iteration: category-balanced, deterministic in (seed, iteration)."""
     by_cat: dict[str, list[str]] = {}
     for p in split_prompts()["train"]:
         by_cat.setdefault(parse_prompt(p).category, []).append(p)
-    cats = sorted(by_cat)
+    cats = sorted(c for c in by_cat if categories is None or c in categories)
     rng = np.random.default_rng(noise_seed(seed, 10_000_000 + iteration))
     out = []
     for i in range(num_prompts):
@@ -112,7 +119,7 @@ class GRPOTrainer:
     def collect(self, iteration: int, seeds: list[int] | None = None) -> Rollouts:
         """Sample the iteration's groups (seeds from a seed plan, else the defaults) and score them."""
         c = self.config
-        prompts = iteration_prompts(c.seed, iteration, c.prompts_per_iteration)
+        prompts = iteration_prompts(c.seed, iteration, c.prompts_per_iteration, c.train_categories)
         all_prompts = [p for p in prompts for _ in range(c.group_size)]
         if seeds is None:
             seeds = [request_seed(c.seed, iteration, i, j) for i in range(len(prompts)) for j in range(c.group_size)]
