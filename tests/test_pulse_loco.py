@@ -142,3 +142,18 @@ def test_empty_sparse_payload_round_trips():
 def test_bad_config_is_refused_with_a_clear_value_error(build, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.").replace("(", r"\(")):
         build()
+
+
+def test_a_replica_started_from_a_start_state_continues_exactly_like_the_run_that_saved_it():
+    from workers.pulse.loco_tasks import LMTask
+
+    config = TaskConfig(name="lm", size="tiny", lr=1e-6, eval_batches=1)
+    original = LMTask(config, replica=0, start=None)
+    for step in range(3):
+        original.local_step(step)
+    clone = LMTask(config, replica=0, start=original.start_state())  # weights and AdamW moments
+    clone.shard.set_state(original.shard.get_state())
+    original.local_step(3)
+    clone.local_step(3)
+    for (name, a), b in zip(original.model.named_parameters(), clone.model.parameters()):
+        assert torch.equal(a, b), name

@@ -13,7 +13,7 @@ from workers.pulse.loco_launch import LocoRunConfig, record_loco_ledger, run_loc
 from workers.pulse.loco_tasks import TaskConfig
 from workers.pulse.loco_transport import ExchangeConfig, ReplicaExcludedError, RoundTimeoutError, StoreExchange
 
-TINY_LM = TaskConfig(name="lm", size="tiny", warmup_steps=2, eval_batches=1)
+TINY_LM = TaskConfig(name="lm", size="tiny", warmup_steps=2, settle_steps=2, eval_batches=1)
 
 
 def tiny_run(**changes) -> LocoRunConfig:

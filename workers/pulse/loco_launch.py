@@ -164,3 +164,41 @@ def record_loco_ledger(path: Path, run_id: str, config: LocoRunConfig, run: Loco
             ))
         ok = all(code == 0 for code in run.exit_codes.values())
         ledger.end_run(run_id, status="succeeded" if ok else "failed")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one mode and write its ledger: `python -m workers.pulse.loco_launch --mode pulseloco --out runs/x`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Multi-replica DDP / DiLoCo / PULSELoCo training (one mode per run).")
+    parser.add_argument("--mode", choices=LOCO_MODES, default="pulseloco")
+    parser.add_argument("--task", choices=("lm", "dit"), default="lm")
+    parser.add_argument("--lr", type=float, default=1e-6, help="inner AdamW learning rate")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--inner-steps", type=int, default=8, help="local steps per round (H)")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="gloo")
+    parser.add_argument("--store", default=None, help="store URL for --transport store (default: OUT/store)")
+    parser.add_argument("--missing", choices=("survivors", "wait"), default="wait", help="a replica that never arrives")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="seconds a round waits for every replica")
+    parser.add_argument("--out", type=Path, required=True, help="run folder: spec, reports, ledger.duckdb")
+    args = parser.parse_args(argv)
+    try:
+        config = LocoRunConfig(
+            modes=(args.mode,), num_replicas=args.replicas, rounds=args.rounds, inner_steps=args.inner_steps,
+            task=TaskConfig(name=args.task, size="50m" if args.task == "lm" else "tiny", lr=args.lr),
+            transport=args.transport, store_url=args.store,
+            exchange=ExchangeConfig(timeout_s=args.timeout_s, missing_policy=args.missing),
+        )
+    except ValueError as err:
+        parser.error(str(err))
+    run = run_loco(config, args.out)
+    record_loco_ledger(args.out / "ledger.duckdb", args.out.name, config, run)
+    for row in sync_totals(run, args.mode):
+        print(json.dumps({"mode": args.mode, **row}, sort_keys=True))
+    if any(run.exit_codes.values()):
+        raise SystemExit(f"replicas exited with {run.exit_codes}; see {args.out}/replica-*.jsonl")
+
+
+if __name__ == "__main__":
+    main()

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from workers.pulse.tiny_lm import LMConfig, TinyLM, lm_50m, lm_tiny, markov_batch
 
 TASKS = ("lm", "dit")
+ADAM_PREFIX = "adam."
+"""Start-state keys holding AdamW's moments (never a parameter name of TinyLM)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class TaskConfig:
     """lm only: steps at warmup_lr before the run, so weights have trained magnitudes."""
     warmup_lr: float = 3e-4
     """lm only: learning rate of the warm-up."""
+    settle_steps: int = 150
+    """lm only: steps at lr after the warm-up so AdamW's moments settle (as in `bench pulse`); replicas inherit them."""
     batch_size: int = 2
     """lm: sequences per step; dit: prompts per step (each with group_size samples)."""
     group_size: int = 4
@@ -54,8 +58,8 @@ class TaskConfig:
             raise ValueError(f"TaskConfig.size must be 'tiny' or '50m', got {self.size!r}")
         if not 0 < self.lr <= 1e-2 or not 0 < self.warmup_lr <= 1e-2:
             raise ValueError(f"TaskConfig.lr and warmup_lr must be in (0, 1e-2], got {self.lr}, {self.warmup_lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"TaskConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.warmup_steps < 0 or self.settle_steps < 0:
+            raise ValueError(f"TaskConfig.warmup_steps and settle_steps must be >= 0, got {self.warmup_steps}, {self.settle_steps}")
         if self.batch_size < 1 or self.eval_batches < 1 or self.group_size < 2:
             raise ValueError("TaskConfig.batch_size and eval_batches must be >= 1, group_size >= 2")
 
@@ -82,11 +86,34 @@ class LMTask:
         self.model = TinyLM(self.model_config)
         generator = torch.Generator().manual_seed(config.seed)
         self.successors = torch.randint(self.model_config.vocab_size, (self.model_config.vocab_size, 4), generator=generator)
-        if start is not None:
-            self.model.load_state_dict(start)
         self.shard = torch.Generator().manual_seed(config.seed * 1_000 + 1 + replica)
         # fused: the same AdamW update, ~9x faster on CPU than the foreach kernels.
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.1, fused=True)
+        if start is not None:
+            self._load_start(start)
+
+    def _load_start(self, start: dict[str, torch.Tensor]) -> None:
+        """Weights, and AdamW's moments when the start carries them (keys adam.*)."""
+        self.model.load_state_dict({k: v for k, v in start.items() if not k.startswith(ADAM_PREFIX)})
+        if ADAM_PREFIX + "step" not in start:
+            return
+        for name, param in self.model.named_parameters():
+            self.optimizer.state[param] = {
+                "step": start[ADAM_PREFIX + "step"].clone(),
+                "exp_avg": start[f"{ADAM_PREFIX}exp_avg.{name}"].clone(),
+                "exp_avg_sq": start[f"{ADAM_PREFIX}exp_avg_sq.{name}"].clone(),
+            }
+
+    def start_state(self) -> dict[str, torch.Tensor]:
+        """Weights plus AdamW's moments, in the form _load_start reads."""
+        state = {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+        for name, param in self.model.named_parameters():
+            moments = self.optimizer.state.get(param)
+            if moments:
+                state[ADAM_PREFIX + "step"] = moments["step"].detach().clone()
+                state[f"{ADAM_PREFIX}exp_avg.{name}"] = moments["exp_avg"].detach().clone()
+                state[f"{ADAM_PREFIX}exp_avg_sq.{name}"] = moments["exp_avg_sq"].detach().clone()
+        return state
 
     def parameters_by_name(self) -> dict[str, torch.nn.Parameter]:
         return dict(self.model.named_parameters())
@@ -111,11 +138,16 @@ class LMTask:
 
 
 def lm_start_state(config: TaskConfig) -> dict[str, torch.Tensor]:
-    """The shared starting point of every replica: the LM after its warm-up (trained magnitudes)."""
+    """The shared starting point of every replica: the LM after its warm-up (trained magnitudes)
+    and settle steps at the run's lr (AdamW's moments adapted to it), moments included."""
     task = LMTask(dataclasses.replace(config, lr=config.warmup_lr), replica=-1, start=None)
     for step in range(config.warmup_steps):
         task.local_step(step)
-    return {name: tensor.detach().clone() for name, tensor in task.model.state_dict().items()}
+    for group in task.optimizer.param_groups:
+        group["lr"] = config.lr
+    for step in range(config.settle_steps):
+        task.local_step(step)
+    return task.start_state()
 
 
 class DiTTask:
