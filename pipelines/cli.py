@@ -184,33 +184,6 @@ def bench_rollout(
             typer.echo(f"{k:>28}: {v}")
 
 
-@bench_app.command("recipe")
-def bench_recipe(
-    preset: str = typer.Option("cpu_tiny", help="Training preset (workers/presets.py)."),
-    seed: list[int] = typer.Option([0, 1, 2], "--seed", help="Run seeds (repeat the option); one run each."),
-    iterations: Optional[int] = typer.Option(None, help="Iterations per run (default: the preset's)."),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """Held-out score before/after `spotlight train` from the shipped base, over several run seeds."""
-    from workers.bench_recipe import bench_recipe as run
-
-    def show(record: dict) -> None:
-        if record["validation_score"] is not None:
-            typer.echo(f"seed {record['seed']}  it {record['iteration']:>3}  {record['wall_s']:>6.0f}s  "
-                       f"held-out {record['validation_score']:.3f}", err=True)
-
-    try:
-        figures = run(preset, seed, iterations, progress=show)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    if as_json:
-        emit_json(figures)
-    else:
-        for k, v in figures.items():
-            if k != "runs":
-                typer.echo(f"{k:>20}: {v}")
-
-
 @app.command("ledger")
 def ledger_query(
     sql: str = typer.Argument(..., help='Read-only SQL, e.g. "SELECT * FROM cost_per_iteration". Tables and views: docs/LEDGER.md.'),
