@@ -1,0 +1,78 @@
+"""Seed plans: which seeds each prompt of an iteration is sampled with, kept in the tensor store.
+
+The explore phase of iteration k writes the plan of iteration k+1 (`seed_plan_key(run,
+k+1)`); the rollout phase of iteration k+1 reads it. Today's planner is the default one:
+the unexplored request seeds of `workers.trainer.request_seed`. Seed exploration (the UCB
+bandit) replaces `default_seed_plan` with a planner that ranks seeds on stale weights;
+the plan's format and keys stay.
+
+Example:
+    plan = default_seed_plan(config, iteration=4)
+    publish_seed_plan(store, "demo", plan)
+    plan = load_seed_plan(store, "demo", 4)
+    batch = trainer.collect(4, seeds=plan.flat_seeds())
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from resources.keys import seed_plan_key
+from resources.store import TensorStore
+from workers.trainer import TrainConfig, iteration_prompts, request_seed
+
+PLAN_NAME = "seed_plan.json"
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """The seeds of one iteration's rollout requests, grouped by prompt."""
+
+    iteration: int
+    """Iteration whose rollouts use the plan."""
+    planner: str
+    """Who chose the seeds: "default" (request_seed) or an exploration arm."""
+    prompts: list[str]
+    """The iteration's prompts, in order."""
+    seeds: list[list[int]]
+    """seeds[i][j]: seed of sample j of prompt i (group_size per prompt)."""
+
+    def __post_init__(self) -> None:
+        if len(self.prompts) != len(self.seeds):
+            raise ValueError(f"seed plan of iteration {self.iteration}: {len(self.prompts)} prompts but {len(self.seeds)} seed groups")
+
+    def flat_seeds(self) -> list[int]:
+        """Prompt-major seeds, the order `GRPOTrainer.collect(seeds=...)` expects."""
+        return [s for group in self.seeds for s in group]
+
+    def check_matches(self, config: TrainConfig) -> None:
+        """ValueError when the plan was made for other prompts or group sizes than `config` samples."""
+        expected = iteration_prompts(config.seed, self.iteration, config.prompts_per_iteration, config.train_categories)
+        if self.prompts != expected or any(len(g) != config.group_size for g in self.seeds):
+            raise ValueError(f"seed plan of iteration {self.iteration} does not match the training config "
+                             f"({len(self.prompts)} prompts x {[len(g) for g in self.seeds]} seeds); "
+                             "was the run restarted with another preset?")
+
+
+def default_seed_plan(config: TrainConfig, iteration: int) -> SeedPlan:
+    """The unexplored plan: every request keeps its default seed."""
+    prompts = iteration_prompts(config.seed, iteration, config.prompts_per_iteration, config.train_categories)
+    seeds = [[request_seed(config.seed, iteration, i, j) for j in range(config.group_size)] for i in range(len(prompts))]
+    return SeedPlan(iteration, "default", prompts, seeds)
+
+
+def publish_seed_plan(store: TensorStore, run: str, plan: SeedPlan) -> None:
+    """Commit the plan (re-publishing the same plan is a no-op)."""
+    data = json.dumps(asdict(plan), sort_keys=True).encode()
+    store.publish(seed_plan_key(run, plan.iteration), {PLAN_NAME: data}, {"planner": plan.planner})
+
+
+def load_seed_plan(store: TensorStore, run: str, iteration: int) -> SeedPlan:
+    """The committed plan of `iteration` (LookupError when the explore phase has not written it)."""
+    key = seed_plan_key(run, iteration)
+    if store.read_manifest(key) is None:
+        raise LookupError(f"run {run!r} has no seed plan for iteration {iteration} ({store.url}/{key}): "
+                          f"materialize iteration {iteration - 1}'s seed_plan first")
+    raw = json.loads(store.load_bytes(key, PLAN_NAME))
+    return SeedPlan(raw["iteration"], raw["planner"], list(raw["prompts"]), [list(map(int, g)) for g in raw["seeds"]])
