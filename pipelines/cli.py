@@ -129,6 +129,7 @@ def pretrain(
     batch_size: int = typer.Option(32),
     lr: float = typer.Option(1e-3),
     seed: int = typer.Option(0),
+    init: Optional[Path] = typer.Option(None, help="Continue from this policy folder instead of a random init."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a policy already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print the final validation as JSON."),
 ) -> None:
@@ -143,18 +144,22 @@ def pretrain(
     from rich.progress import Progress
 
     from workers.evaluate import evaluate
-    from workers.policy import PolicyConfig, build_policy, save_policy
+    from workers.policy import PolicyConfig, build_policy, load_policy, save_policy
     from workers.pretrain import pretrain as run_pretrain
     from workers.prompts import split_prompts
 
-    policy = build_policy(PolicyConfig(), seed=seed)
+    if init is not None and not (init / "policy.json").exists():
+        raise typer.BadParameter(f"--init {init} holds no policy (no policy.json); pass a folder written by "
+                                 "`spotlight pretrain` or `spotlight train --out`")
+    policy = build_policy(PolicyConfig(), seed=seed) if init is None else load_policy(init)
     with Progress(transient=not as_json) as progress:
         task = progress.add_task("pretraining", total=steps)
         for step, loss in run_pretrain(policy, config):
             progress.update(task, completed=step, description=f"pretraining  loss {loss:.4f}")
     save_policy(policy, out)
     result = evaluate(policy, split_prompts()["heldout"])
-    record = {"steps": steps, "lr": lr, "seed": seed, "heldout_score": result.score,
+    record = {"steps": steps, "lr": lr, "seed": seed, "init": None if init is None else str(init),
+              "heldout_score": result.score,
               "heldout_partial": result.partial, "per_category": result.per_category}
     if as_json:
         emit_json(record)
@@ -182,6 +187,35 @@ def bench_rollout(
     else:
         for k, v in result.items():
             typer.echo(f"{k:>28}: {v}")
+
+
+@bench_app.command("recipe")
+def bench_recipe(
+    preset: str = typer.Option("cpu_tiny", help="Training preset (workers/presets.py)."),
+    seed: list[int] = typer.Option([0, 1, 2], "--seed", help="Run seeds (repeat the option); one run each."),
+    iterations: Optional[int] = typer.Option(None, help="Iterations per run (default: the preset's)."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Held-out score before/after `spotlight train` from the shipped base, over several run seeds."""
+    from workers.bench_recipe import bench_recipe as run
+    from workers.policy import SHIPPED_BASE
+
+    def show(record: dict) -> None:
+        if record["validation_score"] is not None:
+            typer.echo(f"seed {record['seed']}  it {record['iteration']:>3}  {record['wall_s']:>6.0f}s  "
+                       f"held-out {record['validation_score']:.3f}", err=True)
+
+    try:
+        figures = run(preset, seed, iterations, checkpoint or SHIPPED_BASE, progress=show)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if as_json:
+        emit_json(figures)
+    else:
+        for k, v in figures.items():
+            if k != "runs":
+                typer.echo(f"{k:>20}: {v}")
 
 
 @app.command("ledger")

@@ -75,3 +75,24 @@ def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy
     assert usd > 0  # 3.6 $/h for the seconds the iterations took
     steps = runner.invoke(app, ["ledger", "SELECT count(*) AS n FROM train_steps", "--db", db, "--csv"])
     assert steps.stdout.strip().splitlines()[-1] == "2"
+
+
+def test_bench_recipe_reports_the_held_out_gain_of_every_seed(tmp_path, tiny_policy):
+    from workers.policy import save_policy
+
+    save_policy(tiny_policy, tmp_path / "ckpt")
+    result = runner.invoke(app, ["bench", "recipe", "--preset", "cpu_smoke", "--seed", "0", "--seed", "1",
+                                 "--checkpoint", str(tmp_path / "ckpt"), "--json"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["num_seeds"] == 2 and [r["seed"] for r in figures["runs"]] == [0, 1]
+    for run in figures["runs"]:
+        assert [p["iteration"] for p in run["validation_curve"]] == [0, 1, 2]
+        assert run["gain"] == pytest.approx(run["final_score"] - run["start_score"])
+    assert figures["gain_min"] <= figures["gain_mean"]
+
+
+def test_pretrain_init_must_name_a_policy_folder(tmp_path):
+    result = runner.invoke(app, ["pretrain", "--out", str(tmp_path / "out"), "--init", str(tmp_path)])
+    text = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
+    assert result.exit_code != 0 and "holds no policy" in text
