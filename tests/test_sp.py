@@ -52,7 +52,7 @@ def sp_results():
     for p in procs:
         p.start()
     try:
-        results = dict(out.get(timeout=120) for _ in procs)
+        results = dict(out.get(timeout=600) for _ in procs)
     finally:
         for p in procs:
             p.join(timeout=20)

@@ -46,16 +46,21 @@ class AgentConfig:
     commit_every: int = 2
     """Denoising steps between committed states of an in-flight request."""
     threads_per_worker: int = 1
-    join_timeout_s: float = 30.0
+    join_timeout_s: float = 120.0
     """Collective timeout of a group; a dead member is usually detected at once (connection reset)."""
     host: str = "127.0.0.1"
     """Address of the rendezvous store (workers are on this node)."""
+    reply_timeout_s: float = 600.0
+    """Longest wait for a live worker's answer (start-up imports take minutes on a saturated CPU);
+    a worker that dies is noticed at once through its process sentinel, not by this timeout."""
 
     def __post_init__(self):
         if self.commit_every < 1:
             raise ValueError(f"commit_every must be >= 1, got {self.commit_every}")
         if self.threads_per_worker < 1:
             raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
+        if self.reply_timeout_s <= 0:
+            raise ValueError(f"reply_timeout_s must be > 0, got {self.reply_timeout_s}")
         if self.join_timeout_s <= 0:
             raise ValueError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
 
@@ -113,10 +118,10 @@ class NodeAgent:
                                            self.config.threads_per_worker))
             proc.start()
             child.close()
-            self.workers[wid] = _Handle(wid, proc, parent)
+            self.workers[wid] = _Handle(wid, proc, parent, self.config.reply_timeout_s)
             started.append(wid)
         for wid in started:
-            self.workers[wid].expect("ready", timeout_s=120)
+            self.workers[wid].expect("ready")
         return started
 
     def load_from_store(self, worker_ids: list[str]) -> float:
@@ -233,17 +238,18 @@ class NodeAgent:
 class _Handle:
     """The agent's side of one worker: process, pipe and what it has done."""
 
-    def __init__(self, worker_id: str, proc, conn):
-        self.worker_id, self.proc, self.conn = worker_id, proc, conn
+    def __init__(self, worker_id: str, proc, conn, timeout_s: float = 600.0):
+        self.worker_id, self.proc, self.conn, self.timeout_s = worker_id, proc, conn, timeout_s
         self.loaded = False
 
     def send(self, msg: dict) -> None:
         self.conn.send(msg)
 
-    def expect(self, op: str, timeout_s: float = 120.0) -> dict:
+    def expect(self, op: str, timeout_s: float | None = None) -> dict:
         """The next reply, which must be `op`; raises if the worker died or answered otherwise."""
         from multiprocessing.connection import wait
 
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         if not wait([self.conn, self.proc.sentinel], timeout=timeout_s) or not self.conn.poll():
             raise RuntimeError(f"worker {self.worker_id} died or did not answer {op!r} in {timeout_s} s")
         reply = self.conn.recv()
