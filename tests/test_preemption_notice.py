@@ -126,3 +126,18 @@ def test_a_worker_on_a_preempted_aws_vm_commits_its_state_and_exits_cleanly(tmp_
     preempted = next(e for e in events if e["event"] == "preempted")
     assert preempted["committed_step"] == preempted["step"] >= 1
     assert queue.states(["r0"]) == {"r0": "pending"}  # given back for another worker
+
+
+@pytest.mark.parametrize("info,cloud", [('{"cloud": "AWS", "region": "us-east-1"}', "aws"), ('{"cloud": "GCP"}', "gcp"),
+                                        ('{"cloud": "Azure"}', "off"), (None, "off"), ("not json", "off")])
+def test_auto_follows_the_cloud_skypilot_launched_the_vm_on(info, cloud) -> None:
+    from workers.preemption_notice import skypilot_cloud
+
+    assert skypilot_cloud(info) == cloud
+
+
+def test_the_instance_label_defaults_to_skypilots_cloud_and_region() -> None:
+    from workers.rollout import default_instance_type
+
+    assert default_instance_type('{"cloud": "GCP", "region": "us-central1"}') == "sky-gcp-us-central1"
+    assert default_instance_type(None) == "local-cpu"

@@ -10,8 +10,9 @@ asks the cloud itself:
 - GCP: `GET /computeMetadata/v1/instance/preempted` with `Metadata-Flavor: Google`
   answers `TRUE` once the VM is being preempted (about 30 s ahead).
 
-Off by default (a laptop has no metadata server); the URL is injectable so tests run
-the same code against a local fake server.
+Off by default (a laptop has no metadata server); `auto` picks the cloud SkyPilot
+launched the VM on (from `SKYPILOT_CLUSTER_INFO`), and the URL is injectable so tests
+run the same code against a local fake server.
 
 Example:
     check = notice_checker("aws")                       # or ("gcp"), or ("aws", url="http://127.0.0.1:8000/...")
@@ -21,13 +22,14 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-CLOUDS = ("off", "aws", "gcp")
+CLOUDS = ("off", "auto", "aws", "gcp")
 AWS_ACTION_URL = "http://169.254.169.254/latest/meta-data/spot/instance-action"
 GCP_PREEMPTED_URL = "http://metadata.google.internal/computeMetadata/v1/instance/preempted"
 _AWS_ACTIONS = ("terminate", "stop", "hibernate")
@@ -37,6 +39,8 @@ def notice_checker(cloud: str, url: str | None = None, timeout_s: float = 2.0) -
     """A function that returns True once the cloud announced this VM's preemption (None for 'off')."""
     if cloud not in CLOUDS:
         raise ValueError(f"preemption notice source must be one of {CLOUDS}, got {cloud!r}")
+    if cloud == "auto":
+        cloud = skypilot_cloud(os.environ.get("SKYPILOT_CLUSTER_INFO"))
     if cloud == "off":
         if url is not None:
             raise ValueError("a notice URL needs --preemption-notice aws or gcp")
@@ -46,6 +50,15 @@ def notice_checker(cloud: str, url: str | None = None, timeout_s: float = 2.0) -
     if cloud == "aws":
         return lambda: aws_notice(url or AWS_ACTION_URL, timeout_s)
     return lambda: gcp_notice(url or GCP_PREEMPTED_URL, timeout_s)
+
+
+def skypilot_cloud(cluster_info: str | None) -> str:
+    """'aws' or 'gcp' from SkyPilot's SKYPILOT_CLUSTER_INFO JSON; 'off' elsewhere (or when absent)."""
+    try:
+        cloud = str(json.loads(cluster_info or "{}").get("cloud", "")).lower()
+    except (ValueError, AttributeError):
+        return "off"
+    return cloud if cloud in ("aws", "gcp") else "off"
 
 
 def aws_notice(action_url: str, timeout_s: float) -> bool:

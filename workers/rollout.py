@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", default=None, help="Unique worker name (default: HOST-PID).")
     p.add_argument("--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps (default 2).")
     p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
-    p.add_argument("--instance-type", default="local-cpu", help="Instance label for the ledger (e.g. g5.xlarge).")
+    p.add_argument("--instance-type", default=None,
+                   help="Instance label for the ledger, e.g. g5.xlarge (default: SkyPilot's cloud/region, else local-cpu).")
     p.add_argument("--gpu-type", default=None, help="GPU label for the ledger (e.g. A10G), priced from the table if --usd-per-hour is absent.")
     capacity = p.add_mutually_exclusive_group()
     capacity.add_argument("--spot", dest="spot", action="store_true", default=True, help="Preemptible capacity (default).")
@@ -46,10 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-s", type=float, default=0.2, help="Wait between claims while the queue is empty.")
     p.add_argument("--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM).")
     p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device locally.")
-    p.add_argument("--preemption-notice", default="off", choices=("off", "aws", "gcp"),
-                   help="Poll this cloud's metadata server for a preemption notice and treat it as SIGTERM.")
+    p.add_argument("--preemption-notice", default="off", choices=("off", "auto", "aws", "gcp"),
+                   help="Poll this cloud's metadata server for a preemption notice and treat it as SIGTERM "
+                        "(auto: the cloud SkyPilot launched this VM on).")
     p.add_argument("--notice-url", default=None, help="Override the metadata URL polled for the notice (tests, proxies).")
     p.add_argument("--notice-interval-s", type=float, default=5.0, help="Seconds between notice polls.")
+    p.add_argument("--notice-exit-code", type=int, default=0,
+                   help="Exit code after stopping on SIGTERM or a notice (SkyPilot: a code in recover_on_exit_codes).")
     return p
 
 
@@ -64,6 +68,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--usd-per-hour must be >= 0, got {args.usd_per_hour}")
     if args.step_delay_s < 0 or (args.max_idle_s is not None and args.max_idle_s < 0):
         raise ValueError("--step-delay-s and --max-idle-s must be >= 0")
+    if not 0 <= args.notice_exit_code <= 255:
+        raise ValueError(f"--notice-exit-code must lie in 0-255, got {args.notice_exit_code}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     from resources.queue_records import check_worker_id
@@ -88,6 +94,7 @@ class EventLog:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.worker_id = args.worker_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    args.instance_type = args.instance_type or default_instance_type(os.environ.get("SKYPILOT_CLUSTER_INFO"))
     try:
         check_args(args)
     except ValueError as err:
@@ -112,7 +119,17 @@ def main(argv: list[str] | None = None) -> int:
             watcher.stop()
         queue.close()
     report("exit", reason=reason)
-    return 0
+    return args.notice_exit_code if reason == "stopped" else 0
+
+
+def default_instance_type(cluster_info: str | None) -> str:
+    """`sky-<cloud>-<region>` on a SkyPilot VM (from SKYPILOT_CLUSTER_INFO), else `local-cpu`."""
+    try:
+        info = json.loads(cluster_info) if cluster_info else {}
+        parts = [str(info[k]).lower() for k in ("cloud", "region") if info.get(k)]
+    except (ValueError, TypeError, AttributeError):
+        parts = []
+    return "-".join(["sky", *parts]) if parts else "local-cpu"
 
 
 def _open_io(args: argparse.Namespace):

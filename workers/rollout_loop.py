@@ -29,6 +29,7 @@ class WorkerLoop:
 
         if args.threads is not None:
             torch.set_num_threads(args.threads)
+        from diffusers import QwenImageTransformer2DModel  # noqa: F401  (import now: "ready" means ready to sample)
         self.queue, self.store, self.args, self.stop, self.report = queue, store, args, stop, report
         self.holder = PolicyHolder(store, device=args.device)
         self.labels = {"instance_type": args.instance_type, "gpu_type": args.gpu_type, "spot": args.spot,

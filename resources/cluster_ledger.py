@@ -1,0 +1,130 @@
+"""What the local cluster learns from its workers' event streams, and the ledger rows it writes from them.
+
+Workers never open the ledger (DuckDB admits one writing process): they print JSON
+event lines, and the cluster process, the ledger's single writer, turns them into rows:
+one `workers` row per process (labels and price), one `attempts` row per delivery of a
+request, one `preemptions` row per preemption with the denoising work it cost, and at
+the end one `requests` row per result found in the store (`record_results`).
+
+Example:
+    tracker = WorkTracker(ledger)
+    tracker.worker_started("w0.0", slot, usd_per_hour=0.4, at=time.time())
+    tracker.on_event(json.loads(line))                      # every line a worker prints
+    record = tracker.preemption("w0.0", preempted_at, notice_s=0.0, exited_cleanly=False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from resources.keys import rollout_key
+from resources.ledger import Ledger
+from resources.ledger_records import AttemptRecord, PreemptionRecord, RequestRecord
+from resources.store import TensorStore
+
+
+@dataclass
+class WorkerProgress:
+    """The request a worker holds and how far it got, from its events."""
+
+    request_id: str | None = None
+    attempt: int = 0
+    started_at: float = 0.0
+    resumed_from_step: int = 0
+    step: int = 0
+    committed_step: int = 0
+    uncommitted_s: list[float] = field(default_factory=list)
+    """Seconds of each step computed since the last commit (lost if killed now)."""
+    preempted_event: dict | None = None
+    """The worker's own `preempted` event (SIGTERM path), if it printed one."""
+
+
+class WorkTracker:
+    """Per-worker progress from events; writes attempts and preemptions to the ledger (if any)."""
+
+    def __init__(self, ledger: Ledger | None = None) -> None:
+        self.ledger = ledger
+        self.progress: dict[str, WorkerProgress] = {}
+        self.events: list[dict] = []
+        self.preemptions: list[PreemptionRecord] = []
+
+    def worker_started(self, worker_id: str, *, role: str, instance_type: str, spot: bool, usd_per_hour: float,
+                       gpu_type: str | None, at: float) -> None:
+        self.progress[worker_id] = WorkerProgress()
+        if self.ledger is not None:
+            self.ledger.start_worker(worker_id, role=role, instance_type=instance_type, spot=spot, gpu_type=gpu_type,
+                                     num_gpus=1 if gpu_type else 0, usd_per_hour=usd_per_hour, at=at)
+
+    def worker_ended(self, worker_id: str, reason: str, at: float) -> None:
+        if self.ledger is not None:
+            self.ledger.end_worker(worker_id, reason=reason, at=at)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """Update the sender's progress; attempt rows are written when they start and end."""
+        self.events.append(event)
+        p = self.progress.setdefault(event["worker_id"], WorkerProgress())
+        kind, t = event["event"], event["t"]
+        if kind == "claim":
+            p.request_id, p.attempt, p.started_at = event["request_id"], event["attempt"], t
+            p.resumed_from_step = p.step = p.committed_step = event["resumed_from_step"]
+            p.uncommitted_s, p.preempted_event = [], None
+            self._attempt(event["worker_id"], p, t_end=None, outcome="running")
+        elif kind == "step":
+            p.step = event["step"]
+            p.uncommitted_s.append(event["step_s"])
+        elif kind == "commit":
+            p.committed_step, p.uncommitted_s = event["step"], []
+        elif kind == "done":
+            p.committed_step, p.uncommitted_s = p.step, []
+            self._attempt(event["worker_id"], p, t_end=t, outcome="done")
+            p.request_id = None
+        elif kind == "preempted":
+            p.preempted_event = event
+            self._attempt(event["worker_id"], p, t_end=t, outcome="preempted")
+        elif kind == "lost":
+            self._attempt(event["worker_id"], p, t_end=t, outcome="lease_expired")
+            p.request_id = None
+
+    def preemption(self, worker_id: str, preempted_at: float, *, notice_s: float, ended_at: float) -> PreemptionRecord:
+        """Record the preemption of a worker that has exited; lost work is what it had not committed."""
+        p = self.progress.get(worker_id, WorkerProgress())
+        in_flight = p.request_id
+        if p.preempted_event is not None:  # committed on the notice: nothing lost
+            lost_steps, lost_s, committed = 0, 0.0, True
+        elif in_flight is not None:  # killed mid-request: the steps since the last commit are lost
+            lost_steps, lost_s, committed = p.step - p.committed_step, sum(p.uncommitted_s), p.committed_step > 0
+            self._attempt(worker_id, p, t_end=ended_at, outcome="preempted")
+        else:
+            lost_steps, lost_s, committed = 0, 0.0, False
+        record = PreemptionRecord(worker_id=worker_id, preempted_at=preempted_at, notice_s=notice_s, steps_lost=lost_steps,
+                                  state_committed=committed, request_id=in_flight, seconds_lost=lost_s)
+        self.preemptions.append(record)
+        if self.ledger is not None:
+            self.ledger.record_preemption(record)
+        p.request_id = None
+        return record
+
+    def _attempt(self, worker_id: str, p: WorkerProgress, *, t_end: float | None, outcome: str) -> None:
+        if self.ledger is None or p.request_id is None:
+            return
+        self.ledger.record_attempt(AttemptRecord(
+            request_id=p.request_id, attempt=p.attempt, worker_id=worker_id, started_at=p.started_at, ended_at=t_end,
+            outcome=outcome, resumed_from_step=p.resumed_from_step, steps_done=p.step - p.resumed_from_step))
+
+
+def result_records(store: TensorStore, requests: Iterable[dict], *, enqueued_at: float | None = None) -> list[RequestRecord]:
+    """One `requests` row per rollout request whose result is committed in the store."""
+    records = []
+    for request in requests:
+        payload = request["payload"]
+        manifest = store.read_manifest(rollout_key(payload["run"], request["iteration"], request["request_id"]))
+        if manifest is None:
+            continue
+        meta = manifest.metadata
+        records.append(RequestRecord(
+            request_id=request["request_id"], iteration=request["iteration"], kind=request["kind"],
+            prompt=payload["prompt"], seed=payload["seed"], weights_version=payload["weights_version"],
+            worker_id=meta.get("worker_id"), attempts=int(meta.get("attempt", 1)), result_hash=meta.get("result_hash"),
+            reward=meta.get("reward"), enqueued_at=enqueued_at, finished_at=meta.get("finished_at")))
+    return records
