@@ -1,24 +1,23 @@
 """Dagster entry point (`[tool.dagster] module_name`): `dagster dev` from the repo root loads `defs`.
 
 The iteration assets (weight_patch, rollouts, policy_update, seed_plan, validation,
-report) and their sensor arrive with the pipeline issue; until then the code location
-loads with the resources every asset will use, configured from the environment:
-SPOTLIGHT_STORE (a folder or s3://bucket/prefix) and SPOTLIGHT_LEDGER (a DuckDB file).
+report) partitioned by iteration, the `iteration` job, the sensor that starts iteration
+k+1 when k succeeds, and the resources of the deployment named by SPOTLIGHT_DEPLOYMENT
+(local by default; see pipelines/deploy.py for every variable). A bad configuration
+fails here, when the code location loads.
 """
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
-from resources.dagster_resources import LedgerResource, TensorStoreResource
-
-RUN_DIR = os.environ.get("SPOTLIGHT_RUN_DIR", "runs/dagster")
+from assets import ITERATION_ASSETS
+from pipelines.deploy import resources_from_env
+from pipelines.sensors import iteration_job, next_iteration
 
 defs = dg.Definitions(
-    resources={
-        "store": TensorStoreResource(url=os.environ.get("SPOTLIGHT_STORE", f"{RUN_DIR}/store")),
-        "ledger": LedgerResource(path=os.environ.get("SPOTLIGHT_LEDGER", f"{RUN_DIR}/ledger.duckdb")),
-    },
+    assets=ITERATION_ASSETS,
+    jobs=[iteration_job],
+    sensors=[next_iteration],
+    resources=resources_from_env(),
 )

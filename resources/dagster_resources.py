@@ -76,3 +76,44 @@ class QueueResource(ConfigurableResource):
     def get_queue(self) -> RequestQueue:
         """A queue client; close it (or use it as a context manager) when done."""
         return open_queue(self.url, QueueConfig(self.max_deliveries, self.connect_timeout_s))
+
+
+ROLLOUT_MODES = ("inprocess", "local_cluster", "workers")
+
+
+class RolloutWorkersResource(ConfigurableResource):
+    """Who samples an iteration's rollout requests.
+
+    - `inprocess`: the trainer itself, batched (no queue; the quickest on one small machine).
+    - `local_cluster`: rollout worker processes on this machine for the phase, pulling from the
+      queue, with preemptions injected at `preemptions_per_hour` per spot worker.
+    - `workers`: workers that already pull from the queue (started by `spotlight run`, by hand
+      with `python -m workers.rollout`, or as SkyPilot spot jobs); the phase enqueues and waits.
+    """
+
+    mode: str = Field(default="inprocess", description=f"One of {ROLLOUT_MODES}.")
+    timeout_s: float = Field(default=1800.0, gt=0, description="Longest wait for an iteration's rollouts before the phase fails.")
+    num_workers: int = Field(default=2, ge=1, description="local_cluster: worker processes.")
+    num_reserved: int = Field(default=0, ge=0, description="local_cluster: how many of them are reserved (never preempted).")
+    preemptions_per_hour: float = Field(default=60.0, ge=0, description="local_cluster: preemption rate per spot worker.")
+    notice_share: float = Field(default=0.5, ge=0, le=1, description="local_cluster: share of preemptions that come with a notice.")
+    commit_every: int = Field(default=2, ge=1, description="Denoising steps between in-flight state commits.")
+    lease_s: float = Field(default=10.0, gt=0, description="Queue lease: how long a silently killed worker's request waits.")
+    restart_delay_s: float = Field(default=3.0, ge=0, description="local_cluster: seconds until a preempted slot gets a new worker.")
+    spot_usd_per_hour: float = Field(default=0.03, ge=0, description="Price of a spot worker (local: a notional 2-vCPU spot VM).")
+    reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of a reserved worker.")
+    log_dir: Optional[str] = Field(default=None, description="local_cluster: folder for each worker's stderr.")
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, mode: str) -> str:
+        if mode not in ROLLOUT_MODES:
+            raise ValueError(f"unknown rollout mode {mode!r}; choose one of {ROLLOUT_MODES}")
+        return mode
+
+    @field_validator("num_reserved")
+    @classmethod
+    def _reserved_fits(cls, num_reserved: int, info) -> int:
+        if num_reserved > info.data.get("num_workers", num_reserved):
+            raise ValueError(f"num_reserved={num_reserved} exceeds num_workers={info.data.get('num_workers')}")
+        return num_reserved

@@ -98,3 +98,35 @@ def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int
     advantages = group_advantages(rewards, group_ids, clip=config.grpo.adv_clip)
     rollout_s = sum(float(m.get("compute_s", 0.0)) for _, m in results)
     return Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s)
+
+
+def collect_in_process(store: TensorStore, run: str, config: TrainConfig, iteration: int,
+                       requests: list[PlannedRequest], worker_id: str = "trainer") -> int:
+    """The rollout phase without workers: the trainer samples the batch at the iteration's weights
+    version (its FP32 checkpoint) and commits every result; returns how many this call committed."""
+    from workers.train_state import load_checkpoint
+    from workers.trainer import GRPOTrainer
+
+    version = requests[0].spec.weights_version
+    policy, _ = load_checkpoint(store, run, version)
+    batch = GRPOTrainer(policy, config).collect(iteration, seeds=[r.spec.seed for r in requests])
+    return publish_batch(store, run, iteration, requests, batch, worker_id)
+
+
+def request_records(requests: list[PlannedRequest], results: list[tuple[dict, dict]], iteration: int,
+                    enqueued_at: float | None = None) -> list:
+    """One ledger `requests` row per request with a committed result (non-finite rewards marked failed)."""
+    import math
+
+    from resources.ledger_records import RequestRecord
+
+    rows = []
+    for req, (_, meta) in zip(requests, results):
+        reward = float(meta["reward"])
+        finite = math.isfinite(reward)
+        rows.append(RequestRecord(
+            request_id=req.request_id, iteration=iteration, kind="rollout", prompt=req.spec.prompt, seed=req.spec.seed,
+            weights_version=req.spec.weights_version, worker_id=meta.get("worker_id"), attempts=int(meta.get("attempt", 1)),
+            status="done" if finite else "failed", result_hash=meta.get("result_hash"), reward=reward if finite else None,
+            enqueued_at=enqueued_at, finished_at=meta.get("finished_at")))
+    return rows

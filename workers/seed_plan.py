@@ -76,3 +76,13 @@ def load_seed_plan(store: TensorStore, run: str, iteration: int) -> SeedPlan:
                           f"materialize iteration {iteration - 1}'s seed_plan first")
     raw = json.loads(store.load_bytes(key, PLAN_NAME))
     return SeedPlan(raw["iteration"], raw["planner"], list(raw["prompts"]), [list(map(int, g)) for g in raw["seeds"]])
+
+
+def plan_for_iteration(store: TensorStore, run: str, config: TrainConfig, iteration: int) -> SeedPlan:
+    """The plan iteration `iteration` samples with. Iteration 0 has no explore phase before it,
+    so it gets (and commits, for the train phase to read) the default plan."""
+    if iteration == 0 and store.read_manifest(seed_plan_key(run, 0)) is None:
+        publish_seed_plan(store, run, default_seed_plan(config, 0))
+    plan = load_seed_plan(store, run, iteration)
+    plan.check_matches(config)
+    return plan

@@ -1,0 +1,79 @@
+"""The rollout phase behind one call, whoever samples: the trainer in-process, a local cluster, or queue workers.
+
+Every path ends with one committed result per request in the store (the rollout worker's
+result format), so the train phase never knows which one ran.
+
+Example:
+    summary = run_rollout_phase(workers, store, queue_url, ledger, run, config, k, requests)
+    summary.preemptions, summary.workers_started
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from resources.dagster_resources import RolloutWorkersResource
+from resources.ledger import Ledger
+from resources.store import TensorStore
+
+
+@dataclass
+class PhaseSummary:
+    mode: str
+    num_requests: int
+    enqueued_at: float
+    workers_started: int = 0
+    preemptions: int = 0
+
+
+class RolloutsIncompleteError(RuntimeError):
+    """The workers did not finish the iteration's requests in time (or gave some up)."""
+
+
+def run_rollout_phase(workers: RolloutWorkersResource, store: TensorStore, queue_url: str | None, ledger: Ledger,
+                      run: str, config, iteration: int, requests: list) -> PhaseSummary:
+    summary = PhaseSummary(workers.mode, len(requests), time.time())
+    if workers.mode == "inprocess":
+        from workers.rollout_batch import collect_in_process
+
+        collect_in_process(store, run, config, iteration, requests)
+        return summary
+    if queue_url is None:
+        raise ValueError(f"rollout mode {workers.mode!r} needs a queue: configure the queue resource")
+    from resources.queue import open_queue
+    from workers.rollout_state import rollout_request
+
+    ids = [r.request_id for r in requests]
+    with open_queue(queue_url) as queue:
+        queue.put([rollout_request(r.request_id, iteration, r.spec) for r in requests])
+        if workers.mode == "local_cluster":
+            _run_local_cluster(workers, store.url, queue_url, ledger, queue, ids, iteration, summary)
+        outcome = queue.wait_until_done(ids, timeout_s=workers.timeout_s)
+    if not outcome.complete or len(outcome.results) != len(ids):
+        raise RolloutsIncompleteError(
+            f"iteration {iteration}: {len(outcome.results)} of {len(ids)} rollout requests finished within "
+            f"{workers.timeout_s:g} s (unfinished: {sorted(outcome.unfinished)[:5]}...); are workers pulling from {queue_url}?")
+    return summary
+
+
+def _run_local_cluster(workers: RolloutWorkersResource, store_url: str, queue_url: str, ledger: Ledger, queue,
+                       ids: list[str], iteration: int, summary: PhaseSummary) -> None:
+    """Worker processes for this phase only; slot names carry the iteration so worker ids stay unique in the ledger."""
+    from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
+    from resources.preemption import poisson_trace
+
+    slots = [WorkerSlot(f"it{iteration}w{i}", spot=i >= workers.num_reserved,
+                        usd_per_hour=workers.spot_usd_per_hour if i >= workers.num_reserved else workers.reserved_usd_per_hour)
+             for i in range(workers.num_workers)]
+    config = ClusterConfig(queue_url, store_url, commit_every=workers.commit_every, lease_s=workers.lease_s,
+                           restart_delay_s=workers.restart_delay_s,
+                           log_dir=str(Path(workers.log_dir)) if workers.log_dir else None)
+    trace = poisson_trace([s.name for s in slots if s.spot], rate_per_hour=workers.preemptions_per_hour,
+                          duration_s=workers.timeout_s, notice_share=workers.notice_share, seed=iteration)
+    with LocalCluster(config, slots, ledger) as cluster:
+        done = lambda: queue.wait_until_done(ids, timeout_s=0).complete  # noqa: E731
+        result = cluster.run_until(done, trace=trace, timeout_s=workers.timeout_s)
+    summary.workers_started += result.workers_started
+    summary.preemptions += len(result.preemptions)

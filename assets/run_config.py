@@ -1,0 +1,81 @@
+"""What a post-training run is: its name, preset, length and guards, as a Dagster resource checked at load.
+
+A preset names a complete `TrainConfig` (workers/presets.py); the few fields here override
+it. Everything is validated when the definitions load (or when `spotlight run` starts),
+so an unknown preset or reward fails before any compute, with the allowed names.
+
+Example:
+    config = RunConfigResource(run="demo", preset="cpu_smoke", iterations=3)
+    config.train_config().group_size, config.num_iterations
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from dagster import ConfigurableResource
+from pydantic import Field, field_validator, model_validator
+
+
+class RunConfigResource(ConfigurableResource):
+    """The run every iteration asset works on."""
+
+    run: str = Field(default="demo", description="Run name: the store prefix runs/{run}/ and the ledger's run_id.")
+    preset: str = Field(default="cpu_tiny", description="Training preset (workers/presets.py).")
+    iterations: Optional[int] = Field(default=None, ge=1, description="Training iterations (default: the preset's).")
+    reward: Optional[str] = Field(default=None, description="Reward name overriding the preset's (workers/rewards.py).")
+    seed: Optional[int] = Field(default=None, ge=0, description="Run seed overriding the preset's (prompts and request seeds).")
+    checkpoint: Optional[str] = Field(default=None, description="Policy folder to start from (default: the shipped base).")
+    anchor_every: int = Field(default=10, ge=1, description="A full BF16 anchor every this many weight versions.")
+    max_validation_drop: float = Field(default=0.25, ge=0, description="Validation check fails when the held-out score falls more than this below the base's.")
+    reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of the reserved node (trainer + coordinator).")
+
+    @field_validator("run")
+    @classmethod
+    def _run_name(cls, run: str) -> str:
+        from resources.keys import check_name
+
+        return check_name(run, "run name")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str) -> str:
+        from workers.presets import PRESETS
+
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        return preset
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, reward: Optional[str]) -> Optional[str]:
+        from workers.rewards import reward_names
+
+        if reward is not None and reward not in reward_names():
+            raise ValueError(f"unknown reward {reward!r}; choose one of {reward_names()}")
+        return reward
+
+    @model_validator(mode="after")
+    def _config_builds(self) -> "RunConfigResource":
+        self.train_config()  # any invalid combination fails at load, not mid-run
+        return self
+
+    def train_config(self):
+        """The preset's TrainConfig with this resource's overrides."""
+        from workers.presets import get_preset
+
+        config = get_preset(self.preset)
+        changes = {"iterations": self.iterations, "reward": self.reward, "seed": self.seed}
+        return dataclasses.replace(config, **{k: v for k, v in changes.items() if v is not None})
+
+    @property
+    def num_iterations(self) -> int:
+        """Training iterations; partition it-{N} is the final one (sync and validate the last weights)."""
+        return self.train_config().iterations
+
+    def validates(self, iteration: int) -> bool:
+        """Whether iteration k's validation phase scores the held-out split (the base, every
+        validate_every iterations, and the final weights)."""
+        every = self.train_config().validate_every
+        return iteration % every == 0 or iteration >= self.num_iterations

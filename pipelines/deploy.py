@@ -1,0 +1,89 @@
+"""Resources wired by deployment: `local` (the default: files on this machine) or `cloud` (S3 + Redis + workers on SkyPilot).
+
+Read from the environment when `dagster dev` loads the definitions, or given by
+`spotlight run`'s flags. Everything is checked here, at load: an unknown deployment,
+preset, reward, store scheme, queue scheme or rollout mode fails with the allowed values.
+
+| variable | local default | cloud |
+|---|---|---|
+| SPOTLIGHT_DEPLOYMENT | local | cloud |
+| SPOTLIGHT_RUN_DIR | runs/dagster | ledger and report folder on the reserved node |
+| SPOTLIGHT_RUN | the run dir's name | run name (store prefix runs/{run}/) |
+| SPOTLIGHT_PRESET / _ITERATIONS / _REWARD | cpu_tiny / the preset's / the preset's | same |
+| SPOTLIGHT_STORE | {run dir}/store | required, s3://bucket/prefix (endpoint, credentials: boto3's configuration) |
+| SPOTLIGHT_QUEUE | {run dir}/queue.db | required, redis://host:port/db (password: SPOTLIGHT_REDIS_PASSWORD) |
+| SPOTLIGHT_LEDGER | {run dir}/ledger.duckdb | same |
+| SPOTLIGHT_ROLLOUTS | inprocess | workers (spot workers from sky/spot_workers.yaml pull from the queue) |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Optional
+
+from assets.run_config import RunConfigResource
+from resources.dagster_resources import LedgerResource, QueueResource, RolloutWorkersResource, TensorStoreResource
+
+DEPLOYMENTS = ("local", "cloud")
+
+
+class DeploymentError(ValueError):
+    """The deployment's configuration cannot work; the message says what to set."""
+
+
+def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/dagster", run: Optional[str] = None,
+                    preset: str = "cpu_tiny", iterations: Optional[int] = None, reward: Optional[str] = None,
+                    store: Optional[str] = None, queue: Optional[str] = None, ledger: Optional[str] = None,
+                    rollouts: Optional[str] = None, checkpoint: Optional[str] = None,
+                    workers: Optional[dict] = None) -> dict:
+    """The resource dict of a deployment (pydantic validates each resource as it is built)."""
+    if deployment not in DEPLOYMENTS:
+        raise DeploymentError(f"unknown deployment {deployment!r}; choose one of {DEPLOYMENTS}")
+    run_dir = Path(run_dir)
+    if deployment == "cloud":
+        if not (store or "").startswith("s3://"):
+            raise DeploymentError("the cloud deployment needs SPOTLIGHT_STORE=s3://bucket/prefix (got "
+                                  f"{store!r}); endpoint and credentials come from boto3's configuration")
+        if not (queue or "").startswith("redis://"):
+            raise DeploymentError("the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db (the Redis on the "
+                                  "reserved node); put the password in SPOTLIGHT_REDIS_PASSWORD")
+    default_mode = "workers" if deployment == "cloud" else "inprocess"
+    try:
+        return {
+            "run_config": RunConfigResource(run=run or _run_name(run_dir), preset=preset, iterations=iterations,
+                                        reward=reward, checkpoint=checkpoint),
+            "store": TensorStoreResource(url=store or str(run_dir / "store")),
+            "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
+            "ledger": LedgerResource(path=ledger or str(run_dir / "ledger.duckdb")),
+            "rollout_workers": RolloutWorkersResource(mode=rollouts or default_mode, **(workers or {})),
+        }
+    except ValueError as err:  # pydantic's ValidationError is a ValueError: keep only what the user must fix
+        raise DeploymentError(_short(err)) from None
+
+
+def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
+    """What `dagster dev` loads: the deployment described by SPOTLIGHT_* variables (table above)."""
+    iterations = env.get("SPOTLIGHT_ITERATIONS")
+    if iterations is not None and not iterations.isdigit():
+        raise DeploymentError(f"SPOTLIGHT_ITERATIONS must be a positive integer, got {iterations!r}")
+    return build_resources(
+        deployment=env.get("SPOTLIGHT_DEPLOYMENT", "local"), run_dir=env.get("SPOTLIGHT_RUN_DIR", "runs/dagster"),
+        run=env.get("SPOTLIGHT_RUN"), preset=env.get("SPOTLIGHT_PRESET", "cpu_tiny"),
+        iterations=int(iterations) if iterations else None, reward=env.get("SPOTLIGHT_REWARD"),
+        store=env.get("SPOTLIGHT_STORE"), queue=env.get("SPOTLIGHT_QUEUE"), ledger=env.get("SPOTLIGHT_LEDGER"),
+        rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"))
+
+
+def _run_name(run_dir: Path) -> str:
+    name = run_dir.resolve().name
+    return "".join(c if c.isalnum() or c in "._=+-" else "-" for c in name).lstrip(".-") or "run"
+
+
+def _short(err: ValueError) -> str:
+    """pydantic's message without its URL footer and input echo (which could hold a secret)."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(map(str, e.get('loc', ()))) or 'config'}: {e.get('msg', '')}".replace("Value error, ", "")
+                         for e in errors())
+    return str(err)

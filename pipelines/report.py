@@ -1,0 +1,119 @@
+"""The run's report folder, rebuilt from the ledger after every iteration: plots (PNG) and one HTML page.
+
+    <run-dir>/report/index.html            summary table, the plots, sample grids
+    <run-dir>/report/reward.png            training reward per iteration
+    <run-dir>/report/validation.png        held-out score per weights version
+    <run-dir>/report/cost.png              USD per iteration, spot vs reserved
+    <run-dir>/report/preemptions.png       preemption timeline per worker
+    <run-dir>/report/sync.png              bytes per weights version, dense vs PULSE
+    <run-dir>/report/grids/it-*-{rollouts,validation}.png   written by the rollouts / validation assets
+
+Example:
+    written = write_report(ledger, store, "demo", Path("runs/demo/report"))
+    print(written.index)
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from assets.metadata import bar_plot_png, line_plot_png
+from resources.ledger import Ledger
+
+
+@dataclass
+class WrittenReport:
+    index: Path
+    plots: dict[str, bytes] = field(default_factory=dict)
+
+
+def write_report(ledger: Ledger, store, run: str, out_dir: Path) -> WrittenReport:
+    """(Re)write every plot and index.html from the ledger; returns the page and the plots' PNG bytes."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = {"reward": _reward_plot(ledger), "validation": _validation_plot(ledger), "cost": _cost_plot(ledger),
+             "preemptions": _preemption_plot(ledger), "sync": _sync_plot(ledger)}
+    for name, png in plots.items():
+        (out_dir / f"{name}.png").write_bytes(png)
+    index = out_dir / "index.html"
+    index.write_text(_page(ledger, run, out_dir, list(plots)))
+    return WrittenReport(index, plots)
+
+
+def summary_rows(ledger: Ledger) -> list[dict]:
+    """One row per iteration: reward, held-out score, cost split, wall time (also the CLI's summary table)."""
+    return ledger.query("""
+        SELECT i.iteration, i.status, t.reward_mean, t.zero_std_ratio, v.score AS heldout_score,
+               c.wall_s, c.usd_total, c.usd_spot, c.usd_reserved,
+               (SELECT count(*) FROM preemptions p WHERE p.preempted_at >= i.started_at AND p.preempted_at < coalesce(i.ended_at, now())) AS preemptions,
+               s.dense_bytes, s.patch_bytes
+        FROM iterations i
+        LEFT JOIN train_steps t ON t.iteration = i.iteration AND t.step = 0
+        LEFT JOIN validation v ON v.iteration = i.iteration
+        LEFT JOIN cost_per_iteration c ON c.iteration = i.iteration
+        LEFT JOIN syncs s ON s.version = i.iteration AND s.iteration = i.iteration
+        ORDER BY i.iteration""").as_dicts()
+
+
+def _reward_plot(ledger: Ledger) -> bytes:
+    rows = ledger.query("SELECT iteration, reward_mean, reward_std FROM train_steps WHERE step = 0 ORDER BY iteration").rows
+    return line_plot_png({"reward mean": ([r[0] for r in rows], [r[1] for r in rows]),
+                          "within-group std": ([r[0] for r in rows], [r[2] for r in rows])},
+                         "training reward", "iteration", "reward")
+
+
+def _validation_plot(ledger: Ledger) -> bytes:
+    rows = ledger.query("SELECT weights_version, score FROM validation ORDER BY weights_version").rows
+    return line_plot_png({"held-out strict": ([r[0] for r in rows], [r[1] for r in rows])},
+                         "validation", "weights version", "score")
+
+
+def _cost_plot(ledger: Ledger) -> bytes:
+    rows = ledger.query("SELECT iteration, usd_spot, usd_reserved FROM cost_per_iteration ORDER BY iteration").rows
+    return bar_plot_png([str(r[0]) for r in rows], {"spot": [r[1] for r in rows], "reserved": [r[2] for r in rows]},
+                        "cost per iteration", "USD")
+
+
+def _preemption_plot(ledger: Ledger) -> bytes:
+    rows = ledger.query("""
+        SELECT worker_id, date_diff('microsecond', (SELECT min(started_at) FROM runs), preempted_at) / 1e6 AS t_s,
+               notice_s > 0 AS notice FROM preemptions ORDER BY preempted_at""").rows
+    workers = sorted({r[0] for r in rows})
+    series = {
+        label: ([r[1] for r in rows if r[2] == flag], [workers.index(r[0]) for r in rows if r[2] == flag])
+        for label, flag in (("with notice", True), ("without notice", False))
+    }
+    title = f"preemptions ({len(rows)})" if rows else "preemptions (none in this run)"
+    return line_plot_png(series, title, "seconds since the run started", "worker (index)")
+
+
+def _sync_plot(ledger: Ledger) -> bytes:
+    rows = ledger.query("SELECT version, dense_bytes, patch_bytes FROM syncs WHERE kind = 'patch' ORDER BY version").rows
+    return line_plot_png({"dense BF16": ([r[0] for r in rows], [r[1] for r in rows]),
+                          "PULSE patch": ([r[0] for r in rows], [r[2] for r in rows])},
+                         "weight sync per version", "weights version", "bytes")
+
+
+def _page(ledger: Ledger, run: str, out_dir: Path, plots: list[str]) -> str:
+    rows = summary_rows(ledger)
+    columns = ["iteration", "status", "reward_mean", "heldout_score", "usd_spot", "usd_reserved", "preemptions", "patch_bytes"]
+    head = "".join(f"<th>{c}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
+    images = "".join(f'<figure><img src="{p}.png" alt="{p}"><figcaption>{p}</figcaption></figure>' for p in plots)
+    grids = sorted((out_dir / "grids").glob("*.png")) if (out_dir / "grids").is_dir() else []
+    grid_html = "".join(f'<figure><img src="grids/{g.name}" alt="{g.stem}"><figcaption>{g.stem}</figcaption></figure>'
+                        for g in grids)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>spotlight run {html.escape(run)}</title>"
+            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+            "padding:2px 6px;text-align:right}figure{display:inline-block;margin:8px}img{image-rendering:pixelated}</style>"
+            f"</head><body><h1>spotlight run <code>{html.escape(run)}</code></h1><table><tr>{head}</tr>{body}</table>"
+            f"<h2>Curves, cost, preemptions, sync</h2>{images}<h2>Samples</h2>{grid_html}</body></html>")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))

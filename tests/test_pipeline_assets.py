@@ -1,0 +1,107 @@
+"""The iteration assets materialized in-process with the real local resources (store folder, DuckDB, SQLite)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def tiny_run(tmp_path, tiny_policy):
+    """Resources of a 2-iteration cpu_smoke run on the tiny policy, in a fresh run folder."""
+    import torch
+
+    from pipelines.deploy import build_resources
+    from workers.policy import save_policy
+
+    torch.set_num_threads(1)
+    save_policy(tiny_policy, tmp_path / "tiny")
+    return build_resources(run_dir=tmp_path / "run", run="t", preset="cpu_smoke", iterations=2,
+                           checkpoint=str(tmp_path / "tiny"))
+
+
+def test_two_iterations_fill_store_ledger_and_metadata(tiny_run, tmp_path):
+    import dagster as dg
+
+    from pipelines.run_walk import walk_iterations
+    from resources.keys import patch_key, rollouts_prefix, seed_plan_key, weights_key
+
+    outcomes = list(walk_iterations(dg.DagsterInstance.ephemeral(), tiny_run))
+    assert [o.iteration for o in outcomes] == [0, 1, 2] and not any(o.skipped for o in outcomes)
+
+    store = tiny_run["store"].get_store()
+    for v in (0, 1, 2):
+        assert store.read_manifest(weights_key("t", v)) is not None
+    for v in (1, 2):
+        assert store.read_manifest(patch_key("t", v)) is not None
+    assert len(store.list_commits(rollouts_prefix("t", 0))) == 8 and len(store.list_commits(rollouts_prefix("t", 1))) == 8
+    assert store.read_manifest(seed_plan_key("t", 2)) is not None
+
+    ledger = tiny_run["ledger"].get_ledger()
+    assert ledger.query("SELECT iteration, status FROM iterations ORDER BY 1").rows == [(0, "succeeded"), (1, "succeeded"), (2, "succeeded")]
+    assert ledger.query("SELECT status FROM runs WHERE run_id = 't'").rows == [("succeeded",)]
+    assert ledger.query("SELECT iteration, count(*) FROM requests GROUP BY 1 ORDER BY 1").rows == [(0, 8), (1, 8)]
+    assert ledger.query("SELECT weights_version FROM validation ORDER BY 1").rows == [(0,), (1,), (2,)]
+    assert ledger.query("SELECT version, kind FROM syncs ORDER BY 1").rows == [(0, "anchor"), (1, "patch"), (2, "patch")]
+    assert ledger.query("SELECT count(*) FROM train_steps").rows == [(2,)]
+    phases = {r[0] for r in ledger.query("SELECT DISTINCT phase FROM phases").rows}
+    assert phases == {"sync", "rollout", "train", "validate"}
+    assert ledger.query("SELECT count(*) FROM cost_per_iteration WHERE usd_reserved > 0").rows == [(3,)]
+
+    meta = outcomes[1].metadata
+    assert meta["weight_patch"]["sent_bytes"] < meta["weight_patch"]["dense_bytes"]
+    assert meta["rollouts"]["num_requests"] == 8 and "data:image/png;base64," in meta["rollouts"]["samples"]
+    assert meta["policy_update"]["weights_version_out"] == 2
+    assert 0.0 <= meta["validation"]["score"] <= 1.0 and meta["validation"]["phase_usd"] > 0
+    assert set(outcomes[2].metadata) == {"weight_patch", "validation", "report"}  # the final partition
+    report = tmp_path / "run" / "report"
+    assert (report / "index.html").is_file() and (report / "grids" / "it-000001-rollouts.png").is_file()
+    assert "<table>" in (report / "index.html").read_text()
+
+
+def test_asset_checks_pass_on_a_healthy_iteration(tiny_run):
+    import dagster as dg
+
+    from pipelines.run_walk import materialize_iteration
+
+    result = materialize_iteration(dg.DagsterInstance.ephemeral(), tiny_run, 0)
+    checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+              for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    assert checks == {"patch_reproduces_trainer_hash": True, "rewards_finite": True, "validation_not_below_guard": True}
+
+
+def test_a_later_iteration_without_its_predecessor_fails_with_what_to_run(tiny_run):
+    import dagster as dg
+
+    from pipelines.run_walk import materialize_iteration
+
+    result = materialize_iteration(dg.DagsterInstance.ephemeral(), tiny_run, 1)
+    assert not result.success
+    failures = [e for e in result.all_events if e.is_step_failure]
+    assert "policy_update" in str(failures[0].step_failure_data.error)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("preset", "huge", "unknown preset 'huge'"),
+    ("reward", "aesthetics", "unknown reward 'aesthetics'"),
+    ("store", "ftp://host/x", "unsupported store URL scheme 'ftp'"),
+    ("queue", "amqp://host", "unsupported queue URL scheme 'amqp'"),
+    ("rollouts", "magic", "unknown rollout mode 'magic'"),
+    ("deployment", "mars", "unknown deployment 'mars'"),
+])
+def test_bad_configuration_fails_at_load_with_the_allowed_values(tmp_path, field, value, message):
+    from pipelines.deploy import DeploymentError, build_resources
+
+    with pytest.raises(DeploymentError, match=message):
+        build_resources(run_dir=tmp_path, **{field: value})
+
+
+def test_definitions_load_from_the_environment_and_refuse_a_bad_one(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {"SPOTLIGHT_RUN_DIR": str(tmp_path), "SPOTLIGHT_PRESET": "nope", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", "import pipelines.definitions"], cwd=root, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "unknown preset 'nope'" in proc.stderr
