@@ -352,3 +352,9 @@ def bench_loco(
         emit_json(figures)
         return
     typer.echo(format_loco_report(figures))
+
+
+# `spotlight run`: the pipeline's main job (implementation in pipelines/run.py; run_cli imports only typer).
+from pipelines.run_cli import run_command  # noqa: E402
+
+app.command("run")(run_command)

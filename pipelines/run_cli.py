@@ -1,0 +1,76 @@
+"""The `spotlight run` command (registered in pipelines/cli.py). Only typer at import time: `--help` stays instant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def run_command(
+    iterations: Optional[int] = typer.Option(None, help="Training iterations (default: the preset's)."),
+    preset: Optional[str] = typer.Option(None, help="Training preset (workers/presets.py; default cpu_tiny)."),
+    store: Optional[str] = typer.Option(None, help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."),
+    queue: Optional[str] = typer.Option(None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."),
+    run_dir: Path = typer.Option(Path("runs/run"), "--run-dir", help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir from its first unfinished iteration."),
+    rollouts: Optional[str] = typer.Option(None, help="Who samples: inprocess (the trainer, batched; default) or local_cluster (worker processes with injected preemptions)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="local_cluster: rollout worker processes (default 2)."),
+    preemptions_per_hour: Optional[float] = typer.Option(None, help="local_cluster: preemptions per worker-hour (default 60)."),
+    checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+) -> None:
+    """Post-train with the Dagster pipeline's assets in this process: sync -> rollout -> train (+ explore) -> validate, per iteration."""
+    import time
+
+    from rich.console import Console
+
+    from pipelines.run import RunSpec, execute
+
+    console = Console(stderr=True)
+    if rollouts is not None and rollouts not in ("inprocess", "local_cluster"):
+        raise typer.BadParameter(f"--rollouts must be inprocess or local_cluster, got {rollouts!r}")
+    asked = {"preset": preset, "iterations": iterations, "store": store, "queue": queue, "rollouts": rollouts,
+             "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour}
+    try:
+        spec = RunSpec.resolve(run_dir, resume=resume, **asked)
+        spec.resources()  # every name and URL checked before any compute
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    started = time.perf_counter()
+    result = execute(spec, console, on_iteration=lambda o: console.print(_line(o)))
+    _print_summary(console, result, time.perf_counter() - started)
+
+
+def _line(outcome) -> str:
+    if outcome.skipped:
+        return f"it {outcome.iteration:>3}  done earlier (resumed)"
+    meta = outcome.metadata
+    parts = [f"it {outcome.iteration:>3}"]
+    if "rollouts" in meta:
+        parts.append(f"reward {meta['rollouts']['reward_mean']:.3f}")
+    if meta.get("validation", {}).get("validated", True) and "score" in meta.get("validation", {}):
+        parts.append(f"held-out {meta['validation']['score']:.3f}")
+    parts.append(f"sync {meta['weight_patch']['sent_bytes'] / 1024:.0f} KiB")
+    parts.append(f"{outcome.seconds:.1f} s")
+    return "  ".join(parts)
+
+
+def _print_summary(console, result: dict, wall_s: float) -> None:
+    from rich.table import Table
+
+    table = Table("it", "reward", "held-out", "USD spot", "USD reserved", "preempt.", "dense B", "PULSE B", title="spotlight run")
+    for r in result["rows"]:
+        table.add_row(str(r["iteration"]), _num(r["reward_mean"]), _num(r["heldout_score"]), _num(r["usd_spot"]),
+                      _num(r["usd_reserved"]), str(r["preemptions"]), str(r["dense_bytes"] or ""), str(r["patch_bytes"] or ""))
+    Console = type(console)
+    Console().print(table)
+    cost = result["cost"]
+    console.print(f"wall {wall_s / 60:.1f} min; cost ${cost['usd_total']:.4f} (spot ${cost['usd_spot']:.4f}, "
+                  f"reserved ${cost['usd_reserved']:.4f})")
+    console.print(f"report: {result['report']}")
+    console.print(f"ledger: spotlight ledger \"SELECT * FROM validation_curve\" --db {result['ledger']}")
+
+
+def _num(value) -> str:
+    return "" if value is None else f"{value:.4g}"
