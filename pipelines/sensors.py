@@ -19,7 +19,7 @@ from assets.run_config import RunConfigResource
 ITERATIONS_TAG = "spotlight/iterations"
 
 iteration_job = dg.define_asset_job(
-    "iteration", selection=ITERATION_ASSETS,
+    "iteration", selection=ITERATION_ASSETS, executor_def=dg.in_process_executor,
     description="One GRPO iteration: sync, rollout, train, explore, validate, report.",
 )
 
