@@ -157,3 +157,23 @@ def test_a_replica_started_from_a_start_state_continues_exactly_like_the_run_tha
     clone.local_step(3)
     for (name, a), b in zip(original.model.named_parameters(), clone.model.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_bench_summary_divides_diloco_and_ddp_bytes_by_pulseloco_bytes():
+    from workers.pulse.loco_bench import summarise
+    from workers.pulse.loco_launch import LocoRun
+
+    sent = {"ddp": (8000, 1.0), "diloco": (1000, 1.0), "pulseloco": (50, 0.05)}
+    events = []
+    for mode, (size, density) in sent.items():
+        for replica in (0, 1):
+            events.append({"event": "start", "mode": mode, "replica": replica, "eval_metric": 1.0, "eval_stderr": 0.1})
+            events.append({"event": "round", "mode": mode, "replica": replica, "round": 0, "bytes_sent": size,
+                           "density": density, "values_sent": 10, "numel": 200, "encode_s": 0.0, "sync_s": 0.0,
+                           "weights_hash": mode, "eval_metric": 1.0, "eval_stderr": 0.1, "train_metric": 0.0})
+    config = LocoRunConfig(modes=("ddp", "diloco", "pulseloco"), rounds=1, inner_steps=8)
+    figures = summarise(config, LocoRun(events, {0: 0, 1: 0}, 1.0))
+    assert figures["bytes_ratio_vs_diloco"] == 20.0
+    assert figures["bytes_ratio_vs_ddp"] == 160.0
+    assert figures["sparsity"] == pytest.approx(0.95)
+    assert figures["targets_met"] == {"bytes_ratio_vs_diloco": True, "bytes_ratio_vs_ddp": True, "sparsity": True}

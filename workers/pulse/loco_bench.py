@@ -49,10 +49,11 @@ def lm_runs(quick: bool) -> dict[str, LocoRunConfig]:
 def dit_runs(quick: bool) -> dict[str, LocoRunConfig]:
     """(a) The shipped tiny DiT under GRPO at lr 3e-6 (PULSE's RL regime), fresh AdamW on each replica."""
     if quick:
-        task = TaskConfig(name="dit", lr=3e-6, batch_size=2, group_size=2, eval_batches=2)
+        task = TaskConfig(name="dit", lr=3e-6, batch_size=1, group_size=2, eval_batches=1)
         return {"lr=3e-06": LocoRunConfig(modes=MODES, rounds=1, inner_steps=2, task=task)}
-    task = TaskConfig(name="dit", lr=3e-6, batch_size=4, group_size=4, eval_batches=8)
-    return {"lr=3e-06": LocoRunConfig(modes=MODES, rounds=3, inner_steps=8, task=task)}
+    # Sized for the shared 2-core machine: 2 rounds of H=8 GRPO steps, 2 prompts x 4 samples each.
+    task = TaskConfig(name="dit", lr=3e-6, batch_size=2, group_size=4, eval_batches=4)
+    return {"lr=3e-06": LocoRunConfig(modes=MODES, rounds=2, inner_steps=8, task=task)}
 
 
 def run_loco_bench(quick: bool = False, dit: bool = True, lm: bool = True, out: Path | None = None) -> dict:
@@ -83,7 +84,7 @@ def summarise(config: LocoRunConfig, run: LocoRun) -> dict:
                  "transport": config.transport, "wall_s": run.wall_s, "modes": {}}
     for mode in config.modes:
         out["modes"][mode] = _mode_figures(run, mode)
-    pulse, diloco, ddp = (out["modes"][m] for m in MODES)
+    ddp, diloco, pulse = (out["modes"][m] for m in MODES)
     out["numel"] = pulse["numel"]
     out["bytes_ratio_vs_diloco"] = diloco["bytes_per_replica"] / pulse["bytes_per_replica"]
     out["bytes_ratio_vs_ddp"] = ddp["bytes_per_replica"] / pulse["bytes_per_replica"]
