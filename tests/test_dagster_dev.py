@@ -116,7 +116,7 @@ def test_headless_chromium_screenshots_the_asset_graph(dagster_dev):
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium); the pipeline itself was checked")
     out = tmp / "asset_graph.png"
-    url = f"http://127.0.0.1:{port}/asset-groups/iteration"
+    url = f"http://127.0.0.1:{port}/locations/__repository__@{LOCATION}/asset-groups/iteration"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
                     "--virtual-time-budget=20000", f"--screenshot={out}", url], check=True, timeout=180,
                    capture_output=True)

@@ -6,6 +6,7 @@ Example:
 
 from __future__ import annotations
 
+from resources.keys import weights_key
 from resources.store import TensorStore
 from workers.rollout_batch import PlannedRequest, load_batch
 from workers.train_state import load_checkpoint, restore_optimizer, save_checkpoint
@@ -24,4 +25,8 @@ def train_iteration(store: TensorStore, run: str, config: TrainConfig, iteration
     batch = load_batch(store, run, config, iteration, requests)
     stats = {**trainer.batch_stats(batch), **trainer.update(batch)}
     stats["checkpoint_bytes"] = save_checkpoint(store, run, iteration + 1, policy, trainer.optimizer)
+    if iteration >= 2:
+        # Only versions k, k+1 (a redone iteration k needs k) and 0 (the KL reference) stay: FP32
+        # weights plus AdamW state are 3x the model, per version. Older weights live on in the PULSE chain.
+        store.delete_commit(weights_key(run, iteration - 1))
     return stats

@@ -61,12 +61,14 @@ def publish_version(store: TensorStore, run: str, version: int, *, anchor_every:
     if version == 0:
         policy = load_policy(base or SHIPPED_BASE)
         save_checkpoint(store, run, 0, policy)
-        previous = None
     else:
         policy, _ = load_checkpoint(store, run, version)
-        previous = bf16_weights(load_checkpoint(store, run, version - 1)[0])
     chain = StoreChain(store, run, policy_config=dataclasses.asdict(policy.config), anchor_every=anchor_every)
     config = ChainConfig(anchor_every=anchor_every)
+    previous = None
+    if version > 0:  # the previous version as receivers hold it: from the chain, not an old checkpoint
+        previous = {}
+        sync_weights(previous, None, version - 1, chain, config)
     publisher = ChainPublisher(chain, config, last_version=None if previous is None else version - 1, last_state=previous)
     current = bf16_weights(policy)
     publisher.publish(version, current)

@@ -1,0 +1,30 @@
+"""The rollout phase through the queue and a local cluster of rollout worker processes."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.slow
+def test_rollouts_through_a_local_cluster_land_in_store_and_ledger(tmp_path, tiny_policy):
+    import dagster as dg
+
+    from pipelines.deploy import build_resources
+    from pipelines.run_walk import materialize_iteration
+    from resources.keys import rollouts_prefix
+    from workers.policy import save_policy
+
+    save_policy(tiny_policy, tmp_path / "tiny")
+    resources = build_resources(run_dir=tmp_path / "run", run="c", preset="cpu_smoke", iterations=1,
+                                checkpoint=str(tmp_path / "tiny"), rollouts="local_cluster",
+                                workers={"num_workers": 2, "num_reserved": 1, "preemptions_per_hour": 0.0,
+                                         "log_dir": str(tmp_path / "logs")})
+    result = materialize_iteration(dg.DagsterInstance.ephemeral(), resources, 0)
+    assert result.success
+    assert len(resources["store"].get_store().list_commits(rollouts_prefix("c", 0))) == 8
+    ledger = resources["ledger"].get_ledger()
+    workers = ledger.query("SELECT worker_id, spot, end_reason FROM workers WHERE role = 'rollout' ORDER BY 1").rows
+    assert workers == [("it0w0.0", False, "finished"), ("it0w1.0", True, "finished")]
+    producers = {r[0] for r in ledger.query("SELECT DISTINCT worker_id FROM requests").rows}
+    assert producers <= {"it0w0.0", "it0w1.0"} and producers
+    assert ledger.query("SELECT usd_spot > 0, usd_reserved > 0 FROM cost_per_iteration").rows == [(True, True)]
