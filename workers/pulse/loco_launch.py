@@ -117,7 +117,14 @@ def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None 
         if die_at and replica in die_at:
             command += ["--die-at-round", str(die_at[replica])]
         processes[replica] = subprocess.Popen(command, env=env)
-    exit_codes = {r: p.wait(timeout=timeout_s) for r, p in processes.items()}
+    try:
+        deadline = time.monotonic() + timeout_s
+        exit_codes = {r: p.wait(timeout=max(0.0, deadline - time.monotonic())) for r, p in processes.items()}
+    finally:
+        for process in processes.values():  # on timeout or interrupt: no replica outlives its launcher
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     events = [json.loads(line) for report in reports if report.exists() for line in report.read_text().splitlines()]
     return LocoRun(events, exit_codes, time.perf_counter() - started)
 

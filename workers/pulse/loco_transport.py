@@ -52,6 +52,8 @@ class ExchangeConfig:
 
     timeout_s: float = 120.0
     """Seconds a round waits for every member's payload."""
+    join_timeout_s: float = 600.0
+    """Seconds the first exchange waits instead (replicas start at different times, e.g. spot nodes)."""
     missing_policy: str = "survivors"
     """survivors: close the round with those present after timeout_s; wait: raise RoundTimeoutError."""
     poll_s: float = 0.05
@@ -60,6 +62,8 @@ class ExchangeConfig:
     def __post_init__(self) -> None:
         if not 0 < self.timeout_s <= 86_400:
             raise ValueError(f"ExchangeConfig.timeout_s must be in (0, 86400], got {self.timeout_s}")
+        if not 0 < self.join_timeout_s <= 86_400:
+            raise ValueError(f"ExchangeConfig.join_timeout_s must be in (0, 86400], got {self.join_timeout_s}")
         if self.missing_policy not in MISSING_POLICIES:
             raise ValueError(f"ExchangeConfig.missing_policy must be one of {MISSING_POLICIES}, got {self.missing_policy!r}")
         if not 0 < self.poll_s <= self.timeout_s:
@@ -86,13 +90,15 @@ class StoreExchange:
         self.store, self.prefix, self.replica, self.config = store, check_key(prefix), replica, config
         self.members = tuple(range(num_replicas))
         """Replicas expected next round: shrinks when a round closes without some."""
+        self.joined = False
+        """True after the first round closed (later rounds wait timeout_s, the first join_timeout_s)."""
 
     def exchange(self, round_index: int, payload: bytes) -> RoundResult:
         if self.replica not in self.members:
             raise ReplicaExcludedError(f"replica {self.replica} left the group before round {round_index}")
         self.store.publish(self._payload_key(round_index, self.replica), {PAYLOAD_NAME: payload}, exclusive=True)
         members = self._await_close(round_index)
-        self.members = members
+        self.members, self.joined = members, True
         if self.replica not in members:
             raise ReplicaExcludedError(
                 f"round {round_index} closed with replicas {list(members)} before replica {self.replica}'s payload; "
@@ -102,7 +108,8 @@ class StoreExchange:
 
     def _await_close(self, round_index: int) -> tuple[int, ...]:
         """Members of the committed close record, committing it ourselves when it is due."""
-        deadline = time.monotonic() + self.config.timeout_s
+        timeout_s = self.config.timeout_s if self.joined else self.config.join_timeout_s
+        deadline = time.monotonic() + timeout_s
         close_key = f"{self._round_key(round_index)}/close"
         while True:
             manifest = self.store.read_manifest(close_key)
@@ -117,7 +124,7 @@ class StoreExchange:
             if timed_out:
                 missing = sorted(set(self.members) - set(present))
                 raise RoundTimeoutError(
-                    f"round {round_index}: replicas {missing} did not publish within timeout_s={self.config.timeout_s} "
+                    f"round {round_index}: replicas {missing} did not publish within {timeout_s} s "
                     "(missing_policy='wait'; use 'survivors' to continue without them)"
                 )
             time.sleep(self.config.poll_s)
@@ -145,19 +152,21 @@ class GlooExchange:
         import torch.distributed as dist
 
         self.dist, self.replica, self.num_replicas = dist, replica, num_replicas
+        self.round_timeout = datetime.timedelta(seconds=config.timeout_s)
+        # Joining waits join_timeout_s; each collective then waits timeout_s (Work.wait below).
         dist.init_process_group("gloo", init_method=init_method, rank=replica, world_size=num_replicas,
-                                timeout=datetime.timedelta(seconds=config.timeout_s))
+                                timeout=datetime.timedelta(seconds=max(config.join_timeout_s, config.timeout_s)))
 
     def exchange(self, round_index: int, payload: bytes) -> RoundResult:
         try:
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.num_replicas)]
-            self.dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64))
+            self.dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), async_op=True).wait(self.round_timeout)
             longest = int(max(size.item() for size in sizes))
             mine = torch.zeros(longest, dtype=torch.uint8)
             if payload:
                 mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.num_replicas)]
-            self.dist.all_gather(gathered, mine)
+            self.dist.all_gather(gathered, mine, async_op=True).wait(self.round_timeout)
         except RuntimeError as err:  # gloo: peer closed the connection, or the collective timed out
             raise RoundTimeoutError(f"round {round_index}: a replica did not take part ({err})") from err
         return RoundResult({r: gathered[r][: int(sizes[r].item())].numpy().tobytes() for r in range(self.num_replicas)})
