@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import time
 from typing import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 from resources.keys import iteration_label
 from resources.ledger import Ledger
@@ -31,10 +32,21 @@ def begin_iteration(ledger: Ledger, config, store_url: str, queue_url: str | Non
     """Run row (first start time kept), the reserved node's lifetime for this iteration, the iteration row."""
     recorded = {"train": dataclasses.asdict(config.train_config()), "iterations": config.num_iterations,
                 "anchor_every": config.anchor_every, "checkpoint": config.checkpoint}
-    ledger.start_run(config.run, preset=config.preset, config=recorded, store_url=store_url, queue_url=queue_url)
+    ledger.start_run(config.run, preset=config.preset, config=recorded, store_url=store_url, queue_url=public_url(queue_url))
     ledger.start_worker(reserved_worker_id(iteration), role="trainer", instance_type="reserved-node", spot=False,
                         num_gpus=0, usd_per_hour=config.reserved_usd_per_hour)
     ledger.start_iteration(iteration, weights_version=iteration)
+
+
+def public_url(url: str | None) -> str | None:
+    """The URL without a password (a redis:// queue URL may carry one; the ledger must not)."""
+    if not url:
+        return url
+    parsed = urlsplit(url)
+    if parsed.password is None:
+        return url
+    host = parsed.hostname + (f":{parsed.port}" if parsed.port else "")
+    return urlunsplit(parsed._replace(netloc=host))
 
 
 def end_iteration(ledger: Ledger, config, iteration: int) -> None:

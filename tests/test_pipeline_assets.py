@@ -105,3 +105,10 @@ def test_definitions_load_from_the_environment_and_refuse_a_bad_one(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import pipelines.definitions"], cwd=root, env=env,
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "unknown preset 'nope'" in proc.stderr
+
+
+def test_queue_password_never_reaches_the_ledger():
+    from assets.bookkeeping import public_url
+
+    assert public_url("redis://:s3cret@reserved:6379/0") == "redis://reserved:6379/0"
+    assert public_url("runs/demo/queue.db") == "runs/demo/queue.db"
