@@ -46,7 +46,9 @@ def dagster_dev(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "SPOTLIGHT_RUN_DIR": str(tmp_path / "run"),
            "SPOTLIGHT_RUN": "ui", "SPOTLIGHT_PRESET": "cpu_smoke", "SPOTLIGHT_ITERATIONS": "1",
-           "SPOTLIGHT_CHECKPOINT": str(tmp_path / "tiny"), "OMP_NUM_THREADS": "1"}
+           "SPOTLIGHT_CHECKPOINT": str(tmp_path / "tiny"), "OMP_NUM_THREADS": "1",
+           # On a saturated CPU the code server needs more than the default 60 s to launch a run.
+           "DAGSTER_GRPC_TIMEOUT_SECONDS": "300"}
     dagster = Path(sys.executable).parent / "dagster"
     log = open(tmp_path / "dagster.log", "w")
     proc = subprocess.Popen([str(dagster), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)], cwd=ROOT, env=env,
