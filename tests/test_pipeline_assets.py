@@ -112,3 +112,13 @@ def test_queue_password_never_reaches_the_ledger():
 
     assert public_url("redis://:s3cret@reserved:6379/0") == "redis://reserved:6379/0"
     assert public_url("runs/demo/queue.db") == "runs/demo/queue.db"
+
+
+def test_sensor_requests_the_next_iteration_then_the_final_one_then_stops():
+    from pipelines.sensors import next_iteration_request
+
+    key, request = next_iteration_request("demo", "it-000000", target=2)
+    assert key == "it-000001" and request.run_key == "demo/it-000001" and request.asset_selection is None
+    key, request = next_iteration_request("demo", "it-000001", target=2)
+    assert key == "it-000002" and {k.to_user_string() for k in request.asset_selection} == {"weight_patch", "validation", "report"}
+    assert next_iteration_request("demo", "it-000002", target=2) is None
