@@ -3,7 +3,7 @@
 Workers never open the ledger (DuckDB admits one writing process): they print JSON
 event lines, and the cluster process, the ledger's single writer, turns them into rows:
 one `workers` row per process (labels and price), one `attempts` row per delivery of a
-request, one `preemptions` row per preemption with the denoising work it cost, and at
+request (written when the attempt ends: one write per attempt keeps up with busy workers), one `preemptions` row per preemption with the denoising work it cost, and at
 the end one `requests` row per result found in the store (`record_results`).
 
 Example:
@@ -69,7 +69,6 @@ class WorkTracker:
             p.request_id, p.attempt, p.started_at = event["request_id"], event["attempt"], t
             p.resumed_from_step = p.step = p.committed_step = event["resumed_from_step"]
             p.uncommitted_s, p.preempted_event = [], None
-            self._attempt(event["worker_id"], p, t_end=None, outcome="running")
         elif kind == "step":
             p.step = event["step"]
             p.uncommitted_s.append(event["step_s"])
