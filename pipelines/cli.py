@@ -358,3 +358,19 @@ def bench_loco(
 from pipelines.run_cli import run_command  # noqa: E402
 
 app.command("run")(run_command)
+
+
+@bench_app.command("preemption")
+def bench_preemption(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="A tiny random policy and fewer trials: a smoke run."),
+    with_throughput: bool = typer.Option(True, "--throughput/--no-throughput", help="Also time pull vs static assignment with worker processes."),
+) -> None:
+    """Lost denoising work per preemption with and without state commitment, commit overhead, pull vs static throughput."""
+    from workers.bench_preemption import format_preemption_report, run_preemption_bench
+
+    figures = run_preemption_bench(quick=quick, with_throughput=with_throughput)
+    if as_json:
+        emit_json(figures)
+        return
+    typer.echo(format_preemption_report(figures))
