@@ -43,6 +43,8 @@ def dagster_dev(tmp_path_factory):
     tiny = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     save_policy(build_policy(tiny, seed=0), tmp_path / "tiny")
     (tmp_path / "home").mkdir()
+    # No onboarding modal over the graph in the screenshot, no telemetry from a test.
+    (tmp_path / "home" / "dagster.yaml").write_text("nux:\n  enabled: false\ntelemetry:\n  enabled: false\n")
     port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "SPOTLIGHT_RUN_DIR": str(tmp_path / "run"),
            "SPOTLIGHT_RUN": "ui", "SPOTLIGHT_PRESET": "cpu_smoke", "SPOTLIGHT_ITERATIONS": "1",
