@@ -172,10 +172,10 @@ def bench_rollout(
     batch_size: int = typer.Option(64, help="Requests sampled together."),
     num_steps: int = typer.Option(8, help="Denoising steps."),
     repeats: int = typer.Option(3, help="Timed repetitions (after one warm-up)."),
-    full_sde: bool = typer.Option(False, "--full-sde", help="Train every step (Flow-GRPO), not the preset's SDE window."),
+    full_sde: bool = typer.Option(False, "--full-sde", help="Flow-GRPO instead: SDE rollouts, every step trained."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Rollout throughput (samples/s) and GRPO update time on this machine (cpu_tiny settings)."""
+    """Rollout throughput (samples/s) and GRPO update time on this machine (cpu_tiny settings: ODE rollouts, NFT)."""
     from workers.bench_rollout import bench_rollout as run
 
     try:

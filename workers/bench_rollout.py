@@ -10,18 +10,19 @@ import torch
 import dataclasses
 
 from workers.policy import load_policy
-from workers.presets import cpu_tiny
+from workers.presets import cpu_tiny, cpu_tiny_flow_grpo
 from workers.sampler import resolve_forward_dtype
 from workers.trainer import GRPOTrainer, TrainConfig
 
 
 def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, full_sde: bool = False) -> dict:
-    """Median seconds of a batch rollout (SDE, log-probs, reward) and of one GRPO update on it,
-    with the cpu_tiny preset's sampler and optimizer (full_sde: train every step, not its window)."""
+    """Median seconds of a batch rollout (with reward) and of one GRPO update on it, with the
+    cpu_tiny preset's sampler and objective (ODE rollouts, NFT update); full_sde: Flow-GRPO's
+    preset with every step sampled by the SDE and trained instead."""
     if batch_size < 8 or batch_size % 8 or repeats < 1:
         raise ValueError("batch_size must be a multiple of 8 (groups of 8) and repeats >= 1")
     policy = load_policy()
-    preset = cpu_tiny()
+    preset = cpu_tiny_flow_grpo() if full_sde else cpu_tiny()
     window = None if full_sde else preset.sampler.sde_window
     sampler = dataclasses.replace(preset.sampler, num_steps=num_steps, sde_window=window)
     config = TrainConfig(prompts_per_iteration=batch_size // 8, group_size=8, sampler=sampler, grpo=preset.grpo)
@@ -40,6 +41,7 @@ def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, fu
     return {
         "batch_size": batch_size,
         "num_steps": num_steps,
+        "objective": preset.grpo.objective,
         "sde_steps": len(sampler.sde_steps),
         "forward_dtype": resolve_forward_dtype(sampler.forward_dtype, torch.device("cpu")),
         "rollout_s": round(med_roll, 4),
