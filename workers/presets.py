@@ -15,13 +15,13 @@ from workers.trainer import TrainConfig
 
 
 def cpu_tiny() -> TrainConfig:
-    """The default: the shipped 2.5M-parameter base on 2 CPU cores, 30 iterations.
+    """The default: the shipped 2.5M-parameter base on 2 CPU cores, 20 iterations.
 
     The NFT objective (advantage-weighted flow matching) on deterministic ODE rollouts,
     the sampler validation uses. Why, and what it has achieved: docs/RECIPE.md.
     """
     return TrainConfig(
-        iterations=30,
+        iterations=20,
         prompts_per_iteration=8,
         group_size=8,
         reward="minigeneval",
@@ -37,7 +37,7 @@ def cpu_tiny_flow_grpo() -> TrainConfig:
     """Flow-GRPO's recipe on the same budget: SDE rollouts (noise level 0.7) on a 4-step window,
     PPO-clip on the step log-probs. Kept for comparison (docs/RECIPE.md)."""
     return TrainConfig(
-        iterations=30,
+        iterations=20,
         prompts_per_iteration=8,
         group_size=8,
         reward="minigeneval",
