@@ -37,8 +37,15 @@ def run_command(
         spec.resources()  # every name and URL checked before any compute
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    from pipelines.run_walk import IterationFailedError
+
     started = time.perf_counter()
-    result = execute(spec, console, on_iteration=lambda o: console.print(_line(o)))
+    try:
+        result = execute(spec, console, on_iteration=lambda o: console.print(_line(o)))
+    except (IterationFailedError, KeyboardInterrupt) as err:
+        console.print(f"spotlight run stopped: {err or 'interrupted'}")
+        console.print(f"continue it with: spotlight run --run-dir {spec.run_dir} --resume")
+        raise typer.Exit(1) from None
     _print_summary(console, result, time.perf_counter() - started)
 
 

@@ -48,8 +48,9 @@ def materialize_iteration(instance: dg.DagsterInstance, resources: dict, iterati
     key = partition_key(iteration)
     instance.add_dynamic_partitions(ITERATIONS.name, [key])
     selection = FINAL_ASSETS if iteration >= target else ITERATION_ASSETS
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the CLI draws its own progress
     return dg.materialize(ITERATION_ASSETS, selection=selection, partition_key=key, resources=resources,
-                          instance=instance, tags={ITERATIONS_TAG: str(target)}, raise_on_error=False)
+                          instance=instance, tags={ITERATIONS_TAG: str(target)}, raise_on_error=False, run_config=quiet)
 
 
 def walk_iterations(instance: dg.DagsterInstance, resources: dict) -> Iterator[IterationOutcome]:
