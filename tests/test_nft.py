@@ -90,6 +90,11 @@ def test_flow_grpo_on_the_ode_is_refused_with_a_pointer_to_nft():
         TrainConfig(sampler=SamplerConfig(noise_level=0.0), grpo=GRPOConfig(objective="flow_grpo"))
 
 
+def test_a_kl_weight_with_nft_is_refused_instead_of_ignored():
+    with pytest.raises(ValueError, match="kl_beta"):
+        TrainConfig(sampler=SamplerConfig(noise_level=0.0), grpo=GRPOConfig(objective="nft", kl_beta=0.04))
+
+
 @pytest.mark.parametrize("field,value", [("objective", "ppo"), ("nft_beta", 0.0), ("nft_timesteps", 0),
                                          ("nft_adv_scale", -1.0)])
 def test_bad_nft_config_names_the_field(field, value):

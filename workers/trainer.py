@@ -58,6 +58,9 @@ class TrainConfig:
         if self.grpo.objective == "flow_grpo" and not self.sampler.sde_steps:
             raise ValueError("sampler.noise_level must be > 0 for objective 'flow_grpo': the ODE has no "
                              "log-probs (use grpo.objective='nft' to train on ODE rollouts)")
+        if self.grpo.objective == "nft" and self.grpo.kl_beta > 0:
+            raise ValueError("grpo.kl_beta is Flow-GRPO's KL on the SDE step means; the 'nft' objective has its "
+                             "own trust region (nft_beta) and no KL term: set kl_beta=0")
         if self.validate_every < 1 or self.validation_seeds < 1:
             raise ValueError("validate_every and validation_seeds must be >= 1")
         get_reward(self.reward)  # an unknown reward fails here, before any compute
