@@ -11,7 +11,7 @@ REQUEST_STATUSES = ("done", "failed", "cancelled")
 ATTEMPT_OUTCOMES = ("running", "done", "preempted", "lease_expired", "failed", "cancelled")
 WORKER_ROLES = ("rollout", "explore", "trainer", "coordinator", "node_agent")
 WORKER_END_REASONS = ("finished", "preempted", "failed", "scaled_down", "interrupted")
-SYNC_KINDS = ("patch", "anchor", "dense")
+SYNC_KINDS = ("patch", "anchor", "dense", "ddp", "diloco", "pulseloco")
 
 Timestamp = datetime | float | None
 """A datetime (naive = UTC), POSIX seconds (time.time()), or None for now."""
@@ -143,12 +143,13 @@ class PreemptionRecord:
 
 @dataclass(frozen=True)
 class SyncRecord:
-    """One weights publication: a PULSE patch, a full anchor, or a dense copy."""
+    """One weights publication (a PULSE patch, a full anchor, a dense copy), or one
+    multi-trainer round's payload from one replica (ddp, diloco, pulseloco)."""
 
     version: int
     """Weights version reached."""
     kind: str
-    """patch, anchor or dense."""
+    """patch, anchor or dense (weights sync); ddp, diloco or pulseloco (trainer sync)."""
     dense_bytes: int
     """Size of the full BF16 weights (what a dense sync would send)."""
     patch_bytes: int
@@ -163,10 +164,12 @@ class SyncRecord:
     """Seconds to apply on a worker (including the hash check)."""
     weights_hash: str | None = None
     """xxh3-128 of the weights at `version`."""
+    replica: int = 0
+    """Sending replica of a multi-trainer round (0 for a weights sync)."""
 
     def __post_init__(self) -> None:
         check_choice(self.kind, SYNC_KINDS, "SyncRecord.kind")
-        check_non_negative(self, "dense_bytes", "patch_bytes", "encode_s", "apply_s")
+        check_non_negative(self, "dense_bytes", "patch_bytes", "encode_s", "apply_s", "replica")
         check_fraction(self, "changed_fraction")
 
 
@@ -190,9 +193,23 @@ class ExplorationRecord:
     """Agreement of stale-weight seed ranking with fresh weights (pairwise concordance)."""
     ucb_score: float | None = None
     """UCB value of the chosen arm when it was chosen."""
+    seeds_per_prompt: int | None = None
+    """Candidate seeds explored per prompt (the arm's M)."""
+    cache_level: str | None = None
+    """The arm's cheap-sampler setting (cache hook and/or step count)."""
+    overhead_s: float | None = None
+    """Seconds exploration added to the critical path (0 when it fit beside training)."""
+    variance_gain: float | None = None
+    """Reward variance of the planned groups in the real rollout over that of random seeds."""
+    kendall_tau: float | None = None
+    """Kendall tau between stale (explored) and fresh (rollout) rewards of the same seeds."""
+    spearman_rho: float | None = None
+    """Spearman rho between the same."""
+    fallback_random: bool | None = None
+    """True when rank consistency was too low and the plan fell back to random seeds."""
 
     def __post_init__(self) -> None:
-        check_non_negative(self, "budget_s", "time_used_s", "num_requests", "reward_variance")
+        check_non_negative(self, "budget_s", "time_used_s", "num_requests", "reward_variance", "seeds_per_prompt", "overhead_s", "variance_gain")
         check_fraction(self, "rank_consistency")
 
 

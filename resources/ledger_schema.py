@@ -8,6 +8,10 @@ History:
     v0  first layout: per-criterion validation scores in a JSON column.
     v1  per-criterion scores in the long table `validation_scores` (plain GROUP BY
         instead of JSON functions); adds `requests.status`, `attempts`, `train_steps`.
+    v2  `syncs.replica` (multi-trainer sync: one row per replica and round, key
+        (version, kind, replica)); exploration gains the bandit's view of an iteration:
+        seeds per prompt, cache level, critical-path overhead, variance gain over random
+        seeds, Kendall tau / Spearman rho of stale vs fresh rewards, random fallback.
 Views are derived data: they are dropped and re-created by every upgrade.
 """
 
@@ -17,7 +21,7 @@ from typing import Callable
 
 import duckdb
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PHASES = ("sync", "rollout", "train", "explore", "validate")
 
 
@@ -83,8 +87,26 @@ CREATE TABLE train_steps (
     grad_norm DOUBLE, learning_rate DOUBLE, duration_s DOUBLE, PRIMARY KEY (iteration, step));
 """
 
+_V2_CHANGES = """
+CREATE TABLE syncs_v2 (
+    version INTEGER NOT NULL, kind VARCHAR NOT NULL, replica INTEGER NOT NULL DEFAULT 0, iteration INTEGER,
+    dense_bytes BIGINT NOT NULL, patch_bytes BIGINT NOT NULL, changed_fraction DOUBLE,
+    encode_s DOUBLE, apply_s DOUBLE, weights_hash VARCHAR, PRIMARY KEY (version, kind, replica));
+INSERT INTO syncs_v2 (version, kind, replica, iteration, dense_bytes, patch_bytes, changed_fraction, encode_s, apply_s, weights_hash)
+    SELECT version, kind, 0, iteration, dense_bytes, patch_bytes, changed_fraction, encode_s, apply_s, weights_hash FROM syncs;
+DROP TABLE syncs;
+ALTER TABLE syncs_v2 RENAME TO syncs;
+ALTER TABLE exploration ADD COLUMN seeds_per_prompt INTEGER;
+ALTER TABLE exploration ADD COLUMN cache_level VARCHAR;
+ALTER TABLE exploration ADD COLUMN overhead_s DOUBLE;
+ALTER TABLE exploration ADD COLUMN variance_gain DOUBLE;
+ALTER TABLE exploration ADD COLUMN kendall_tau DOUBLE;
+ALTER TABLE exploration ADD COLUMN spearman_rho DOUBLE;
+ALTER TABLE exploration ADD COLUMN fallback_random BOOLEAN;
+"""
+
 # Version -> SQL that upgrades a ledger from version-1 (or from empty for 0).
-MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES}
+MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES}
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION + 1))
 
 _NOW = "(current_timestamp AT TIME ZONE 'UTC')"

@@ -150,6 +150,14 @@ def test_rerecording_rows_replaces_them_instead_of_duplicating(filled: Ledger) -
     assert counts == {"r": 16, "i": 2, "v": 4, "runs": 1}
 
 
+def test_each_replica_of_a_trainer_round_keeps_its_own_sync_row(mem_ledger: Ledger) -> None:
+    for replica, sent in ((0, 300), (1, 280)):
+        mem_ledger.record_sync(SyncRecord(4, "pulseloco", 10_000, sent, iteration=4, replica=replica))
+    mem_ledger.record_sync(SyncRecord(4, "pulseloco", 10_000, 290, iteration=4, replica=1))  # a re-record replaces
+    assert rows(mem_ledger, "SELECT replica, patch_bytes FROM syncs ORDER BY replica") == [
+        {"replica": 0, "patch_bytes": 300}, {"replica": 1, "patch_bytes": 290}]
+
+
 def test_worker_priced_from_the_table_records_price_and_source(mem_ledger: Ledger) -> None:
     usd = mem_ledger.start_worker("w", role="rollout", instance_type="a3-highgpu-8g", gpu_type="h100", num_gpus=8, spot=True, at=at(0))
     row = rows(mem_ledger, "SELECT usd_per_hour, price_source FROM workers")[0]
@@ -226,6 +234,8 @@ INSERT INTO workers VALUES ('w0', 'rollout', 'local', 'L4', 1, true, 1.0, 'given
 INSERT INTO iterations VALUES (0, 0, '2026-01-01 00:00', '2026-01-01 01:00', 3600, 'succeeded');
 INSERT INTO requests VALUES ('r0', 0, 'rollout', 'a red cube', 7, 0, 'w0', 1, 'h0', 0.5, NULL, NULL, NULL);
 INSERT INTO validation VALUES (0, 1, 0.42, 8, '2026-01-01 01:00', '{"counting": 0.25, "color": 0.75}');
+INSERT INTO syncs VALUES (1, 'patch', 0, 5000, 120, 0.01, 0.1, 0.2, 'abc');
+INSERT INTO exploration VALUES (0, 'm8-none', 10.0, 2.5, 64, 0.03, 0.8, 1.2);
 """
 
 
@@ -250,13 +260,17 @@ def test_opening_a_v0_ledger_migrates_it_and_keeps_every_row(tmp_path: Path) -> 
     assert rows(ledger, "SELECT criterion, score FROM validation_scores ORDER BY criterion") == [
         {"criterion": "color", "score": 0.75}, {"criterion": "counting", "score": 0.25}]
     assert rows(ledger, "SELECT usd_total FROM cost_per_iteration")[0]["usd_total"] == pytest.approx(1.0)
+    assert rows(ledger, "SELECT version, kind, replica, patch_bytes, weights_hash FROM syncs") == [
+        {"version": 1, "kind": "patch", "replica": 0, "patch_bytes": 120, "weights_hash": "abc"}]
+    assert rows(ledger, "SELECT arm, rank_consistency, kendall_tau FROM exploration") == [
+        {"arm": "m8-none", "rank_consistency": 0.8, "kendall_tau": None}]
     assert _schema(ledger) == _schema(Ledger.in_memory())  # migrated == freshly created
 
 
 def test_a_ledger_from_a_newer_spotlight_is_refused_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "ledger.duckdb"
     Ledger(path).query("INSERT INTO schema_version VALUES (99, '2030-01-01', 'future')")
-    with pytest.raises(LedgerSchemaError, match=r"schema v99, newer than this spotlight understands \(v1\)"):
+    with pytest.raises(LedgerSchemaError, match=r"schema v99, newer than this spotlight understands \(v2\)"):
         Ledger(path)
 
 
