@@ -90,13 +90,43 @@ def test_flow_grpo_on_the_ode_is_refused_with_a_pointer_to_nft():
         TrainConfig(sampler=SamplerConfig(noise_level=0.0), grpo=GRPOConfig(objective="flow_grpo"))
 
 
-def test_a_kl_weight_with_nft_is_refused_instead_of_ignored():
-    with pytest.raises(ValueError, match="kl_beta"):
-        TrainConfig(sampler=SamplerConfig(noise_level=0.0), grpo=GRPOConfig(objective="nft", kl_beta=0.04))
+def test_a_kl_weight_with_nft_pulls_the_policy_back_towards_the_reference(tiny_policy):
+    import copy
+    base = copy.deepcopy(tiny_policy)
+    drifts = []
+    for kl_beta in (0.0, 50.0):
+        policy = copy.deepcopy(base)
+        trainer = GRPOTrainer(policy, _nft_config(lr=3e-3, kl_beta=kl_beta))
+        stats = {}
+        for it in range(3):
+            stats = trainer.update(trainer.collect(it))
+        assert (stats["kl"] > 0) == (kl_beta > 0)
+        drifts.append(sum(float(((p.detach() - q.detach()) ** 2).sum()) for p, q in zip(policy.parameters(), base.parameters())))
+    assert drifts[1] < drifts[0]  # the anchored run ends closer to the base
+
+
+def test_adaptive_weighting_scores_the_implied_clean_image_scale_free():
+    v_old, target = torch.zeros(2, 3, 4, 4), torch.ones(2, 3, 4, 4)
+    sigma = torch.tensor([0.5, 1.0])
+    loss, _ = nft_loss(v_old.clone(), v_old, target, torch.ones(2), beta=1.0, sigma_N=sigma, weighting="adaptive")
+    # x0 error sigma * (target - v) = sigma: squared over its own magnitude = sigma; mean of 0.5 and 1.0
+    assert loss.item() == pytest.approx(0.75)
+    big, _ = nft_loss(v_old.clone(), v_old, 10 * target, torch.ones(2), beta=1.0, sigma_N=sigma, weighting="adaptive")
+    assert big.item() == pytest.approx(7.5)  # linear, not quadratic, in the error's scale
+    with pytest.raises(ValueError, match="sigma_N"):
+        nft_loss(v_old, v_old, target, torch.ones(2), beta=1.0, weighting="adaptive")
+
+
+def test_an_adaptive_nft_update_makes_better_samples_likelier(tiny_policy):
+    trainer = GRPOTrainer(tiny_policy, _nft_config(lr=1e-3, nft_timesteps=4, nft_weighting="adaptive"))
+    batch = trainer.collect(0)
+    before = _weighted_fm_loss(tiny_policy, batch)
+    trainer.update(batch)
+    assert _weighted_fm_loss(tiny_policy, batch) < before
 
 
 @pytest.mark.parametrize("field,value", [("objective", "ppo"), ("nft_beta", 0.0), ("nft_timesteps", 0),
-                                         ("nft_adv_scale", -1.0)])
+                                         ("nft_adv_scale", -1.0), ("nft_weighting", "x0")])
 def test_bad_nft_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOConfig(**{field: value})

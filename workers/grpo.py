@@ -26,7 +26,9 @@ class GRPOConfig:
     adv_clip: float = 5.0
     """Advantages are clipped to [-adv_clip, adv_clip]."""
     kl_beta: float = 0.0
-    """Weight of the KL to the reference (base) policy; 0 skips the reference forward."""
+    """Weight of the KL to the reference (base) policy; 0 skips the reference forward.
+    flow_grpo: on the SDE step means (Flow-GRPO); nft: the squared velocity difference
+    to the reference at the same noisy sample (v-space, as DiffusionNFT's trainers do)."""
     num_epochs: int = 1
     """Passes over each iteration's rollouts."""
     num_minibatches: int = 2
@@ -43,10 +45,15 @@ class GRPOConfig:
     """NFT: noise levels drawn per sample and update (more = lower-variance gradient, more compute)."""
     nft_adv_scale: float = 2.0
     """NFT: an advantage of +-nft_adv_scale maps to optimality 1 / 0."""
+    nft_weighting: str = "velocity"
+    """NFT: "velocity" (squared velocity error) or "adaptive" (x0 error over its own mean
+    magnitude, DiffusionNFT's released loss); see workers/nft.py."""
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.nft_weighting not in ("velocity", "adaptive"):
+            raise ValueError(f"nft_weighting must be 'velocity' or 'adaptive', got {self.nft_weighting!r}")
         if not 0 < self.nft_beta <= 10 or self.nft_timesteps < 1 or self.nft_adv_scale <= 0:
             raise ValueError(f"nft_beta must be in (0, 10], nft_timesteps >= 1, nft_adv_scale > 0; got "
                              f"{self.nft_beta}, {self.nft_timesteps}, {self.nft_adv_scale}")

@@ -42,15 +42,42 @@ def noisy_sample(x0_N3HW: torch.Tensor, sigma_N: torch.Tensor, eps_N3HW: torch.T
     return (1 - s) * x0_N3HW + s * eps_N3HW, eps_N3HW - x0_N3HW
 
 
+WEIGHTINGS = ("velocity", "adaptive")
+
+
+def _matching_error(v_N3HW: torch.Tensor, target_N3HW: torch.Tensor, sigma_N: torch.Tensor | None,
+                    weighting: str) -> torch.Tensor:
+    """Per-sample matching error of a velocity against the flow-matching target.
+
+    "velocity": mean squared velocity error. "adaptive" (DiffusionNFT's released code):
+    the squared error of the implied clean image x0 = x_sigma - sigma v, which is
+    sigma (target - v), divided by its own mean absolute value (a constant), so every
+    sample and noise level contributes a step of similar size whatever its error scale.
+    """
+    dims = tuple(range(1, v_N3HW.dim()))
+    if weighting == "velocity":
+        return ((v_N3HW - target_N3HW) ** 2).mean(dim=dims)
+    err = sigma_N.view(-1, *([1] * len(dims))) * (target_N3HW - v_N3HW)
+    scale = err.detach().abs().mean(dim=dims).clamp_min(1e-5)
+    return (err ** 2).mean(dim=dims) / scale
+
+
 def nft_loss(v_N3HW: torch.Tensor, v_old_N3HW: torch.Tensor, target_N3HW: torch.Tensor,
-             r_N: torch.Tensor, beta: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """The NFT loss, mean over the batch; v_old and target are constants. All fp32."""
+             r_N: torch.Tensor, beta: float, sigma_N: torch.Tensor | None = None,
+             weighting: str = "velocity") -> tuple[torch.Tensor, dict[str, float]]:
+    """The NFT loss, mean over the batch; v_old and target are constants. All fp32.
+
+    weighting "adaptive" needs the noise level sigma_N of each sample (see _matching_error).
+    """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    if weighting == "adaptive" and sigma_N is None:
+        raise ValueError("weighting 'adaptive' needs sigma_N, the noise level of each sample")
     v_old = v_old_N3HW.detach()
     v_pos = (1 - beta) * v_old + beta * v_N3HW
     v_neg = (1 + beta) * v_old - beta * v_N3HW
-    dims = tuple(range(1, v_N3HW.dim()))
-    pos = ((v_pos - target_N3HW) ** 2).mean(dim=dims)
-    neg = ((v_neg - target_N3HW) ** 2).mean(dim=dims)
+    pos = _matching_error(v_pos, target_N3HW, sigma_N, weighting)
+    neg = _matching_error(v_neg, target_N3HW, sigma_N, weighting)
     loss = (r_N * pos + (1 - r_N) * neg).mean()
     with torch.no_grad():
         stats = {

@@ -58,9 +58,6 @@ class TrainConfig:
         if self.grpo.objective == "flow_grpo" and not self.sampler.sde_steps:
             raise ValueError("sampler.noise_level must be > 0 for objective 'flow_grpo': the ODE has no "
                              "log-probs (use grpo.objective='nft' to train on ODE rollouts)")
-        if self.grpo.objective == "nft" and self.grpo.kl_beta > 0:
-            raise ValueError("grpo.kl_beta is Flow-GRPO's KL on the SDE step means; the 'nft' objective has its "
-                             "own trust region (nft_beta) and no KL term: set kl_beta=0")
         if self.validate_every < 1 or self.validation_seeds < 1:
             raise ValueError("validate_every and validation_seeds must be >= 1")
         get_reward(self.reward)  # an unknown reward fails here, before any compute
@@ -168,7 +165,7 @@ class GRPOTrainer:
         prompts = [batch.trajectory.prompts[i] for i in index.tolist()]
         r = optimality(batch.advantages[index], g.nft_adv_scale)
         device = next(self.policy.parameters()).device
-        sums = {"loss": 0.0, "fm_loss": 0.0, "drift": 0.0}
+        sums = {"loss": 0.0, "fm_loss": 0.0, "drift": 0.0, "kl": 0.0}
         for _ in range(g.nft_timesteps):
             sigma = torch.rand(x0.shape[0], generator=gen)
             x, target = noisy_sample(x0, sigma, torch.randn(x0.shape, generator=gen))
@@ -178,7 +175,15 @@ class GRPOTrainer:
                 with torch.no_grad():
                     old_emb, old_mask = self.sampling_policy.encode_prompts(prompts)
                     v_old = self.sampling_policy.velocity(x.to(device), sigma.to(device), old_emb, old_mask)
-            loss, stats = nft_loss(v.float(), v_old.float(), target.to(device), r.to(device), g.nft_beta)
+                    if self.reference is not None:
+                        ref_emb, ref_mask = self.reference.encode_prompts(prompts)
+                        v_ref = self.reference.velocity(x.to(device), sigma.to(device), ref_emb, ref_mask)
+            loss, stats = nft_loss(v.float(), v_old.float(), target.to(device), r.to(device), g.nft_beta,
+                                   sigma.to(device), g.nft_weighting)
+            if self.reference is not None:
+                kl = ((v.float() - v_ref.float()) ** 2).mean()
+                loss = loss + g.kl_beta * kl
+                sums["kl"] += kl.item() / g.nft_timesteps
             (loss / g.nft_timesteps).backward()
             sums["loss"] += loss.item() / g.nft_timesteps
             for k in ("fm_loss", "drift"):
