@@ -51,7 +51,7 @@ class TrainLedgerRecorder:
                 iteration=it, step=it, loss=record["loss"], kl=record["kl"], reward_mean=record["reward_mean"],
                 reward_std=record["reward_std"], zero_std_ratio=record["zero_std_ratio"],
                 clip_fraction=record["clip_frac"], grad_norm=record["grad_norm"],
-                learning_rate=self.config.grpo.lr, duration_s=record["train_s"],
+                learning_rate=record.get("learning_rate", self.config.grpo.lr), duration_s=record["train_s"],
             ))
         if record["validation_score"] is not None:
             ledger.record_phase(it, "validate", t, ended_at)

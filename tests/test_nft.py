@@ -130,3 +130,11 @@ def test_an_adaptive_nft_update_makes_better_samples_likelier(tiny_policy):
 def test_bad_nft_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOConfig(**{field: value})
+
+
+def test_the_learning_rate_warms_up_and_a_restored_optimizer_continues_the_ramp(tiny_policy):
+    trainer = GRPOTrainer(tiny_policy, _nft_config(lr=1e-3, lr_warmup_steps=4))
+    assert [trainer.update(trainer.collect(it))["learning_rate"] for it in range(2)] == pytest.approx([2.5e-4, 5e-4])
+    resumed = GRPOTrainer(tiny_policy, _nft_config(lr=1e-3, lr_warmup_steps=4))
+    resumed.optimizer.load_state_dict(trainer.optimizer.state_dict())  # what a resumed run restores
+    assert [resumed.update(resumed.collect(it))["learning_rate"] for it in (2, 3, 4)] == pytest.approx([7.5e-4, 1e-3, 1e-3])

@@ -34,6 +34,10 @@ class GRPOConfig:
     num_minibatches: int = 2
     """Optimizer steps per epoch; gradients accumulate over the SDE steps of a minibatch."""
     max_grad_norm: float = 1.0
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the learning rate ramps linearly up to lr (0 = none). AdamW's
+    first bias-corrected steps move every weight by about lr whatever the gradient's signal;
+    a ramp keeps them from undoing what the base does right (docs/RECIPE.md)."""
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     objective: str = "flow_grpo"
@@ -67,6 +71,8 @@ class GRPOConfig:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.num_epochs < 1 or self.num_minibatches < 1:
             raise ValueError(f"num_epochs and num_minibatches must be >= 1, got {self.num_epochs}, {self.num_minibatches}")
+        if self.lr_warmup_steps < 0:
+            raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
 

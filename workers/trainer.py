@@ -207,6 +207,7 @@ class GRPOTrainer:
                 else:
                     stats = self._minibatch_loss(batch, index)
                 stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), g.max_grad_norm))
+                stats["learning_rate"] = self._set_learning_rate()
                 self.optimizer.step()
                 num_steps += 1
                 for k, v in stats.items():
@@ -216,6 +217,16 @@ class GRPOTrainer:
         out["train_s"] = time.perf_counter() - t0
         out["optimizer_steps"] = num_steps
         return out
+
+    def _set_learning_rate(self) -> float:
+        """The warm-up ramp, keyed on AdamW's own step count (restored with its state on resume)."""
+        g = self.config.grpo
+        first = next(iter(self.optimizer.state.values()), None)
+        done = int(first["step"]) if first is not None else 0
+        lr = g.lr * min(1.0, (done + 1) / g.lr_warmup_steps) if g.lr_warmup_steps else g.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     def batch_stats(self, batch: Rollouts) -> dict[str, float]:
         stats = group_reward_stats(batch.rewards, batch.group_ids)
