@@ -151,13 +151,14 @@ class SyncRecord:
     kind: str
     """patch, anchor or dense (weights sync); ddp, diloco or pulseloco (trainer sync)."""
     dense_bytes: int
-    """Size of the full BF16 weights (what a dense sync would send)."""
+    """Size of the full BF16 weights (what a dense sync would send); trainer sync: the dense FP32
+    exchange of the same round (4 B per parameter, DDP: per local step; docs/PULSELOCO.md)."""
     patch_bytes: int
     """Bytes actually published."""
     iteration: int | None = None
     """Iteration whose sync phase published it."""
     changed_fraction: float | None = None
-    """Share of BF16 values that changed since version-1."""
+    """Share of BF16 values that changed since version-1 (trainer sync: share of entries sent)."""
     encode_s: float | None = None
     """Seconds to diff and encode."""
     apply_s: float | None = None
