@@ -14,6 +14,8 @@ manifests.
 | `rollout_state_key(run, rid)` | `runs/{run}/rollout_state/{rid}` | latest in-flight state of one request (latents, step index, log-probs so far), overwritten every c steps | rollout worker |
 | `seed_plan_key(run, it)` | `runs/{run}/seed_plans/it-{it:06d}` | ranked seeds per prompt for iteration it, chosen by exploration on stale weights | coordinator (explore phase) |
 | `bandit_state_key(run)` | `runs/{run}/bandit` | UCB bandit arm statistics, overwritten each iteration | coordinator |
+| `exploration_key(run, it)` | `runs/{run}/exploration/it-{it:06d}` | the exploration session that ran beside iteration it's training: arm, budget, request ids | coordinator (explore phase) |
+| `explore_result_key(run, it, rid)` | `runs/{run}/explore/it-{it:06d}/{rid}` | explored (stale, cheap) rewards of one prompt's candidate seeds; committed exclusively | rollout worker |
 
 Listing helpers: `rollouts_prefix(run, it)` lists one iteration's results,
 `run_prefix(run)` everything of a run. Iterations are zero-padded like the Dagster
@@ -123,3 +125,13 @@ def seed_plan_key(run: str, iteration: int) -> str:
 def bandit_state_key(run: str) -> str:
     """UCB bandit statistics for exploration arms (overwritten each iteration)."""
     return f"{run_prefix(run)}bandit"
+
+
+def exploration_key(run: str, iteration: int) -> str:
+    """The exploration session that ran beside iteration `iteration`'s training (it plans iteration + 1)."""
+    return f"{run_prefix(run)}exploration/{iteration_label(iteration)}"
+
+
+def explore_result_key(run: str, iteration: int, request_id: str) -> str:
+    """Explored rewards of one exploration request of iteration `iteration`; committed exclusively."""
+    return f"{run_prefix(run)}explore/{iteration_label(iteration)}/{check_name(request_id, 'request id')}"

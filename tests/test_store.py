@@ -369,6 +369,8 @@ def test_keys_follow_the_documented_layout() -> None:
     assert keys.rollout_state_key("demo", "r-7") == "runs/demo/rollout_state/r-7"
     assert keys.seed_plan_key("demo", 12) == "runs/demo/seed_plans/it-000012"
     assert keys.bandit_state_key("demo") == "runs/demo/bandit"
+    assert keys.exploration_key("demo", 12) == "runs/demo/exploration/it-000012"
+    assert keys.explore_result_key("demo", 12, "explore-it12-p3") == "runs/demo/explore/it-000012/explore-it12-p3"
     assert keys.iteration_label(12) == "it-000012"
 
 
