@@ -159,21 +159,51 @@ def test_a_replica_started_from_a_start_state_continues_exactly_like_the_run_tha
         assert torch.equal(a, b), name
 
 
+def bench_events(sent: dict[str, tuple[int, float]], final: dict[str, list[float]]) -> list[dict]:
+    """Two replicas, one round per mode: payload size and density, and replica 0's final held-out values."""
+    events = []
+    for mode, (size, density) in sent.items():
+        for replica in (0, 1):
+            evaluated = replica == 0
+            start = {"eval_metric": 1.0, "eval_stderr": 0.1, "eval_values": [1.0] * 4,
+                     "eval_bf16_metric": 1.0, "eval_bf16_values": [1.0] * 4} if evaluated else {"eval_metric": None}
+            values = final[mode]
+            end = {"eval_metric": sum(values) / 4, "eval_stderr": 0.1, "eval_values": values,
+                   "eval_bf16_metric": 1.0, "eval_bf16_values": [1.0] * 4} if evaluated else {"eval_metric": None}
+            counted = {str(r): {"bytes": size, "values": round(density * 200), "exchanges": 1} for r in (0, 1)}
+            events.append({"event": "start", "mode": mode, "replica": replica, **start})
+            events.append({"event": "round", "mode": mode, "replica": replica, "round": 0, "bytes_sent": size,
+                           "density": density, "values_sent": round(density * 200), "numel": 200, "encode_s": 0.0,
+                           "sync_s": 0.0, "weights_hash": mode, "train_metric": 0.0, "counted": counted, **end})
+    return events
+
+
 def test_bench_summary_divides_diloco_and_ddp_bytes_by_pulseloco_bytes():
     from workers.pulse.loco_bench import summarise
     from workers.pulse.loco_launch import LocoRun
 
     sent = {"ddp": (8000, 1.0), "diloco": (1000, 1.0), "pulseloco": (50, 0.05)}
-    events = []
-    for mode, (size, density) in sent.items():
-        for replica in (0, 1):
-            events.append({"event": "start", "mode": mode, "replica": replica, "eval_metric": 1.0, "eval_stderr": 0.1})
-            events.append({"event": "round", "mode": mode, "replica": replica, "round": 0, "bytes_sent": size,
-                           "density": density, "values_sent": 10, "numel": 200, "encode_s": 0.0, "sync_s": 0.0,
-                           "weights_hash": mode, "eval_metric": 1.0, "eval_stderr": 0.1, "train_metric": 0.0})
+    final = {"ddp": [0.5] * 4, "diloco": [0.5, 0.6, 0.7, 0.8], "pulseloco": [0.5, 0.6, 0.7, 0.8]}
     config = LocoRunConfig(modes=("ddp", "diloco", "pulseloco"), rounds=1, inner_steps=8)
-    figures = summarise(config, LocoRun(events, {0: 0, 1: 0}, 1.0))
+    figures = summarise(config, LocoRun(bench_events(sent, final), {0: 0, 1: 0}, 1.0))
     assert figures["bytes_ratio_vs_diloco"] == 20.0
     assert figures["bytes_ratio_vs_ddp"] == 160.0
     assert figures["sparsity"] == pytest.approx(0.95)
     assert figures["targets_met"] == {"bytes_ratio_vs_diloco": True, "bytes_ratio_vs_ddp": True, "sparsity": True}
+    assert figures["progress_ratio_vs_diloco"] == pytest.approx(1.0)
+    assert figures["final_metric_within_noise"] and figures["final_metric_diff_vs_diloco"] == 0.0
+
+
+def test_bench_compares_final_metrics_pairwise_over_the_same_held_out_items():
+    from workers.pulse.loco_bench import summarise
+    from workers.pulse.loco_launch import LocoRun
+
+    sent = {"ddp": (8000, 1.0), "diloco": (1000, 1.0), "pulseloco": (50, 0.05)}
+    # Items vary a lot (a large unpaired standard error), but PULSELoCo is worse on every one of them.
+    diloco = [0.1, 0.9, 0.3, 0.7]
+    final = {"ddp": diloco, "diloco": diloco, "pulseloco": [v + 0.01 for v in diloco]}
+    config = LocoRunConfig(modes=("ddp", "diloco", "pulseloco"), rounds=1, inner_steps=8)
+    figures = summarise(config, LocoRun(bench_events(sent, final), {0: 0, 1: 0}, 1.0))
+    assert figures["final_metric_diff_vs_diloco"] == pytest.approx(0.01)
+    assert not figures["final_metric_within_noise"]
+    assert figures["final_bf16_metric_within_noise"]

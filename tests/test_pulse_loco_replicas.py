@@ -50,23 +50,54 @@ def test_every_mode_ends_every_round_with_bit_identical_weights(tmp_path: Path, 
     assert all(p["bytes_per_replica"] < d["bytes_per_replica"] for p, d in zip(pulse, diloco))
 
 
-def test_a_round_completes_with_the_survivors_when_a_replica_dies(tmp_path: Path):
-    config = tiny_run(rounds=3, transport="store", exchange=ExchangeConfig(timeout_s=SURVIVOR_WAIT_S, missing_policy="survivors"))
-    config = dataclasses.replace(config, modes=("pulseloco",))
-    run = run_loco(config, tmp_path, die_at={1: 1}, timeout_s=900)
-    assert run.exit_codes == {0: 0, 1: 3}
+def test_rounds_complete_with_the_survivors_and_the_ledger_counts_each_payload_once(tmp_path: Path):
+    # Replica 1 dies before sending round 1; replica 2 dies right after round 1 counted its payload,
+    # before it could report the round. Replica 0 survives.
+    # eval_every > rounds: replica 0 evaluates only before the first and after the last round, so a
+    # live replica never arrives late because of its evaluation.
+    config = tiny_run(modes=("pulseloco",), num_replicas=3, rounds=3, eval_every=10, transport="store",
+                      exchange=ExchangeConfig(timeout_s=SURVIVOR_WAIT_S, missing_policy="survivors"))
+    run = run_loco(config, tmp_path, die_at={1: 1}, die_after={2: 1}, timeout_s=900)
+    assert run.exit_codes == {0: 0, 1: 3, 2: 3}
     rows = sync_totals(run, "pulseloco")
-    assert [row["replicas"] for row in rows] == [[0, 1], [0], [0]]
-    assert rows[0]["weights_hash"] is not None  # both replicas agreed while both lived
+    assert [row["replicas"] for row in rows] == [[0, 1, 2], [0, 2], [0]]
+    assert all(row["weights_hash"] is not None for row in rows)  # the survivors agreed every round
     survivor = {e["round"]: e for e in run.rounds("pulseloco") if e["replica"] == 0}
-    assert survivor[1]["sync_s"] >= SURVIVOR_WAIT_S  # waited for the dead replica once ...
-    assert survivor[2]["sync_s"] < SURVIVOR_WAIT_S  # ... and not again: it left the group
+    assert [e["round"] for e in run.rounds("pulseloco") if e["replica"] == 2] == [0]  # replica 2 never reported round 1
+
     ledger_path = tmp_path / "ledger.duckdb"
     record_loco_ledger(ledger_path, "loco-test", config, run)
+    record_loco_ledger(ledger_path, "loco-test", config, run)  # recording again replaces, never adds
     with Ledger(ledger_path) as ledger:
-        synced = ledger.query("SELECT version, kind, patch_bytes FROM syncs ORDER BY version").rows
-    assert [(v, k) for v, k, _ in synced] == [(1, "patch"), (2, "patch"), (3, "patch")]
-    assert synced[1][2] == survivor[1]["bytes_sent"]  # the survivor's bytes, counted once
+        synced = ledger.query("SELECT version, kind, replica, patch_bytes, dense_bytes FROM syncs ORDER BY version, replica").rows
+    assert [(v, k, r) for v, k, r, _, _ in synced] == [
+        (1, "pulseloco", 0), (1, "pulseloco", 1), (1, "pulseloco", 2), (2, "pulseloco", 0), (2, "pulseloco", 2), (3, "pulseloco", 0)]
+    sent = {(e["round"] + 1, e["replica"]): e["bytes_sent"] for e in run.rounds("pulseloco")}
+    counted_by_survivor = survivor[1]["counted"]["2"]["bytes"]
+    assert [b for v, _, r, b, _ in synced] == [sent.get((v, r), counted_by_survivor) for v, _, r, _, _ in synced]
+    assert all(dense == 4 * survivor[0]["numel"] > sent_bytes for _, _, _, sent_bytes, dense in synced)
+
+
+def test_each_mode_writes_its_own_sync_kind_with_dense_bytes_of_the_same_exchange(tmp_path: Path):
+    from workers.pulse.loco_launch import LocoRun
+
+    def round_event(mode: str, replica: int, exchanges: int, size: int, values: int) -> dict:
+        counted = {str(r): {"bytes": size, "values": values, "exchanges": exchanges} for r in (0, 1)}
+        return {"event": "round", "mode": mode, "replica": replica, "round": 0, "numel": 100, "bytes_sent": size,
+                "values_sent": values, "density": values / (100 * exchanges), "encode_s": 0.01, "sync_s": 0.0,
+                "weights_hash": f"h-{mode}", "counted": counted}
+
+    events = [round_event("ddp", r, 8, 8 * 467, 800) for r in (0, 1)]
+    events += [round_event("diloco", r, 1, 467, 100) for r in (0, 1)]
+    events += [round_event("pulseloco", r, 1, 90, 5) for r in (0, 1)]
+    config = LocoRunConfig(modes=("ddp", "diloco", "pulseloco"), rounds=1, inner_steps=8, task=TINY_LM)
+    record_loco_ledger(tmp_path / "ledger.duckdb", "r", config, LocoRun(events, {0: 0, 1: 0}, 1.0))
+    with Ledger(tmp_path / "ledger.duckdb") as ledger:
+        rows = ledger.query("SELECT kind, replica, dense_bytes, patch_bytes, changed_fraction FROM syncs "
+                            "ORDER BY kind, replica").rows
+    assert rows == [("ddp", 0, 3200, 3736, 1.0), ("ddp", 1, 3200, 3736, 1.0),
+                    ("diloco", 0, 400, 467, 1.0), ("diloco", 1, 400, 467, 1.0),
+                    ("pulseloco", 0, 400, 90, 0.05), ("pulseloco", 1, 400, 90, 0.05)]
 
 
 @pytest.mark.slow

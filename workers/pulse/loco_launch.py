@@ -95,8 +95,13 @@ class LocoRun:
         return [e for e in self.events if e["event"] == "round" and e["mode"] == mode]
 
 
-def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None = None, timeout_s: float = 3600.0) -> LocoRun:
-    """Run every replica as a process and wait for all; `die_at` {replica: round} injects deaths."""
+def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None = None,
+             die_after: dict[int, int] | None = None, timeout_s: float = 3600.0) -> LocoRun:
+    """Run every replica as a process and wait for all.
+
+    Injected deaths, {replica: round}: `die_at` exits before sending that round's payload,
+    `die_after` right after the round counted it, before the replica reports the round.
+    """
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     spec = {"config": config.to_json(), "init_method": f"file://{out.resolve()}/gloo-rendezvous-{time.time_ns()}",
@@ -116,6 +121,8 @@ def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None 
                    "--replica", str(replica), "--out", str(report)]
         if die_at and replica in die_at:
             command += ["--die-at-round", str(die_at[replica])]
+        if die_after and replica in die_after:
+            command += ["--die-after-round", str(die_after[replica])]
         processes[replica] = subprocess.Popen(command, env=env)
     try:
         deadline = time.monotonic() + timeout_s
@@ -129,46 +136,71 @@ def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None 
     return LocoRun(events, exit_codes, time.perf_counter() - started)
 
 
-def sync_totals(run: LocoRun, mode: str) -> list[dict]:
-    """Per round: bytes per counted replica, density, and the replicas counted (each once)."""
+def sync_rows(run: LocoRun, mode: str) -> list[dict]:
+    """One row per round and per replica whose payload the round counted, each exactly once.
+
+    A round's members all report the same `counted` sizes, so a sender that died after its
+    payload was counted, before it could report, still gets its row (from its peers); a
+    replica that died before sending, or whose payload came too late, gets none. Dense
+    bytes are the dense FP32 exchange of the same thing: the pseudo-gradient (4 B per
+    parameter) per round, or for DDP the gradient per counted local step.
+    """
     by_round: dict[int, dict[int, dict]] = {}
     for event in run.rounds(mode):
         by_round.setdefault(event["round"], {})[event["replica"]] = event  # a replica reports a round once
     rows = []
     for round_index in sorted(by_round):
-        records = by_round[round_index].values()
-        hashes = {r["weights_hash"] for r in records}
-        rows.append({
-            "round": round_index, "replicas": sorted(by_round[round_index]),
-            "bytes_per_replica": sum(r["bytes_sent"] for r in records) / len(records),
-            "density": sum(r["density"] for r in records) / len(records),
-            "encode_s": max(r["encode_s"] for r in records), "numel": next(iter(records))["numel"],
-            "weights_hash": hashes.pop() if len(hashes) == 1 else None,
-        })
+        reports = by_round[round_index]
+        hashes = {r["weights_hash"] for r in reports.values()}
+        agreed = hashes.pop() if len(hashes) == 1 else None  # None: replicas disagree
+        numel = next(iter(reports.values()))["numel"]
+        counted: dict[int, dict] = {}
+        for report in reports.values():
+            for sender, tally in report["counted"].items():
+                counted.setdefault(int(sender), tally)
+        for sender in sorted(counted):
+            tally, own = counted[sender], reports.get(sender)
+            rows.append({
+                "round": round_index, "replica": sender, "bytes_sent": tally["bytes"], "values_sent": tally["values"],
+                "numel": numel, "density": tally["values"] / (numel * tally["exchanges"]),
+                "dense_bytes": 4 * numel * tally["exchanges"], "reported": own is not None,
+                "encode_s": own["encode_s"] if own else None, "weights_hash": agreed,
+            })
     return rows
 
 
-SYNC_KIND = {"ddp": "dense", "diloco": "dense", "pulseloco": "patch"}
-"""The ledger's `syncs.kind` of each mode (the run's mode itself is in `runs.config`)."""
+def sync_totals(run: LocoRun, mode: str) -> list[dict]:
+    """Per round: bytes per counted replica, density, and the replicas counted (each once)."""
+    by_round: dict[int, list[dict]] = {}
+    for row in sync_rows(run, mode):
+        by_round.setdefault(row["round"], []).append(row)
+    totals = []
+    for round_index, rows in sorted(by_round.items()):
+        totals.append({
+            "round": round_index, "replicas": [r["replica"] for r in rows],
+            "bytes_per_replica": sum(r["bytes_sent"] for r in rows) / len(rows),
+            "density": sum(r["density"] for r in rows) / len(rows),
+            "encode_s": max((r["encode_s"] for r in rows if r["encode_s"] is not None), default=None),
+            "numel": rows[0]["numel"], "weights_hash": rows[0]["weights_hash"],
+        })
+    return totals
 
 
 def record_loco_ledger(path: Path, run_id: str, config: LocoRunConfig, run: LocoRun) -> None:
-    """Write the run and one `syncs` row per round (bytes sent per replica) to a ledger; one mode per ledger."""
+    """Write the run and, per mode, one `syncs` row per round and counted replica (kind = the mode)."""
     from resources.ledger import Ledger
     from resources.ledger_records import SyncRecord
 
-    if len(config.modes) != 1:
-        raise ValueError(f"record_loco_ledger takes a run of one mode (one ledger per run), got {config.modes}")
-    mode = config.modes[0]
     with Ledger(path) as ledger:
-        ledger.start_run(run_id, preset=f"loco-{mode}", config=config.to_json())
-        for row in sync_totals(run, mode):
-            ledger.record_sync(SyncRecord(
-                version=row["round"] + 1, kind=SYNC_KIND[mode], iteration=row["round"],
-                dense_bytes=4 * row["numel"] * (config.inner_steps if mode == "ddp" else 1),
-                patch_bytes=round(row["bytes_per_replica"]), changed_fraction=min(1.0, row["density"]),
-                encode_s=row["encode_s"], weights_hash=row["weights_hash"],
-            ))
+        ledger.start_run(run_id, preset=f"loco-{'+'.join(config.modes)}", config=config.to_json())
+        for mode in config.modes:
+            for row in sync_rows(run, mode):
+                ledger.record_sync(SyncRecord(
+                    version=row["round"] + 1, kind=mode, replica=row["replica"], iteration=row["round"],
+                    dense_bytes=row["dense_bytes"], patch_bytes=row["bytes_sent"],
+                    changed_fraction=min(1.0, row["density"]), encode_s=row["encode_s"],
+                    weights_hash=row["weights_hash"],
+                ))
         ok = all(code == 0 for code in run.exit_codes.values())
         ledger.end_run(run_id, status="succeeded" if ok else "failed")
 

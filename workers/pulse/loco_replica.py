@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,12 +40,14 @@ Exchange = Callable[[int, bytes], RoundResult]
 
 @dataclass
 class _RoundTally:
-    """What one replica sent in a round (DDP sends once per local step)."""
+    """What one replica sent in a round (DDP sends once per local step), and what the round counted."""
 
     bytes_sent: int = 0
     values_sent: int = 0
     encode_s: float = 0.0
     sync_s: float = 0.0
+    counted: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per sender whose payloads the round counted: bytes, values and exchanges (DDP: one per step)."""
 
 
 class Replica:
@@ -88,6 +90,9 @@ class Replica:
             "encode_s": self.tally.encode_s, "sync_s": self.tally.sync_s,
             "round_s": time.perf_counter() - started, "weights_hash": weights_hash({"global": self.global_N}),
             "error_norm": float(self.error_N.norm()),
+            # What every member of the round received: the ledger counts a sender that died after
+            # its payload was counted (and before it could report) from its peers' records.
+            "counted": {str(sender): tally for sender, tally in sorted(self.tally.counted.items())},
         }
         return record
 
@@ -111,19 +116,19 @@ class Replica:
 
     def _average(self, result: RoundResult, round_index: int) -> torch.Tensor:
         """Mean pseudo-gradient of the counted payloads, decoded and summed in replica order."""
-        if self.mode == "pulseloco":
-            updates = []
-            for sender, payload in result.payloads.items():
-                header, update = decode_sparse(payload, self.layout)
-                _check_origin(header.round_index, header.replica, round_index, sender)
-                updates.append(update)
-            return average_sparse(updates, self.numel)
-        vectors = []
+        decode = decode_sparse if self.mode == "pulseloco" else decode_dense
+        decoded = []
         for sender, payload in result.payloads.items():
-            header, vector = decode_dense(payload, self.layout)
+            header, update = decode(payload, self.layout)
             _check_origin(header.round_index, header.replica, round_index, sender)
-            vectors.append(vector)
-        return average_dense(vectors)
+            decoded.append(update)
+            tally = self.tally.counted.setdefault(sender, {"bytes": 0, "values": 0, "exchanges": 0})
+            tally["bytes"] += len(payload)
+            tally["values"] += header.count
+            tally["exchanges"] += 1
+        if self.mode == "pulseloco":
+            return average_sparse(decoded, self.numel)
+        return average_dense(decoded)
 
     def _average_gradients(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         """DDP: before every inner optimizer step, replace local gradients by the replicas' mean."""

@@ -6,7 +6,8 @@ shard of the data, and evaluates on a fixed held-out set identical on every repl
 Example:
     task = build_task(TaskConfig(name="lm"), replica=0, num_replicas=2, start=start_state)
     metric = task.local_step(step)          # one inner optimizer step
-    score = task.evaluate()                 # {"metric": ..., "stderr": ...}
+    score = task.evaluate()                 # {"metric": ..., "stderr": ..., "values": [...]}
+    view = evaluate_bf16_view(task)         # the same, on the weights rounded to BF16
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class TaskConfig:
     """Which local task the replicas train, and at what inner learning rate."""
 
     name: str = "lm"
-    """lm (the LM-shaped synthetic task of `bench pulse`) or dit (tiny-DiT GRPO on MiniGenEval)."""
+    """lm (the LM-shaped synthetic task of `bench pulse`) or dit (tiny-DiT GRPO on MiniGenEval, see dit_preset)."""
     size: str = "tiny"
     """lm only: tiny (0.6M parameters) or 50m (54.7M, as in `bench pulse`)."""
     lr: float = 3e-6
@@ -48,6 +49,9 @@ class TaskConfig:
     """dit only: GRPO samples per prompt."""
     eval_batches: int = 8
     """lm: held-out batches; dit: held-out prompts (2 seeds each, ODE sampler)."""
+    dit_preset: str = "cpu_tiny"
+    """dit only: the training preset whose GRPO recipe (objective, sampler) the replicas run,
+    at this config's lr (constant: no warm-up), batch and group size, one optimizer step per local step."""
     seed: int = 0
     """Seeds the model, the task and every replica's data shard."""
 
@@ -62,6 +66,11 @@ class TaskConfig:
             raise ValueError(f"TaskConfig.warmup_steps and settle_steps must be >= 0, got {self.warmup_steps}, {self.settle_steps}")
         if self.batch_size < 1 or self.eval_batches < 1 or self.group_size < 2:
             raise ValueError("TaskConfig.batch_size and eval_batches must be >= 1, group_size >= 2")
+        if self.name == "dit":
+            from workers.presets import PRESETS
+
+            if self.dit_preset not in PRESETS:
+                raise ValueError(f"TaskConfig.dit_preset must be one of {sorted(PRESETS)}, got {self.dit_preset!r}")
 
 
 class LocalTask(Protocol):
@@ -73,7 +82,26 @@ class LocalTask(Protocol):
 
     def local_step(self, step: int) -> float: ...
 
-    def evaluate(self) -> dict[str, float]: ...
+    def evaluate(self) -> dict:
+        """Held-out {"metric", "stderr", "values"}: values per held-out item, in a fixed order, so two
+        models' values pair up."""
+        ...
+
+
+def evaluate_bf16_view(task: LocalTask) -> dict:
+    """The held-out evaluation of the task's weights rounded to BF16 (what PULSE syncs to rollout
+    workers); the FP32 weights are restored afterwards."""
+    params = task.parameters_by_name()
+    saved = {name: p.detach().clone() for name, p in params.items()}
+    try:
+        with torch.no_grad():
+            for p in params.values():
+                p.copy_(p.to(torch.bfloat16))
+        return task.evaluate()
+    finally:
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(saved[name])
 
 
 class LMTask:
@@ -130,7 +158,7 @@ class LMTask:
         self.optimizer.step()
         return loss.item()
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict:
         generator = torch.Generator().manual_seed(10_000_019 + self.config.seed)
         with torch.no_grad():
             losses = [float(self._loss(markov_batch(self.successors, 8, 33, generator))) for _ in range(self.config.eval_batches)]
@@ -155,14 +183,14 @@ class DiTTask:
 
     def __init__(self, config: TaskConfig, replica: int, num_replicas: int) -> None:
         from workers.policy import SHIPPED_BASE, load_policy
-        from workers.presets import cpu_tiny
+        from workers.presets import get_preset
         from workers.prompts import split_prompts
         from workers.trainer import GRPOTrainer
 
-        base = cpu_tiny()
+        base = get_preset(config.dit_preset)
         train_config = dataclasses.replace(
             base, prompts_per_iteration=config.batch_size, group_size=config.group_size, seed=config.seed,
-            grpo=dataclasses.replace(base.grpo, lr=config.lr, num_minibatches=1),
+            grpo=dataclasses.replace(base.grpo, lr=config.lr, lr_warmup_steps=0, num_epochs=1, num_minibatches=1),
         )
         self.config, self.replica, self.num_replicas = config, replica, num_replicas
         self.policy = load_policy(SHIPPED_BASE)
@@ -179,12 +207,12 @@ class DiTTask:
         self.trainer.update(batch)
         return float(batch.rewards.mean())
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict:
+        from workers.detect import score_images
         from workers.evaluate import evaluate
 
-        result = evaluate(self.policy, self.heldout, seeds_per_prompt=2)
-        n = 2 * len(self.heldout)
-        return {"metric": result.partial, "stderr": math.sqrt(max(result.partial * (1 - result.partial), 0.0) / n)}
+        result = evaluate(self.policy, self.heldout, seeds_per_prompt=2, keep_images=True)
+        return _mean_and_stderr([s.partial for s in score_images(result.images, result.prompts)])
 
 
 def build_task(config: TaskConfig, replica: int, num_replicas: int, start: dict[str, torch.Tensor] | None = None) -> LocalTask:
@@ -194,7 +222,7 @@ def build_task(config: TaskConfig, replica: int, num_replicas: int, start: dict[
     return DiTTask(config, replica, num_replicas)
 
 
-def _mean_and_stderr(values: list[float]) -> dict[str, float]:
+def _mean_and_stderr(values: list[float]) -> dict:
     mean = sum(values) / len(values)
     var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
-    return {"metric": mean, "stderr": math.sqrt(var / len(values))}
+    return {"metric": mean, "stderr": math.sqrt(var / len(values)), "values": [float(v) for v in values]}
