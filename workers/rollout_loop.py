@@ -1,5 +1,8 @@
 """The rollout worker's claim loop: claim, keep the lease alive, work the request, ack or give it back.
 
+Rollout requests and, when no rollout or validation is waiting, exploration requests
+(`workers/explore.py`: cheap sampling of candidate seeds on stale weights).
+
 Example:
     loop = WorkerLoop(queue, store, args, stop_event, report)   # args: workers.rollout's flags
     reason = loop.run()                                         # "stopped", "idle" or "max_requests"
@@ -57,8 +60,11 @@ class WorkerLoop:
             return None
 
     def _work(self, lease: Lease) -> None:
+        if lease.request.kind == "explore":
+            self._explore(lease)
+            return
         if lease.request.kind != "rollout":
-            # Exploration and validation workers are other roles; hand it back for them.
+            # Validation workers are another role; hand it back for them.
             self.report("skipped", request_id=lease.request_id, kind=lease.request.kind)
             self.queue.release(lease)
             return
@@ -78,6 +84,25 @@ class WorkerLoop:
             self.report("acked", request_id=lease.request_id, first=first, attempt=lease.attempts)
         elif outcome.status == "preempted":
             self.queue.release(lease)
+
+    def _explore(self, lease: Lease) -> None:
+        """An exploration request: one short batch on stale weights, not worth committing state for.
+        If the coordinator cancelled it meanwhile, the ack is refused and the result simply goes unused."""
+        from workers.explore import work_explore_request
+
+        if self.stop.is_set():
+            self.queue.release(lease)
+            return
+        with LeaseKeeper(self.queue, lease):
+            try:
+                outcome = work_explore_request(lease.request, self.store, self.holder, worker_id=self.args.worker_id,
+                                               attempt=lease.attempts, report=self.report)
+            except (ValueError, LookupError, StoreError) as err:
+                self.report("failed", request_id=lease.request_id, error=f"{type(err).__name__}: {err}")
+                self.queue.release(lease)
+                return
+        first = self.queue.ack(lease, outcome.result_key)
+        self.report("acked", request_id=lease.request_id, first=first, attempt=lease.attempts)
 
 
 def _pid() -> int:
