@@ -374,3 +374,41 @@ def bench_preemption(
         emit_json(figures)
         return
     typer.echo(format_preemption_report(figures))
+
+
+@bench_app.command("exploration")
+def bench_exploration(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="One seed, two tiny iterations: a smoke run in about a minute."),
+    seed: Optional[list[int]] = typer.Option(None, "--seed", help="Run seeds (repeat the option; default 0 1 2)."),
+    iterations: Optional[int] = typer.Option(None, help="Training iterations per run (default 6)."),
+    target_gain: Optional[float] = typer.Option(None, help="Target = base held-out score + this (default 0.03)."),
+    workers: Optional[int] = typer.Option(None, help="Exploration workers beside the trainer (default 1)."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+) -> None:
+    """Seed exploration on stale weights vs random seeds vs best-of-N: time to a held-out target, reward std, overhead, rank consistency."""
+    import dataclasses
+
+    from workers.bench_exploration import ExplorationBench, format_exploration_report, run_exploration_bench
+
+    changes = {k: v for k, v in {"seeds": tuple(seed) if seed else None, "iterations": iterations,
+                                 "target_gain": target_gain, "num_workers": workers}.items() if v is not None}
+    try:
+        bench = dataclasses.replace(ExplorationBench.quick() if quick else ExplorationBench(), **changes)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if checkpoint is not None and not (checkpoint / "policy.json").exists():
+        raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
+
+    def show(record: dict) -> None:
+        if "stage" in record:
+            typer.echo(record["stage"], err=True)
+        elif record.get("validation_score") is not None:
+            typer.echo(f"seed {record['seed']} {record['strategy']:>9} it {record['iteration']:>2}  "
+                       f"critical {record['critical_s']:7.1f}s  held-out {record['validation_score']:.3f}", err=True)
+
+    figures = run_exploration_bench(bench, checkpoint, progress=show)
+    if as_json:
+        emit_json(figures)
+        return
+    typer.echo(format_exploration_report(figures))
