@@ -1,8 +1,8 @@
 """Thin Dagster assets, one per phase of a GRPO iteration (see assets/iteration.py)."""
 
 from assets.closing import report, validation
-from assets.iteration import policy_update, rollouts, seed_plan, weight_patch
+from assets.iteration import exploration, policy_update, rollouts, seed_plan, weight_patch
 
-ITERATION_ASSETS = [weight_patch, rollouts, policy_update, seed_plan, validation, report]
+ITERATION_ASSETS = [weight_patch, rollouts, exploration, policy_update, seed_plan, validation, report]
 FINAL_ASSETS = [weight_patch, validation, report]
 """What the final partition (it-{N}) materializes: sync and validate the trained weights."""

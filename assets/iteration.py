@@ -2,8 +2,10 @@
 
 Iteration k: `weight_patch` publishes weights version k (PULSE patch k-1 -> k), `rollouts`
 samples the iteration's requests at version k with the seeds planned by iteration k-1,
-`policy_update` trains version k into k+1, `seed_plan` plans iteration k+1's seeds on
-version k (beside training), `validation` scores version k on the held-out split, and
+`exploration` judges the plan k used and enqueues iteration k+1's seed exploration on
+version k, `policy_update` trains version k into k+1 while idle workers explore,
+`seed_plan` cancels what exploration has left when training ends and plans iteration
+k+1's seeds from what finished, `validation` scores version k on the held-out split, and
 `report` closes the iteration. Partition it-{N} (N = the run's iterations) is the final
 one: only `weight_patch`, `validation` and `report` run there, on the trained weights.
 
@@ -114,19 +116,93 @@ def policy_update(context: AssetExecutionContext, run_config: RunConfigResource,
     return dg.MaterializeResult(metadata=meta)
 
 
-@dg.asset(partitions_def=ITERATIONS, group_name=GROUP, deps=[weight_patch])
-def seed_plan(context: AssetExecutionContext, run_config: RunConfigResource, store: TensorStoreResource) -> dg.MaterializeResult:
-    """Explore: the seeds of iteration k+1's requests, planned beside training (today: the default seeds)."""
+EXPLORING_MODE = "workers"
+"""Exploration needs workers that outlive the rollout phase: queue workers (spotlight run's run-long
+cluster, SkyPilot spot jobs). In-process rollouts have none, and a per-phase local cluster is gone by training."""
+
+
+def _explore_config(rollout_workers: RolloutWorkersResource, led):
+    from workers.explore_state import ExploreConfig
+
+    alive = led.query("SELECT count(*) FROM workers WHERE ended_at IS NULL AND role = 'rollout'").rows[0][0]
+    return ExploreConfig(num_workers=int(alive) or rollout_workers.num_workers)
+
+
+@dg.asset(partitions_def=ITERATIONS, group_name=GROUP, deps=[rollouts],
+          op_tags={"dagster/priority": "10"})  # right after the rollout, before policy_update: workers explore while it trains
+def exploration(context: AssetExecutionContext, run_config: RunConfigResource, store: TensorStoreResource,
+                ledger: LedgerResource, queue: QueueResource, rollout_workers: RolloutWorkersResource) -> dg.MaterializeResult:
+    """Explore (start): judge the plan iteration k sampled with, then enqueue iteration k+1's exploration on weights v(k)."""
+    from workers.explore_plan import review_iteration, start_exploration, with_review
+
+    k, led, st, cfg = iteration_of(context), ledger.get_ledger(), store.get_store(), run_config.train_config()
+    explore_config = _explore_config(rollout_workers, led)
+    review = review_iteration(st, run_config.run, cfg, k, explore_config)
+    previous = led.query("SELECT * FROM exploration WHERE iteration = ?", [k - 1]).as_dicts()
+    if previous:
+        from resources.ledger_records import ExplorationRecord
+
+        led.record_exploration(with_review(ExplorationRecord(**previous[0]), review))
+    meta = {"planner_of_this_rollout": review.planner, "kendall_tau": review.kendall_tau, "spearman_rho": review.spearman_rho,
+            "rank_consistency": review.concordance, "variance_gain": review.variance_gain,
+            "planned_variance": review.planned_variance, "random_variance": review.random_variance,
+            "next_plan_falls_back": review.fallback}
+    if rollout_workers.mode != EXPLORING_MODE:
+        return dg.MaterializeResult(metadata={"enabled": False, "why": f"rollouts are {rollout_workers.mode!r}: no worker "
+                                              "lives through training to explore (use spotlight run --rollouts local_cluster, "
+                                              "or workers on a queue)", **meta})
+    with queue.get_queue() as q:
+        session = start_exploration(st, q, run_config.run, cfg, k, explore_config)
+    led.record_phase(k, "explore", session.started_at)
+    return dg.MaterializeResult(metadata={
+        "enabled": True, "for_iteration": k + 1, "arm": session.arm or "none", "reason": session.reason,
+        "budget_s": session.budget_s, "predicted_s": session.predicted_s, "num_requests": len(session.request_ids),
+        "num_workers": session.num_workers, **meta})
+
+
+@dg.asset(partitions_def=ITERATIONS, group_name=GROUP, deps=[policy_update, exploration])
+def seed_plan(context: AssetExecutionContext, run_config: RunConfigResource, store: TensorStoreResource,
+              ledger: LedgerResource, queue: QueueResource, rollout_workers: RolloutWorkersResource) -> dg.MaterializeResult:
+    """Explore (finish): training has ended, so exploration still pending is cancelled and iteration k+1's seeds
+    are planned from what finished (random seeds where nothing did)."""
     from workers.seed_plan import default_seed_plan, publish_seed_plan
 
-    k, cfg = iteration_of(context), run_config.train_config()
-    started = time.perf_counter()
-    plan = default_seed_plan(cfg, k + 1)
-    publish_seed_plan(store.get_store(), run_config.run, plan)
-    table = "| prompt | seeds |\n|---|---|\n" + "".join(f"| {p} | {', '.join(map(str, s))} |\n" for p, s in zip(plan.prompts, plan.seeds))
-    return dg.MaterializeResult(metadata={"for_iteration": k + 1, "planner": plan.planner,
-                                          "num_seeds": len(plan.flat_seeds()), "plan_s": time.perf_counter() - started,
-                                          "plan": dg.MetadataValue.md(table)})
+    k, led, st, cfg = iteration_of(context), ledger.get_ledger(), store.get_store(), run_config.train_config()
+    if rollout_workers.mode != EXPLORING_MODE:
+        plan = default_seed_plan(cfg, k + 1)
+        publish_seed_plan(st, run_config.run, plan)
+        return dg.MaterializeResult(metadata={"for_iteration": k + 1, "planner": plan.planner, "plan": _plan_table(plan)})
+    from workers.explore_plan import exploration_record, explore_request_records, finish_exploration
+
+    train_s = books.phase_cost(led, k, "train")["wall_s"]
+    with queue.get_queue() as q:
+        finished = finish_exploration(st, q, run_config.run, cfg, k, _explore_config(rollout_workers, led), train_s=train_s)
+    led.record_phase(k, "explore", finished.session.started_at, time.time())
+    record = exploration_record(finished)
+    led.record_exploration(record)
+    led.record_requests(explore_request_records(finished, cfg, run_config.run))
+    plan = finished.plan
+    return dg.MaterializeResult(metadata={
+        "for_iteration": k + 1, "planner": plan.planner, "arm": record.arm, "budget_s": record.budget_s,
+        "time_used_s": record.time_used_s, "train_s": train_s, "overhead_s": record.overhead_s,
+        "explored_prompts": finished.num_done, "cancelled_requests": finished.num_cancelled,
+        "explored_reward_variance": record.reward_variance, "plan": _plan_table(plan),
+        "consistency": png_markdown(_consistency_png(led), "rank consistency of stale, cheap rewards with real ones")})
+
+
+def _plan_table(plan) -> dg.MetadataValue:
+    rows = zip(plan.prompts, plan.seeds, plan.explored_rewards or [None] * len(plan.seeds))
+    return dg.MetadataValue.md("| prompt | seeds | explored rewards |\n|---|---|---|\n" + "".join(
+        f"| {p} | {', '.join(map(str, s))} | {'' if r is None else ', '.join(f'{x:.2f}' for x in r)} |\n" for p, s, r in rows))
+
+
+def _consistency_png(led) -> bytes:
+    from assets.metadata import line_plot_png
+
+    rows = led.query("SELECT iteration, kendall_tau, spearman_rho, variance_gain FROM exploration ORDER BY iteration").rows
+    series = {name: ([r[0] for r in rows if r[i] is not None], [r[i] for r in rows if r[i] is not None])
+              for i, name in ((1, "Kendall tau"), (2, "Spearman rho"), (3, "variance gain"))}
+    return line_plot_png(series, "exploration: stale vs real rankings", "iteration (plan made)", "value")
 
 
 def _write_grid(ledger: LedgerResource, name: str, png: bytes) -> None:

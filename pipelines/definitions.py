@@ -1,6 +1,6 @@
 """Dagster entry point (`[tool.dagster] module_name`): `dagster dev` from the repo root loads `defs`.
 
-The iteration assets (weight_patch, rollouts, policy_update, seed_plan, validation,
+The iteration assets (weight_patch, rollouts, exploration, policy_update, seed_plan, validation,
 report) partitioned by iteration, the `iteration` job, the sensor that starts iteration
 k+1 when k succeeds, and the resources of the deployment named by SPOTLIGHT_DEPLOYMENT
 (local by default; see pipelines/deploy.py for every variable). A bad configuration

@@ -6,6 +6,7 @@
     <run-dir>/report/cost.png              USD per iteration, spot vs reserved
     <run-dir>/report/preemptions.png       preemption timeline per worker
     <run-dir>/report/sync.png              bytes per weights version, dense vs PULSE
+    <run-dir>/report/exploration.png       rank consistency (Kendall tau, Spearman rho) and variance gain of each plan
     <run-dir>/report/grids/it-*-{rollouts,validation}.png   written by the rollouts / validation assets
 
 Example:
@@ -33,7 +34,7 @@ def write_report(ledger: Ledger, store, run: str, out_dir: Path) -> WrittenRepor
     """(Re)write every plot and index.html from the ledger; returns the page and the plots' PNG bytes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = {"reward": _reward_plot(ledger), "validation": _validation_plot(ledger), "cost": _cost_plot(ledger),
-             "preemptions": _preemption_plot(ledger), "sync": _sync_plot(ledger)}
+             "preemptions": _preemption_plot(ledger), "sync": _sync_plot(ledger), "exploration": _exploration_plot(ledger)}
     for name, png in plots.items():
         (out_dir / f"{name}.png").write_bytes(png)
     index = out_dir / "index.html"
@@ -95,6 +96,19 @@ def _sync_plot(ledger: Ledger) -> bytes:
                          "weight sync per version", "weights version", "bytes")
 
 
+def _exploration_plot(ledger: Ledger) -> bytes:
+    """Per plan (x = the iteration during whose training it was explored): how well stale, cheap rankings held up
+    on the real rollout, the variance it bought over random seeds, and the share of the budget exploration used."""
+    rows = ledger.query("""
+        SELECT iteration, kendall_tau, spearman_rho, variance_gain, time_used_s / nullif(budget_s, 0) AS budget_share
+        FROM exploration ORDER BY iteration""").rows
+    series = {name: ([r[0] for r in rows if r[i] is not None], [r[i] for r in rows if r[i] is not None])
+              for i, name in ((1, "Kendall tau"), (2, "Spearman rho"), (3, "variance gain"), (4, "budget used"))}
+    fallbacks = ledger.query("SELECT count(*) FROM exploration WHERE fallback_random").rows[0][0]
+    title = f"exploration ({len(rows)} plans, {fallbacks} fell back to random seeds)" if rows else "exploration (none in this run)"
+    return line_plot_png(series, title, "iteration (plan made)", "value")
+
+
 def _page(ledger: Ledger, run: str, out_dir: Path, plots: list[str]) -> str:
     rows = summary_rows(ledger)
     columns = ["iteration", "status", "reward_mean", "heldout_score", "usd_spot", "usd_reserved", "preemptions", "patch_bytes"]
@@ -108,7 +122,7 @@ def _page(ledger: Ledger, run: str, out_dir: Path, plots: list[str]) -> str:
             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:2px 6px;text-align:right}figure{display:inline-block;margin:8px}img{image-rendering:pixelated}</style>"
             f"</head><body><h1>spotlight run <code>{html.escape(run)}</code></h1><table><tr>{head}</tr>{body}</table>"
-            f"<h2>Curves, cost, preemptions, sync</h2>{images}<h2>Samples</h2>{grid_html}</body></html>")
+            f"<h2>Curves, cost, preemptions, sync, exploration</h2>{images}<h2>Samples</h2>{grid_html}</body></html>")
 
 
 def _fmt(value) -> str:

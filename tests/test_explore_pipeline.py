@@ -105,3 +105,55 @@ def test_the_monitor_reads_the_real_rewards_of_the_planned_seeds_from_the_rollou
     review = review_iteration(rollout_store, "demo", CONFIG, 0, EXPLORE)
     assert review.kendall_tau is None and review.variance_gain is None  # a default plan has nothing to compare
     assert review.planned_variance == pytest.approx(float(batch.rewards.view(2, 4).var(dim=1, unbiased=False).mean()))
+
+
+def test_the_report_plots_rank_consistency_and_gain_per_plan(mem_ledger, tmp_path) -> None:
+    from pipelines.report import write_report
+    from resources.ledger_records import ExplorationRecord
+
+    empty = write_report(mem_ledger, None, "demo", tmp_path / "empty").plots["exploration"]
+    for k, tau in ((0, 0.4), (1, 0.1)):
+        mem_ledger.record_exploration(ExplorationRecord(k, "m16-half_steps", budget_s=10.0, time_used_s=6.0, num_requests=8,
+                                                        kendall_tau=tau, spearman_rho=tau + 0.1, variance_gain=1.5))
+    written = write_report(mem_ledger, None, "demo", tmp_path / "report")
+    assert (tmp_path / "report" / "exploration.png").read_bytes()[:4] == b"\x89PNG"
+    assert written.plots["exploration"] != empty and 'src="exploration.png"' in written.index.read_text()
+
+
+@pytest.mark.slow
+def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path) -> None:
+    import dagster as dg
+    import torch
+
+    from pipelines.deploy import build_resources
+    from pipelines.run_walk import walk_iterations
+    from workers.policy import PolicyConfig, build_policy, save_policy
+
+    torch.set_num_threads(1)
+    two_blocks = PolicyConfig(image_size=16, num_layers=2, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
+    save_policy(build_policy(two_blocks).eval(), tmp_path / "tiny")
+    resources = build_resources(run_dir=tmp_path / "run", run="x", preset="cpu_smoke", iterations=2,
+                                checkpoint=str(tmp_path / "tiny"), rollouts="workers", workers={"num_workers": 1, "timeout_s": 300})
+    with open_queue(resources["queue"].url) as worker_queue:
+        loop, _ = _worker_loop(worker_queue, resources["store"].get_store())
+        loop.args.max_idle_s = None
+        worker = threading.Thread(target=loop.run, daemon=True)
+        worker.start()
+        try:
+            outcomes = list(walk_iterations(dg.DagsterInstance.ephemeral(), resources))
+        finally:
+            loop.stop.set()
+            worker.join(timeout=60)
+    assert outcomes[0].metadata["exploration"]["enabled"] is True
+    ledger = resources["ledger"].get_ledger()
+    rows = ledger.query("SELECT iteration, arm, num_requests, budget_s, overhead_s FROM exploration ORDER BY 1").rows
+    assert [r[0] for r in rows] == [0, 1] and all(r[1].startswith("m") for r in rows)
+    explore_requests = ledger.query("SELECT iteration, status FROM requests WHERE kind = 'explore' ORDER BY request_id").rows
+    assert len(explore_requests) == 4  # 2 prompts per iteration
+    store = resources["store"].get_store()
+    for k, (_, _, done, _, _) in enumerate(rows):
+        assert sum(s == "done" for i, s in explore_requests if i == k) == done
+        planner = load_seed_plan(store, "x", k + 1).planner
+        assert planner.startswith("explore:") == (done > 0 and not planner.startswith("random:fallback")), planner
+    assert "explore" in {r[0] for r in ledger.query("SELECT phase FROM phases").rows}
+    assert (tmp_path / "run" / "report" / "exploration.png").is_file()
