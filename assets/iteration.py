@@ -111,7 +111,7 @@ def policy_update(context: AssetExecutionContext, run_config: RunConfigResource,
     led.record_train_step(TrainStepRecord(
         iteration=k, step=0, loss=stats.get("loss"), kl=stats.get("kl"), reward_mean=stats["reward_mean"],
         reward_std=stats["reward_std"], zero_std_ratio=stats["zero_std_ratio"], clip_fraction=stats.get("clip_frac"),
-        grad_norm=stats.get("grad_norm"), learning_rate=cfg.grpo.lr, duration_s=window.seconds))
+        grad_norm=stats.get("grad_norm"), learning_rate=stats.get("learning_rate", cfg.grpo.lr), duration_s=window.seconds))
     meta = {"weights_version_out": k + 1, **{k_: float(v) for k_, v in stats.items()}, **_cost(led, k, "train")}
     return dg.MaterializeResult(metadata=meta)
 
