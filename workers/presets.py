@@ -17,8 +17,9 @@ from workers.trainer import TrainConfig
 def cpu_tiny() -> TrainConfig:
     """The default: the shipped 2.5M-parameter base on 2 CPU cores, 20 iterations.
 
-    The NFT objective (advantage-weighted flow matching) on deterministic ODE rollouts,
-    the sampler validation uses. Why, and what it has achieved: docs/RECIPE.md.
+    The NFT objective (advantage-weighted flow matching, DiffusionNFT's adaptive x0-space
+    weighting) on deterministic ODE rollouts, the sampler validation uses. Why, and what
+    it has achieved: docs/RECIPE.md.
     """
     return TrainConfig(
         iterations=20,
@@ -27,7 +28,7 @@ def cpu_tiny() -> TrainConfig:
         reward="minigeneval",
         sampler=SamplerConfig(num_steps=8, noise_level=0.0),
         grpo=GRPOConfig(objective="nft", lr=1e-4, adv_clip=5.0, kl_beta=0.0, num_epochs=1, num_minibatches=2,
-                        nft_beta=1.0, nft_timesteps=2, nft_adv_scale=2.0),
+                        nft_beta=1.0, nft_timesteps=2, nft_adv_scale=2.0, nft_weighting="adaptive"),
         validate_every=5,
         validation_seeds=2,
     )
