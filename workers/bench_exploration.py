@@ -59,6 +59,8 @@ class ExplorationBench:
     """TrainConfig fields replaced after the preset (quick mode shrinks the batch)."""
     heldout_prompts: int | None = None
     """Use only the first this many held-out prompts (None: all 64)."""
+    strategies: tuple[str, ...] = STRATEGIES
+    """Which training runs to make (all three for the comparison; a subset to rerun one under other settings)."""
 
     def __post_init__(self) -> None:
         from workers.presets import get_preset
@@ -70,6 +72,8 @@ class ExplorationBench:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.audit_prompts < 0 or not self.target_gain > 0:
             raise ValueError("audit_prompts must be >= 0 and target_gain > 0")
+        if not self.strategies or set(self.strategies) - set(STRATEGIES):
+            raise ValueError(f"strategies must be a non-empty subset of {STRATEGIES}, got {self.strategies}")
         get_preset(self.preset)  # an unknown preset fails here, before any compute
         self.explore_config()
 
@@ -114,7 +118,7 @@ def run_exploration_bench(bench: ExplorationBench, checkpoint=None, progress: Ca
     runs = [run_strategy(s, seed, config, explore_config, checkpoint=checkpoint, validate_every=bench.validate_every,
                          heldout=heldout, base_score=base_score, best_of_n=bench.best_of_n,
                          audit_prompts=bench.audit_prompts, progress=say)
-            for seed in bench.seeds for s in STRATEGIES]
+            for seed in bench.seeds for s in STRATEGIES if s in bench.strategies]
     target = base_score + bench.target_gain
     figures = summarize(runs, target, config.prompts_per_iteration)
     return {"preset": bench.preset, "num_seeds": len(bench.seeds), "seeds": list(bench.seeds),
@@ -137,7 +141,7 @@ def time_to_target(run: dict, target: float) -> tuple[int | None, float | None]:
 def summarize(runs: list[dict], target: float, num_prompts: int) -> dict:
     """Per-strategy means over seeds, and the headline figures exploration is judged by."""
     per: dict[str, dict] = {}
-    for strategy in STRATEGIES:
+    for strategy in sorted({r["strategy"] for r in runs}, key=STRATEGIES.index):
         mine = [r for r in runs if r["strategy"] == strategy]
         reached = [time_to_target(r, target) for r in mine]
         rows = [row for r in mine for row in r["iterations"] if row["iteration"] >= 1]  # iteration 0 is random for all
@@ -160,7 +164,7 @@ def summarize(runs: list[dict], target: float, num_prompts: int) -> dict:
         "strategies": per,
         "time_to_target_speedup": _speedup(runs, target, "random", "explore"),
         "time_to_target_speedup_vs_best_of_n": _speedup(runs, target, "best_of_n", "explore"),
-        "reward_std_ratio": _ratio(per["explore"]["reward_std"], per["random"]["reward_std"]),
+        "reward_std_ratio": _ratio(per.get("explore", {}).get("reward_std"), per.get("random", {}).get("reward_std")),
         "exploration_overhead_pct": round(100 * overhead / critical, 4) if critical else None,
         "exploration_overhead_s_per_iteration": round(overhead / max(len(explore_rows), 1), 6),
         "explored_prompt_share": _mean([row["explored_prompts"] / num_prompts for row in explore_rows if row.get("arm")]),
@@ -180,8 +184,10 @@ def _speedup(runs: list[dict], target: float, slow: str, fast: str) -> float | N
     """Mean over seeds where both reached the target of slow / fast critical-path seconds to it."""
     ratios = []
     for seed in sorted({r["seed"] for r in runs}):
-        a = time_to_target(next(r for r in runs if r["seed"] == seed and r["strategy"] == slow), target)[1]
-        b = time_to_target(next(r for r in runs if r["seed"] == seed and r["strategy"] == fast), target)[1]
+        pair = [next((r for r in runs if r["seed"] == seed and r["strategy"] == s), None) for s in (slow, fast)]
+        if None in pair:
+            continue
+        a, b = (time_to_target(r, target)[1] for r in pair)
         if a is not None and b:
             ratios.append(a / b)
     return _mean(ratios)

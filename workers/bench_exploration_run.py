@@ -98,7 +98,7 @@ def explore_beside_training(stale, state: ExplorationState, explore_config: Expl
     overhead += clock() - t
     info = {"arm": None if choice.arm is None else choice.arm.name, "reason": choice.reason, "budget_s": budget_s,
             "predicted_s": choice.predicted_s, "explore_wall_s": round(min(max(free_at), train_s), 4),
-            "explored_prompts": len(results), "overhead_s": overhead, "planner": plan.planner}
+            "explored_prompts": len(results), "overhead_s": overhead, "next_planner": plan.planner}
     return plan, info, results
 
 

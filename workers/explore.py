@@ -71,9 +71,9 @@ class CacheLevel:
 
 CACHE_LEVELS: dict[str, CacheLevel] = {level.name: level for level in (
     CacheLevel("none", 1.0, None, 1.0),
-    CacheLevel("fbcache", 1.0, "fbcache", 0.75),
+    CacheLevel("fbcache", 1.0, "fbcache", 0.8),
     CacheLevel("taylorseer", 1.0, "taylorseer", 0.8),
-    CacheLevel("half_steps", 0.5, None, 0.55),
+    CacheLevel("half_steps", 0.5, None, 0.5),
     CacheLevel("quarter_steps", 0.25, None, 0.25),
 )}
 """Named cheap-sampler levels; nominal costs from docs/EXPLORATION.md's measurement (8-step ODE, 16 seeds)."""
