@@ -384,6 +384,7 @@ def bench_exploration(
     iterations: Optional[int] = typer.Option(None, help="Training iterations per run (default 6)."),
     target_gain: Optional[float] = typer.Option(None, help="Target = base held-out score + this (default 0.03)."),
     workers: Optional[int] = typer.Option(None, help="Exploration workers beside the trainer (default 1)."),
+    strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these runs (repeat: random, explore, best_of_n)."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
 ) -> None:
     """Seed exploration on stale weights vs random seeds vs best-of-N: time to a held-out target, reward std, overhead, rank consistency."""
@@ -392,7 +393,8 @@ def bench_exploration(
     from workers.bench_exploration import ExplorationBench, format_exploration_report, run_exploration_bench
 
     changes = {k: v for k, v in {"seeds": tuple(seed) if seed else None, "iterations": iterations,
-                                 "target_gain": target_gain, "num_workers": workers}.items() if v is not None}
+                                 "target_gain": target_gain, "num_workers": workers,
+                                 "strategies": tuple(strategy) if strategy else None}.items() if v is not None}
     try:
         bench = dataclasses.replace(ExplorationBench.quick() if quick else ExplorationBench(), **changes)
     except ValueError as err:
