@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/spotlight train --out runs/demo --overwrite
+	$(BIN)/spotlight run --run-dir runs/demo --overwrite
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

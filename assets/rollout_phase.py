@@ -51,6 +51,10 @@ def run_rollout_phase(workers: RolloutWorkersResource, store: TensorStore, queue
         if workers.mode == "local_cluster":
             _run_local_cluster(workers, store.url, queue_url, ledger, queue, ids, iteration, summary)
         outcome = queue.wait_until_done(ids, timeout_s=workers.timeout_s)
+    if workers.mode == "workers":
+        # Workers outside this phase (the run-long cluster of `spotlight run`) record their
+        # preemptions in the ledger: count those that hit while the phase waited.
+        summary.preemptions = _preemptions_since(ledger, summary.enqueued_at)
     if not outcome.complete or len(outcome.results) != len(ids):
         raise RolloutsIncompleteError(
             f"iteration {iteration}: {len(outcome.results)} of {len(ids)} rollout requests finished within "
@@ -77,3 +81,10 @@ def _run_local_cluster(workers: RolloutWorkersResource, store_url: str, queue_ur
         result = cluster.run_until(done, trace=trace, timeout_s=workers.timeout_s)
     summary.workers_started += result.workers_started
     summary.preemptions += len(result.preemptions)
+
+
+def _preemptions_since(ledger: Ledger, since: float) -> int:
+    from resources.ledger_records import to_utc
+
+    rows = ledger.query("SELECT count(*) FROM preemptions WHERE preempted_at >= ?", [to_utc(since)]).rows
+    return int(rows[0][0])

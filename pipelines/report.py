@@ -4,7 +4,7 @@
     <run-dir>/report/reward.png            training reward per iteration
     <run-dir>/report/validation.png        held-out score per weights version
     <run-dir>/report/cost.png              USD per iteration, spot vs reserved
-    <run-dir>/report/preemptions.png       preemption timeline per worker
+    <run-dir>/report/preemptions.png       preemption timeline: worker processes per slot, preemptions
     <run-dir>/report/sync.png              bytes per weights version, dense vs PULSE
     <run-dir>/report/exploration.png       rank consistency (Kendall tau, Spearman rho) and variance gain of each plan
     <run-dir>/report/grids/it-*-{rollouts,validation}.png   written by the rollouts / validation assets
@@ -20,7 +20,7 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.metadata import bar_plot_png, line_plot_png
+from assets.metadata import _figure, _png, bar_plot_png, line_plot_png
 from resources.ledger import Ledger
 
 
@@ -77,16 +77,42 @@ def _cost_plot(ledger: Ledger) -> bytes:
 
 
 def _preemption_plot(ledger: Ledger) -> bytes:
-    rows = ledger.query("""
-        SELECT worker_id, date_diff('microsecond', (SELECT min(started_at) FROM runs), preempted_at) / 1e6 AS t_s,
-               notice_s > 0 AS notice FROM preemptions ORDER BY preempted_at""").rows
-    workers = sorted({r[0] for r in rows})
-    series = {
-        label: ([r[1] for r in rows if r[2] == flag], [workers.index(r[0]) for r in rows if r[2] == flag])
-        for label, flag in (("with notice", True), ("without notice", False))
-    }
-    title = f"preemptions ({len(rows)})" if rows else "preemptions (none in this run)"
-    return line_plot_png(series, title, "seconds since the run started", "worker (index)")
+    """The preemption timeline: one lane per worker slot, a bar per worker process it held (a preempted slot
+    gets a new process), a mark per preemption (with or without notice), rollout phases shaded."""
+    workers = ledger.query(f"SELECT worker_id, {_run_s('started_at')}, {_run_s('coalesce(ended_at, now())')} "
+                           "FROM workers WHERE role = 'rollout' ORDER BY started_at").rows
+    hits = ledger.query(f"SELECT worker_id, {_run_s('preempted_at')}, notice_s > 0 FROM preemptions ORDER BY preempted_at").rows
+    rollouts = ledger.query(f"SELECT {_run_s('started_at')}, {_run_s('coalesce(ended_at, now())')} FROM phases "
+                            "WHERE phase = 'rollout' ORDER BY started_at").rows
+    lanes = sorted({_slot(w) for w, _, _ in workers} | {_slot(w) for w, _, _ in hits})
+    fig, ax = _figure()
+    for i, (start, end) in enumerate(rollouts):
+        ax.axvspan(start, end, color="#dddddd", label="rollout phase" if i == 0 else None)
+    for worker, start, end in workers:
+        ax.broken_barh([(start, max(end - start, 0.0))], (lanes.index(_slot(worker)) - 0.12, 0.24), color="#4c72b0",
+                       label="worker process" if worker == workers[0][0] else None)
+    for notice, style, label in ((True, dict(marker="v", color="#dd8452"), "preempted with notice"),
+                                 (False, dict(marker="X", color="#c44e52"), "preempted without notice")):
+        points = [(t, lanes.index(_slot(w))) for w, t, n in hits if bool(n) == notice]
+        if points:
+            ax.scatter([t for t, _ in points], [y for _, y in points], s=60, zorder=3, label=label, **style)
+    without = sum(1 for _, _, n in hits if not n)
+    title = (f"preemptions: {len(hits)} ({without} without notice)" if hits else
+             "preemptions (none in this run)" if workers else "preemptions (no rollout workers in this run)")
+    ax.set(title=title, xlabel="seconds since the run started", yticks=range(len(lanes)), yticklabels=lanes,
+           ylim=(-0.6, len(lanes) + 0.4))  # room above the top lane for the legend
+    if workers or hits:
+        ax.legend(loc="upper center", fontsize="small", ncol=2)
+    return _png(fig)
+
+
+def _run_s(column: str) -> str:
+    """SQL: seconds from the run's start to a timestamp column."""
+    return f"date_diff('microsecond', (SELECT min(started_at) FROM runs), {column}) / 1e6"
+
+
+def _slot(worker_id: str) -> str:
+    return worker_id.split(".")[0]
 
 
 def _sync_plot(ledger: Ledger) -> bytes:

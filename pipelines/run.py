@@ -1,9 +1,10 @@
 """`spotlight run`: a whole post-training run on this machine, walking the pipeline's assets iteration by iteration.
 
 The run folder holds `run.json` (what was asked, so `--resume` continues the same run),
-`ledger.duckdb`, `store/` (default), `queue.db` and `report/`. With `--rollouts
-local_cluster` one cluster of rollout worker processes lives for the whole run, pulling
+`ledger.duckdb`, `store/` (default), `queue.db` and `report/`. By default (`--rollouts
+local_cluster`) one cluster of rollout worker processes lives for the whole run, pulling
 from the queue, preempted on a Poisson trace; the rollout assets then enqueue and wait.
+`--rollouts inprocess` samples in this process instead (no workers, no preemptions).
 
 Example:
     spec = RunSpec.resolve(Path("runs/demo"), resume=False, preset="cpu_tiny", iterations=None, ...)
@@ -14,12 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 SPEC_NAME = "run.json"
+ROLLOUT_MODES = ("local_cluster", "inprocess")
+DEFAULT_WORKERS = 2
+"""One single-threaded worker per core of a 2-core machine: the trainer waits while they sample."""
+DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
+"""Per spot worker-hour, Poisson, half of them without notice: far more often than clouds preempt, so that a
+default run (~10 min, 2 workers) sees a few and its report shows what they cost."""
 
 
 @dataclass(frozen=True)
@@ -29,19 +37,29 @@ class RunSpec:
     run_dir: str
     preset: str = "cpu_tiny"
     iterations: Optional[int] = None
+    reward: Optional[str] = None
     store: Optional[str] = None
     queue: Optional[str] = None
-    rollouts: str = "inprocess"
+    rollouts: str = "local_cluster"
     checkpoint: Optional[str] = None
-    num_workers: int = 2
-    preemptions_per_hour: float = 60.0
+    num_workers: int = DEFAULT_WORKERS
+    preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
+
+    def __post_init__(self) -> None:
+        if self.rollouts not in ROLLOUT_MODES:
+            raise ValueError(f"--rollouts must be one of {ROLLOUT_MODES}, got {self.rollouts!r}")
+        if self.num_workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.num_workers}")
+        if not self.preemptions_per_hour >= 0:
+            raise ValueError(f"--preemptions-per-hour must be >= 0, got {self.preemptions_per_hour}")
 
     @classmethod
-    def resolve(cls, run_dir: Path, *, resume: bool, **asked) -> "RunSpec":
-        """A new run's spec, or on --resume the stored one (flags given again must agree with it)."""
+    def resolve(cls, run_dir: Path, *, resume: bool, replace: bool = False, **asked) -> "RunSpec":
+        """A new run's spec, or on --resume the stored one (flags given again must agree with it).
+        `replace`: a new run that will replace the one in `run_dir` (the caller deletes it)."""
         path = run_dir / SPEC_NAME
         if not resume:
-            if path.exists() or (run_dir / "ledger.duckdb").exists():
+            if not replace and (path.exists() or (run_dir / "ledger.duckdb").exists()):
                 raise ValueError(f"{run_dir} already holds a run; continue it with --resume or choose another --run-dir")
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         if not path.is_file():
@@ -61,8 +79,8 @@ class RunSpec:
         from pipelines.deploy import build_resources
 
         mode = "workers" if self.rollouts == "local_cluster" else self.rollouts
-        return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, store=self.store,
-                               queue=self.queue, rollouts=mode, checkpoint=self.checkpoint)
+        return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, reward=self.reward,
+                               store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint)
 
 
 def close_dangling_workers(ledger) -> int:
@@ -75,6 +93,20 @@ def close_dangling_workers(ledger) -> int:
     return len(open_ids)
 
 
+def slot_name(index: int, session: int) -> str:
+    """`w0`, `w1`, ... on the first start; `w0s1`, ... after a resume (worker ids stay unique in the ledger)."""
+    return f"w{index}" if session == 0 else f"w{index}s{session}"
+
+
+def cluster_session(ledger) -> int:
+    """How many clusters this run started before: 0 for a new run, 1 after the first --resume, ..."""
+    slots = {r[0].split(".")[0] for r in ledger.query("SELECT worker_id FROM workers WHERE role = 'rollout'").rows}
+    session = 0
+    while slot_name(0, session) in slots:
+        session += 1
+    return session
+
+
 @contextlib.contextmanager
 def run_cluster(spec: RunSpec, resources: dict) -> Iterator[None]:
     """With --rollouts local_cluster: worker processes for the whole run, preempted on a Poisson trace."""
@@ -84,15 +116,17 @@ def run_cluster(spec: RunSpec, resources: dict) -> Iterator[None]:
     from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
     from resources.preemption import poisson_trace
 
-    workers = resources["rollout_workers"]
-    slots = [WorkerSlot(f"w{i}", spot=True, usd_per_hour=workers.spot_usd_per_hour) for i in range(spec.num_workers)]
+    workers, ledger = resources["rollout_workers"], resources["ledger"].get_ledger()
+    session = cluster_session(ledger)
+    slots = [WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=workers.spot_usd_per_hour)
+             for i in range(spec.num_workers)]
     config = ClusterConfig(resources["queue"].url, resources["store"].url, commit_every=workers.commit_every,
                            lease_s=workers.lease_s, restart_delay_s=workers.restart_delay_s,
                            log_dir=str(Path(spec.run_dir) / "worker_logs"))
     trace = poisson_trace([s.name for s in slots], rate_per_hour=spec.preemptions_per_hour, duration_s=6 * 3600,
-                          notice_share=workers.notice_share, seed=0)
+                          notice_share=workers.notice_share, seed=session)
     stop = threading.Event()
-    cluster = LocalCluster(config, slots, resources["ledger"].get_ledger())
+    cluster = LocalCluster(config, slots, ledger)
     cluster.start()
     pump = threading.Thread(target=cluster.run_until, args=(stop.is_set,), kwargs={"trace": trace, "timeout_s": 6 * 3600},
                             daemon=True)
@@ -105,19 +139,39 @@ def run_cluster(spec: RunSpec, resources: dict) -> Iterator[None]:
         cluster.stop()
 
 
+def trainer_threads(spec: RunSpec) -> Optional[int]:
+    """Torch threads of this process (trainer and validation): with a local cluster, the cores its workers
+    (one thread each) leave, at least one; None = torch's default (also when OMP_NUM_THREADS is set).
+
+    Workers sample while the trainer waits, but explore while it trains, and OpenMP threads spin when
+    the cores are oversubscribed: on a shared 2-core machine next to 2 workers, a 2-thread trainer spent
+    2.5x the CPU and 1.7x the wall time of a 1-thread one on the same two iterations (docs/PIPELINE.md)."""
+    if spec.rollouts != "local_cluster" or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - spec.num_workers)
+
+
 def execute(spec: RunSpec, console, on_iteration=None) -> dict:
     """Walk every iteration not yet done; returns the summary (rows, report path, run cost)."""
+    import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     import dagster as dg
 
     from pipelines.run_walk import walk_iterations
 
+    threads = trainer_threads(spec)
+    if threads is not None:
+        torch.set_num_threads(threads)
     resources = spec.resources()
     spec.save()
     ledger = resources["ledger"].get_ledger()
     if close_dangling_workers(ledger):
         console.print("closed workers the interrupted run had left open")
+    if spec.rollouts == "local_cluster":
+        console.print(f"rollouts on {spec.num_workers} local spot workers (1 thread each, {spec.preemptions_per_hour:g} "
+                      f"preemptions per worker-hour); trainer on {torch.get_num_threads()} thread(s)")
     total = resources["run_config"].num_iterations + 1
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
     try:

@@ -1,4 +1,5 @@
-"""The `spotlight run` command (registered in pipelines/cli.py). Only typer at import time: `--help` stays instant."""
+"""The `spotlight run` command (registered in pipelines/cli.py). Only typer and pipelines.run's stdlib module at
+import time: `--help` stays instant."""
 
 from __future__ import annotations
 
@@ -7,18 +8,22 @@ from typing import Optional
 
 import typer
 
+from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
+
 
 def run_command(
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: the preset's)."),
     preset: Optional[str] = typer.Option(None, help="Training preset (workers/presets.py; default cpu_tiny)."),
+    reward: Optional[str] = typer.Option(None, help="Reward name overriding the preset's (workers/rewards.py: minigeneval, minigeneval_strict, jpeg_compressibility)."),
     store: Optional[str] = typer.Option(None, help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."),
     queue: Optional[str] = typer.Option(None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."),
     run_dir: Path = typer.Option(Path("runs/run"), "--run-dir", help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir from its first unfinished iteration."),
-    rollouts: Optional[str] = typer.Option(None, help="Who samples: inprocess (the trainer, batched; default) or local_cluster (worker processes with injected preemptions)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="local_cluster: rollout worker processes (default 2)."),
-    preemptions_per_hour: Optional[float] = typer.Option(None, help="local_cluster: preemptions per worker-hour (default 60)."),
+    rollouts: Optional[str] = typer.Option(None, help="Who samples: local_cluster (default: rollout worker processes on this machine, spot-priced, with injected preemptions) or inprocess (the trainer itself, batched; no workers)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS})."),
+    preemptions_per_hour: Optional[float] = typer.Option(None, help=f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default {DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none)."),
     checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process: sync -> rollout -> train (+ explore) -> validate, per iteration."""
     import time
@@ -28,15 +33,19 @@ def run_command(
     from pipelines.run import RunSpec, execute
 
     console = Console(stderr=True)
-    if rollouts is not None and rollouts not in ("inprocess", "local_cluster"):
-        raise typer.BadParameter(f"--rollouts must be inprocess or local_cluster, got {rollouts!r}")
-    asked = {"preset": preset, "iterations": iterations, "store": store, "queue": queue, "rollouts": rollouts,
+    asked = {"preset": preset, "iterations": iterations, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
              "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour}
     try:
-        spec = RunSpec.resolve(run_dir, resume=resume, **asked)
-        spec.resources()  # every name and URL checked before any compute
+        if overwrite:
+            _check_overwrite(run_dir, resume=resume, store=store, queue=queue)
+        spec = RunSpec.resolve(run_dir, resume=resume, replace=overwrite, **asked)
+        spec.resources()  # every name and URL checked before any compute (and before --overwrite deletes)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    if overwrite and run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
     from pipelines.run_walk import IterationFailedError
 
     started = time.perf_counter()
@@ -49,6 +58,20 @@ def run_command(
     _print_summary(console, result, time.perf_counter() - started)
 
 
+def _check_overwrite(run_dir: Path, *, resume: bool, store: Optional[str], queue: Optional[str]) -> None:
+    """--overwrite deletes a previous run's folder: only when everything that run wrote lives inside it."""
+    from pipelines.run import SPEC_NAME
+
+    if resume:
+        raise ValueError("--overwrite starts afresh and --resume continues: pass one of them")
+    if store is not None or queue is not None:
+        raise ValueError("--overwrite only clears a run whose store and queue live in --run-dir; with --store or "
+                         "--queue, choose a new --run-dir instead (the run name is the folder's name)")
+    holds_run = (run_dir / SPEC_NAME).is_file() or (run_dir / "ledger.duckdb").is_file()
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not holds_run:
+        raise ValueError(f"--overwrite refuses to delete {run_dir}: it holds no spotlight run (no {SPEC_NAME})")
+
+
 def _line(outcome) -> str:
     if outcome.skipped:
         return f"it {outcome.iteration:>3}  done earlier (resumed)"
@@ -58,6 +81,8 @@ def _line(outcome) -> str:
         parts.append(f"reward {meta['rollouts']['reward_mean']:.3f}")
     if meta.get("validation", {}).get("validated", True) and "score" in meta.get("validation", {}):
         parts.append(f"held-out {meta['validation']['score']:.3f}")
+    if meta.get("rollouts", {}).get("preemptions"):
+        parts.append(f"{meta['rollouts']['preemptions']} preempted")
     parts.append(f"sync {meta['weight_patch']['sent_bytes'] / 1024:.0f} KiB")
     parts.append(f"{outcome.seconds:.1f} s")
     return "  ".join(parts)
@@ -66,10 +91,10 @@ def _line(outcome) -> str:
 def _print_summary(console, result: dict, wall_s: float) -> None:
     from rich.table import Table
 
-    table = Table("it", "reward", "held-out", "USD spot", "USD reserved", "preempt.", "dense B", "PULSE B", title="spotlight run")
+    table = Table("it", "reward", "held-out", "$ spot", "$ reserved", "preempt.", "dense B", "PULSE B", title="spotlight run")
     for r in result["rows"]:
-        table.add_row(str(r["iteration"]), _num(r["reward_mean"]), _num(r["heldout_score"]), _num(r["usd_spot"]),
-                      _num(r["usd_reserved"]), str(r["preemptions"]), str(r["dense_bytes"] or ""), str(r["patch_bytes"] or ""))
+        table.add_row(str(r["iteration"]), _num(r["reward_mean"]), _num(r["heldout_score"]), _usd(r["usd_spot"]),
+                      _usd(r["usd_reserved"]), str(r["preemptions"]), str(r["dense_bytes"] or ""), str(r["patch_bytes"] or ""))
     Console = type(console)
     Console().print(table)
     cost = result["cost"]
@@ -77,6 +102,10 @@ def _print_summary(console, result: dict, wall_s: float) -> None:
                   f"reserved ${cost['usd_reserved']:.4f})")
     console.print(f"report: {result['report']}")
     console.print(f"ledger: spotlight ledger \"SELECT * FROM validation_curve\" --db {result['ledger']}")
+
+
+def _usd(value) -> str:
+    return "" if value is None else f"{value:.5f}"
 
 
 def _num(value) -> str:

@@ -34,6 +34,12 @@ def _invoke(*args: str):
     return CliRunner().invoke(app, ["run", *args])
 
 
+def _refused(result, message: str) -> bool:
+    """The command failed and said `message` (rich wraps the error box: compare words, not lines)."""
+    said = " ".join(result.output.replace("│", " ").split())
+    return result.exit_code != 0 and " ".join(message.split()) in said
+
+
 def test_run_refuses_a_folder_that_holds_a_run_unless_resumed(tmp_path):
     (tmp_path / "run.json").write_text('{"run_dir": "x"}')
     result = _invoke("--run-dir", str(tmp_path), "--preset", "cpu_smoke")
@@ -49,13 +55,47 @@ def test_resume_refuses_flags_that_differ_from_the_stored_run(tmp_path):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--preset", "huge", "unknown preset"), ("--store", "ftp://h/x", "store URL scheme"),
+    ("--preset", "huge", "unknown preset"), ("--reward", "beauty", "unknown reward"), ("--store", "ftp://h/x", "store URL scheme"),
     ("--queue", "amqp://h", "queue URL scheme"), ("--rollouts", "magic", "--rollouts"),
+    ("--workers", "0", "--workers"), ("--preemptions-per-hour", "-1", "--preemptions-per-hour"),
 ])
 def test_bad_flags_fail_before_any_compute(tmp_path, flag, value, message):
     result = _invoke("--run-dir", str(tmp_path / "r"), flag, value)
-    assert result.exit_code != 0 and message in result.output
+    assert _refused(result, message)
     assert not (tmp_path / "r" / "ledger.duckdb").exists()
+
+
+def test_the_default_run_samples_on_a_preempted_local_cluster(tmp_path):
+    from pipelines.run import RunSpec
+
+    spec = RunSpec.resolve(tmp_path / "r", resume=False)
+    assert (spec.rollouts, spec.preset) == ("local_cluster", "cpu_tiny")
+    assert spec.num_workers >= 2 and spec.preemptions_per_hour > 0
+    assert spec.resources()["rollout_workers"].mode == "workers"  # the run-long cluster pulls from the queue
+
+
+def test_overwrite_checks_every_flag_before_deleting_the_old_run(tmp_path):
+    old = tmp_path / "r"
+    old.mkdir()
+    (old / "run.json").write_text('{"run_dir": "x"}')
+    result = _invoke("--run-dir", str(old), "--overwrite", "--preset", "huge")
+    assert _refused(result, "unknown preset")
+    assert (old / "run.json").is_file()
+
+
+@pytest.mark.parametrize("setup, extra, message", [
+    ("other files", [], "holds no spotlight run"),
+    ("a run", ["--resume"], "--resume"),
+    ("a run", ["--store", "s3://b/p"], "--store"),
+])
+def test_overwrite_refuses_what_it_could_not_clear_cleanly(tmp_path, setup, extra, message):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    marker = folder / ("notes.txt" if setup == "other files" else "run.json")
+    marker.write_text("{}")
+    result = _invoke("--run-dir", str(folder), "--overwrite", *extra)
+    assert _refused(result, message)
+    assert marker.is_file()
 
 
 def _spotlight_run(run_dir: Path, checkpoint: Path, *extra: str) -> subprocess.Popen:
@@ -67,21 +107,77 @@ def _spotlight_run(run_dir: Path, checkpoint: Path, *extra: str) -> subprocess.P
                             start_new_session=True)
 
 
-def _content(run_dir: Path) -> dict:
+def _content(run_dir: Path, queries: dict[str, str]) -> dict:
     from resources.ledger_db import query_ledger
 
-    return {name: query_ledger(run_dir / "ledger.duckdb", sql).rows for name, sql in CONTENT_QUERIES.items()}
+    return {name: query_ledger(run_dir / "ledger.duckdb", sql).rows for name, sql in queries.items()}
 
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_ledger_of_an_uninterrupted_run(tmp_path, tiny_policy):
+    """In-process rollouts and default seeds make a run deterministic: the resumed ledger must equal a fresh one."""
     from workers.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     # Both runs are named "r" (the folder's name), so request ids and store keys match.
     whole, killed = tmp_path / "a" / "r", tmp_path / "b" / "r"
-    proc = _spotlight_run(killed, tmp_path / "tiny")
-    mid_iteration_1 = killed / "store" / "runs" / "r" / "rollouts" / "it-000001"
+    proc = _spotlight_run(killed, tmp_path / "tiny", "--rollouts", "inprocess")
+    _kill_once_iteration_1_has_results(proc, killed)
+    assert _content(killed, CONTENT_QUERIES)["iterations"][-1][2] == "running"  # it died mid-iteration
+
+    resumed = _spotlight_run(killed, tmp_path / "tiny", "--resume")
+    assert resumed.wait(timeout=900) == 0, resumed.stderr.read()
+    fresh = _spotlight_run(whole, tmp_path / "tiny", "--rollouts", "inprocess")
+    assert fresh.wait(timeout=900) == 0, fresh.stderr.read()
+
+    got, expected = _content(killed, CONTENT_QUERIES), _content(whole, CONTENT_QUERIES)
+    assert [r[:3] for r in got["iterations"]] == [(0, 0, "succeeded"), (1, 1, "succeeded"), (2, 2, "succeeded")]
+    for table in CONTENT_QUERIES:
+        assert got[table] == expected[table], table
+    assert (killed / "report" / "index.html").is_file()
+
+
+# What must survive a kill of the default run (rollouts and exploration on worker processes). Which seeds
+# exploration finds depends on timing, so two such runs differ; a resumed one must still neither redo a
+# finished iteration nor hold anything twice.
+CLUSTER_QUERIES = {
+    "iterations": "SELECT iteration, weights_version, status FROM iterations ORDER BY 1",
+    "rollouts": "SELECT iteration, count(*), count(result_hash) FROM requests WHERE kind = 'rollout' AND status = 'done' "
+                "GROUP BY 1 ORDER BY 1",
+    "iteration_0": "SELECT request_id, result_hash, finished_at FROM requests WHERE iteration = 0 ORDER BY 1",
+    "train_0": "SELECT * FROM train_steps WHERE iteration = 0",
+    "validations": "SELECT iteration, count(*) FROM validation GROUP BY 1 ORDER BY 1",
+    "workers": "SELECT worker_id, end_reason FROM workers WHERE role = 'rollout' ORDER BY 1",
+}
+
+
+@pytest.mark.slow
+def test_killed_cluster_run_resumes_without_redoing_or_duplicating_work(tmp_path, tiny_policy):
+    from workers.policy import save_policy
+
+    save_policy(tiny_policy, tmp_path / "tiny")
+    killed = tmp_path / "r"
+    proc = _spotlight_run(killed, tmp_path / "tiny", "--preemptions-per-hour", "0")  # default rollouts: local_cluster
+    _kill_once_iteration_1_has_results(proc, killed)  # the run and its worker processes, without notice
+    before = _content(killed, CLUSTER_QUERIES)
+    assert before["iterations"][-1][2] == "running"
+
+    resumed = _spotlight_run(killed, tmp_path / "tiny", "--resume")
+    assert resumed.wait(timeout=900) == 0, resumed.stderr.read()
+
+    after = _content(killed, CLUSTER_QUERIES)
+    assert after["iterations"] == [(0, 0, "succeeded"), (1, 1, "succeeded"), (2, 2, "succeeded")]
+    assert after["rollouts"] == [(0, 8, 8), (1, 8, 8)]  # 2 prompts x 4 seeds, each once, each with a result
+    assert (after["iteration_0"], after["train_0"]) == (before["iteration_0"], before["train_0"])  # not redone
+    assert after["validations"] == [(0, 1), (1, 1), (2, 1)]
+    # The killed run's workers are closed as interrupted; the resumed run's got new ids and finished.
+    assert after["workers"] == [("w0.0", "interrupted"), ("w0s1.0", "finished"), ("w1.0", "interrupted"),
+                                ("w1s1.0", "finished")]
+    assert (killed / "report" / "preemptions.png").is_file()
+
+
+def _kill_once_iteration_1_has_results(proc: subprocess.Popen, run_dir: Path) -> None:
+    mid_iteration_1 = run_dir / "store" / "runs" / run_dir.name / "rollouts" / "it-000001"
     deadline = time.monotonic() + 600
     while not (mid_iteration_1.is_dir() and any(mid_iteration_1.iterdir())):
         assert proc.poll() is None, proc.stderr.read()
@@ -89,15 +185,3 @@ def test_killed_run_resumes_to_the_ledger_of_an_uninterrupted_run(tmp_path, tiny
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert _content(killed)["iterations"][-1][2] == "running"  # it died mid-iteration
-
-    resumed = _spotlight_run(killed, tmp_path / "tiny", "--resume")
-    assert resumed.wait(timeout=900) == 0, resumed.stderr.read()
-    fresh = _spotlight_run(whole, tmp_path / "tiny")
-    assert fresh.wait(timeout=900) == 0, fresh.stderr.read()
-
-    got, expected = _content(killed), _content(whole)
-    assert [r[:3] for r in got["iterations"]] == [(0, 0, "succeeded"), (1, 1, "succeeded"), (2, 2, "succeeded")]
-    for table in CONTENT_QUERIES:
-        assert got[table] == expected[table], table
-    assert (killed / "report" / "index.html").is_file()
