@@ -382,6 +382,7 @@ def bench_exploration(
     quick: bool = typer.Option(False, "--quick", help="One seed, two tiny iterations: a smoke run in about a minute."),
     seed: Optional[list[int]] = typer.Option(None, "--seed", help="Run seeds (repeat the option; default 0 1 2)."),
     iterations: Optional[int] = typer.Option(None, help="Training iterations per run (default 6)."),
+    validate_every: Optional[int] = typer.Option(None, help="Held-out validation every this many iterations (default 3)."),
     target_gain: Optional[float] = typer.Option(None, help="Target = base held-out score + this (default 0.03)."),
     workers: Optional[int] = typer.Option(None, help="Exploration workers beside the trainer (default 1)."),
     strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these runs (repeat: random, explore, best_of_n)."),
@@ -393,7 +394,7 @@ def bench_exploration(
     from workers.bench_exploration import ExplorationBench, format_exploration_report, run_exploration_bench
 
     changes = {k: v for k, v in {"seeds": tuple(seed) if seed else None, "iterations": iterations,
-                                 "target_gain": target_gain, "num_workers": workers,
+                                 "validate_every": validate_every, "target_gain": target_gain, "num_workers": workers,
                                  "strategies": tuple(strategy) if strategy else None}.items() if v is not None}
     try:
         bench = dataclasses.replace(ExplorationBench.quick() if quick else ExplorationBench(), **changes)
