@@ -27,7 +27,7 @@ DEFAULT_WORKERS = 2
 """One single-threaded worker per core of a 2-core machine: the trainer waits while they sample."""
 DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
 """Per spot worker-hour, Poisson, half of them without notice: far more often than clouds preempt, so that a
-default run (~10 min, 2 workers) sees a few and its report shows what they cost."""
+default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,8 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
     (one thread each) leave, at least one; None = torch's default (also when OMP_NUM_THREADS is set).
 
     Workers sample while the trainer waits, but explore while it trains, and OpenMP threads spin when
-    the cores are oversubscribed: on a shared 2-core machine next to 2 workers, a 2-thread trainer spent
-    2.5x the CPU and 1.7x the wall time of a 1-thread one on the same two iterations (docs/PIPELINE.md)."""
+    the cores are oversubscribed: on 2 cores next to 2 workers, two iterations took twice as long with a
+    2-thread trainer as with a 1-thread one (docs/PIPELINE.md)."""
     if spec.rollouts != "local_cluster" or os.environ.get("OMP_NUM_THREADS"):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
