@@ -148,13 +148,7 @@ class ExploreSpec:
         missing, extra = sorted(_PAYLOAD_FIELDS - set(payload)), sorted(set(payload) - _PAYLOAD_FIELDS)
         if missing or extra:
             raise ValueError(f"explore payload: missing fields {missing}, unknown fields {extra}")
-        sampler = dict(payload["sampler"] or {})
-        if sampler.get("sde_window") is not None:
-            sampler["sde_window"] = tuple(sampler["sde_window"])
-        try:
-            config = SamplerConfig(**sampler)
-        except TypeError as err:
-            raise ValueError(f"explore payload: bad sampler fields: {err}") from err
+        config = SamplerConfig.from_json(payload["sampler"], "explore payload")
         if not isinstance(payload["seeds"], list):
             raise ValueError("explore payload: seeds must be a list")
         return cls(payload["run"], payload["prompt"], tuple(payload["seeds"]), payload["weights_version"], config,

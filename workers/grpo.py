@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.nft import WEIGHTINGS
 
 OBJECTIVES = ("flow_grpo", "nft")
 
@@ -56,8 +57,8 @@ class GRPOConfig:
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.nft_weighting not in ("velocity", "adaptive"):
-            raise ValueError(f"nft_weighting must be 'velocity' or 'adaptive', got {self.nft_weighting!r}")
+        if self.nft_weighting not in WEIGHTINGS:
+            raise ValueError(f"nft_weighting must be one of {WEIGHTINGS}, got {self.nft_weighting!r}")
         if not 0 < self.nft_beta <= 10 or self.nft_timesteps < 1 or self.nft_adv_scale <= 0:
             raise ValueError(f"nft_beta must be in (0, 10], nft_timesteps >= 1, nft_adv_scale > 0; got "
                              f"{self.nft_beta}, {self.nft_timesteps}, {self.nft_adv_scale}")

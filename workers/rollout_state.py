@@ -80,13 +80,7 @@ class RolloutSpec:
         extra = sorted(set(payload) - _PAYLOAD_FIELDS)
         if missing or extra:
             raise ValueError(f"rollout payload: missing fields {missing}, unknown fields {extra}; allowed {sorted(_PAYLOAD_FIELDS)}")
-        sampler = dict(payload.get("sampler") or {})
-        if sampler.get("sde_window") is not None:
-            sampler["sde_window"] = tuple(sampler["sde_window"])
-        try:
-            config = SamplerConfig(**sampler)
-        except TypeError as err:
-            raise ValueError(f"rollout payload: bad sampler fields: {err}") from err
+        config = SamplerConfig.from_json(payload.get("sampler"), "rollout payload")
         return cls(payload["run"], payload["prompt"], payload["seed"], payload["weights_version"],
                    config, payload.get("reward", "minigeneval"))
 

@@ -17,6 +17,7 @@ import functools
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 
@@ -38,6 +39,17 @@ class SamplerConfig:
     """"bf16" (autocast, as on GPUs), "fp32", or "auto": bf16 on CUDA and on CPUs with native
     BF16 (AVX512-BF16 / AMX, where it is ~2x faster), fp32 elsewhere (on AVX2-only CPUs bf16
     is emulated and ~4x slower)."""
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any] | None, where: str) -> "SamplerConfig":
+        """Parse the JSON form (`dataclasses.asdict`) of a queue payload; ValueError names `where`."""
+        fields = dict(raw or {})
+        if fields.get("sde_window") is not None:
+            fields["sde_window"] = tuple(fields["sde_window"])
+        try:
+            return cls(**fields)
+        except TypeError as err:
+            raise ValueError(f"{where}: bad sampler fields: {err}") from err
 
     def __post_init__(self):
         if self.num_steps < 1:
