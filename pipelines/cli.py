@@ -43,7 +43,7 @@ def _human_line(r: dict) -> str:
 @app.command()
 def train(
     iterations: Optional[int] = typer.Option(None, help="GRPO iterations (default: the preset's)."),
-    preset: str = typer.Option("cpu_tiny", help="Training preset (workers/presets.py)."),
+    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/presets.py)."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
     seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
@@ -191,7 +191,7 @@ def bench_rollout(
 
 @bench_app.command("recipe")
 def bench_recipe(
-    preset: str = typer.Option("cpu_tiny", help="Training preset (workers/presets.py)."),
+    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/presets.py)."),
     seed: list[int] = typer.Option([0, 1, 2], "--seed", help="Run seeds (repeat the option); one run each."),
     iterations: Optional[int] = typer.Option(None, help="Iterations per run (default: the preset's)."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),

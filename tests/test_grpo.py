@@ -21,6 +21,19 @@ def test_a_group_with_equal_rewards_gets_zero_advantage():
     assert stats["zero_std_ratio"] == 0.5
 
 
+def test_batch_normalised_advantages_keep_a_near_tie_small_and_a_clear_split_large():
+    rewards = torch.tensor([0.80, 0.80, 0.80, 0.75, 1.0, 0.3, 1.0, 0.3])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    per_group, batch = group_advantages(rewards, groups), group_advantages(rewards, groups, norm="batch")
+    assert float(per_group[3]) < -1.5  # the group's own std turns a 0.05 gap into a big advantage
+    assert abs(float(batch[3])) < 0.2 and float(batch[4]) > 1.0  # one std for all: the gap stays small
+    for g in (0, 1):
+        assert abs(float(batch[groups == g].double().mean())) < 1e-6
+    assert abs(float(batch.double().pow(2).mean().sqrt()) - 1.0) < 1e-3
+    with pytest.raises(ValueError, match="adv_norm"):
+        GRPOConfig(adv_norm="global")
+
+
 def test_advantages_are_clipped():
     rewards = torch.tensor([0.0] * 99 + [1.0])
     adv = group_advantages(rewards, torch.zeros(100, dtype=torch.long), clip=5.0)

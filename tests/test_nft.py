@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -138,3 +140,28 @@ def test_the_learning_rate_warms_up_and_a_restored_optimizer_continues_the_ramp(
     resumed = GRPOTrainer(tiny_policy, _nft_config(lr=1e-3, lr_warmup_steps=4))
     resumed.optimizer.load_state_dict(trainer.optimizer.state_dict())  # what a resumed run restores
     assert [resumed.update(resumed.collect(it))["learning_rate"] for it in (2, 3, 4)] == pytest.approx([7.5e-4, 1e-3, 1e-3])
+
+
+def test_a_cosine_schedule_decays_after_the_warm_up_to_near_zero_at_the_last_step(tiny_policy):
+    config = dataclasses.replace(_nft_config(lr=1e-3, lr_warmup_steps=2, lr_schedule="cosine"), iterations=6)
+    trainer = GRPOTrainer(tiny_policy, config)
+    rates = [trainer.update(trainer.collect(it))["learning_rate"] for it in range(2)]
+    resumed = GRPOTrainer(tiny_policy, config)
+    resumed.optimizer.load_state_dict(trainer.optimizer.state_dict())  # a resumed run keeps its place
+    rates += [resumed.update(resumed.collect(it))["learning_rate"] for it in range(2, 6)]
+    # steps 0-1 ramp; steps 2..5 follow 0.5 (1 + cos(pi k / 4)), k = 0..3
+    assert rates == pytest.approx([5e-4, 1e-3, 1e-3, 8.536e-4, 5e-4, 1.464e-4], rel=1e-3)
+
+
+def test_an_unknown_lr_schedule_is_refused():
+    with pytest.raises(ValueError, match="lr_schedule"):
+        GRPOConfig(lr_schedule="linear")
+
+
+def test_the_held_out_preset_is_cpu_tiny_with_more_noise_levels_and_iterations():
+    from workers.presets import get_preset
+    long, short = get_preset("cpu_tiny_long"), get_preset("cpu_tiny")
+    assert (long.iterations, long.grpo.nft_timesteps) == (40, 6)  # docs/BENCHMARKS.md measured exactly this
+    same_budget = dataclasses.replace(long, iterations=short.iterations,
+                                      grpo=dataclasses.replace(long.grpo, nft_timesteps=short.grpo.nft_timesteps))
+    assert same_budget == short

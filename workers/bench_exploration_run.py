@@ -64,7 +64,7 @@ def best_of_n_batch(trainer: GRPOTrainer, iteration: int, per_prompt: int) -> Ro
     narrow = Trajectory([traj.prompts[n] for n in index], [traj.seeds[n] for n in index], traj.latents[:, idx],
                         traj.log_probs[:, idx], traj.step)
     group_ids = torch.arange(p).repeat_interleave(g)
-    advantages = group_advantages(wide.rewards[idx], group_ids, clip=cfg.grpo.adv_clip)
+    advantages = group_advantages(wide.rewards[idx], group_ids, clip=cfg.grpo.adv_clip, norm=cfg.grpo.adv_norm)
     return Rollouts(iteration, narrow, wide.rewards[idx], group_ids, advantages, wide.rollout_s)
 
 

@@ -16,6 +16,8 @@ import torch
 from workers.nft import WEIGHTINGS
 
 OBJECTIVES = ("flow_grpo", "nft")
+LR_SCHEDULES = ("constant", "cosine")
+ADV_NORMS = ("group", "batch")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,10 @@ class GRPOConfig:
     """PPO ratio clip (Flow-GRPO: log-probs are means over 3k dims, so ratios stay near 1)."""
     adv_clip: float = 5.0
     """Advantages are clipped to [-adv_clip, adv_clip]."""
+    adv_norm: str = "group"
+    """What divides a sample's deviation from its group mean: "group" (that group's std,
+    Flow-GRPO) or "batch" (one std over the batch; see group_advantages). "batch" gave no
+    held-out gain on MiniGenEval (docs/RECIPE.md, run BN)."""
     kl_beta: float = 0.0
     """Weight of the KL to the reference (base) policy; 0 skips the reference forward.
     flow_grpo: on the SDE step means (Flow-GRPO); nft: the squared velocity difference
@@ -39,6 +45,10 @@ class GRPOConfig:
     """Optimizer steps over which the learning rate ramps linearly up to lr (0 = none). AdamW's
     first bias-corrected steps move every weight by about lr whatever the gradient's signal;
     a ramp keeps them from undoing what the base does right (docs/RECIPE.md)."""
+    lr_schedule: str = "constant"
+    """After the warm-up: "constant", or "cosine" (decays towards 0 at the run's last optimizer
+    step, TrainConfig.iterations x num_epochs x num_minibatches). On MiniGenEval a cosine decay
+    from lr 2e-4 did not beat a constant 1e-4 (docs/RECIPE.md, run C2)."""
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     objective: str = "flow_grpo"
@@ -72,6 +82,10 @@ class GRPOConfig:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.num_epochs < 1 or self.num_minibatches < 1:
             raise ValueError(f"num_epochs and num_minibatches must be >= 1, got {self.num_epochs}, {self.num_minibatches}")
+        if self.adv_norm not in ADV_NORMS:
+            raise ValueError(f"adv_norm must be one of {ADV_NORMS}, got {self.adv_norm!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.max_grad_norm <= 0:
@@ -79,18 +93,24 @@ class GRPOConfig:
 
 
 def group_advantages(rewards_N: torch.Tensor, group_ids_N: torch.Tensor, clip: float = 5.0,
-                     eps: float = 1e-4) -> torch.Tensor:
-    """(r - group mean) / (group std + eps), clipped; zero for groups whose rewards are all equal.
+                     eps: float = 1e-4, norm: str = "group") -> torch.Tensor:
+    """(r - group mean) / (std + eps), clipped; zero for groups whose rewards are all equal.
 
+    norm "group": each group's own std (Flow-GRPO). "batch": one std for the whole batch, the
+    root mean square of every sample's deviation from its group mean, so a group whose rewards
+    differ by little gets small advantages instead of +-1.
     rewards_N: (N,) float; group_ids_N: (N,) int, samples of one prompt share an id.
     """
+    if norm not in ADV_NORMS:
+        raise ValueError(f"norm must be one of {ADV_NORMS}, got {norm!r}")
     rewards = rewards_N.double()
     _, inv = torch.unique(group_ids_N, return_inverse=True)
     g = int(inv.max()) + 1
     count = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, torch.ones_like(rewards))
     mean = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, rewards) / count
     var = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, (rewards - mean[inv]) ** 2) / count
-    adv = (rewards - mean[inv]) / (var.sqrt()[inv] + eps)
+    dev = rewards - mean[inv]
+    adv = dev / (var.sqrt()[inv] + eps) if norm == "group" else dev / (dev.pow(2).mean().sqrt() + eps)
     return adv.clamp(-clip, clip).float()
 
 

@@ -95,7 +95,7 @@ def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int
                       config.sampler.num_steps)
     rewards = torch.tensor([m["reward"] for _, m in results], dtype=torch.float32)
     group_ids = torch.tensor([r.prompt_index for r in requests])
-    advantages = group_advantages(rewards, group_ids, clip=config.grpo.adv_clip)
+    advantages = group_advantages(rewards, group_ids, clip=config.grpo.adv_clip, norm=config.grpo.adv_norm)
     rollout_s = sum(float(m.get("compute_s", 0.0)) for _, m in results)
     return Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s)
 

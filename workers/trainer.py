@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -130,7 +131,7 @@ class GRPOTrainer:
         traj = rollout(self.policy, all_prompts, seeds, c.sampler)
         rewards = torch.as_tensor(self.reward_fn(to_uint8(traj.images), all_prompts), dtype=torch.float32)
         group_ids = torch.arange(len(prompts)).repeat_interleave(c.group_size)
-        adv = group_advantages(rewards, group_ids, clip=c.grpo.adv_clip)
+        adv = group_advantages(rewards, group_ids, clip=c.grpo.adv_clip, norm=c.grpo.adv_norm)
         return Rollouts(iteration, traj, rewards, group_ids, adv, time.perf_counter() - t0)
 
     def _minibatch_loss(self, batch: Rollouts, index: torch.Tensor) -> dict[str, float]:
@@ -219,11 +220,15 @@ class GRPOTrainer:
         return out
 
     def _set_learning_rate(self) -> float:
-        """The warm-up ramp, keyed on AdamW's own step count (restored with its state on resume)."""
+        """Warm-up ramp, then the schedule, keyed on AdamW's own step count (restored with its state on resume)."""
         g = self.config.grpo
         first = next(iter(self.optimizer.state.values()), None)
         done = int(first["step"]) if first is not None else 0
         lr = g.lr * min(1.0, (done + 1) / g.lr_warmup_steps) if g.lr_warmup_steps else g.lr
+        if g.lr_schedule == "cosine" and done >= g.lr_warmup_steps:
+            total = self.config.iterations * g.num_epochs * g.num_minibatches
+            frac = min(1.0, (done - g.lr_warmup_steps) / max(1, total - g.lr_warmup_steps))
+            lr *= 0.5 * (1.0 + math.cos(math.pi * frac))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr

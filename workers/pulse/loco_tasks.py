@@ -190,7 +190,7 @@ class DiTTask:
         base = get_preset(config.dit_preset)
         train_config = dataclasses.replace(
             base, prompts_per_iteration=config.batch_size, group_size=config.group_size, seed=config.seed,
-            grpo=dataclasses.replace(base.grpo, lr=config.lr, lr_warmup_steps=0, num_epochs=1, num_minibatches=1),
+            grpo=dataclasses.replace(base.grpo, lr=config.lr, lr_warmup_steps=0, lr_schedule="constant", num_epochs=1, num_minibatches=1),
         )
         self.config, self.replica, self.num_replicas = config, replica, num_replicas
         self.policy = load_policy(SHIPPED_BASE)
