@@ -38,8 +38,8 @@ def cpu_tiny() -> TrainConfig:
 def cpu_tiny_long() -> TrainConfig:
     """`spotlight train`'s default: cpu_tiny spending more of the 15-minute budget on 2 CPU cores.
 
-    Each image is scored at 6 noise levels per update instead of 2 (a gradient with about
-    three times the signal share) and the run is 40 iterations: about 11 minutes on 2 idle
+    Each image is scored at 6 noise levels per update instead of 2 (less of each step is the
+    noise of where on the flow it was scored) and the run is 40 iterations: about 11 minutes on 2 idle
     cores. Over three seeds it gains about +0.10 held-out strict to cpu_tiny's +0.07
     (docs/BENCHMARKS.md, docs/RECIPE.md).
     """
