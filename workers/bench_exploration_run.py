@@ -35,7 +35,7 @@ from workers.evaluate import evaluate
 from workers.explore import ExploreSpec, candidate_seeds, explore_rewards, select_max_variance
 from workers.explore_plan import next_plan
 from workers.explore_state import ExplorationState, ExploreConfig, review_rollout
-from workers.grpo import group_advantages, group_reward_stats
+from workers.grpo import group_reward_stats
 from workers.rank_consistency import kendall_tau_b, spearman_rho
 from workers.sampler import Trajectory
 from workers.seed_plan import default_seed_plan
@@ -64,7 +64,7 @@ def best_of_n_batch(trainer: GRPOTrainer, iteration: int, per_prompt: int) -> Ro
     narrow = Trajectory([traj.prompts[n] for n in index], [traj.seeds[n] for n in index], traj.latents[:, idx],
                         traj.log_probs[:, idx], traj.step)
     group_ids = torch.arange(p).repeat_interleave(g)
-    advantages = group_advantages(wide.rewards[idx], group_ids, clip=cfg.grpo.adv_clip, norm=cfg.grpo.adv_norm)
+    advantages = cfg.grpo.advantages(wide.rewards[idx], group_ids)
     return Rollouts(iteration, narrow, wide.rewards[idx], group_ids, advantages, wide.rollout_s)
 
 

@@ -91,6 +91,10 @@ class GRPOConfig:
         if self.max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
 
+    def advantages(self, rewards_N: torch.Tensor, group_ids_N: torch.Tensor) -> torch.Tensor:
+        """group_advantages with this config's clip and normalisation: what every trainer path uses."""
+        return group_advantages(rewards_N, group_ids_N, clip=self.adv_clip, norm=self.adv_norm)
+
 
 def group_advantages(rewards_N: torch.Tensor, group_ids_N: torch.Tensor, clip: float = 5.0,
                      eps: float = 1e-4, norm: str = "group") -> torch.Tensor:

@@ -22,7 +22,6 @@ import torch
 
 from resources.keys import rollout_key
 from resources.store import TensorStore
-from workers.grpo import group_advantages
 from workers.render import to_uint8
 from workers.rollout_state import InFlight, RolloutSpec, result_commit
 from workers.sampler import Trajectory
@@ -95,7 +94,7 @@ def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int
                       config.sampler.num_steps)
     rewards = torch.tensor([m["reward"] for _, m in results], dtype=torch.float32)
     group_ids = torch.tensor([r.prompt_index for r in requests])
-    advantages = group_advantages(rewards, group_ids, clip=config.grpo.adv_clip, norm=config.grpo.adv_norm)
+    advantages = config.grpo.advantages(rewards, group_ids)
     rollout_s = sum(float(m.get("compute_s", 0.0)) for _, m in results)
     return Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s)
 

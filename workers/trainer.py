@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from workers.grpo import GRPOConfig, clipped_policy_loss, group_advantages, group_reward_stats, kl_to_reference
+from workers.grpo import GRPOConfig, clipped_policy_loss, group_reward_stats, kl_to_reference
 from workers.nft import nft_loss, noisy_sample, optimality
 from workers.prompts import CATEGORIES, parse_prompt, split_prompts
 from workers.render import to_uint8
@@ -131,7 +131,7 @@ class GRPOTrainer:
         traj = rollout(self.policy, all_prompts, seeds, c.sampler)
         rewards = torch.as_tensor(self.reward_fn(to_uint8(traj.images), all_prompts), dtype=torch.float32)
         group_ids = torch.arange(len(prompts)).repeat_interleave(c.group_size)
-        adv = group_advantages(rewards, group_ids, clip=c.grpo.adv_clip, norm=c.grpo.adv_norm)
+        adv = c.grpo.advantages(rewards, group_ids)
         return Rollouts(iteration, traj, rewards, group_ids, adv, time.perf_counter() - t0)
 
     def _minibatch_loss(self, batch: Rollouts, index: torch.Tensor) -> dict[str, float]:

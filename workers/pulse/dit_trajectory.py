@@ -29,7 +29,8 @@ def dit_grpo_states(num_states: int, lr: float, checkpoint=SHIPPED_BASE,
     base = cpu_tiny()
     config = dataclasses.replace(
         base, prompts_per_iteration=prompts_per_iteration, group_size=group_size, reward=reward,
-        grpo=dataclasses.replace(base.grpo, lr=lr, lr_warmup_steps=0, lr_schedule="constant", num_minibatches=1),  # PULSE's regime: constant lr
+        # PULSE's regime: a constant learning rate, whatever the preset's warm-up and schedule
+        grpo=dataclasses.replace(base.grpo, lr=lr, lr_warmup_steps=0, lr_schedule="constant", num_minibatches=1),
     )
     policy = load_policy(checkpoint)
     trainer = GRPOTrainer(policy, config)
