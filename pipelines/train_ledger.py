@@ -50,7 +50,7 @@ class TrainLedgerRecorder:
             ledger.record_train_step(TrainStepRecord(
                 iteration=it, step=it, loss=record["loss"], kl=record["kl"], reward_mean=record["reward_mean"],
                 reward_std=record["reward_std"], zero_std_ratio=record["zero_std_ratio"],
-                clip_fraction=record["clip_frac"], grad_norm=record["grad_norm"],
+                clip_fraction=record.get("clip_frac"), grad_norm=record["grad_norm"],
                 learning_rate=record.get("learning_rate", self.config.grpo.lr), duration_s=record["train_s"],
             ))
         if record["validation_score"] is not None:

@@ -77,6 +77,21 @@ def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy
     assert steps.stdout.strip().splitlines()[-1] == "2"
 
 
+def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, tiny_policy):
+    """NFT updates have no PPO clip: the ledger's clip_fraction is NULL, not a crash (it was a KeyError)."""
+    from workers.policy import save_policy
+
+    save_policy(tiny_policy, tmp_path / "ckpt")
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--preset", "cpu_tiny", "--iterations", "1", "--checkpoint",
+                                 str(tmp_path / "ckpt"), "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    rows = runner.invoke(app, ["ledger", "SELECT iteration, clip_fraction, grad_norm FROM train_steps",
+                               "--db", str(run / "ledger.duckdb"), "--json"])
+    steps = [json.loads(line) for line in rows.stdout.splitlines() if line.startswith("{")]
+    assert len(steps) == 1 and steps[0]["clip_fraction"] is None and steps[0]["grad_norm"] > 0
+
+
 def test_bench_recipe_reports_the_held_out_gain_of_every_seed(tmp_path, tiny_policy):
     from workers.policy import save_policy
 

@@ -165,3 +165,28 @@ def test_the_held_out_preset_is_cpu_tiny_with_more_noise_levels_and_iterations()
     same_budget = dataclasses.replace(long, iterations=short.iterations,
                                       grpo=dataclasses.replace(long.grpo, nft_timesteps=short.grpo.nft_timesteps))
     assert same_budget == short
+
+
+def test_antithetic_noise_levels_come_in_pairs_inside_the_configured_range(tiny_policy, monkeypatch):
+    import workers.trainer as trainer_module
+    drawn = []
+
+    def recording(x0, sigma, eps):
+        drawn.append((sigma.clone(), eps.clone()))
+        return noisy_sample(x0, sigma, eps)
+
+    monkeypatch.setattr(trainer_module, "noisy_sample", recording)
+    trainer = GRPOTrainer(tiny_policy, _nft_config(nft_timesteps=5, nft_antithetic=True, nft_sigma_range=(0.3, 1.0)))
+    trainer.update(trainer.collect(0))
+    assert len(drawn) == 5
+    for (s_a, e_a), (s_b, e_b) in (drawn[0:2], drawn[2:4]):  # a pair: same noise levels, mirrored noise
+        assert torch.equal(s_a, s_b) and torch.equal(e_b, -e_a)
+    assert not torch.equal(drawn[2][0], drawn[0][0]) and not torch.equal(drawn[4][0], drawn[2][0])  # fresh per pair
+    sigmas = torch.cat([s for s, _ in drawn])
+    assert sigmas.min() >= 0.3 and sigmas.max() <= 1.0
+
+
+@pytest.mark.parametrize("bad", [(0.5, 0.5), (-0.1, 1.0), (0.3, 1.2), (0.9, 0.2)])
+def test_a_noise_level_range_outside_zero_one_or_empty_is_refused(bad):
+    with pytest.raises(ValueError, match="nft_sigma_range"):
+        GRPOConfig(nft_sigma_range=bad)

@@ -1,6 +1,11 @@
-"""The real preset, end to end from the shipped base (slow: about a minute on 2 cores)."""
+"""The real presets, end to end from the shipped base (slow)."""
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +25,26 @@ def test_cpu_tiny_preset_trains_from_the_shipped_base_and_moves_the_weights():
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["zero_std_ratio"] < 1.0 for r in records[1:])
     changed = sum(not (before[k] == v).all() for k, v in policy.state_dict().items())
     assert changed > len(before) // 2  # GRPO updated most tensors
+
+
+@pytest.mark.slow  # about 11 minutes on 2 cores: the whole `spotlight train` default run
+def test_spotlight_train_raises_the_held_out_score_from_the_shipped_base(tmp_path):
+    """The issue's learning claim on one run seed, through the command a user runs.
+
+    The three-seed figures are `spotlight bench recipe`'s (docs/BENCHMARKS.md); the issue's
+    target there, +0.15 on average, is not met yet. One run's gain varies from seed to seed
+    by more than 0.05 and float order differs between CPUs, so this asserts a gain that
+    every run of this preset has cleared (the lowest seen: +0.07), not the target. A loop
+    that does not update ends exactly at the base; one that learns the wrong way, below it.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}  # the issue's 2 cores, whatever this machine has
+    spotlight = Path(sys.executable).parent / "spotlight"
+    out = subprocess.run([str(spotlight), "train", "--json", "--seed", "0", "--out", str(tmp_path / "run")],
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    scores = [(r["iteration"], r["validation_score"]) for r in records if r["validation_score"] is not None]
+    (first_it, base), (last_it, final) = scores[0], scores[-1]
+    assert first_it == 0 and last_it == records[-1]["iteration"] == 40
+    assert final - base >= 0.03, f"held-out strict {base:.3f} -> {final:.3f}; curve {scores}"
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == len(records)

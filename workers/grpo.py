@@ -63,6 +63,14 @@ class GRPOConfig:
     nft_weighting: str = "velocity"
     """NFT: "velocity" (squared velocity error) or "adaptive" (x0 error over its own mean
     magnitude, DiffusionNFT's released loss); see workers/nft.py."""
+    nft_antithetic: bool = False
+    """NFT: draw the noise levels in pairs that share sigma, one with eps and one with -eps, so
+    the part of the gradient that is odd in eps cancels within a pair (an odd nft_timesteps
+    leaves the last level unpaired). It raised the gradient's signal share but gave no
+    held-out gain on MiniGenEval (docs/RECIPE.md, run P4AH)."""
+    nft_sigma_range: tuple[float, float] = (0.0, 1.0)
+    """NFT: noise levels are drawn uniformly from [low, high] within [0, 1]; a low above 0 skips
+    the fine-detail end of the flow (docs/RECIPE.md, run P4AH)."""
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -86,6 +94,9 @@ class GRPOConfig:
             raise ValueError(f"adv_norm must be one of {ADV_NORMS}, got {self.adv_norm!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        lo, hi = self.nft_sigma_range
+        if not 0 <= lo < hi <= 1:
+            raise ValueError(f"nft_sigma_range must satisfy 0 <= low < high <= 1, got {self.nft_sigma_range}")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.max_grad_norm <= 0:

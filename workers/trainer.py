@@ -167,9 +167,14 @@ class GRPOTrainer:
         r = optimality(batch.advantages[index], g.nft_adv_scale)
         device = next(self.policy.parameters()).device
         sums = {"loss": 0.0, "fm_loss": 0.0, "drift": 0.0, "kl": 0.0}
-        for _ in range(g.nft_timesteps):
-            sigma = torch.rand(x0.shape[0], generator=gen)
-            x, target = noisy_sample(x0, sigma, torch.randn(x0.shape, generator=gen))
+        lo, hi = g.nft_sigma_range
+        for k in range(g.nft_timesteps):
+            if g.nft_antithetic and k % 2 == 1:
+                eps = -eps
+            else:
+                sigma = lo + (hi - lo) * torch.rand(x0.shape[0], generator=gen)
+                eps = torch.randn(x0.shape, generator=gen)
+            x, target = noisy_sample(x0, sigma, eps)
             with autocast_for(c, device):
                 emb, mask = self.policy.encode_prompts(prompts)
                 v = self.policy.velocity(x.to(device), sigma.to(device), emb, mask)
