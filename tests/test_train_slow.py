@@ -27,7 +27,7 @@ def test_cpu_tiny_preset_trains_from_the_shipped_base_and_moves_the_weights():
     assert changed > len(before) // 2  # GRPO updated most tensors
 
 
-@pytest.mark.slow  # about 11 minutes on 2 cores: the whole `spotlight train` default run
+@pytest.mark.slow  # 11-14 minutes on 2 cores: the whole `spotlight train` default run
 def test_spotlight_train_raises_the_held_out_score_from_the_shipped_base(tmp_path):
     """The issue's learning claim on one run seed, through the command a user runs.
 
