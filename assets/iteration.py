@@ -82,7 +82,7 @@ def rollouts(context: AssetExecutionContext, run_config: RunConfigResource, stor
     led.record_requests(request_records(requests, results, k, enqueued_at=summary.enqueued_at))
     rewards = [float(m["reward"]) for _, m in results]
     finite = [r for r in rewards if math.isfinite(r)]
-    grid = image_grid_png(_stack([t["image"].numpy() for t, _ in results]), columns=cfg.group_size)
+    grid = image_grid_png(_stack([t["image"].numpy() for t, _ in results]), columns=max(len(g) for g in plan.seeds))
     _write_grid(ledger, f"{iteration_label(k)}-rollouts.png", grid)
     meta = {"mode": summary.mode, "num_requests": len(requests), "planner": plan.planner,
             "reward_mean": sum(finite) / max(len(finite), 1), "reward_min": min(finite, default=float("nan")),

@@ -47,6 +47,8 @@ def train(
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
     seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
+    rollouts_per_prompt: Optional[int] = typer.Option(
+        None, help="Samples drawn per prompt; the update keeps the group's size of largest reward variance."),
     out: Optional[Path] = typer.Option(None, help="Run folder: final policy, metrics.jsonl and ledger.duckdb."),
     usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
@@ -60,7 +62,8 @@ def train(
 
     try:
         config = get_preset(preset)
-        changes = {k: v for k, v in {"iterations": iterations, "seed": seed}.items() if v is not None}
+        changes = {k: v for k, v in {"iterations": iterations, "seed": seed,
+                                     "rollouts_per_prompt": rollouts_per_prompt}.items() if v is not None}
         if lr is not None:
             changes["grpo"] = dataclasses.replace(config.grpo, lr=lr)
         config = dataclasses.replace(config, **changes)

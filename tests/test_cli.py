@@ -14,6 +14,7 @@ runner = CliRunner()
     (["--lr", "-0.001"], "lr"),
     (["--preset", "gpu_huge"], "unknown preset"),
     (["--iterations", "0"], "iterations"),
+    (["--rollouts-per-prompt", "4"], "rollouts_per_prompt=4 must be >= group_size=8"),
 ])
 def test_train_rejects_bad_input_with_a_clear_message(args, message):
     result = runner.invoke(app, ["train", *args])

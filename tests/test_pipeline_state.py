@@ -66,6 +66,24 @@ def test_batch_read_back_from_the_store_equals_the_collected_batch(tmp_store, ti
     assert torch.allclose(loaded.trajectory.log_probs, batch.trajectory.log_probs, equal_nan=True)
 
 
+def test_a_wider_draw_in_the_pipeline_trains_on_what_spotlight_train_keeps(tmp_store, tiny_policy, smoke_config, tmp_path):
+    from workers.rollout_batch import collect_in_process, iteration_requests, load_batch
+    from workers.seed_plan import default_seed_plan
+    from workers.train_state import save_checkpoint
+
+    torch.set_num_threads(1)
+    wide = dataclasses.replace(smoke_config, rollouts_per_prompt=7)
+    save_checkpoint(tmp_store, "demo", 2, tiny_policy, GRPOTrainer(tiny_policy, wide).optimizer)
+    requests = iteration_requests(wide, "demo", 2, weights_version=2, plan=default_seed_plan(wide, 2))
+    assert len(requests) == wide.prompts_per_iteration * 7  # every drawn sample is a request, and is committed
+    assert collect_in_process(tmp_store, "demo", wide, 2, requests) == len(requests)
+    loaded = load_batch(tmp_store, "demo", wide, 2, requests)
+    direct = GRPOTrainer(tiny_policy, wide).collect(2)
+    assert loaded.trajectory.seeds == direct.trajectory.seeds and len(direct.trajectory.seeds) == 2 * 4
+    assert torch.equal(loaded.rewards, direct.rewards) and torch.equal(loaded.advantages, direct.advantages)
+    assert torch.equal(loaded.drawn_rewards, direct.drawn_rewards)
+
+
 def test_seed_plan_of_another_preset_is_refused(tmp_store, smoke_config):
     from workers.seed_plan import default_seed_plan
 

@@ -27,15 +27,15 @@ def test_cpu_tiny_preset_trains_from_the_shipped_base_and_moves_the_weights():
     assert changed > len(before) // 2  # GRPO updated most tensors
 
 
-@pytest.mark.slow  # 11-14 minutes on 2 cores: the whole `spotlight train` default run
+@pytest.mark.slow  # about 10 minutes on 2 idle cores (more on a busy machine): the whole `spotlight train` default run
 def test_spotlight_train_raises_the_held_out_score_from_the_shipped_base(tmp_path):
     """The issue's learning claim on one run seed, through the command a user runs.
 
-    The three-seed figures are `spotlight bench recipe`'s (docs/BENCHMARKS.md); the issue's
-    target there, +0.15 on average, is not met yet. One run's gain varies from seed to seed
-    by more than 0.05 and float order differs between CPUs, so this asserts a gain that
-    every run of this preset has cleared (the lowest seen: +0.07), not the target. A loop
-    that does not update ends exactly at the base; one that learns the wrong way, below it.
+    The figures over seeds are `spotlight bench recipe`'s (docs/BENCHMARKS.md: +0.147 on
+    average over six). One run's gain varies from seed to seed by about 0.04 and float order
+    differs between CPUs, so this asserts a gain every run of this preset has cleared with a
+    margin (the lowest seen: +0.094), not the average. A loop that does not update ends
+    exactly at the base; one that learns the wrong way, below it.
     """
     env = {**os.environ, "OMP_NUM_THREADS": "2"}  # the issue's 2 cores, whatever this machine has
     spotlight = Path(sys.executable).parent / "spotlight"
@@ -46,5 +46,5 @@ def test_spotlight_train_raises_the_held_out_score_from_the_shipped_base(tmp_pat
     scores = [(r["iteration"], r["validation_score"]) for r in records if r["validation_score"] is not None]
     (first_it, base), (last_it, final) = scores[0], scores[-1]
     assert first_it == 0 and last_it == records[-1]["iteration"] == 40
-    assert final - base >= 0.03, f"held-out strict {base:.3f} -> {final:.3f}; curve {scores}"
+    assert final - base >= 0.06, f"held-out strict {base:.3f} -> {final:.3f}; curve {scores}"
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == len(records)

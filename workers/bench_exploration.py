@@ -90,7 +90,9 @@ class ExplorationBench:
         from workers.presets import get_preset
 
         config = get_preset(self.preset)
-        return dataclasses.replace(config, iterations=self.iterations, **self.train_overrides)
+        # The strategies differ only in how the group_size seeds of a prompt are chosen; a preset's
+        # wider draw (rollouts_per_prompt) is best_of_n's own and is left to it.
+        return dataclasses.replace(config, iterations=self.iterations, rollouts_per_prompt=None, **self.train_overrides)
 
     def explore_config(self):
         from workers.explore_state import ExploreConfig

@@ -29,15 +29,12 @@ import dataclasses
 import time
 from typing import Callable
 
-import torch
-
 from workers.evaluate import evaluate
-from workers.explore import ExploreSpec, candidate_seeds, explore_rewards, select_max_variance
+from workers.explore import ExploreSpec, candidate_seeds, explore_rewards
 from workers.explore_plan import next_plan
 from workers.explore_state import ExplorationState, ExploreConfig, review_rollout
 from workers.grpo import group_reward_stats
 from workers.rank_consistency import kendall_tau_b, spearman_rho
-from workers.sampler import Trajectory
 from workers.seed_plan import default_seed_plan
 from workers.trainer import GRPOTrainer, Rollouts, TrainConfig, iteration_prompts
 
@@ -47,25 +44,14 @@ clock = time.process_time
 
 
 def best_of_n_batch(trainer: GRPOTrainer, iteration: int, per_prompt: int) -> Rollouts:
-    """Sample `per_prompt` seeds per prompt at full quality, keep the G of largest reward variance per prompt."""
+    """Sample `per_prompt` seeds per prompt at full quality, keep the G of largest reward variance per prompt
+    (the trainer's own wide draw, `TrainConfig.rollouts_per_prompt`)."""
     cfg = trainer.config
-    p, g = cfg.prompts_per_iteration, cfg.group_size
-    seeds = [s for i in range(p) for s in candidate_seeds(cfg.seed, iteration, i, g, per_prompt)]
-    trainer.config = dataclasses.replace(cfg, group_size=per_prompt)
+    trainer.config = dataclasses.replace(cfg, rollouts_per_prompt=per_prompt)
     try:
-        wide = trainer.collect(iteration, seeds=seeds)
+        return trainer.collect(iteration)
     finally:
         trainer.config = cfg
-    rewards = wide.rewards.view(p, per_prompt)
-    index = [i * per_prompt + j for i in range(p)
-             for j in select_max_variance(list(range(per_prompt)), rewards[i].tolist(), g)]
-    idx = torch.tensor(index)
-    traj = wide.trajectory
-    narrow = Trajectory([traj.prompts[n] for n in index], [traj.seeds[n] for n in index], traj.latents[:, idx],
-                        traj.log_probs[:, idx], traj.step)
-    group_ids = torch.arange(p).repeat_interleave(g)
-    advantages = cfg.grpo.advantages(wide.rewards[idx], group_ids)
-    return Rollouts(iteration, narrow, wide.rewards[idx], group_ids, advantages, wide.rollout_s)
 
 
 def explore_beside_training(stale, state: ExplorationState, explore_config: ExploreConfig, config: TrainConfig,

@@ -26,7 +26,7 @@ from workers.render import to_uint8
 from workers.rollout_state import InFlight, RolloutSpec, result_commit
 from workers.sampler import Trajectory
 from workers.seed_plan import SeedPlan
-from workers.trainer import Rollouts, TrainConfig
+from workers.trainer import Rollouts, TrainConfig, keep_max_variance
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,9 @@ def load_results(store: TensorStore, run: str, iteration: int, requests: list[Pl
 
 def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int,
                requests: list[PlannedRequest]) -> Rollouts:
-    """The trainer's batch rebuilt from committed results (advantages recomputed per group)."""
+    """The trainer's batch rebuilt from committed results (advantages recomputed per group). A prompt
+    sampled wider than group_size (TrainConfig.rollouts_per_prompt) keeps its group_size samples of
+    largest reward variance, as `spotlight train` does."""
     results = load_results(store, run, iteration, requests)
     latents = torch.stack([t["latents"] for t, _ in results], dim=1)  # (num_steps + 1, N, 3, H, W)
     log_probs = torch.stack([t["log_probs"] for t, _ in results], dim=1)  # (num_steps, N)
@@ -96,7 +98,8 @@ def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int
     group_ids = torch.tensor([r.prompt_index for r in requests])
     advantages = config.grpo.advantages(rewards, group_ids)
     rollout_s = sum(float(m.get("compute_s", 0.0)) for _, m in results)
-    return Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s)
+    return keep_max_variance(Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s),
+                             config.group_size, config.grpo)
 
 
 def collect_in_process(store: TensorStore, run: str, config: TrainConfig, iteration: int,
@@ -108,7 +111,10 @@ def collect_in_process(store: TensorStore, run: str, config: TrainConfig, iterat
 
     version = requests[0].spec.weights_version
     policy, _ = load_checkpoint(store, run, version)
-    batch = GRPOTrainer(policy, config).collect(iteration, seeds=[r.spec.seed for r in requests])
+    groups: dict[int, list[int]] = {}
+    for r in requests:
+        groups.setdefault(r.prompt_index, []).append(r.spec.seed)
+    batch = GRPOTrainer(policy, config).collect(iteration, seeds=[groups[i] for i in sorted(groups)], keep_all=True)
     return publish_batch(store, run, iteration, requests, batch, worker_id)
 
 

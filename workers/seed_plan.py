@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 
 from resources.keys import seed_plan_key
 from resources.store import TensorStore
-from workers.trainer import TrainConfig, iteration_prompts, request_seed
+from workers.explore import candidate_seeds
+from workers.trainer import TrainConfig, iteration_prompts
 
 PLAN_NAME = "seed_plan.json"
 
@@ -39,7 +40,8 @@ class SeedPlan:
     prompts: list[str]
     """The iteration's prompts, in order."""
     seeds: list[list[int]]
-    """seeds[i][j]: seed of sample j of prompt i (group_size per prompt)."""
+    """seeds[i][j]: seed of sample j of prompt i (group_size per prompt; rollouts_per_prompt in a
+    default plan of a config that sets it)."""
     explored_rewards: list[list[float] | None] | None = None
     """explored_rewards[i][j]: the stale, cheap reward of seeds[i][j] (None for a prompt not explored)."""
 
@@ -63,16 +65,19 @@ class SeedPlan:
     def check_matches(self, config: TrainConfig) -> None:
         """ValueError when the plan was made for other prompts or group sizes than `config` samples."""
         expected = iteration_prompts(config.seed, self.iteration, config.prompts_per_iteration, config.train_categories)
-        if self.prompts != expected or any(len(g) != config.group_size for g in self.seeds):
+        sizes = {config.group_size, config.rollouts_per_prompt or config.group_size}
+        if self.prompts != expected or any(len(g) not in sizes for g in self.seeds):
             raise ValueError(f"seed plan of iteration {self.iteration} does not match the training config "
                              f"({len(self.prompts)} prompts x {[len(g) for g in self.seeds]} seeds); "
                              "was the run restarted with another preset?")
 
 
 def default_seed_plan(config: TrainConfig, iteration: int) -> SeedPlan:
-    """The unexplored plan: every request keeps its default seed."""
+    """The unexplored plan: every prompt draws its default seeds, rollouts_per_prompt of them when the
+    config sets it (the train phase keeps the group_size of largest reward variance), else group_size."""
     prompts = iteration_prompts(config.seed, iteration, config.prompts_per_iteration, config.train_categories)
-    seeds = [[request_seed(config.seed, iteration, i, j) for j in range(config.group_size)] for i in range(len(prompts))]
+    drawn = config.rollouts_per_prompt or config.group_size
+    seeds = [candidate_seeds(config.seed, iteration, i, config.group_size, drawn) for i in range(len(prompts))]
     return SeedPlan(iteration, "default", prompts, seeds)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from workers.explore import candidate_seeds, select_max_variance
 from workers.grpo import GRPOConfig, clipped_policy_loss, group_reward_stats, kl_to_reference
 from workers.nft import nft_loss, noisy_sample, optimality
 from workers.prompts import CATEGORIES, parse_prompt, split_prompts
@@ -34,7 +35,12 @@ class TrainConfig:
     iterations: int = 40
     prompts_per_iteration: int = 8
     group_size: int = 8
-    """Samples per prompt (GRPO's group); >= 2, or advantages are all zero."""
+    """Samples per prompt (GRPO's group) in the update; >= 2, or advantages are all zero."""
+    rollouts_per_prompt: int | None = None
+    """Samples drawn per prompt; when more than group_size, the update keeps the group_size of
+    largest reward variance (max-variance down-sampling: the k lowest plus the group_size - k
+    highest rewards). Drawing an image costs a fraction of scoring it in the update, so a wider
+    draw buys contrast cheaply. None = group_size (keep every sample)."""
     reward: str = "minigeneval"
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -52,6 +58,9 @@ class TrainConfig:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares samples of one prompt), got {self.group_size}")
+        if self.rollouts_per_prompt is not None and self.rollouts_per_prompt < self.group_size:
+            raise ValueError(f"rollouts_per_prompt={self.rollouts_per_prompt} must be >= group_size={self.group_size} "
+                             "(it is how many samples are drawn per prompt before the update keeps group_size)")
         if self.prompts_per_iteration < 1:
             raise ValueError(f"prompts_per_iteration must be >= 1, got {self.prompts_per_iteration}")
         if self.grpo.num_minibatches > self.prompts_per_iteration * self.group_size:
@@ -79,6 +88,9 @@ class Rollouts:
     advantages: torch.Tensor
     """(N,) float."""
     rollout_s: float
+    drawn_rewards: torch.Tensor | None = None
+    """(samples drawn,) float, prompt-major: every drawn sample's reward when the batch was
+    down-sampled (the policy's own reward; `rewards` is the kept, high-contrast part); else None."""
 
 
 def iteration_prompts(seed: int, iteration: int, num_prompts: int,
@@ -101,6 +113,31 @@ def request_seed(seed: int, iteration: int, prompt_index: int, sample_index: int
     return noise_seed(seed, (iteration * 1_000 + prompt_index) * 1_000 + sample_index) % 2**31
 
 
+def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig) -> Rollouts:
+    """Per prompt, the group_size samples of largest reward variance (`workers.explore.select_max_variance`:
+    the k lowest plus the group_size - k highest rewards); groups of group_size or fewer stay whole.
+    Advantages are recomputed on what is kept; drawn_rewards keeps every drawn sample's reward.
+    Returns `batch` itself when no group is larger than group_size."""
+    ids = batch.group_ids.tolist()
+    members: dict[int, list[int]] = {}
+    for n, g in enumerate(ids):
+        members.setdefault(g, []).append(n)
+    if all(len(m) <= group_size for m in members.values()):
+        return batch
+    keep = []
+    for g in sorted(members):
+        rows = members[g]
+        keep += rows if len(rows) <= group_size else \
+            select_max_variance(rows, [float(batch.rewards[n]) for n in rows], group_size)
+    idx = torch.tensor(keep)
+    traj = batch.trajectory
+    kept = Trajectory([traj.prompts[n] for n in keep], [traj.seeds[n] for n in keep], traj.latents[:, idx],
+                      traj.log_probs[:, idx], traj.step)
+    rewards, group_ids = batch.rewards[idx], batch.group_ids[idx]
+    return Rollouts(batch.iteration, kept, rewards, group_ids, grpo.advantages(rewards, group_ids), batch.rollout_s,
+                    batch.rewards if batch.drawn_rewards is None else batch.drawn_rewards)
+
+
 class GRPOTrainer:
     def __init__(self, policy, config: TrainConfig, reference=None):
         self.policy = policy
@@ -117,22 +154,44 @@ class GRPOTrainer:
             policy.parameters(), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay
         )
 
-    def collect(self, iteration: int, seeds: list[int] | None = None) -> Rollouts:
-        """Sample the iteration's groups (seeds from a seed plan, else the defaults) and score them."""
+    def collect(self, iteration: int, seeds: list[int] | list[list[int]] | None = None,
+                keep_all: bool = False) -> Rollouts:
+        """Sample the iteration's prompts and score them.
+
+        seeds: the seeds of each prompt (one list per prompt, any number >= 2 each), or a flat
+        prompt-major list of group_size per prompt (a seed plan's `flat_seeds()`). Without them,
+        each prompt draws rollouts_per_prompt default seeds (group_size when unset). Prompts with
+        more than group_size samples keep the group_size of largest reward variance
+        (`keep_max_variance`) unless keep_all, which returns every drawn sample (the pipeline
+        commits them all and its train phase keeps the high-contrast part).
+        """
         c = self.config
         prompts = iteration_prompts(c.seed, iteration, c.prompts_per_iteration, c.train_categories)
-        all_prompts = [p for p in prompts for _ in range(c.group_size)]
         if seeds is None:
-            seeds = [request_seed(c.seed, iteration, i, j) for i in range(len(prompts)) for j in range(c.group_size)]
+            drawn = c.rollouts_per_prompt or c.group_size
+            groups = [candidate_seeds(c.seed, iteration, i, c.group_size, drawn) for i in range(len(prompts))]
+        elif seeds and isinstance(seeds[0], int):
+            if len(seeds) != len(prompts) * c.group_size:
+                raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts x group_size {c.group_size}")
+            groups = [list(seeds[i * c.group_size:(i + 1) * c.group_size]) for i in range(len(prompts))]
+        else:
+            groups = [list(g) for g in seeds]
+            if len(groups) != len(prompts) or any(len(g) < 2 for g in groups):
+                raise ValueError(f"{len(groups)} seed groups (sizes {[len(g) for g in groups]}) for {len(prompts)} "
+                                 "prompts: give one group of at least 2 seeds per prompt")
+        all_prompts = [p for p, g in zip(prompts, groups) for _ in g]
         t0 = time.perf_counter()
         self.policy.eval()
         if self.sampling_policy is not None:
             self.sampling_policy.load_state_dict(self.policy.state_dict())
-        traj = rollout(self.policy, all_prompts, seeds, c.sampler)
+        traj = rollout(self.policy, all_prompts, [s for g in groups for s in g], c.sampler)
         rewards = torch.as_tensor(self.reward_fn(to_uint8(traj.images), all_prompts), dtype=torch.float32)
-        group_ids = torch.arange(len(prompts)).repeat_interleave(c.group_size)
-        adv = c.grpo.advantages(rewards, group_ids)
-        return Rollouts(iteration, traj, rewards, group_ids, adv, time.perf_counter() - t0)
+        group_ids = torch.arange(len(prompts)).repeat_interleave(torch.tensor([len(g) for g in groups]))
+        batch = Rollouts(iteration, traj, rewards, group_ids, c.grpo.advantages(rewards, group_ids), 0.0)
+        if not keep_all:
+            batch = keep_max_variance(batch, c.group_size, c.grpo)
+        batch.rollout_s = time.perf_counter() - t0
+        return batch
 
     def _minibatch_loss(self, batch: Rollouts, index: torch.Tensor) -> dict[str, float]:
         """Accumulate gradients of one minibatch over every SDE step; returns its stats."""
@@ -239,7 +298,9 @@ class GRPOTrainer:
         return lr
 
     def batch_stats(self, batch: Rollouts) -> dict[str, float]:
+        """reward_mean: over every drawn sample (the policy's reward); the group figures are over the kept ones."""
         stats = group_reward_stats(batch.rewards, batch.group_ids)
-        stats["reward_mean"] = float(batch.rewards.mean())
+        drawn = batch.drawn_rewards if batch.drawn_rewards is not None else batch.rewards
+        stats["reward_mean"] = float(drawn.mean())
         stats["rollout_s"] = batch.rollout_s
         return stats
