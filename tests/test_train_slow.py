@@ -27,12 +27,12 @@ def test_cpu_tiny_preset_trains_from_the_shipped_base_and_moves_the_weights():
     assert changed > len(before) // 2  # GRPO updated most tensors
 
 
-@pytest.mark.slow  # about 10 minutes on 2 idle cores (more on a busy machine): the whole `spotlight train` default run
+@pytest.mark.slow  # about 10 minutes on 2 idle cores (17 on a busy one): the whole `spotlight train` default run
 def test_spotlight_train_raises_the_held_out_score_from_the_shipped_base(tmp_path):
     """The issue's learning claim on one run seed, through the command a user runs.
 
-    The figures over seeds are `spotlight bench recipe`'s (docs/BENCHMARKS.md: +0.147 on
-    average over six). One run's gain varies from seed to seed by about 0.04 and float order
+    The figures over seeds are `spotlight bench recipe`'s (docs/BENCHMARKS.md: +0.149 on
+    average over eight). One run's gain varies from seed to seed by about 0.04 and float order
     differs between CPUs, so this asserts a gain every run of this preset has cleared with a
     margin (the lowest seen: +0.094), not the average. A loop that does not update ends
     exactly at the base; one that learns the wrong way, below it.

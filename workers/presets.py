@@ -40,7 +40,7 @@ def cpu_tiny_long() -> TrainConfig:
 
     Each prompt draws 16 samples and the update keeps the 8 of largest reward variance (drawing
     is cheap next to scoring in the update); each kept image is scored at 6 noise levels per
-    update instead of 2; 40 iterations. Over six seeds it gains about +0.15 held-out strict to
+    update instead of 2; 40 iterations. Over eight seeds it gains about +0.15 held-out strict to
     cpu_tiny's +0.07, every seed at least +0.09 (docs/BENCHMARKS.md, docs/RECIPE.md).
     """
     base = cpu_tiny()
