@@ -23,8 +23,7 @@ from dataclasses import asdict, dataclass
 
 from resources.keys import seed_plan_key
 from resources.store import TensorStore
-from workers.explore import candidate_seeds
-from workers.trainer import TrainConfig, iteration_prompts
+from workers.trainer import TrainConfig, default_seeds, iteration_prompts
 
 PLAN_NAME = "seed_plan.json"
 
@@ -76,9 +75,7 @@ def default_seed_plan(config: TrainConfig, iteration: int) -> SeedPlan:
     """The unexplored plan: every prompt draws its default seeds, rollouts_per_prompt of them when the
     config sets it (the train phase keeps the group_size of largest reward variance), else group_size."""
     prompts = iteration_prompts(config.seed, iteration, config.prompts_per_iteration, config.train_categories)
-    drawn = config.rollouts_per_prompt or config.group_size
-    seeds = [candidate_seeds(config.seed, iteration, i, config.group_size, drawn) for i in range(len(prompts))]
-    return SeedPlan(iteration, "default", prompts, seeds)
+    return SeedPlan(iteration, "default", prompts, default_seeds(config, iteration))
 
 
 def plan_from_exploration(config: TrainConfig, iteration: int, explored: dict[int, tuple[list[int], list[float]]],

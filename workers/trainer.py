@@ -113,6 +113,14 @@ def request_seed(seed: int, iteration: int, prompt_index: int, sample_index: int
     return noise_seed(seed, (iteration * 1_000 + prompt_index) * 1_000 + sample_index) % 2**31
 
 
+def default_seeds(config: TrainConfig, iteration: int) -> list[list[int]]:
+    """Each prompt's default (unexplored) seeds: rollouts_per_prompt of them, or group_size when unset.
+    The first group_size are the request seeds, so a wider draw contains the narrow one."""
+    drawn = config.rollouts_per_prompt or config.group_size
+    return [candidate_seeds(config.seed, iteration, i, config.group_size, drawn)
+            for i in range(config.prompts_per_iteration)]
+
+
 def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig) -> Rollouts:
     """Per prompt, the group_size samples of largest reward variance (`workers.explore.select_max_variance`:
     the k lowest plus the group_size - k highest rewards); groups of group_size or fewer stay whole.
@@ -168,8 +176,7 @@ class GRPOTrainer:
         c = self.config
         prompts = iteration_prompts(c.seed, iteration, c.prompts_per_iteration, c.train_categories)
         if seeds is None:
-            drawn = c.rollouts_per_prompt or c.group_size
-            groups = [candidate_seeds(c.seed, iteration, i, c.group_size, drawn) for i in range(len(prompts))]
+            groups = default_seeds(c, iteration)
         elif seeds and isinstance(seeds[0], int):
             if len(seeds) != len(prompts) * c.group_size:
                 raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts x group_size {c.group_size}")
