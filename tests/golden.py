@@ -1,0 +1,97 @@
+"""Timing-free digests of a run's outputs, for the golden-run test (tests/test_golden.py).
+
+`spotlight train --json` prints a record per iteration; everything but its timings is a
+pure function of (preset, seed). `spotlight run` leaves a ledger; the digest keeps every
+row and column that is not a clock reading or a dollar amount (both come from wall time).
+
+Regenerate the fixtures (only for a deliberate change of behaviour, said in the commit):
+    python -m tests.golden --write
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TRAIN_TIMINGS = {"rollout_s", "train_s", "step_s"}
+GOLDEN_ARGS = {"train": ["train", "--preset", "cpu_smoke", "--seed", "0", "--json"],
+               "run": ["run", "--preset", "cpu_smoke", "--rollouts", "inprocess"]}
+LEDGER_TABLES = {
+    "iterations": "SELECT iteration, weights_version, status FROM iterations ORDER BY iteration",
+    "phases": "SELECT iteration, phase FROM phases ORDER BY iteration, phase",
+    "requests": "SELECT request_id, iteration, kind, prompt, seed, weights_version, attempts, result_hash, reward, "
+                "status FROM requests ORDER BY request_id",
+    "syncs": "SELECT version, kind, iteration, dense_bytes, patch_bytes, changed_fraction, weights_hash FROM syncs "
+             "ORDER BY version",
+    "train_steps": "SELECT iteration, step, loss, kl, reward_mean, reward_std, zero_std_ratio, clip_fraction, "
+                   "grad_norm, learning_rate FROM train_steps ORDER BY iteration",
+    "validation": "SELECT iteration, weights_version, score, num_prompts FROM validation ORDER BY iteration",
+    "validation_scores": "SELECT iteration, criterion, score FROM validation_scores ORDER BY iteration, criterion",
+    "workers": "SELECT worker_id, role, spot FROM workers ORDER BY worker_id",
+}
+
+
+def _round(value):
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_round(v) for v in value]
+    return value
+
+
+def train_digest(stdout: str) -> list[dict]:
+    """`spotlight train --json`'s records without their timings."""
+    records = [json.loads(line) for line in stdout.splitlines() if line.strip().startswith("{")]
+    return [_round({k: v for k, v in r.items() if k not in TRAIN_TIMINGS}) for r in records]
+
+
+def ledger_digest(path: str | Path) -> dict[str, list]:
+    """Every timing-free row of the ledger's tables (floats rounded to 6 digits)."""
+    import duckdb
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return {name: [_round(list(row)) for row in con.execute(sql).fetchall()] for name, sql in LEDGER_TABLES.items()}
+    finally:
+        con.close()
+
+
+def produce(kind: str, workdir: Path) -> object:
+    """Run the golden command of `kind` in `workdir` (a fresh folder) and digest its output."""
+    import subprocess
+
+    args = [str(Path(sys.executable).parent / "spotlight"), *GOLDEN_ARGS[kind]]
+    if kind == "run":
+        args += ["--run-dir", str(workdir / "run")]
+    done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, check=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return train_digest(done.stdout) if kind == "train" else ledger_digest(workdir / "run" / "ledger.duckdb")
+
+
+def dumps(digest) -> str:
+    """One record or row per line, so a fixture's diff shows what changed."""
+    if isinstance(digest, dict):
+        body = ",\n".join(f" {json.dumps(k)}: [\n" + ",\n".join(f"  {json.dumps(r)}" for r in rows) + "\n ]"
+                          for k, rows in digest.items())
+        return "{\n" + body + "\n}\n"
+    return "[\n" + ",\n".join(f" {json.dumps(r, sort_keys=True)}" for r in digest) + "\n]\n"
+
+
+def fixture_path(kind: str) -> Path:
+    return FIXTURES / f"golden_{kind}_cpu_smoke.json"
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m tests.golden --write   (rewrites tests/fixtures/golden_*.json)")
+    for kind in GOLDEN_ARGS:
+        with tempfile.TemporaryDirectory() as tmp:
+            fixture_path(kind).write_text(dumps(produce(kind, Path(tmp))))
+        print("wrote", fixture_path(kind))
