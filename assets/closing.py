@@ -36,9 +36,9 @@ def validation(context: AssetExecutionContext, run_config: RunConfigResource, st
         check = dg.AssetCheckResult(check_name=GUARD_CHECK, passed=True, metadata={"validated": False})
         return dg.MaterializeResult(metadata={"validated": False, "validate_every": run_config.train_config().validate_every},
                                     check_results=[check])
-    from workers.evaluate import evaluate
-    from workers.prompts import split_prompts
-    from workers.train_state import load_checkpoint
+    from workers.task.evaluate import evaluate
+    from workers.task.prompts import split_prompts
+    from workers.trainer.checkpoint import load_checkpoint
 
     policy, _ = load_checkpoint(store.get_store(), run_config.run, k)
     with books.phase(led, k, "validate"):

@@ -45,7 +45,7 @@ def _cost(ledger, k: int, phase: str) -> dict:
 def weight_patch(context: AssetExecutionContext, run_config: RunConfigResource, store: TensorStoreResource,
                  ledger: LedgerResource, queue: QueueResource) -> dg.MaterializeResult:
     """Sync: weights version k in the run's PULSE chain (the base's anchor for k = 0)."""
-    from workers.version_sync import publish_version
+    from workers.coordinator.sync import publish_version
 
     k, led = iteration_of(context), ledger.get_ledger()
     books.begin_iteration(led, run_config, store.url, queue.url, k)
@@ -70,8 +70,8 @@ def rollouts(context: AssetExecutionContext, run_config: RunConfigResource, stor
              ledger: LedgerResource, queue: QueueResource, rollout_workers: RolloutWorkersResource) -> dg.MaterializeResult:
     """Rollout: the iteration's G samples per prompt at weights version k, scored by the reward."""
     from assets.rollout_phase import run_rollout_phase
-    from workers.rollout_batch import iteration_requests, load_results, request_records
-    from workers.seed_plan import plan_for_iteration
+    from workers.coordinator.rollout import iteration_requests, load_results, request_records
+    from workers.explore.seed_plan import plan_for_iteration
 
     k, led, st, cfg = iteration_of(context), ledger.get_ledger(), store.get_store(), run_config.train_config()
     plan = plan_for_iteration(st, run_config.run, cfg, k)
@@ -100,9 +100,9 @@ def rollouts(context: AssetExecutionContext, run_config: RunConfigResource, stor
 def policy_update(context: AssetExecutionContext, run_config: RunConfigResource, store: TensorStoreResource,
                   ledger: LedgerResource) -> dg.MaterializeResult:
     """Train: GRPO on the iteration's rollouts, weights version k -> k+1 (checkpoint in the store)."""
-    from workers.rollout_batch import iteration_requests
-    from workers.seed_plan import load_seed_plan
-    from workers.train_step import train_iteration
+    from workers.coordinator.rollout import iteration_requests
+    from workers.explore.seed_plan import load_seed_plan
+    from workers.coordinator.train import train_iteration
 
     k, led, st, cfg = iteration_of(context), ledger.get_ledger(), store.get_store(), run_config.train_config()
     requests = iteration_requests(cfg, run_config.run, k, weights_version=k, plan=load_seed_plan(st, run_config.run, k))
@@ -122,7 +122,7 @@ cluster, SkyPilot spot jobs). In-process rollouts have none, and a per-phase loc
 
 
 def _explore_config(rollout_workers: RolloutWorkersResource, led):
-    from workers.explore_state import ExploreConfig
+    from workers.explore.state import ExploreConfig
 
     alive = led.query("SELECT count(*) FROM workers WHERE ended_at IS NULL AND role = 'rollout'").rows[0][0]
     return ExploreConfig(num_workers=int(alive) or rollout_workers.num_workers)
@@ -133,7 +133,7 @@ def _explore_config(rollout_workers: RolloutWorkersResource, led):
 def exploration(context: AssetExecutionContext, run_config: RunConfigResource, store: TensorStoreResource,
                 ledger: LedgerResource, queue: QueueResource, rollout_workers: RolloutWorkersResource) -> dg.MaterializeResult:
     """Explore (start): judge the plan iteration k sampled with, then enqueue iteration k+1's exploration on weights v(k)."""
-    from workers.explore_plan import review_iteration, start_exploration, with_review
+    from workers.coordinator.explore import review_iteration, start_exploration, with_review
 
     k, led, st, cfg = iteration_of(context), ledger.get_ledger(), store.get_store(), run_config.train_config()
     explore_config = _explore_config(rollout_workers, led)
@@ -165,14 +165,14 @@ def seed_plan(context: AssetExecutionContext, run_config: RunConfigResource, sto
               ledger: LedgerResource, queue: QueueResource, rollout_workers: RolloutWorkersResource) -> dg.MaterializeResult:
     """Explore (finish): training has ended, so exploration still pending is cancelled and iteration k+1's seeds
     are planned from what finished (random seeds where nothing did)."""
-    from workers.seed_plan import default_seed_plan, publish_seed_plan
+    from workers.explore.seed_plan import default_seed_plan, publish_seed_plan
 
     k, led, st, cfg = iteration_of(context), ledger.get_ledger(), store.get_store(), run_config.train_config()
     if rollout_workers.mode != EXPLORING_MODE:
         plan = default_seed_plan(cfg, k + 1)
         publish_seed_plan(st, run_config.run, plan)
         return dg.MaterializeResult(metadata={"for_iteration": k + 1, "planner": plan.planner, "plan": _plan_table(plan)})
-    from workers.explore_plan import exploration_record, explore_request_records, finish_exploration
+    from workers.coordinator.explore import exploration_record, explore_request_records, finish_exploration
 
     train_s = books.phase_cost(led, k, "train")["wall_s"]
     with queue.get_queue() as q:

@@ -36,14 +36,14 @@ def run_rollout_phase(workers: RolloutWorkersResource, store: TensorStore, queue
                       run: str, config, iteration: int, requests: list) -> PhaseSummary:
     summary = PhaseSummary(workers.mode, len(requests), time.time())
     if workers.mode == "inprocess":
-        from workers.rollout_batch import collect_in_process
+        from workers.coordinator.rollout import collect_in_process
 
         collect_in_process(store, run, config, iteration, requests)
         return summary
     if queue_url is None:
         raise ValueError(f"rollout mode {workers.mode!r} needs a queue: configure the queue resource")
     from resources.queue import open_queue
-    from workers.rollout_state import rollout_request
+    from workers.rollout.state import rollout_request
 
     ids = [r.request_id for r in requests]
     with open_queue(queue_url) as queue:

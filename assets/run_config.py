@@ -1,6 +1,6 @@
 """What a post-training run is: its name, preset, length and guards, as a Dagster resource checked at load.
 
-A preset names a complete `TrainConfig` (workers/presets.py); the few fields here override
+A preset names a complete `TrainConfig` (workers/trainer/presets.py); the few fields here override
 it. Everything is validated when the definitions load (or when `spotlight run` starts),
 so an unknown preset or reward fails before any compute, with the allowed names.
 
@@ -22,9 +22,9 @@ class RunConfigResource(ConfigurableResource):
     """The run every iteration asset works on."""
 
     run: str = Field(default="demo", description="Run name: the store prefix runs/{run}/ and the ledger's run_id.")
-    preset: str = Field(default="cpu_tiny", description="Training preset (workers/presets.py).")
+    preset: str = Field(default="cpu_tiny", description="Training preset (workers/trainer/presets.py).")
     iterations: Optional[int] = Field(default=None, ge=1, description="Training iterations (default: the preset's).")
-    reward: Optional[str] = Field(default=None, description="Reward name overriding the preset's (workers/rewards.py).")
+    reward: Optional[str] = Field(default=None, description="Reward name overriding the preset's (workers/task/rewards.py).")
     seed: Optional[int] = Field(default=None, ge=0, description="Run seed overriding the preset's (prompts and request seeds).")
     checkpoint: Optional[str] = Field(default=None, description="Policy folder to start from (default: the shipped base).")
     anchor_every: int = Field(default=10, ge=1, description="A full BF16 anchor every this many weight versions.")
@@ -41,7 +41,7 @@ class RunConfigResource(ConfigurableResource):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, preset: str) -> str:
-        from workers.presets import PRESETS
+        from workers.trainer.presets import PRESETS
 
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
@@ -50,7 +50,7 @@ class RunConfigResource(ConfigurableResource):
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, reward: Optional[str]) -> Optional[str]:
-        from workers.rewards import reward_names
+        from workers.task.rewards import reward_names
 
         if reward is not None and reward not in reward_names():
             raise ValueError(f"unknown reward {reward!r}; choose one of {reward_names()}")
@@ -63,7 +63,7 @@ class RunConfigResource(ConfigurableResource):
 
     def train_config(self):
         """The preset's TrainConfig with this resource's overrides."""
-        from workers.presets import get_preset
+        from workers.trainer.presets import get_preset
 
         config = get_preset(self.preset)
         changes = {"iterations": self.iterations, "reward": self.reward, "seed": self.seed}

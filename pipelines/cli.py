@@ -43,7 +43,7 @@ def _human_line(r: dict) -> str:
 @app.command()
 def train(
     iterations: Optional[int] = typer.Option(None, help="GRPO iterations (default: the preset's)."),
-    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/presets.py)."),
+    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/trainer/presets.py)."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
     seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
@@ -58,7 +58,7 @@ def train(
     import dataclasses
 
     refuse_to_overwrite(out, "metrics.jsonl", overwrite)
-    from workers.presets import get_preset
+    from workers.trainer.presets import get_preset
 
     try:
         config = get_preset(preset)
@@ -71,7 +71,7 @@ def train(
         raise typer.BadParameter(str(err)) from None
     from rich.console import Console
 
-    from workers.policy import SHIPPED_BASE, load_policy, save_policy
+    from workers.model.policy import SHIPPED_BASE, load_policy, save_policy
 
     if usd_per_hour < 0:
         raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
@@ -105,7 +105,7 @@ def _train_loop(policy, config, as_json: bool, console, metrics, recorder) -> No
 
     from rich.progress import Progress
 
-    from workers.train_loop import run_training
+    from workers.trainer.loop import run_training
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("GRPO", total=config.iterations)
@@ -137,7 +137,7 @@ def pretrain(
     as_json: bool = typer.Option(False, "--json", help="Print the final validation as JSON."),
 ) -> None:
     """Pretrain the tiny DiT by flow matching on rendered MiniGenEval scenes (makes the base model)."""
-    from workers.pretrain import PretrainConfig
+    from workers.model.pretrain import PretrainConfig
 
     refuse_to_overwrite(out, "policy.json", overwrite)
     try:
@@ -146,10 +146,10 @@ def pretrain(
         raise typer.BadParameter(str(err)) from None
     from rich.progress import Progress
 
-    from workers.evaluate import evaluate
-    from workers.policy import PolicyConfig, build_policy, load_policy, save_policy
-    from workers.pretrain import pretrain as run_pretrain
-    from workers.prompts import split_prompts
+    from workers.task.evaluate import evaluate
+    from workers.model.policy import PolicyConfig, build_policy, load_policy, save_policy
+    from workers.model.pretrain import pretrain as run_pretrain
+    from workers.task.prompts import split_prompts
 
     if init is not None and not (init / "policy.json").exists():
         raise typer.BadParameter(f"--init {init} holds no policy (no policy.json); pass a folder written by "
@@ -179,7 +179,7 @@ def bench_rollout(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Rollout throughput (samples/s) and GRPO update time on this machine (cpu_tiny settings: ODE rollouts, NFT)."""
-    from workers.bench_rollout import bench_rollout as run
+    from workers.bench.rollout import bench_rollout as run
 
     try:
         result = run(batch_size=batch_size, num_steps=num_steps, repeats=repeats, full_sde=full_sde)
@@ -194,15 +194,15 @@ def bench_rollout(
 
 @bench_app.command("recipe")
 def bench_recipe(
-    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/presets.py)."),
+    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/trainer/presets.py)."),
     seed: list[int] = typer.Option([0, 1, 2], "--seed", help="Run seeds (repeat the option); one run each."),
     iterations: Optional[int] = typer.Option(None, help="Iterations per run (default: the preset's)."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Held-out score before/after `spotlight train` from the shipped base, over several run seeds."""
-    from workers.bench_recipe import bench_recipe as run
-    from workers.policy import SHIPPED_BASE
+    from workers.bench.recipe import bench_recipe as run
+    from workers.model.policy import SHIPPED_BASE
 
     def show(record: dict) -> None:
         if record["validation_score"] is not None:
@@ -302,7 +302,7 @@ def bench_elastic(
     repeats: int = typer.Option(3, help="Repetitions of each re-form event (medians reported)."),
 ) -> None:
     """Elastic SP: re-form time after a lost / joining worker, naive vs node agent; SP degree 1 vs 2 throughput."""
-    from workers.bench_elastic import run_elastic_bench
+    from workers.bench.elastic import run_elastic_bench
 
     try:
         figures = run_elastic_bench(repeats=repeats)
@@ -329,8 +329,8 @@ def bench_pulse(
     """PULSESync: BF16 change rate, bytes per changed value and single-core speed on an LM-shaped AdamW trajectory."""
     import logging
 
-    from workers.pulse.bench import run_pulse_bench
-    from workers.pulse.bench_report import format_pulse_report
+    from workers.bench.pulse import run_pulse_bench
+    from workers.bench.pulse_report import format_pulse_report
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # progress on stderr
     figures = run_pulse_bench(quick=quick, dit=dit)
@@ -348,7 +348,7 @@ def bench_loco(
     lm: bool = typer.Option(True, "--lm/--no-lm", help="Run (b), the LM-shaped synthetic task."),
 ) -> None:
     """PULSELoCo vs DiLoCo vs DDP: bytes per replica, payload sparsity and training curves (2 replica processes)."""
-    from workers.pulse.loco_bench import format_loco_report, run_loco_bench
+    from workers.bench.loco import format_loco_report, run_loco_bench
 
     figures = run_loco_bench(quick=quick, dit=dit, lm=lm)
     if as_json:
@@ -370,7 +370,7 @@ def bench_preemption(
     with_throughput: bool = typer.Option(True, "--throughput/--no-throughput", help="Also time pull vs static assignment with worker processes."),
 ) -> None:
     """Lost denoising work per preemption with and without state commitment, commit overhead, pull vs static throughput."""
-    from workers.bench_preemption import format_preemption_report, run_preemption_bench
+    from workers.bench.preemption import format_preemption_report, run_preemption_bench
 
     figures = run_preemption_bench(quick=quick, with_throughput=with_throughput)
     if as_json:
@@ -394,7 +394,7 @@ def bench_exploration(
     """Seed exploration on stale weights vs random seeds vs best-of-N: time to a held-out target, reward std, overhead, rank consistency."""
     import dataclasses
 
-    from workers.bench_exploration import ExplorationBench, format_exploration_report, run_exploration_bench
+    from workers.bench.exploration import ExplorationBench, format_exploration_report, run_exploration_bench
 
     changes = {k: v for k, v in {"seeds": tuple(seed) if seed else None, "iterations": iterations,
                                  "validate_every": validate_every, "target_gain": target_gain, "num_workers": workers,

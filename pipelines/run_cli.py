@@ -13,8 +13,8 @@ from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
 
 def run_command(
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: the preset's)."),
-    preset: Optional[str] = typer.Option(None, help="Training preset (workers/presets.py; default cpu_tiny)."),
-    reward: Optional[str] = typer.Option(None, help="Reward name overriding the preset's (workers/rewards.py: minigeneval, minigeneval_strict, jpeg_compressibility)."),
+    preset: Optional[str] = typer.Option(None, help="Training preset (workers/trainer/presets.py; default cpu_tiny)."),
+    reward: Optional[str] = typer.Option(None, help="Reward name overriding the preset's (workers/task/rewards.py: minigeneval, minigeneval_strict, jpeg_compressibility)."),
     store: Optional[str] = typer.Option(None, help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."),
     queue: Optional[str] = typer.Option(None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."),
     run_dir: Path = typer.Option(Path("runs/run"), "--run-dir", help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default."),

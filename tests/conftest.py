@@ -90,7 +90,7 @@ def mem_ledger():
 @pytest.fixture
 def tiny_policy():
     """A randomly initialised policy small enough for sub-second rollouts (16x16 images, one block)."""
-    from workers.policy import PolicyConfig, build_policy
+    from workers.model.policy import PolicyConfig, build_policy
 
     config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     return build_policy(config, seed=0).eval()
@@ -99,7 +99,7 @@ def tiny_policy():
 @pytest.fixture
 def rollout_store(tmp_store, tiny_policy):
     """A local tensor store holding tiny_policy as version 0 of run "demo" (what rollout workers load)."""
-    from workers.rollout_weights import publish_policy
+    from workers.rollout.weights import publish_policy
 
     publish_policy(tmp_store, "demo", tiny_policy)
     return tmp_store

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from workers.bandit import Arm, BanditConfig, UCBBandit, predict_budget_s
+from workers.algo.bandit import Arm, BanditConfig, UCBBandit, predict_budget_s
 
 # Synthetic arms: (M, level) -> true mean gain, true seconds per prompt. With 8 prompts on 2
 # workers and a budget of 20 s, an arm fits when seconds per prompt <= 0.9 * 20 * 2 / 8 = 4.5.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.bench_preemption import format_preemption_report, run_preemption_bench
+from workers.bench.preemption import format_preemption_report, run_preemption_bench
 
 
 def test_state_commitment_cuts_the_work_a_preemption_loses_and_resumes_bit_identically() -> None:

@@ -17,10 +17,10 @@ from resources.ledger import Ledger
 from resources.preemption import PreemptionEvent
 from resources.queue import open_queue
 from resources.queue_records import Request
-from workers.rollout_request import work_request
-from workers.rollout_state import RolloutSpec, rollout_request
-from workers.rollout_weights import PolicyHolder
-from workers.sampler import SamplerConfig
+from workers.rollout.request import work_request
+from workers.rollout.state import RolloutSpec, rollout_request
+from workers.rollout.weights import PolicyHolder
+from workers.algo.sampler import SamplerConfig
 
 NUM_REQUESTS = 64
 PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a yellow circle", "three purple circles"]

@@ -30,21 +30,21 @@ def test_train_refuses_to_overwrite_an_existing_run_folder(tmp_path):
 
 
 def test_train_config_with_group_size_one_is_refused():
-    from workers.trainer import TrainConfig
+    from workers.trainer.grpo_trainer import TrainConfig
 
     with pytest.raises(ValueError, match="group_size"):
         TrainConfig(group_size=1)
 
 
 def test_train_config_with_an_unknown_reward_lists_the_registered_ones():
-    from workers.trainer import TrainConfig
+    from workers.trainer.grpo_trainer import TrainConfig
 
     with pytest.raises(ValueError, match="minigeneval"):
         TrainConfig(reward="aesthetic_v9")
 
 
 def test_train_prints_one_json_object_per_iteration(tmp_path, tiny_policy):
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     result = runner.invoke(app, ["train", "--preset", "cpu_smoke", "--checkpoint", str(tmp_path / "ckpt"),
@@ -59,7 +59,7 @@ def test_train_prints_one_json_object_per_iteration(tmp_path, tiny_policy):
 
 
 def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy):
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run"
@@ -80,7 +80,7 @@ def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy
 
 def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, tiny_policy):
     """NFT updates have no PPO clip: the ledger's clip_fraction is NULL, not a crash (it was a KeyError)."""
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run"
@@ -94,7 +94,7 @@ def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, t
 
 
 def test_bench_recipe_reports_the_held_out_gain_of_every_seed(tmp_path, tiny_policy):
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     result = runner.invoke(app, ["bench", "recipe", "--preset", "cpu_smoke", "--seed", "0", "--seed", "1",

@@ -1,9 +1,9 @@
 import numpy as np
 
-from workers.detect import detect_objects, score_images
-from workers.prompts import parse_prompt, split_prompts
-from workers.render import render_scene
-from workers.rewards import get_reward, jpeg_compressibility
+from workers.task.detect import detect_objects, score_images
+from workers.task.prompts import parse_prompt, split_prompts
+from workers.task.render import render_scene
+from workers.task.rewards import get_reward, jpeg_compressibility
 
 
 def _render(prompts, seed=0):

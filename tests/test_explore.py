@@ -8,11 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from workers.explore import CACHE_LEVELS, ExploreSpec, cache_level, candidate_seeds, explore_rewards, select_max_variance
-from workers.explore_state import ExplorationState, ExploreConfig, review_rollout
-from workers.rank_consistency import kendall_tau_b, mean_over_groups, pairwise_concordance, spearman_rho
-from workers.sampler import SamplerConfig, rollout
-from workers.seed_plan import SeedPlan, default_seed_plan, load_seed_plan, plan_from_exploration, publish_seed_plan
+from workers.explore.request import CACHE_LEVELS, ExploreSpec, cache_level, explore_rewards
+from workers.algo.seeds import candidate_seeds
+from workers.algo.selection import select_max_variance
+from workers.explore.state import ExplorationState, ExploreConfig, review_rollout
+from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, pairwise_concordance, spearman_rho
+from workers.algo.sampler import SamplerConfig, rollout
+from workers.explore.seed_plan import SeedPlan, default_seed_plan, load_seed_plan, plan_from_exploration, publish_seed_plan
 
 SAMPLER = SamplerConfig(num_steps=4, noise_level=0.0)
 
@@ -20,7 +22,7 @@ SAMPLER = SamplerConfig(num_steps=4, noise_level=0.0)
 @pytest.fixture
 def two_block_policy():
     """tiny_policy with a second block: FirstBlockCache needs one to skip."""
-    from workers.policy import PolicyConfig, build_policy
+    from workers.model.policy import PolicyConfig, build_policy
 
     config = PolicyConfig(image_size=16, num_layers=2, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     return build_policy(config, seed=0).eval()
@@ -42,7 +44,7 @@ def test_the_choice_among_equal_rewards_is_deterministic_and_balanced() -> None:
 
 
 def test_candidates_start_with_the_default_request_seeds_and_are_distinct() -> None:
-    from workers.trainer import request_seed
+    from workers.algo.seeds import request_seed
 
     seeds = candidate_seeds(7, 3, 2, 4, 12)
     assert seeds[:4] == [request_seed(7, 3, 2, j) for j in range(4)]
@@ -109,8 +111,8 @@ def test_a_payload_roundtrip_keeps_the_request_and_its_fingerprint() -> None:
 
 
 def test_a_seed_plan_from_the_same_exploration_reproduces_exactly(tmp_store) -> None:
-    from workers.policy import load_policy
-    from workers.presets import get_preset
+    from workers.model.policy import load_policy
+    from workers.trainer.presets import get_preset
 
     config = get_preset("cpu_smoke")
     plans = []

@@ -8,11 +8,12 @@ import time
 import pytest
 
 from resources.queue import open_queue
-from workers.explore import ExploreSpec, explore_rewards, select_max_variance
-from workers.explore_plan import finish_exploration, review_iteration, start_exploration
-from workers.explore_state import ExploreConfig
-from workers.presets import get_preset
-from workers.seed_plan import default_seed_plan, load_seed_plan, publish_seed_plan
+from workers.explore.request import ExploreSpec, explore_rewards
+from workers.algo.selection import select_max_variance
+from workers.coordinator.explore import finish_exploration, review_iteration, start_exploration
+from workers.explore.state import ExploreConfig
+from workers.trainer.presets import get_preset
+from workers.explore.seed_plan import default_seed_plan, load_seed_plan, publish_seed_plan
 
 CONFIG = get_preset("cpu_smoke")  # 2 prompts x 4 seeds
 EXPLORE = ExploreConfig(seed_multipliers=(2,), cache_levels=("half_steps",))  # tiny_policy has one block: no fbcache
@@ -25,8 +26,8 @@ def queue(tmp_path):
 
 
 def _worker_loop(queue, store, worker_id: str = "w1"):
-    from workers.rollout import build_parser
-    from workers.rollout_loop import WorkerLoop
+    from workers.rollout.worker import build_parser
+    from workers.rollout.loop import WorkerLoop
 
     args = build_parser().parse_args(["--queue", queue.url, "--store", store.url, "--worker-id", worker_id,
                                       "--max-idle-s", "0.5", "--poll-s", "0.05", "--lease-s", "30"])
@@ -71,8 +72,8 @@ def test_a_result_that_arrives_after_training_ended_never_changes_the_plan(queue
     loop, _ = _worker_loop(queue, rollout_store)
     loop.run()  # the other request finishes in time
     first = finish_exploration(rollout_store, queue, "demo", CONFIG, 0, EXPLORE, train_s=3.0)
-    from workers.explore import work_explore_request
-    from workers.rollout_weights import PolicyHolder
+    from workers.explore.request import work_explore_request
+    from workers.rollout.weights import PolicyHolder
 
     outcome = work_explore_request(late.request, rollout_store, PolicyHolder(rollout_store), worker_id="w-late")
     assert queue.ack(late, outcome.result_key) is False
@@ -81,7 +82,7 @@ def test_a_result_that_arrives_after_training_ended_never_changes_the_plan(queue
 
 
 def test_no_arm_within_the_budget_leaves_random_seeds_and_enqueues_nothing(queue, rollout_store) -> None:
-    from workers.explore_plan import load_state, save_state
+    from workers.coordinator.explore import load_state, save_state
 
     state = load_state(rollout_store, "demo", EXPLORE, CONFIG.group_size)
     state.record_train_s(0, 0.01)  # training is far quicker than any exploration
@@ -94,8 +95,8 @@ def test_no_arm_within_the_budget_leaves_random_seeds_and_enqueues_nothing(queue
 
 
 def test_the_monitor_reads_the_real_rewards_of_the_planned_seeds_from_the_rollout(rollout_store, tiny_policy) -> None:
-    from workers.rollout_batch import iteration_requests, publish_batch
-    from workers.trainer import GRPOTrainer
+    from workers.coordinator.rollout import iteration_requests, publish_batch
+    from workers.trainer.grpo_trainer import GRPOTrainer
 
     plan = default_seed_plan(CONFIG, 0)
     publish_seed_plan(rollout_store, "demo", plan)
@@ -127,7 +128,7 @@ def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path
 
     from pipelines.deploy import build_resources
     from pipelines.run_walk import walk_iterations
-    from workers.policy import PolicyConfig, build_policy, save_policy
+    from workers.model.policy import PolicyConfig, build_policy, save_policy
 
     torch.set_num_threads(1)
     two_blocks = PolicyConfig(image_size=16, num_layers=2, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from workers.grpo import GRPOConfig, clipped_policy_loss, group_advantages, group_reward_stats, kl_to_reference
+from workers.algo.grpo import GRPOConfig, clipped_policy_loss, group_advantages, group_reward_stats, kl_to_reference
 
 
 def test_advantages_are_zero_mean_and_unit_std_per_group():

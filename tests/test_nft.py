@@ -3,10 +3,10 @@ import dataclasses
 import pytest
 import torch
 
-from workers.grpo import GRPOConfig
-from workers.nft import nft_loss, noisy_sample, optimality
-from workers.sampler import SamplerConfig
-from workers.trainer import GRPOTrainer, TrainConfig
+from workers.algo.grpo import GRPOConfig
+from workers.algo.nft import nft_loss, noisy_sample, optimality
+from workers.algo.sampler import SamplerConfig
+from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 
 
 def test_at_the_sampling_policy_the_gradient_is_advantage_weighted_flow_matching():
@@ -159,7 +159,7 @@ def test_an_unknown_lr_schedule_is_refused():
 
 
 def test_the_held_out_preset_is_cpu_tiny_with_a_wider_draw_more_noise_levels_and_iterations():
-    from workers.presets import get_preset
+    from workers.trainer.presets import get_preset
     long, short = get_preset("cpu_tiny_long"), get_preset("cpu_tiny")
     # docs/BENCHMARKS.md measured exactly this
     assert (long.iterations, long.rollouts_per_prompt, long.grpo.nft_timesteps) == (40, 16, 6)
@@ -169,7 +169,7 @@ def test_the_held_out_preset_is_cpu_tiny_with_a_wider_draw_more_noise_levels_and
 
 
 def test_antithetic_noise_levels_come_in_pairs_inside_the_configured_range(tiny_policy, monkeypatch):
-    import workers.trainer as trainer_module
+    import workers.trainer.grpo_trainer as trainer_module
     drawn = []
 
     def recording(x0, sigma, eps):

@@ -1,4 +1,4 @@
-"""The node agent (workers/node_agent.py): groups that lose or gain a member finish their requests.
+"""The node agent (workers/sp/node_agent.py): groups that lose or gain a member finish their requests.
 
 One scenario runs on three real worker processes (spawned once for the module):
 w0 and w1 load the weights from the tensor store, w2 joins by copying them from a peer
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from resources.keys import anchor_key
-from workers.node_agent import AgentConfig, NodeAgent, SPRequest
-from workers.policy import PolicyConfig, build_policy
-from workers.sampler import SamplerConfig, rollout
+from workers.sp.node_agent import AgentConfig, NodeAgent, SPRequest
+from workers.model.policy import PolicyConfig, build_policy
+from workers.algo.sampler import SamplerConfig, rollout
 
 SP_ATOL = 1e-5
 TINY = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
@@ -115,7 +115,7 @@ def test_agent_refuses_a_degree_the_workers_cannot_form(tmp_path):
 
 
 def test_projection_is_labelled_and_moves_20b_weights_over_nvlink_faster_than_from_the_store():
-    from workers.bench_projection import project_20b
+    from workers.bench.projection import project_20b
 
     join = {"rendezvous_s": 0.1, "process_start_s": 10.0}
     figures = project_20b({"elastic": {"join": join}, "naive": {"join": join}})

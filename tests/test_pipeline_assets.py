@@ -11,7 +11,7 @@ def tiny_run(tmp_path, tiny_policy):
     import torch
 
     from pipelines.deploy import build_resources
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     torch.set_num_threads(1)
     save_policy(tiny_policy, tmp_path / "tiny")

@@ -12,7 +12,7 @@ def test_rollouts_through_a_local_cluster_land_in_store_and_ledger(tmp_path, tin
     from pipelines.deploy import build_resources
     from pipelines.run_walk import materialize_iteration
     from resources.keys import rollouts_prefix
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     resources = build_resources(run_dir=tmp_path / "run", run="c", preset="cpu_smoke", iterations=1,
@@ -38,7 +38,7 @@ def test_default_run_shows_preemptions_and_spot_cost_in_summary_and_report(tmp_p
     from pathlib import Path
 
     from resources.ledger_db import query_ledger
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     run = tmp_path / "r"

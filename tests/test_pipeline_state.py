@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from workers.presets import get_preset
-from workers.trainer import GRPOTrainer
+from workers.trainer.presets import get_preset
+from workers.trainer.grpo_trainer import GRPOTrainer
 
 
 @pytest.fixture
@@ -17,14 +17,14 @@ def smoke_config():
 
 
 def _tiny_folder(tiny_policy, tmp_path):
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     return tmp_path / "tiny"
 
 
 def test_checkpoint_roundtrip_resumes_training_bit_identically(tmp_store, tiny_policy, smoke_config):
-    from workers.train_state import load_checkpoint, restore_optimizer, save_checkpoint
+    from workers.trainer.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
 
     torch.set_num_threads(1)
     trainer = GRPOTrainer(tiny_policy, smoke_config)
@@ -43,15 +43,15 @@ def test_checkpoint_roundtrip_resumes_training_bit_identically(tmp_store, tiny_p
 
 
 def test_missing_checkpoint_names_the_phase_to_run_first(tmp_store):
-    from workers.train_state import load_checkpoint
+    from workers.trainer.checkpoint import load_checkpoint
 
     with pytest.raises(LookupError, match="policy_update"):
         load_checkpoint(tmp_store, "demo", 4)
 
 
 def test_batch_read_back_from_the_store_equals_the_collected_batch(tmp_store, tiny_policy, smoke_config):
-    from workers.rollout_batch import iteration_requests, load_batch, publish_batch
-    from workers.seed_plan import default_seed_plan, load_seed_plan, publish_seed_plan
+    from workers.coordinator.rollout import iteration_requests, load_batch, publish_batch
+    from workers.explore.seed_plan import default_seed_plan, load_seed_plan, publish_seed_plan
 
     publish_seed_plan(tmp_store, "demo", default_seed_plan(smoke_config, 2))
     plan = load_seed_plan(tmp_store, "demo", 2)
@@ -67,9 +67,9 @@ def test_batch_read_back_from_the_store_equals_the_collected_batch(tmp_store, ti
 
 
 def test_a_wider_draw_in_the_pipeline_trains_on_what_spotlight_train_keeps(tmp_store, tiny_policy, smoke_config, tmp_path):
-    from workers.rollout_batch import collect_in_process, iteration_requests, load_batch
-    from workers.seed_plan import default_seed_plan
-    from workers.train_state import save_checkpoint
+    from workers.coordinator.rollout import collect_in_process, iteration_requests, load_batch
+    from workers.explore.seed_plan import default_seed_plan
+    from workers.trainer.checkpoint import save_checkpoint
 
     torch.set_num_threads(1)
     wide = dataclasses.replace(smoke_config, rollouts_per_prompt=7)
@@ -85,7 +85,7 @@ def test_a_wider_draw_in_the_pipeline_trains_on_what_spotlight_train_keeps(tmp_s
 
 
 def test_seed_plan_of_another_preset_is_refused(tmp_store, smoke_config):
-    from workers.seed_plan import default_seed_plan
+    from workers.explore.seed_plan import default_seed_plan
 
     plan = default_seed_plan(smoke_config, 1)
     with pytest.raises(ValueError, match="does not match"):
@@ -93,8 +93,8 @@ def test_seed_plan_of_another_preset_is_refused(tmp_store, smoke_config):
 
 
 def test_published_versions_reach_the_trainers_hash(tmp_store, tiny_policy, smoke_config, tmp_path):
-    from workers.train_state import load_checkpoint, save_checkpoint
-    from workers.version_sync import publish_version
+    from workers.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from workers.coordinator.sync import publish_version
 
     base = publish_version(tmp_store, "demo", 0, anchor_every=2, base=_tiny_folder(tiny_policy, tmp_path))
     assert base.kind == "anchor" and base.reproduced

@@ -15,9 +15,9 @@ from typing import Iterator
 import pytest
 
 from resources.queue import open_queue
-from workers.preemption_notice import NoticeWatcher, notice_checker
-from workers.rollout_state import RolloutSpec, rollout_request
-from workers.sampler import SamplerConfig
+from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
+from workers.rollout.state import RolloutSpec, rollout_request
+from workers.algo.sampler import SamplerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,13 +131,13 @@ def test_a_worker_on_a_preempted_aws_vm_commits_its_state_and_exits_cleanly(tmp_
 @pytest.mark.parametrize("info,cloud", [('{"cloud": "AWS", "region": "us-east-1"}', "aws"), ('{"cloud": "GCP"}', "gcp"),
                                         ('{"cloud": "Azure"}', "off"), (None, "off"), ("not json", "off")])
 def test_auto_follows_the_cloud_skypilot_launched_the_vm_on(info, cloud) -> None:
-    from workers.preemption_notice import skypilot_cloud
+    from workers.rollout.preemption_notice import skypilot_cloud
 
     assert skypilot_cloud(info) == cloud
 
 
 def test_the_instance_label_defaults_to_skypilots_cloud_and_region() -> None:
-    from workers.rollout import default_instance_type
+    from workers.rollout.worker import default_instance_type
 
     assert default_instance_type('{"cloud": "GCP", "region": "us-central1"}') == "sky-gcp-us-central1"
     assert default_instance_type(None) == "local-cpu"

@@ -1,12 +1,12 @@
 import pytest
 import torch
 
-from workers.policy import PolicyConfig, build_policy
-from workers.pretrain import PretrainConfig, SceneStream, flow_matching_loss, lr_factor, pretrain
+from workers.model.policy import PolicyConfig, build_policy
+from workers.model.pretrain import PretrainConfig, SceneStream, flow_matching_loss, lr_factor, pretrain
 
 
 def test_scene_stream_is_seeded_and_never_shows_heldout_prompts():
-    from workers.prompts import split_prompts
+    from workers.task.prompts import split_prompts
 
     a_prompts, a_images = SceneStream(3).batch(16)
     b_prompts, b_images = SceneStream(3).batch(16)

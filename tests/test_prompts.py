@@ -1,6 +1,6 @@
 import pytest
 
-from workers.prompts import HELDOUT_CATEGORIES, PromptError, all_specs, parse_prompt, prompt_text, split_prompts, tokenize
+from workers.task.prompts import HELDOUT_CATEGORIES, PromptError, all_specs, parse_prompt, prompt_text, split_prompts, tokenize
 
 
 def test_every_grammar_prompt_round_trips_through_the_parser():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from workers.pulse.bench import BenchConfig, bench_trajectory, check_targets
-from workers.pulse.bench_stats import entropy_floor, synthetic_update
+from workers.bench.pulse import BenchConfig, bench_trajectory, check_targets
+from workers.bench.pulse_stats import entropy_floor, synthetic_update
 
 
 def known_trajectory(num_states: int, share: float) -> list[dict[str, torch.Tensor]]:
@@ -51,9 +51,9 @@ def test_targets_report_a_miss_as_not_met() -> None:
 
 
 def test_tiny_dit_grpo_updates_round_trip_bit_exactly(tiny_policy, tmp_path) -> None:
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
     from workers.pulse import apply_patch, encode_patch, weights_hash
-    from workers.pulse.dit_trajectory import dit_grpo_states
+    from workers.bench.dit_trajectory import dit_grpo_states
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     states = [{k: v.to(torch.bfloat16) for k, v in s.items()}

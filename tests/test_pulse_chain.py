@@ -16,8 +16,8 @@ from workers.pulse import (
     sync_weights,
     weights_hash,
 )
-from workers.pulse.bench_stats import single_thread
-from workers.pulse.tiny_lm import LMConfig, TrajectoryConfig, lm_trajectory
+from workers.bench.pulse_stats import single_thread
+from workers.pulse.loco.tiny_lm import LMConfig, TrajectoryConfig, lm_trajectory
 
 
 def random_walk_states(num_versions: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:

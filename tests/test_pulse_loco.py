@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.pulse.loco import (
+from workers.pulse.loco.maths import (
     OuterConfig,
     SparseUpdate,
     average_sparse,
@@ -15,10 +15,10 @@ from workers.pulse.loco import (
     restore_error,
     unflatten_into,
 )
-from workers.pulse.loco_codec import PayloadError, decode_dense, decode_sparse, encode_dense, encode_sparse, layout_hash
-from workers.pulse.loco_launch import LocoRunConfig
-from workers.pulse.loco_tasks import TaskConfig
-from workers.pulse.loco_transport import ExchangeConfig
+from workers.pulse.loco.codec import PayloadError, decode_dense, decode_sparse, encode_dense, encode_sparse, layout_hash
+from workers.pulse.loco.launch import LocoRunConfig
+from workers.pulse.loco.tasks import TaskConfig
+from workers.pulse.loco.transport import ExchangeConfig
 
 HALF_ULP_AT_1_5 = 2.0**-8
 """BF16 keeps 8 significant bits: values in [1, 2) are 2**-7 apart, so half a ULP is 2**-8."""
@@ -145,7 +145,7 @@ def test_bad_config_is_refused_with_a_clear_value_error(build, field):
 
 
 def test_a_replica_started_from_a_start_state_continues_exactly_like_the_run_that_saved_it():
-    from workers.pulse.loco_tasks import LMTask
+    from workers.pulse.loco.tasks import LMTask
 
     config = TaskConfig(name="lm", size="tiny", lr=1e-6, eval_batches=1)
     original = LMTask(config, replica=0, start=None)
@@ -179,8 +179,8 @@ def bench_events(sent: dict[str, tuple[int, float]], final: dict[str, list[float
 
 
 def test_bench_summary_divides_diloco_and_ddp_bytes_by_pulseloco_bytes():
-    from workers.pulse.loco_bench import summarise
-    from workers.pulse.loco_launch import LocoRun
+    from workers.bench.loco import summarise
+    from workers.pulse.loco.launch import LocoRun
 
     sent = {"ddp": (8000, 1.0), "diloco": (1000, 1.0), "pulseloco": (50, 0.05)}
     final = {"ddp": [0.5] * 4, "diloco": [0.5, 0.6, 0.7, 0.8], "pulseloco": [0.5, 0.6, 0.7, 0.8]}
@@ -195,8 +195,8 @@ def test_bench_summary_divides_diloco_and_ddp_bytes_by_pulseloco_bytes():
 
 
 def test_bench_compares_final_metrics_pairwise_over_the_same_held_out_items():
-    from workers.pulse.loco_bench import summarise
-    from workers.pulse.loco_launch import LocoRun
+    from workers.bench.loco import summarise
+    from workers.pulse.loco.launch import LocoRun
 
     sent = {"ddp": (8000, 1.0), "diloco": (1000, 1.0), "pulseloco": (50, 0.05)}
     # Items vary a lot (a large unpaired standard error), but PULSELoCo is worse on every one of them.

@@ -9,9 +9,9 @@ import pytest
 
 from resources.ledger import Ledger
 from resources.store_local import LocalTensorStore
-from workers.pulse.loco_launch import LocoRunConfig, record_loco_ledger, run_loco, sync_totals
-from workers.pulse.loco_tasks import TaskConfig
-from workers.pulse.loco_transport import ExchangeConfig, ReplicaExcludedError, RoundTimeoutError, StoreExchange
+from workers.pulse.loco.launch import LocoRunConfig, record_loco_ledger, run_loco, sync_totals
+from workers.pulse.loco.tasks import TaskConfig
+from workers.pulse.loco.transport import ExchangeConfig, ReplicaExcludedError, RoundTimeoutError, StoreExchange
 
 SURVIVOR_WAIT_S = 4.0
 """Round timeout of the death test: long enough that a live replica's round never needs it."""
@@ -79,7 +79,7 @@ def test_rounds_complete_with_the_survivors_and_the_ledger_counts_each_payload_o
 
 
 def test_each_mode_writes_its_own_sync_kind_with_dense_bytes_of_the_same_exchange(tmp_path: Path):
-    from workers.pulse.loco_launch import LocoRun
+    from workers.pulse.loco.launch import LocoRun
 
     def round_event(mode: str, replica: int, exchanges: int, size: int, values: int) -> dict:
         counted = {str(r): {"bytes": size, "values": values, "exchanges": exchanges} for r in (0, 1)}

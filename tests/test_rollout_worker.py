@@ -15,10 +15,10 @@ import pytest
 from resources.keys import rollout_key, rollout_state_key
 from resources.queue import open_queue
 from resources.queue_records import Request
-from workers.rollout_request import StepHooks, work_request
-from workers.rollout_state import RolloutSpec, rollout_request
-from workers.rollout_weights import PolicyHolder
-from workers.sampler import SamplerConfig
+from workers.rollout.request import StepHooks, work_request
+from workers.rollout.state import RolloutSpec, rollout_request
+from workers.rollout.weights import PolicyHolder
+from workers.algo.sampler import SamplerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = RolloutSpec("demo", "two red circles", 11, 0, SamplerConfig(num_steps=8, sde_window=(0, 4)))
@@ -113,7 +113,7 @@ def test_a_malformed_request_fails_before_any_compute(rollout_store, payload, me
 def test_a_worker_reaches_a_newer_version_through_pulse_patches(tmp_store, tiny_policy) -> None:
     import torch
 
-    from workers.rollout_weights import publish_policy
+    from workers.rollout.weights import publish_policy
 
     publisher = publish_policy(tmp_store, "demo", tiny_policy)
     with torch.no_grad():

@@ -116,7 +116,7 @@ def _content(run_dir: Path, queries: dict[str, str]) -> dict:
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_ledger_of_an_uninterrupted_run(tmp_path, tiny_policy):
     """In-process rollouts and default seeds make a run deterministic: the resumed ledger must equal a fresh one."""
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     # Both runs are named "r" (the folder's name), so request ids and store keys match.
@@ -153,7 +153,7 @@ CLUSTER_QUERIES = {
 
 @pytest.mark.slow
 def test_killed_cluster_run_resumes_without_redoing_or_duplicating_work(tmp_path, tiny_policy):
-    from workers.policy import save_policy
+    from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     killed = tmp_path / "r"

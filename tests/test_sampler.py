@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from workers.sampler import SamplerConfig, rollout
+from workers.algo.sampler import SamplerConfig, rollout
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a yellow circle"]
 SEEDS = [11, 12, 13]
@@ -53,7 +53,7 @@ def test_bad_sampler_config_names_the_field(kwargs, field):
 
 
 def test_auto_forward_dtype_uses_bf16_only_where_it_is_native():
-    from workers.sampler import cpu_has_native_bf16, resolve_forward_dtype
+    from workers.algo.sampler import cpu_has_native_bf16, resolve_forward_dtype
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_forward_dtype("auto", cpu) == ("bf16" if cpu_has_native_bf16() else "fp32")

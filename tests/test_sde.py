@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from workers.sde import noise_seed, ode_step, request_noise, sde_step_with_logprob, sigma_schedule
+from workers.algo.sde import noise_seed, ode_step, request_noise, sde_step_with_logprob, sigma_schedule
 
 
 def _inputs(n=4, seed=0):

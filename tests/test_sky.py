@@ -65,7 +65,7 @@ def test_spot_workers_are_spot_on_several_gpu_types_with_eager_recovery() -> Non
 
 
 def test_the_spot_worker_line_is_accepted_by_the_worker_and_recovers_on_its_notice_exit_code() -> None:
-    from workers.rollout import build_parser, check_args
+    from workers.rollout.worker import build_parser, check_args
 
     (argv,) = _python_commands("spot_workers.yaml")
     assert argv[0] == "workers.rollout"

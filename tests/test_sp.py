@@ -1,4 +1,4 @@
-"""Sequence parallelism (workers/sp.py): an SP group samples what one process samples.
+"""Sequence parallelism (workers/sp/ulysses.py): an SP group samples what one process samples.
 
 Tolerance: with fp32 forwards the SP rollout's images and log-probs match the
 single-process rollout to SP_ATOL = 1e-5 absolute (measured: about 2e-7; the all-to-all
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from workers.policy import PolicyConfig, build_policy
-from workers.sampler import SamplerConfig, rollout
-from workers.sp import SequenceParallelPolicy, allowed_degrees, check_sp_degree, pad_text
+from workers.model.policy import PolicyConfig, build_policy
+from workers.algo.sampler import SamplerConfig, rollout
+from workers.sp.ulysses import SequenceParallelPolicy, allowed_degrees, check_sp_degree, pad_text
 
 SP_ATOL = 1e-5
 TINY = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
@@ -27,7 +27,7 @@ PROMPTS, SEEDS = ["a red circle", "two blue squares"], [7, 8]
 def _rank_main(rank: int, port: int, out) -> None:
     """One SP rank: degree 2 twice (two generations), then alone again; results as numpy."""
     torch.set_num_threads(1)
-    from workers.sp import join_group, leave_group
+    from workers.sp.ulysses import join_group, leave_group
 
     policy = build_policy(TINY, seed=0).eval()
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=torch.distributed.constants.default_pg_timeout)
@@ -117,20 +117,20 @@ def test_padding_the_text_does_not_change_the_velocity(tiny_policy):
     torch.testing.assert_close(v_padded, v, rtol=0, atol=SP_ATOL)
 
 
-# ----- the SP degree policy (workers/sp_degree.py) -----
+# ----- the SP degree policy (workers/sp/degree.py) -----
 
 LATENCY = {1: 2.0, 2: 1.2, 4: 0.8}
 
 
 def test_deep_queue_keeps_every_worker_on_its_own_request():
-    from workers.sp_degree import choose_sp_degree
+    from workers.sp.degree import choose_sp_degree
 
     choice = choose_sp_degree(4, queue_depth=16, latency_s=LATENCY)
     assert (choice.degree, choice.num_groups, choice.makespan_s) == (1, 4, 8.0)
 
 
 def test_single_request_uses_all_workers_to_cut_its_latency():
-    from workers.sp_degree import choose_sp_degree
+    from workers.sp.degree import choose_sp_degree
 
     assert choose_sp_degree(4, queue_depth=1, latency_s=LATENCY).degree == 4
     assert choose_sp_degree(4, queue_depth=2, latency_s=LATENCY).degree == 2
@@ -138,7 +138,7 @@ def test_single_request_uses_all_workers_to_cut_its_latency():
 
 
 def test_degree_changes_only_when_it_saves_more_than_a_reform():
-    from workers.sp_degree import choose_sp_degree
+    from workers.sp.degree import choose_sp_degree
 
     lat = {1: 1.0, 2: 0.95}
     assert choose_sp_degree(2, 1, lat).degree == 2
@@ -147,7 +147,7 @@ def test_degree_changes_only_when_it_saves_more_than_a_reform():
 
 
 def test_slower_sp_is_never_chosen():
-    from workers.sp_degree import amdahl_latency_s, choose_sp_degree
+    from workers.sp.degree import amdahl_latency_s, choose_sp_degree
 
     slow_sp = {1: 1.0, 2: amdahl_latency_s(1.0, 2, parallel_fraction=0.9, comm_s=0.6)}
     assert slow_sp[2] == pytest.approx(1.15)
@@ -155,7 +155,7 @@ def test_slower_sp_is_never_chosen():
 
 
 def test_degree_policy_rejects_bad_input():
-    from workers.sp_degree import choose_sp_degree
+    from workers.sp.degree import choose_sp_degree
 
     with pytest.raises(ValueError, match="num_workers"):
         choose_sp_degree(0, 1, LATENCY)

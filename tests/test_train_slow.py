@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from workers.policy import load_policy
-from workers.presets import get_preset
-from workers.train_loop import run_training
+from workers.model.policy import load_policy
+from workers.trainer.presets import get_preset
+from workers.trainer.loop import run_training
 
 
 @pytest.mark.slow

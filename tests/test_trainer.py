@@ -3,9 +3,11 @@ import itertools
 import pytest
 import torch
 
-from workers.grpo import GRPOConfig
-from workers.sampler import SamplerConfig, step_log_prob
-from workers.trainer import GRPOTrainer, TrainConfig, iteration_prompts, request_seed
+from workers.algo.grpo import GRPOConfig
+from workers.algo.sampler import SamplerConfig, step_log_prob
+from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+from workers.task.prompts import iteration_prompts
+from workers.algo.seeds import request_seed
 
 
 def _config(**grpo):
@@ -61,7 +63,7 @@ def test_config_refuses_more_minibatches_than_samples():
 
 
 def test_train_categories_restrict_the_prompt_schedule():
-    from workers.prompts import parse_prompt
+    from workers.task.prompts import parse_prompt
 
     prompts = [p for it in range(6) for p in iteration_prompts(0, it, 8, ("counting", "position"))]
     assert {parse_prompt(p).category for p in prompts} == {"counting", "position"}
@@ -105,9 +107,9 @@ def test_a_draw_smaller_than_the_group_is_refused_before_compute():
 
 
 def test_keeping_the_largest_variance_leaves_small_groups_whole_and_recomputes_advantages():
-    from workers.grpo import GRPOConfig
-    from workers.sampler import Trajectory
-    from workers.trainer import Rollouts, keep_max_variance
+    from workers.algo.grpo import GRPOConfig
+    from workers.algo.sampler import Trajectory
+    from workers.trainer.grpo_trainer import Rollouts, keep_max_variance
 
     # prompt 0 drew 6 samples (a wide default plan), prompt 1 exactly 4 (seeds exploration chose)
     rewards = torch.tensor([0.5, 0.9, 0.1, 0.55, 0.6, 0.45, 0.2, 0.4, 0.6, 0.8])

@@ -1,0 +1,185 @@
+"""Deterministic rollouts: SDE sampling with per-step log-probs, resumable from any step.
+
+A request is (prompt, seed) on given weights with a SamplerConfig. Its initial noise and
+every SDE step's noise come from request_noise(seed, counter), so sampling the same
+batch again, or resuming it from a saved SamplerState, gives a bit-identical result.
+
+Example:
+    cfg = SamplerConfig(num_steps=8, noise_level=0.7)
+    traj = rollout(policy, prompts, seeds, cfg)            # traj.images (N, 3, H, W)
+    half = rollout(policy, prompts, seeds, cfg, stop_at=4)
+    rest = rollout(policy, prompts, seeds, cfg, resume=half.state())  # same images as traj
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from workers.algo.sde import batch_noise, ode_step, sde_step_with_logprob, sigma_schedule
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    num_steps: int = 8
+    """Denoising steps from sigma = 1 to 0."""
+    noise_level: float = 0.7
+    """Flow-GRPO's eta: scale of the SDE's injected noise (0 = the ODE)."""
+    shift: float = 1.0
+    """SD3 timestep shift of the sigma schedule (1 = uniform)."""
+    sde_window: tuple[int, int] | None = None
+    """Steps [start, end) sampled by the SDE (and trained); the rest follow the ODE.
+    None = every step (Flow-GRPO); a short window is Flow-GRPO-Fast."""
+    forward_dtype: str = "auto"
+    """"bf16" (autocast, as on GPUs), "fp32", or "auto": bf16 on CUDA and on CPUs with native
+    BF16 (AVX512-BF16 / AMX, where it is ~2x faster), fp32 elsewhere (on AVX2-only CPUs bf16
+    is emulated and ~4x slower)."""
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any] | None, where: str) -> "SamplerConfig":
+        """Parse the JSON form (`dataclasses.asdict`) of a queue payload; ValueError names `where`."""
+        fields = dict(raw or {})
+        if fields.get("sde_window") is not None:
+            fields["sde_window"] = tuple(fields["sde_window"])
+        try:
+            return cls(**fields)
+        except TypeError as err:
+            raise ValueError(f"{where}: bad sampler fields: {err}") from err
+
+    def __post_init__(self):
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.noise_level < 0:
+            raise ValueError(f"noise_level must be >= 0, got {self.noise_level}")
+        if self.shift <= 0:
+            raise ValueError(f"shift must be > 0, got {self.shift}")
+        if self.forward_dtype not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"forward_dtype must be 'auto', 'bf16' or 'fp32', got {self.forward_dtype!r}")
+        if self.sde_window is not None:
+            a, b = self.sde_window
+            if not 0 <= a < b <= self.num_steps:
+                raise ValueError(f"sde_window={self.sde_window} must satisfy 0 <= start < end <= num_steps={self.num_steps}")
+
+    @property
+    def sde_steps(self) -> list[int]:
+        """Indices of the steps sampled (and trained) with the SDE."""
+        if self.noise_level == 0:
+            return []
+        a, b = self.sde_window or (0, self.num_steps)
+        return list(range(a, b))
+
+    def sigmas(self) -> torch.Tensor:
+        return sigma_schedule(self.num_steps, self.shift).float()
+
+
+@dataclass
+class SamplerState:
+    """What a rollout needs to continue from step `step` (what a worker commits)."""
+
+    step: int
+    latents: torch.Tensor
+    """x after `step` steps, (N, 3, H, W) fp32."""
+    log_probs: torch.Tensor
+    """(num_steps, N) fp32, filled for SDE steps < step, NaN elsewhere."""
+
+
+@dataclass
+class Trajectory:
+    prompts: list[str]
+    seeds: list[int]
+    latents: torch.Tensor
+    """(num_steps + 1, N, 3, H, W): x before each step, then the final image; steps not yet run are NaN."""
+    log_probs: torch.Tensor
+    """(num_steps, N): log-prob of each SDE step's sample; NaN for ODE steps."""
+    step: int
+    """Steps completed."""
+
+    @property
+    def images(self) -> torch.Tensor:
+        return self.latents[self.step]
+
+    def state(self) -> SamplerState:
+        return SamplerState(self.step, self.latents[self.step].clone(), self.log_probs.clone())
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs with AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; False if unknown)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_forward_dtype(forward_dtype: str, device: torch.device) -> str:
+    """"auto" -> "bf16" where bf16 matmuls are native (CUDA, AVX512-BF16/AMX CPUs), else "fp32"."""
+    if forward_dtype != "auto":
+        return forward_dtype
+    return "bf16" if device.type == "cuda" or cpu_has_native_bf16() else "fp32"
+
+
+def autocast_for(config: SamplerConfig, device: torch.device):
+    if resolve_forward_dtype(config.forward_dtype, device) == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@torch.no_grad()
+def rollout(policy, prompts: list[str], seeds: list[int], config: SamplerConfig,
+            resume: SamplerState | None = None, stop_at: int | None = None) -> Trajectory:
+    """Sample a batch of requests; resume from a SamplerState or stop early at step stop_at."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    n, size = len(prompts), policy.config.image_size
+    shape = (3, size, size)
+    sigmas = config.sigmas()
+    end = config.num_steps if stop_at is None else stop_at
+    latents = torch.full((config.num_steps + 1, n, *shape), float("nan"))
+    log_probs = torch.full((config.num_steps, n), float("nan"))
+    start = 0
+    if resume is not None:
+        start = resume.step
+        latents[start] = resume.latents
+        log_probs.copy_(resume.log_probs)
+    else:
+        latents[0] = batch_noise(seeds, 0, shape)
+    emb, mask = policy.encode_prompts(prompts)
+    sde_steps = set(config.sde_steps)
+    device = next(policy.parameters()).device
+    for t in range(start, end):
+        x = latents[t]
+        with autocast_for(config, device):
+            v = policy.velocity(x.to(device), sigmas[t].expand(n).to(device), emb, mask)
+        v = v.float().cpu()
+        if t in sde_steps:
+            noise = batch_noise(seeds, t + 1, shape)
+            prev, lp, _, _ = sde_step_with_logprob(v, sigmas[t], sigmas[t + 1], x, config.noise_level, noise=noise)
+            log_probs[t] = lp
+        else:
+            prev = ode_step(v, sigmas[t], sigmas[t + 1], x)
+        latents[t + 1] = prev
+    return Trajectory(list(prompts), list(seeds), latents, log_probs, end)
+
+
+def step_log_prob(policy, traj_latents: torch.Tensor, t: int, emb, mask, config: SamplerConfig,
+                  index: torch.Tensor | None = None):
+    """Recompute step t's log-prob (with grad) of the stored transition x_t -> x_{t+1}.
+
+    Returns (log_prob (M,), prev_sample_mean, std_dev_t) for the samples in `index` (all if None).
+    """
+    sigmas = config.sigmas()
+    x = traj_latents[t] if index is None else traj_latents[t][index]
+    x_next = traj_latents[t + 1] if index is None else traj_latents[t + 1][index]
+    device = next(policy.parameters()).device
+    with autocast_for(config, device):
+        v = policy.velocity(x.to(device), sigmas[t].expand(x.shape[0]).to(device), emb, mask)
+    _, lp, mean, std = sde_step_with_logprob(
+        v.float(), sigmas[t], sigmas[t + 1], x.to(device), config.noise_level, prev_sample=x_next.to(device)
+    )
+    return lp, mean, std

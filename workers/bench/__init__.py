@@ -1,0 +1,1 @@
+"""Every `spotlight bench` implementation."""

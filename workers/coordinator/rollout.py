@@ -1,0 +1,137 @@
+"""An iteration's rollout requests and their results in the store, as the trainer's `Rollouts` batch.
+
+Both rollout paths leave the same thing behind: one committed result per request at
+`rollout_key(run, k, request_id)` in the rollout worker's result format
+(`workers/rollout/state.py`). Rollout workers write them one request at a time; the
+in-process path (`GRPOTrainer.collect` on the trainer itself) writes a whole batch with
+`publish_batch`. The train phase reads them back with `load_batch`, possibly in another
+process.
+
+Example:
+    specs = iteration_requests(config, "demo", 3, weights_version=3, plan=plan)
+    publish_batch(store, "demo", 3, specs, trainer.collect(3, seeds=plan.flat_seeds()))
+    batch = load_batch(store, "demo", config, specs)          # Rollouts for trainer.update
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from resources.keys import rollout_key
+from resources.store import TensorStore
+from workers.task.render import to_uint8
+from workers.rollout.state import InFlight, RolloutSpec, result_commit
+from workers.algo.sampler import Trajectory
+from workers.explore.seed_plan import SeedPlan
+from workers.trainer.grpo_trainer import Rollouts, TrainConfig, keep_max_variance
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One rollout request of an iteration: its id, its place in the batch and what it samples."""
+
+    request_id: str
+    prompt_index: int
+    sample_index: int
+    spec: RolloutSpec
+
+
+def request_id(iteration: int, prompt_index: int, sample_index: int) -> str:
+    """`it3-p12-s7`: stable, so a re-sent request is recognised by the queue and the store."""
+    return f"it{iteration}-p{prompt_index}-s{sample_index}"
+
+
+def iteration_requests(config: TrainConfig, run: str, iteration: int, weights_version: int,
+                       plan: SeedPlan) -> list[PlannedRequest]:
+    """The iteration's requests in batch order (prompt-major), seeds from the plan."""
+    plan.check_matches(config)
+    return [PlannedRequest(request_id(iteration, i, j), i, j,
+                           RolloutSpec(run, prompt, seed, weights_version, config.sampler, config.reward))
+            for i, (prompt, seeds) in enumerate(zip(plan.prompts, plan.seeds)) for j, seed in enumerate(seeds)]
+
+
+def publish_batch(store: TensorStore, run: str, iteration: int, requests: list[PlannedRequest],
+                  batch: Rollouts, worker_id: str) -> int:
+    """Commit every request's result from an in-process batch; returns how many this call committed."""
+    traj = batch.trajectory
+    if traj.seeds != [r.spec.seed for r in requests]:
+        raise ValueError("the batch was not sampled with these requests' seeds (order or plan differs)")
+    images = to_uint8(traj.images)
+    won = 0
+    for n, req in enumerate(requests):
+        flight = InFlight(req.spec, traj.step, traj.latents[:, n:n + 1].clone(), traj.log_probs[:, n:n + 1].clone())
+        info = {"worker_id": worker_id, "attempt": 1, "resumed_from_step": 0, "steps_done": traj.step,
+                "compute_s": batch.rollout_s / len(requests), "finished_at": time.time()}
+        tensors, meta = result_commit(flight, torch.from_numpy(images[n]), float(batch.rewards[n]), info)
+        won += store.publish_tensors(rollout_key(run, iteration, req.request_id), tensors, meta, exclusive=True).won
+    return won
+
+
+def load_results(store: TensorStore, run: str, iteration: int, requests: list[PlannedRequest]) -> list[tuple[dict, dict]]:
+    """(tensors, metadata) of every request's committed result, in batch order."""
+    out = []
+    for req in requests:
+        key = rollout_key(run, iteration, req.request_id)
+        manifest = store.read_manifest(key)
+        if manifest is None:
+            raise LookupError(f"request {req.request_id} of iteration {iteration} has no committed result at {key}")
+        if manifest.metadata.get("fingerprint") != req.spec.fingerprint:
+            raise ValueError(f"the result at {key} belongs to a different request (fingerprint mismatch)")
+        out.append((store.load_tensors(key), dict(manifest.metadata)))
+    return out
+
+
+def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int,
+               requests: list[PlannedRequest]) -> Rollouts:
+    """The trainer's batch rebuilt from committed results (advantages recomputed per group). A prompt
+    sampled wider than group_size (TrainConfig.rollouts_per_prompt) keeps its group_size samples of
+    largest reward variance, as `spotlight train` does."""
+    results = load_results(store, run, iteration, requests)
+    latents = torch.stack([t["latents"] for t, _ in results], dim=1)  # (num_steps + 1, N, 3, H, W)
+    log_probs = torch.stack([t["log_probs"] for t, _ in results], dim=1)  # (num_steps, N)
+    traj = Trajectory([r.spec.prompt for r in requests], [r.spec.seed for r in requests], latents, log_probs,
+                      config.sampler.num_steps)
+    rewards = torch.tensor([m["reward"] for _, m in results], dtype=torch.float32)
+    group_ids = torch.tensor([r.prompt_index for r in requests])
+    advantages = config.grpo.advantages(rewards, group_ids)
+    rollout_s = sum(float(m.get("compute_s", 0.0)) for _, m in results)
+    return keep_max_variance(Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s),
+                             config.group_size, config.grpo)
+
+
+def collect_in_process(store: TensorStore, run: str, config: TrainConfig, iteration: int,
+                       requests: list[PlannedRequest], worker_id: str = "trainer") -> int:
+    """The rollout phase without workers: the trainer samples the batch at the iteration's weights
+    version (its FP32 checkpoint) and commits every result; returns how many this call committed."""
+    from workers.trainer.checkpoint import load_checkpoint
+    from workers.trainer.grpo_trainer import GRPOTrainer
+
+    version = requests[0].spec.weights_version
+    policy, _ = load_checkpoint(store, run, version)
+    groups: dict[int, list[int]] = {}
+    for r in requests:
+        groups.setdefault(r.prompt_index, []).append(r.spec.seed)
+    batch = GRPOTrainer(policy, config).collect(iteration, seeds=[groups[i] for i in sorted(groups)], keep_all=True)
+    return publish_batch(store, run, iteration, requests, batch, worker_id)
+
+
+def request_records(requests: list[PlannedRequest], results: list[tuple[dict, dict]], iteration: int,
+                    enqueued_at: float | None = None) -> list:
+    """One ledger `requests` row per request with a committed result (non-finite rewards marked failed)."""
+    import math
+
+    from resources.ledger_records import RequestRecord
+
+    rows = []
+    for req, (_, meta) in zip(requests, results):
+        reward = float(meta["reward"])
+        finite = math.isfinite(reward)
+        rows.append(RequestRecord(
+            request_id=req.request_id, iteration=iteration, kind="rollout", prompt=req.spec.prompt, seed=req.spec.seed,
+            weights_version=req.spec.weights_version, worker_id=meta.get("worker_id"), attempts=int(meta.get("attempt", 1)),
+            status="done" if finite else "failed", result_hash=meta.get("result_hash"), reward=reward if finite else None,
+            enqueued_at=enqueued_at, finished_at=meta.get("finished_at")))
+    return rows

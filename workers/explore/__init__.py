@@ -1,0 +1,1 @@
+"""Seed exploration on stale weights: exploration requests, what it remembers, seed plans."""

@@ -1,0 +1,186 @@
+"""What exploration remembers between iterations, and the monitor that judges a plan after its rollout.
+
+`ExplorationState` holds the bandit, the training times that set the budget, the reward
+variance of random seeds (the baseline a plan's gain is measured against) and the
+fallback flag. It is a plain dict in the tensor store (`bandit_state_key`), so a resumed
+run continues it; every update is keyed by iteration, so redoing an iteration does not
+count it twice.
+
+`review_rollout` runs once the rollout of iteration k (sampled with the plan made during
+k-1) is scored: it compares the explored (stale, cheap) rewards of the planned seeds with
+their real rewards (Kendall tau-b, Spearman rho, pairwise concordance, per prompt, then
+averaged), measures the planned groups' reward variance against random seeds' (the
+bandit's gain for the arm that made the plan), and decides whether the next plan falls
+back to random seeds: it does while the mean tau is below `min_kendall_tau`.
+
+Example:
+    state = ExplorationState.new(ExploreConfig(), group_size=8)
+    review = review_rollout(state, ExploreConfig(), 5, plan, real_rewards)   # updates state
+    review.kendall_tau, review.variance_gain, state.fallback
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from workers.algo.bandit import Arm, BanditConfig, UCBBandit, predict_budget_s
+from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, pairwise_concordance, spearman_rho
+from workers.explore.seed_plan import SeedPlan
+
+_TINY_VARIANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class ExploreConfig:
+    """How exploration runs: the arms, the fallback threshold, the workers it counts on."""
+
+    seed_multipliers: tuple[int, ...] = (2, 3, 4)
+    """Arms' candidate seeds per prompt, as multiples of the group size G (M = 2G, 3G, 4G)."""
+    cache_levels: tuple[str, ...] = ("fbcache", "half_steps", "quarter_steps")
+    """Arms' cheap-sampler levels (workers/explore/request.py CACHE_LEVELS); every pair with a multiplier is an arm."""
+    min_kendall_tau: float = 0.2
+    """Below this mean Kendall tau (stale, cheap vs real rewards) the next plan keeps random seeds."""
+    baseline_decay: float = 0.5
+    """Weight of a new measurement in the running reward variance of random-seed groups."""
+    num_workers: int = 1
+    """Workers exploring at once: the predicted exploration time is divided by it."""
+    bandit: BanditConfig = field(default_factory=BanditConfig)
+
+    def __post_init__(self) -> None:
+        from workers.explore.request import cache_level
+
+        if not self.seed_multipliers or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in self.seed_multipliers):
+            raise ValueError(f"ExploreConfig.seed_multipliers must be ints >= 1, got {self.seed_multipliers}")
+        if not self.cache_levels:
+            raise ValueError("ExploreConfig.cache_levels must name at least one level")
+        for name in self.cache_levels:
+            cache_level(name)
+        if not -1 <= self.min_kendall_tau <= 1:
+            raise ValueError(f"ExploreConfig.min_kendall_tau must lie in [-1, 1], got {self.min_kendall_tau}")
+        if not 0 < self.baseline_decay <= 1:
+            raise ValueError(f"ExploreConfig.baseline_decay must lie in (0, 1], got {self.baseline_decay}")
+        if self.num_workers < 1:
+            raise ValueError(f"ExploreConfig.num_workers must be >= 1, got {self.num_workers}")
+
+    def arms(self, group_size: int) -> list[Arm]:
+        return [Arm(m * group_size, level) for m in self.seed_multipliers for level in self.cache_levels]
+
+    def new_bandit(self, group_size: int) -> UCBBandit:
+        from workers.explore.request import CACHE_LEVELS
+
+        weights = {name: CACHE_LEVELS[name].nominal_cost for name in self.cache_levels}
+        return UCBBandit(self.arms(group_size), self.bandit, weights)
+
+
+@dataclass
+class ExplorationState:
+    bandit: UCBBandit
+    train_s: dict[int, float] = field(default_factory=dict)
+    """Iteration -> seconds its training phase took (the budget is predicted from these)."""
+    random_variance: float | None = None
+    """Running mean within-group reward variance of groups sampled with random (default) seeds."""
+    last_kendall_tau: float | None = None
+    fallback: bool = False
+    """True: the next plan keeps random seeds, because stale rankings stopped agreeing with real ones."""
+    reviewed: list[int] = field(default_factory=list)
+    """Iterations whose rollout the monitor has judged (each counts once)."""
+    timed: list[int] = field(default_factory=list)
+    """Iterations whose exploration time the bandit has seen."""
+
+    @classmethod
+    def new(cls, config: ExploreConfig, group_size: int) -> "ExplorationState":
+        return cls(config.new_bandit(group_size))
+
+    def budget_s(self) -> float | None:
+        """The predicted training time of the next iteration (None before any was measured)."""
+        return predict_budget_s([self.train_s[k] for k in sorted(self.train_s)])
+
+    def record_train_s(self, iteration: int, seconds: float) -> None:
+        self.train_s[iteration] = float(seconds)
+
+    def record_time(self, iteration: int, arm: Arm, seconds: float, num_prompts: int) -> None:
+        if iteration not in self.timed and num_prompts > 0:
+            self.bandit.observe_time(arm, seconds, num_prompts)
+            self.timed.append(iteration)
+
+    def to_dict(self) -> dict:
+        return {"bandit": self.bandit.to_dict(), "train_s": {str(k): v for k, v in self.train_s.items()},
+                "random_variance": self.random_variance, "last_kendall_tau": self.last_kendall_tau,
+                "fallback": self.fallback, "reviewed": list(self.reviewed), "timed": list(self.timed)}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ExplorationState":
+        return cls(UCBBandit.from_dict(raw["bandit"]), {int(k): float(v) for k, v in raw.get("train_s", {}).items()},
+                   raw.get("random_variance"), raw.get("last_kendall_tau"), bool(raw.get("fallback", False)),
+                   [int(k) for k in raw.get("reviewed", [])], [int(k) for k in raw.get("timed", [])])
+
+
+@dataclass(frozen=True)
+class Review:
+    """The monitor's verdict on one iteration's plan, measured on its real rollout."""
+
+    iteration: int
+    planner: str
+    kendall_tau: float | None
+    """Mean over explored prompts of tau-b between explored and real rewards of the planned seeds."""
+    spearman_rho: float | None
+    concordance: float | None
+    """Mean pairwise concordance (the ledger's rank_consistency)."""
+    planned_variance: float
+    """Mean within-group variance of the real rewards, over all the iteration's prompts."""
+    random_variance: float | None
+    """The random-seed baseline after this review."""
+    variance_gain: float | None
+    """planned_variance / random_variance for an explored plan (None otherwise)."""
+    fallback: bool
+    """Whether the next plan falls back to random seeds."""
+    per_prompt_tau: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def review_rollout(state: ExplorationState, config: ExploreConfig, iteration: int, plan: SeedPlan,
+                   real_rewards: list[list[float]]) -> Review:
+    """Judge `plan` on the real rewards of its seeds (real_rewards[i][j] for plan.seeds[i][j]); update the state."""
+    if len(real_rewards) != len(plan.seeds) or any(len(r) != len(s) for r, s in zip(real_rewards, plan.seeds)):
+        raise ValueError(f"iteration {iteration}: real rewards do not match the plan's seeds")
+    explored = plan.explored_rewards or [None] * len(plan.seeds)
+    pairs = [(e, r) for e, r in zip(explored, real_rewards) if e is not None]
+    xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+    tau = mean_over_groups(kendall_tau_b, xs, ys)
+    variances = [float(np.var(r)) for r in real_rewards]
+    planned = float(np.mean(variances))
+    # Groups that kept their default seeds are random-seed groups: they refresh the baseline.
+    random_groups = [v for v, e in zip(variances, explored) if not plan.explored or e is None]
+    first = iteration not in state.reviewed
+    if first and random_groups:
+        value, w = float(np.mean(random_groups)), config.baseline_decay
+        state.random_variance = value if state.random_variance is None else (1 - w) * state.random_variance + w * value
+    gain = _gain(planned, state.random_variance, config.bandit.gain_cap) if plan.explored else None
+    if first:
+        if gain is not None:
+            state.bandit.observe_gain(Arm.parse(plan.planner.split(":", 1)[1]), gain)
+        if tau is not None:
+            state.last_kendall_tau = tau
+            state.fallback = tau < config.min_kendall_tau
+        state.reviewed.append(iteration)
+    return Review(iteration, plan.planner, tau, mean_over_groups(spearman_rho, xs, ys),
+                  mean_over_groups(pairwise_concordance, xs, ys), planned, state.random_variance, gain, state.fallback,
+                  [kendall_tau_b(x, y) for x, y in zip(xs, ys)])
+
+
+def _gain(planned: float, baseline: float | None, cap: float) -> float | None:
+    if baseline is None:
+        return None
+    if baseline < _TINY_VARIANCE:  # random seeds gave no contrast at all: any contrast is the most a plan can add
+        return cap if planned >= _TINY_VARIANCE else 1.0
+    return min(planned / baseline, cap)
+
+
+def explored_variance(candidate_rewards: list[list[float]]) -> float | None:
+    """Mean within-prompt variance of the explored rewards over all candidates (the ledger's reward_variance)."""
+    values = [float(np.var(r)) for r in candidate_rewards if len(r) > 0]
+    return float(np.mean(values)) if values else None

@@ -1,0 +1,1 @@
+"""The policy interface and its model adapters (the MiniGenEval pixel policy), pretraining, the shipped base."""

@@ -1,0 +1,1 @@
+"""PULSELoCo: DiLoCo pseudo-gradients through a BF16-visibility gate, its codec, transports and replicas."""

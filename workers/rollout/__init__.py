@@ -1,0 +1,1 @@
+"""The rollout worker process (`python -m workers.rollout`): requests, in-flight state, weights, preemption notices."""

@@ -1,0 +1,111 @@
+"""The rollout worker's claim loop: claim, keep the lease alive, work the request, ack or give it back.
+
+Rollout requests and, when no rollout or validation is waiting, exploration requests
+(`workers/explore/request.py`: cheap sampling of candidate seeds on stale weights).
+
+Example:
+    loop = WorkerLoop(queue, store, args, stop_event, report)   # args: workers.rollout.worker's flags
+    reason = loop.run()                                         # "stopped", "idle" or "max_requests"
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+from resources.queue import QueueUnavailableError, RequestQueue
+from resources.queue_keepalive import LeaseKeeper
+from resources.queue_records import Lease
+from resources.store import StoreError, TensorStore
+from workers.rollout.request import StepHooks, work_request
+
+
+class WorkerLoop:
+    """One worker: pulls requests until told to stop (SIGTERM, a cloud notice) or idle too long."""
+
+    def __init__(self, queue: RequestQueue, store: TensorStore, args: argparse.Namespace,
+                 stop: threading.Event, report) -> None:
+        import torch
+
+        from workers.rollout.weights import PolicyHolder
+
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        from diffusers import QwenImageTransformer2DModel  # noqa: F401  (import now: "ready" means ready to sample)
+        self.queue, self.store, self.args, self.stop, self.report = queue, store, args, stop, report
+        self.holder = PolicyHolder(store, device=args.device)
+        self.labels = {"instance_type": args.instance_type, "gpu_type": args.gpu_type, "spot": args.spot,
+                       "usd_per_hour": args.usd_per_hour}
+
+    def run(self) -> str:
+        self.report("ready", pid=_pid(), commit_every=self.args.commit_every, **self.labels)
+        idle_since = time.monotonic()
+        while not self.stop.is_set():
+            lease = self._claim()
+            if lease is None:
+                if self.args.max_idle_s is not None and time.monotonic() - idle_since >= self.args.max_idle_s:
+                    return "idle"
+                self.stop.wait(self.args.poll_s)
+                continue
+            self._work(lease)
+            idle_since = time.monotonic()
+        return "stopped"
+
+    def _claim(self) -> Lease | None:
+        try:
+            return self.queue.claim(self.args.worker_id, self.args.lease_s)
+        except QueueUnavailableError as err:
+            self.report("queue_unavailable", error=str(err))
+            return None
+
+    def _work(self, lease: Lease) -> None:
+        if lease.request.kind == "explore":
+            self._explore(lease)
+            return
+        if lease.request.kind != "rollout":
+            # Validation workers are another role; hand it back for them.
+            self.report("skipped", request_id=lease.request_id, kind=lease.request.kind)
+            self.queue.release(lease)
+            return
+        with LeaseKeeper(self.queue, lease) as keeper:
+            hooks = StepHooks(should_stop=self.stop.is_set, lease_lost=lambda: keeper.lost, report=self.report,
+                              step_delay_s=self.args.step_delay_s)
+            try:
+                outcome = work_request(lease.request, lease.attempts, self.store, self.holder,
+                                       worker_id=self.args.worker_id, commit_every=self.args.commit_every, hooks=hooks)
+            except (ValueError, LookupError, StoreError) as err:
+                # A malformed request or missing weights: give it back; after max_deliveries it is a dead letter.
+                self.report("failed", request_id=lease.request_id, error=f"{type(err).__name__}: {err}")
+                self.queue.release(lease)
+                return
+        if outcome.status in ("done", "already_done"):
+            first = self.queue.ack(lease, outcome.result_key)
+            self.report("acked", request_id=lease.request_id, first=first, attempt=lease.attempts)
+        elif outcome.status == "preempted":
+            self.queue.release(lease)
+
+    def _explore(self, lease: Lease) -> None:
+        """An exploration request: one short batch on stale weights, not worth committing state for.
+        If the coordinator cancelled it meanwhile, the ack is refused and the result simply goes unused."""
+        from workers.explore.request import work_explore_request
+
+        if self.stop.is_set():
+            self.queue.release(lease)
+            return
+        with LeaseKeeper(self.queue, lease):
+            try:
+                outcome = work_explore_request(lease.request, self.store, self.holder, worker_id=self.args.worker_id,
+                                               attempt=lease.attempts, report=self.report)
+            except (ValueError, LookupError, StoreError) as err:
+                self.report("failed", request_id=lease.request_id, error=f"{type(err).__name__}: {err}")
+                self.queue.release(lease)
+                return
+        first = self.queue.ack(lease, outcome.result_key)
+        self.report("acked", request_id=lease.request_id, first=first, attempt=lease.attempts)
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,175 @@
+"""Work one leased rollout request to the end, or to the point where the worker must stop.
+
+The step loop: resume from the request's committed in-flight state (or start from its
+initial noise), sample one denoising step at a time, commit the state every
+`commit_every` steps, and when asked to stop (a preemption notice) commit at once and
+return. A finished request's result is committed exclusively under its request id, so a
+duplicate from a worker whose lease had expired loses harmlessly. The queue stays with
+the caller: this module returns what happened and the caller acks or releases.
+
+Example:
+    outcome = work_request(lease.request, lease.attempts, store, holder, worker_id="w0",
+                           commit_every=2, should_stop=stop.is_set, lease_lost=lambda: keeper.lost)
+    if outcome.status in ("done", "already_done"): queue.ack(lease, outcome.result_key)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from resources.keys import rollout_key, rollout_state_key
+from resources.queue_records import Request
+from resources.store import NotCommittedError, TensorStore
+from workers.rollout.state import InFlight, RolloutSpec, result_commit
+from workers.rollout.weights import PolicyHolder
+
+Report = Callable[..., None]
+
+
+def _no_report(event: str, **fields: Any) -> None:
+    return None
+
+
+@dataclass
+class RequestOutcome:
+    """What one attempt at a request did."""
+
+    request_id: str
+    status: str
+    """done, already_done (a result was committed earlier), preempted (stopped and committed), lost (lease gone)."""
+    resumed_from_step: int
+    step: int
+    """Steps completed when the attempt ended."""
+    committed_step: int
+    """Step of the last committed state (the result counts as committed)."""
+    result_key: str | None = None
+    result_hash: str | None = None
+    won: bool = True
+    """False when another attempt had already committed the result."""
+    compute_s: float = 0.0
+    """Seconds spent in denoising steps in this attempt."""
+    commit_s: list[float] = field(default_factory=list)
+    """Duration of each state commit in this attempt."""
+
+
+@dataclass
+class StepHooks:
+    """Callbacks the step loop consults; defaults never stop."""
+
+    should_stop: Callable[[], bool] = lambda: False
+    """True once a preemption notice arrived: commit now and return."""
+    lease_lost: Callable[[], bool] = lambda: False
+    """True once the queue gave the request to another worker: drop it without committing."""
+    report: Report = _no_report
+    """Progress events (claim, step, commit, done, ...) as keyword fields."""
+    step_delay_s: float = 0.0
+    """Extra seconds per step: simulates a slower device in local experiments."""
+    after_step: Callable[[InFlight], None] | None = None
+    """Called after each step (benchmarks raise here to simulate a kill without notice)."""
+
+
+def work_request(request: Request, attempt: int, store: TensorStore, holder: PolicyHolder, *,
+                 worker_id: str, commit_every: int, hooks: StepHooks = StepHooks()) -> RequestOutcome:
+    """Run one attempt at `request`; ValueError for a malformed payload (before any compute)."""
+    if commit_every < 1:
+        raise ValueError(f"commit_every must be >= 1, got {commit_every}")
+    spec = RolloutSpec.from_payload(request.payload)
+    rid = request.request_id
+    result_key = rollout_key(spec.run, request.iteration, rid)
+    done = store.read_manifest(result_key)
+    if done is not None:
+        step = spec.sampler.num_steps
+        return RequestOutcome(rid, "already_done", step, step, step, result_key, done.metadata.get("result_hash"), False)
+    policy = holder.policy_at(spec.run, spec.weights_version)
+    state_key = rollout_state_key(spec.run, rid)
+    flight = _resume_or_start(store, state_key, spec, policy.config.image_size)
+    me = {"worker_id": worker_id, "attempt": attempt, "resumed_from_step": flight.step}
+    outcome = RequestOutcome(rid, "running", flight.step, flight.step, flight.step, result_key)
+    hooks.report("claim", request_id=rid, attempt=attempt, resumed_from_step=flight.step)
+    while not flight.done:
+        if hooks.lease_lost():
+            outcome.status = "lost"
+            hooks.report("lost", request_id=rid, step=flight.step)
+            return outcome
+        if hooks.should_stop():
+            _commit(store, state_key, flight, me, outcome, hooks)
+            outcome.status = "preempted"
+            hooks.report("preempted", request_id=rid, step=flight.step, committed_step=outcome.committed_step)
+            return outcome
+        step_s = _advance(policy, flight, hooks.step_delay_s)
+        outcome.step, outcome.compute_s = flight.step, outcome.compute_s + step_s
+        hooks.report("step", request_id=rid, step=flight.step, step_s=step_s)
+        if hooks.after_step is not None:
+            hooks.after_step(flight)
+        if not flight.done and flight.step % commit_every == 0:
+            _commit(store, state_key, flight, me, outcome, hooks)
+    _publish_result(store, state_key, flight, me, outcome, spec, hooks)
+    return outcome
+
+
+def _resume_or_start(store: TensorStore, state_key: str, spec: RolloutSpec, image_size: int) -> InFlight:
+    try:
+        tensors = store.load_tensors(state_key)
+        manifest = store.read_manifest(state_key)
+    except NotCommittedError:
+        return InFlight.fresh(spec, (3, image_size, image_size))
+    if manifest is None:  # deleted between the two reads: the result is being committed elsewhere
+        return InFlight.fresh(spec, (3, image_size, image_size))
+    return InFlight.from_commit(tensors, manifest.metadata, spec)
+
+
+def _advance(policy, flight: InFlight, delay_s: float) -> float:
+    """One denoising step in place; returns its seconds (the simulated delay included)."""
+    from workers.algo.sampler import SamplerState, rollout
+
+    started = time.perf_counter()
+    spec, t = flight.spec, flight.step
+    state = SamplerState(t, flight.latents[t], flight.log_probs)
+    traj = rollout(policy, [spec.prompt], [spec.seed], spec.sampler, resume=state, stop_at=t + 1)
+    flight.latents[t + 1] = traj.latents[t + 1]
+    flight.log_probs = traj.log_probs
+    flight.step = t + 1
+    if delay_s > 0:
+        time.sleep(delay_s)
+    return time.perf_counter() - started
+
+
+def _commit(store: TensorStore, key: str, flight: InFlight, me: dict, outcome: RequestOutcome, hooks: StepHooks) -> None:
+    if flight.step <= outcome.committed_step:
+        return  # nothing new since the last commit (or since the state this attempt resumed from)
+    started = time.perf_counter()
+    tensors, meta = flight.to_commit()
+    meta["attempts"] = meta["attempts"] + [{**me, "committed_step": flight.step}]
+    store.publish_tensors(key, tensors, meta)
+    seconds = time.perf_counter() - started
+    outcome.committed_step = flight.step
+    outcome.commit_s.append(seconds)
+    hooks.report("commit", request_id=outcome.request_id, step=flight.step, commit_s=seconds)
+
+
+def _publish_result(store: TensorStore, state_key: str, flight: InFlight, me: dict, outcome: RequestOutcome,
+                    spec: RolloutSpec, hooks: StepHooks) -> None:
+    from workers.task.render import to_uint8
+    from workers.task.rewards import get_reward
+
+    image = flight.latents[flight.step]  # (1, 3, H, W)
+    image_u8 = to_uint8(image)
+    reward = float(get_reward(spec.reward)(image_u8, [spec.prompt])[0])
+    import torch
+
+    info = {**me, "steps_done": flight.step - outcome.resumed_from_step, "compute_s": outcome.compute_s,
+            "attempts": flight.attempts + [{**me, "committed_step": flight.step}], "finished_at": time.time()}
+    tensors, meta = result_commit(flight, torch.from_numpy(image_u8[0]), reward, info)
+    published = store.publish_tensors(outcome.result_key, tensors, meta, exclusive=True)
+    store.delete_commit(state_key)
+    outcome.status, outcome.committed_step = "done", flight.step
+    outcome.won = published.won
+    outcome.result_hash = published.manifest.metadata.get("result_hash")
+    if not published.won and outcome.result_hash != meta["result_hash"]:
+        # Determinism is what resumption relies on: say loudly when it breaks.
+        hooks.report("hash_mismatch", request_id=outcome.request_id, committed=outcome.result_hash, ours=meta["result_hash"])
+    hooks.report("done", request_id=outcome.request_id, result_key=outcome.result_key, result_hash=outcome.result_hash,
+                 won=published.won, reward=reward, steps_done=flight.step - outcome.resumed_from_step,
+                 compute_s=outcome.compute_s)

@@ -1,0 +1,180 @@
+"""What a rollout request asks for, and the formats a rollout worker commits: in-flight state and results.
+
+A rollout request's payload names the run, the prompt, the seed, the weights version,
+the sampler config and the reward. The worker samples it alone (batch of one, so the
+result does not depend on which other requests a worker happens to hold) and commits
+two kinds of objects to the tensor store:
+
+- in-flight state (`rollout_state_key`): the latents of every step so far, the log-probs
+  so far and the step index, overwritten every `commit_every` steps and on a preemption
+  notice. A later attempt on any worker resumes from it; the counter-based noise makes
+  the resumed result bit-identical to an uninterrupted one.
+- the result (`rollout_key`): the whole trajectory (latents of every step, log-probs),
+  the final image, the reward and the trajectory's xxh3-128 hash; committed exclusively.
+
+Both carry the request's fingerprint, so state left by a different request under the
+same id is never resumed.
+
+Example:
+    spec = RolloutSpec.from_payload(lease.request.payload)
+    flight = InFlight.fresh(spec)                          # or InFlight.from_commit(tensors, meta, spec)
+    tensors, meta = flight.to_commit()                     # store.publish_tensors(key, tensors, meta)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+import xxhash
+
+from workers.algo.sampler import SamplerConfig
+
+STATE_FORMAT = "spotlight-rollout-state/1"
+RESULT_FORMAT = "spotlight-rollout-result/1"
+_PAYLOAD_FIELDS = {"run", "prompt", "seed", "weights_version", "sampler", "reward"}
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One rollout request: deterministic given these fields and the weights of `weights_version`."""
+
+    run: str
+    """Run name: the store prefix holding its weights chain and results."""
+    prompt: str
+    """Prompt text."""
+    seed: int
+    """Fixes the initial noise and every SDE step's noise."""
+    weights_version: int
+    """Policy version to sample with (reached through the PULSE chain)."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """Steps, noise level, SDE window and forward dtype."""
+    reward: str = "minigeneval"
+    """Name in the reward registry (workers/task/rewards.py)."""
+
+    def __post_init__(self) -> None:
+        from resources.keys import check_name
+        from workers.task.prompts import parse_prompt
+
+        check_name(self.run, "run name")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+        if isinstance(self.weights_version, bool) or not isinstance(self.weights_version, int) or self.weights_version < 0:
+            raise ValueError(f"weights_version must be an int >= 0, got {self.weights_version!r}")
+        parse_prompt(self.prompt)  # an unknown word fails here, before any compute
+        from workers.task.rewards import get_reward
+
+        get_reward(self.reward)
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> "RolloutSpec":
+        """Parse a queue payload (see `to_payload`); ValueError names what is missing or wrong."""
+        if not isinstance(payload, Mapping):
+            raise ValueError(f"a rollout payload must be a dict, got {type(payload).__name__}")
+        missing = sorted({"run", "prompt", "seed", "weights_version"} - set(payload))
+        extra = sorted(set(payload) - _PAYLOAD_FIELDS)
+        if missing or extra:
+            raise ValueError(f"rollout payload: missing fields {missing}, unknown fields {extra}; allowed {sorted(_PAYLOAD_FIELDS)}")
+        config = SamplerConfig.from_json(payload.get("sampler"), "rollout payload")
+        return cls(payload["run"], payload["prompt"], payload["seed"], payload["weights_version"],
+                   config, payload.get("reward", "minigeneval"))
+
+    def to_payload(self) -> dict[str, Any]:
+        """Plain JSON payload for the queue (the inverse of `from_payload`)."""
+        sampler = dataclasses.asdict(self.sampler)
+        if sampler["sde_window"] is not None:
+            sampler["sde_window"] = list(sampler["sde_window"])
+        return {"run": self.run, "prompt": self.prompt, "seed": self.seed, "weights_version": self.weights_version,
+                "sampler": sampler, "reward": self.reward}
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable id of what is computed: state or results of another request never match it."""
+        text = json.dumps(self.to_payload(), sort_keys=True, separators=(",", ":"))
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def rollout_request(request_id: str, iteration: int, spec: RolloutSpec) -> dict[str, Any]:
+    """The queue request (a dict for `queue.put`) that asks a rollout worker for `spec`."""
+    return {"request_id": request_id, "iteration": iteration, "kind": "rollout", "payload": spec.to_payload()}
+
+
+@dataclass
+class InFlight:
+    """A request part-way through sampling: what a worker holds and commits."""
+
+    spec: RolloutSpec
+    step: int
+    """Denoising steps completed."""
+    latents: torch.Tensor
+    """(num_steps + 1, 1, C, H, W) fp32: x before each step; rows after `step` are NaN."""
+    log_probs: torch.Tensor
+    """(num_steps, 1) fp32: filled for SDE steps < step, NaN elsewhere."""
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """History of earlier attempts: worker_id, attempt, resumed_from_step, committed_step."""
+
+    @classmethod
+    def fresh(cls, spec: RolloutSpec, image_shape: tuple[int, int, int]) -> "InFlight":
+        from workers.algo.sde import batch_noise
+
+        n = spec.sampler.num_steps
+        latents = torch.full((n + 1, 1, *image_shape), float("nan"))
+        latents[0] = batch_noise([spec.seed], 0, image_shape)
+        return cls(spec, 0, latents, torch.full((n, 1), float("nan")))
+
+    def to_commit(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Tensors and manifest metadata of the state commit (only the latents computed so far)."""
+        tensors = {"latents": self.latents[: self.step + 1].clone(), "log_probs": self.log_probs.clone()}
+        meta = {"format": STATE_FORMAT, "fingerprint": self.spec.fingerprint, "step": self.step,
+                "num_steps": self.spec.sampler.num_steps, "attempts": list(self.attempts)}
+        return tensors, meta
+
+    @classmethod
+    def from_commit(cls, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], spec: RolloutSpec) -> "InFlight":
+        """Rebuild committed state; ValueError if it belongs to another request or is malformed."""
+        if meta.get("format") != STATE_FORMAT:
+            raise ValueError(f"rollout state has format {meta.get('format')!r}, expected {STATE_FORMAT!r}")
+        if meta.get("fingerprint") != spec.fingerprint:
+            raise ValueError("rollout state belongs to a different request (fingerprint mismatch)")
+        n, step = spec.sampler.num_steps, meta.get("step")
+        lat, lp = tensors.get("latents"), tensors.get("log_probs")
+        if not isinstance(step, int) or not 0 <= step <= n or lat is None or lp is None:
+            raise ValueError(f"rollout state is malformed (step {step!r}, tensors {sorted(tensors)})")
+        if lat.shape[0] != step + 1 or tuple(lp.shape) != (n, 1) or lat.dtype != torch.float32:
+            raise ValueError(f"rollout state tensors have shapes {tuple(lat.shape)}, {tuple(lp.shape)} for step {step} of {n}")
+        latents = torch.full((n + 1, *lat.shape[1:]), float("nan"))
+        latents[: step + 1] = lat
+        return cls(spec, step, latents, lp.clone(), list(meta.get("attempts", [])))
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.spec.sampler.num_steps
+
+
+def trajectory_hash(latents: torch.Tensor, log_probs: torch.Tensor) -> str:
+    """xxh3-128 over the trajectory's raw bytes: equal hashes mean bit-identical results."""
+    digest = xxhash.xxh3_128()
+    for tensor in (latents, log_probs):
+        flat = tensor.detach().contiguous().reshape(-1)
+        digest.update(f"{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def result_commit(flight: InFlight, image_HW3: torch.Tensor, reward: float, info: Mapping[str, Any]) -> tuple[dict, dict]:
+    """Tensors and metadata of a finished request's result commit."""
+    if not flight.done:
+        raise ValueError(f"request is at step {flight.step} of {flight.spec.sampler.num_steps}: not finished")
+    if not math.isfinite(reward):
+        raise ValueError(f"reward must be finite, got {reward}")
+    latents, log_probs = flight.latents[:, 0].contiguous(), flight.log_probs[:, 0].contiguous()
+    tensors = {"latents": latents, "log_probs": log_probs, "image": image_HW3}
+    meta = {"format": RESULT_FORMAT, "fingerprint": flight.spec.fingerprint, "prompt": flight.spec.prompt,
+            "seed": flight.spec.seed, "weights_version": flight.spec.weights_version, "reward": float(reward),
+            "result_hash": trajectory_hash(latents, log_probs), **dict(info)}
+    return tensors, meta

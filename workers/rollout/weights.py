@@ -1,0 +1,81 @@
+"""A rollout worker's copy of the policy, kept at the version a request asks for through PULSE.
+
+The first request of a run loads the nearest full anchor (and builds the model from the
+architecture recorded in the anchor's manifest); later requests at a newer version apply
+only the PULSE patches in between. Every reached version is checked against the sender's
+weights hash (`sync_weights`). The model runs on FP32 copies of the BF16 weights, as the
+trainer's forward pass under BF16 autocast sees them.
+
+Example:
+    holder = PolicyHolder(store)
+    policy = holder.policy_at("demo", 7)        # anchor 0 + patches 1..7 on first use
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from resources.store import TensorStore
+from resources.store_chain import StoreChain
+from workers.model.policy import Policy, PolicyConfig, build_policy
+from workers.pulse import ChainConfig, sync_weights
+
+
+class PolicyHolder:
+    """Holds one policy and the BF16 weights it was loaded from; moves them between versions."""
+
+    def __init__(self, store: TensorStore, device: str = "cpu") -> None:
+        self.store = store
+        self.device = torch.device(device)
+        self.run: str | None = None
+        self.version: int | None = None
+        self.policy: Policy | None = None
+        self._bf16: dict[str, torch.Tensor] = {}
+        self.last_sync_s = 0.0
+
+    def policy_at(self, run: str, version: int) -> Policy:
+        """The policy at `version` of `run` (LookupError when the store has no anchor to start from)."""
+        if run == self.run and version == self.version:
+            return self.policy
+        started = time.perf_counter()
+        chain = StoreChain(self.store, run)
+        if run != self.run:
+            self.run, self.version, self.policy, self._bf16 = run, None, None, {}
+        anchors = [v for v in chain.anchor_versions() if v <= version]
+        if not anchors:
+            raise LookupError(f"run {run!r} has no anchor at or before version {version} in {self.store.url}; "
+                              "publish the policy first (StoreChain + ChainPublisher)")
+        meta = chain.anchor_metadata(anchors[-1])
+        if self.policy is None:
+            self.policy = _build_from(meta, run).to(self.device).eval()
+        config = ChainConfig(anchor_every=int(meta.get("anchor_every", 10)))
+        current = self.version if self.version is not None and self.version <= version else None
+        sync_weights(self._bf16, current, version, chain, config)
+        with torch.no_grad():
+            for name, tensor in self.policy.state_dict().items():
+                tensor.copy_(self._bf16[name].to(tensor.dtype))
+        self.version = version
+        self.last_sync_s = time.perf_counter() - started
+        return self.policy
+
+
+def _build_from(meta: dict, run: str) -> Policy:
+    cfg = meta.get("policy_config")
+    if not isinstance(cfg, dict):
+        raise LookupError(f"run {run!r}: the anchor records no policy_config; publish it with StoreChain(policy_config=...)")
+    return build_policy(PolicyConfig(**{**cfg, "rope_axes": tuple(cfg["rope_axes"])}))
+
+
+def publish_policy(store: TensorStore, run: str, policy: Policy, version: int = 0, anchor_every: int = 10):
+    """Publish `policy` as the first version of `run`'s chain (an anchor); returns the ChainPublisher
+    to publish later versions with (`publisher.publish(v, policy.state_dict())`)."""
+    import dataclasses
+
+    from workers.pulse import ChainPublisher
+
+    chain = StoreChain(store, run, policy_config=dataclasses.asdict(policy.config), anchor_every=anchor_every)
+    publisher = ChainPublisher(chain, ChainConfig(anchor_every=anchor_every))
+    publisher.publish(version, policy.state_dict())
+    return publisher

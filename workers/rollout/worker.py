@@ -1,0 +1,171 @@
+"""The rollout worker process: pull requests, sample them resumably, commit results, survive preemption.
+
+    python -m workers.rollout --queue runs/demo/queue.db --store runs/demo/store --commit-every 2
+
+It claims one request at a time from the queue (a batch of one keeps results independent
+of what else a worker holds), brings its policy to the request's weights version through
+PULSE, samples with per-step log-probs, commits the in-flight state every
+`--commit-every` steps, and on completion commits the result and acks. SIGTERM (or a
+cloud preemption notice, see `--preemption-notice`) commits the state at once, gives the
+request back to the queue and exits 0; after a SIGKILL the lease expires and another
+worker resumes from the last commit. Progress goes to stdout as JSON Lines (one event
+per line: ready, claim, step, commit, done, preempted, lost, failed, exit), which the
+local cluster reads to keep the ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+EXIT_UNREACHABLE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workers.rollout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--queue", required=True, help="Queue URL: a SQLite file, sqlite:///abs/path.db or redis://host:port/db.")
+    p.add_argument("--store", required=True, help="Tensor store: a folder, file:///abs/path or s3://bucket/prefix.")
+    p.add_argument("--worker-id", default=None, help="Unique worker name (default: HOST-PID).")
+    p.add_argument("--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps (default 2).")
+    p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
+    p.add_argument("--instance-type", default=None,
+                   help="Instance label for the ledger, e.g. g5.xlarge (default: SkyPilot's cloud/region, else local-cpu).")
+    p.add_argument("--gpu-type", default=None, help="GPU label for the ledger (e.g. A10G), priced from the table if --usd-per-hour is absent.")
+    capacity = p.add_mutually_exclusive_group()
+    capacity.add_argument("--spot", dest="spot", action="store_true", default=True, help="Preemptible capacity (default).")
+    capacity.add_argument("--reserved", dest="spot", action="store_false", help="On-demand / reserved capacity.")
+    p.add_argument("--usd-per-hour", type=float, default=None, help="Price of this worker for the ledger.")
+    p.add_argument("--device", default="cpu", help="torch device for sampling (cpu, cuda, cuda:1).")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+    p.add_argument("--poll-s", type=float, default=0.2, help="Wait between claims while the queue is empty.")
+    p.add_argument("--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM).")
+    p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device locally.")
+    p.add_argument("--preemption-notice", default="off", choices=("off", "auto", "aws", "gcp"),
+                   help="Poll this cloud's metadata server for a preemption notice and treat it as SIGTERM "
+                        "(auto: the cloud SkyPilot launched this VM on).")
+    p.add_argument("--notice-url", default=None, help="Override the metadata URL polled for the notice (tests, proxies).")
+    p.add_argument("--notice-interval-s", type=float, default=5.0, help="Seconds between notice polls.")
+    p.add_argument("--notice-exit-code", type=int, default=0,
+                   help="Exit code after stopping on SIGTERM or a notice (SkyPilot: a code in recover_on_exit_codes).")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """ValueError naming the flag, before anything is opened or imported."""
+    if args.commit_every < 1:
+        raise ValueError(f"--commit-every must be >= 1, got {args.commit_every}")
+    for flag, value in (("--lease-s", args.lease_s), ("--poll-s", args.poll_s), ("--notice-interval-s", args.notice_interval_s)):
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    if args.usd_per_hour is not None and not args.usd_per_hour >= 0:
+        raise ValueError(f"--usd-per-hour must be >= 0, got {args.usd_per_hour}")
+    if args.step_delay_s < 0 or (args.max_idle_s is not None and args.max_idle_s < 0):
+        raise ValueError("--step-delay-s and --max-idle-s must be >= 0")
+    if not 0 <= args.notice_exit_code <= 255:
+        raise ValueError(f"--notice-exit-code must lie in 0-255, got {args.notice_exit_code}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    from resources.queue_records import check_worker_id
+
+    check_worker_id(args.worker_id)
+
+
+class EventLog:
+    """JSON Lines on stdout, flushed per event so a reader sees them even if we are killed next."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"t": time.time(), "worker_id": self.worker_id, "event": event, **fields}, default=str)
+        with self._lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.worker_id = args.worker_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    args.instance_type = args.instance_type or default_instance_type(os.environ.get("SKYPILOT_CLUSTER_INFO"))
+    try:
+        check_args(args)
+    except ValueError as err:
+        print(f"workers.rollout: {err}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    opened = _open_io(args)
+    if opened is None:
+        return EXIT_UNREACHABLE
+    queue, store = opened
+    report = EventLog(args.worker_id)
+    watcher = _start_notice_watcher(args, stop, report)
+    try:
+        from workers.rollout.loop import WorkerLoop
+
+        loop = WorkerLoop(queue, store, args, stop, report)
+        reason = loop.run()
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        queue.close()
+    report("exit", reason=reason)
+    return args.notice_exit_code if reason == "stopped" else 0
+
+
+def default_instance_type(cluster_info: str | None) -> str:
+    """`sky-<cloud>-<region>` on a SkyPilot VM (from SKYPILOT_CLUSTER_INFO), else `local-cpu`."""
+    try:
+        info = json.loads(cluster_info) if cluster_info else {}
+        parts = [str(info[k]).lower() for k in ("cloud", "region") if info.get(k)]
+    except (ValueError, TypeError, AttributeError):
+        parts = []
+    return "-".join(["sky", *parts]) if parts else "local-cpu"
+
+
+def _open_io(args: argparse.Namespace):
+    """(queue, store), or None after printing why one cannot be used."""
+    from resources.queue import QueueUnavailableError, open_queue
+    from resources.store import StoreError, open_store
+
+    try:
+        queue = open_queue(args.queue)
+        queue.stats()  # a SQLite file is opened lazily: touch it now so a bad path fails here
+    except (ValueError, QueueUnavailableError, OSError) as err:
+        print(f"workers.rollout: cannot use the queue: {err}", file=sys.stderr)
+        return None
+    try:
+        store = open_store(args.store)
+        store.list_keys("runs/")  # reachability and credentials, before the first claim
+    except (ValueError, StoreError, OSError) as err:
+        queue.close()
+        print(f"workers.rollout: cannot use the tensor store: {err}", file=sys.stderr)
+        return None
+    return queue, store
+
+
+def _start_notice_watcher(args: argparse.Namespace, stop: threading.Event, report: EventLog):
+    from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
+
+    check = notice_checker(args.preemption_notice, args.notice_url)
+    if check is None:
+        return None
+
+    def on_notice() -> None:
+        report("notice", cloud=args.preemption_notice)
+        stop.set()
+
+    return NoticeWatcher(check, on_notice, args.notice_interval_s).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

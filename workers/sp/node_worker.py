@@ -1,0 +1,157 @@
+"""A device worker of the node agent: one process per device, holding one copy of the policy.
+
+The node agent (workers/sp/node_agent.py) starts it and drives it over a pipe with small
+messages (dicts with an "op"); the worker never talks to the queue or the store's
+request state. It keeps its weights across group changes: re-forming only re-runs
+`join` (workers/sp/ulysses.py). Ops and replies:
+
+| op | does | replies |
+|---|---|---|
+| (start) | imports, builds the model skeleton, connects to the agent's rendezvous store | ready, startup_s |
+| load_store | loads weights from the tensor store (the naive path) | hash, load_s |
+| export | copies its weights into a shared-memory segment for a joining peer | shared (SharedWeights), export_s |
+| import | copies a peer's segment into its weights and checks the hash | hash, copy_s |
+| join | leaves its group, forms group `prefix` as rank/world, warms up one forward | leave_s, init_s, enable_s, warmup_s |
+| run | samples one request from a state up to stop_at at the group's degree | rank 0: state (and text if it encoded it) |
+| stop | exits | - |
+
+A failed collective (a member died) answers `{"op": "broken"}`; the agent re-forms the
+group and resumes the request from its last committed state.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def worker_main(conn: Connection, worker_id: str, store_host: str, store_port: int,
+                policy_config: dict[str, Any], num_threads: int = 1) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    t0 = time.perf_counter()
+    import torch
+
+    torch.set_num_threads(num_threads)
+    from workers.model.policy import PolicyConfig, build_policy
+
+    cfg = PolicyConfig(**{**policy_config, "rope_axes": tuple(policy_config["rope_axes"])})
+    policy = build_policy(cfg, seed=0).eval()
+    import workers.algo.sampler, workers.sp.shared_weights, workers.sp.ulysses  # noqa: F401  (a standby pays imports before it is needed)
+    store = torch.distributed.TCPStore(store_host, store_port, is_master=False)
+    worker = _Worker(worker_id, policy, store)
+    conn.send({"op": "ready", "worker_id": worker_id, "startup_s": time.perf_counter() - t0})
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:  # the agent is gone: nothing left to serve
+            break
+        if msg["op"] == "stop":
+            break
+        conn.send(worker.handle(msg))
+    worker.close()
+
+
+class _Worker:
+    def __init__(self, worker_id: str, policy, store):
+        self.worker_id = worker_id
+        self.policy = policy
+        self.store = store
+        self.rank, self.degree = 0, 1
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        handler = getattr(self, "_op_" + msg["op"], None)
+        if handler is None:
+            return {"op": "error", "error": f"unknown op {msg['op']!r}"}
+        t0 = time.perf_counter()
+        reply = handler(msg)
+        reply.setdefault("op", msg["op"])
+        reply.update(worker_id=self.worker_id, seconds=time.perf_counter() - t0)
+        return reply
+
+    def _op_load_store(self, msg):
+        from resources.store import open_store
+        from workers.pulse.weights_hash import weights_hash
+
+        tensors = open_store(msg["store_url"]).load_tensors(msg["key"])
+        self.policy.load_state_dict(tensors)
+        return {"hash": weights_hash(self.policy.state_dict())}
+
+    def _op_export(self, msg):
+        from workers.sp.shared_weights import export_weights
+
+        return {"shared": export_weights(self.policy.state_dict(), msg["name"], msg.get("weights_hash"))}
+
+    def _op_import(self, msg):
+        from workers.sp.shared_weights import import_weights
+
+        return {"hash": import_weights(msg["shared"], self.policy.state_dict())}
+
+    def _op_hash(self, msg):
+        from workers.pulse.weights_hash import weights_hash
+
+        return {"hash": weights_hash(self.policy.state_dict())}
+
+    def _op_join(self, msg):
+        from workers.sp.ulysses import join_group
+
+        timing = join_group(self.policy, self.store, msg["prefix"], msg["rank"], msg["world_size"],
+                            timeout_s=msg.get("timeout_s", 30.0))
+        self.rank, self.degree = msg["rank"], msg["world_size"]
+        t0 = time.perf_counter()
+        try:
+            self._warm_up()
+        except RuntimeError as err:  # a member died while the group formed
+            return {"op": "broken", "error": str(err)[:300]}
+        return {"leave_s": timing.leave_s, "init_s": timing.init_s, "enable_s": timing.enable_s,
+                "warmup_s": time.perf_counter() - t0}
+
+    def _warm_up(self) -> None:
+        """One forward at the group's degree: the first call after a re-form allocates and plans."""
+        import torch
+
+        from workers.sp.ulysses import SequenceParallelPolicy
+
+        sp = SequenceParallelPolicy(self.policy, self.degree)
+        size = self.policy.config.image_size
+        emb, mask = sp.encode_prompts(["a red circle"])
+        with torch.no_grad():
+            sp.velocity(torch.zeros(1, 3, size, size), torch.ones(1), emb, mask)
+
+    def _op_run(self, msg):
+        try:
+            return self._run(msg)
+        except RuntimeError as err:  # gloo: "Connection reset by peer" when a member died
+            return {"op": "broken", "error": str(err)[:300]}
+
+    def _run(self, msg):
+        import torch
+
+        from workers.algo.sampler import SamplerConfig, SamplerState, rollout
+        from workers.sp.ulysses import SequenceParallelPolicy
+
+        config = SamplerConfig(**msg["sampler"])
+        text = None if msg.get("text") is None else tuple(torch.from_numpy(a) for a in msg["text"])
+        sp = SequenceParallelPolicy(self.policy, self.degree, text=text)
+        resume = None
+        if msg.get("state") is not None:
+            s = msg["state"]
+            resume = SamplerState(s["step"], torch.from_numpy(s["latents"]), torch.from_numpy(s["log_probs"]))
+        traj = rollout(sp, [msg["prompt"]], [msg["seed"]], config, resume=resume, stop_at=msg["stop_at"])
+        if self.rank != 0:
+            return {"state": None}
+        state = traj.state()
+        reply = {"state": {"step": state.step, "latents": state.latents.numpy(), "log_probs": state.log_probs.numpy()}}
+        if text is None:
+            with torch.no_grad():  # as in rollout: nn.TransformerEncoderLayer's no-grad fast path rounds differently
+                emb, mask = self.policy.encode_prompts([msg["prompt"]])
+            reply["text"] = (emb.detach().numpy(), mask.numpy())
+        return reply
+
+    def close(self) -> None:
+        from workers.sp.ulysses import leave_group
+
+        try:
+            leave_group(self.policy)
+        except RuntimeError:
+            pass  # the group is already broken; the process is exiting anyway

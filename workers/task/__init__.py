@@ -1,0 +1,1 @@
+"""MiniGenEval: prompts, renderer, detector, rewards and held-out evaluation."""

@@ -1,0 +1,1 @@
+"""The GRPO trainer, its checkpoint format in the store, presets and the in-process loop."""

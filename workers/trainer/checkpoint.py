@@ -1,0 +1,113 @@
+"""The trainer's checkpoint in the tensor store: FP32 master weights plus AdamW state, per weights version.
+
+Every pipeline step may run in a fresh process (a Dagster step, a resumed `spotlight
+run`), so the trainer's state between iterations lives in the store at
+`weights_key(run, v)`: the policy's FP32 `state_dict`, the optimizer's per-parameter
+tensors as `opt.{index}.{name}`, and everything else (policy architecture, optimizer
+param groups, scalar state) as JSON manifest metadata. Safetensors and JSON only: a
+checkpoint never goes through pickle.
+
+Example:
+    save_checkpoint(store, "demo", 0, policy)                     # the base, no optimizer yet
+    policy, opt_state = load_checkpoint(store, "demo", 3)
+    trainer = GRPOTrainer(policy, config); restore_optimizer(trainer.optimizer, opt_state)
+    save_checkpoint(store, "demo", 4, policy, trainer.optimizer)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from resources.keys import weights_key
+from resources.store import TensorStore
+from workers.model.policy import Policy, PolicyConfig, build_policy
+
+FORMAT = "spotlight-trainer-checkpoint/1"
+
+
+@dataclasses.dataclass
+class OptimizerState:
+    """An optimizer state dict split into tensors and JSON-safe values."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+    def to_state_dict(self) -> dict[str, Any]:
+        state: dict[int, dict[str, Any]] = {}
+        for key, tensor in self.tensors.items():
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = tensor
+        for index, values in self.meta["scalars"].items():
+            state.setdefault(int(index), {}).update(values)
+        groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else dict(g) for g in self.meta["param_groups"]]
+        return {"state": state, "param_groups": groups}
+
+
+def split_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerState:
+    """Tensors and JSON parts of an optimizer's state (AdamW: exp_avg, exp_avg_sq, step)."""
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, values in sd["state"].items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"opt.{index}.{name}"] = value.detach().contiguous()
+            else:
+                scalars.setdefault(str(index), {})[name] = value
+    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in sd["param_groups"]]
+    return OptimizerState(tensors, {"scalars": scalars, "param_groups": groups})
+
+
+def save_checkpoint(store: TensorStore, run: str, version: int, policy: Policy,
+                    optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Publish the trainer's state after update `version`; returns the bytes written."""
+    tensors = {f"policy.{k}": v.detach().contiguous() for k, v in policy.state_dict().items()}
+    meta: dict[str, Any] = {"format": FORMAT, "version": version,
+                            "policy_config": _plain(dataclasses.asdict(policy.config)), "optimizer": None}
+    if optimizer is not None:
+        opt = split_optimizer(optimizer)
+        tensors.update(opt.tensors)
+        meta["optimizer"] = opt.meta
+    result = store.publish_tensors(weights_key(run, version), tensors, meta)
+    return sum(e.size_bytes for e in result.manifest.objects.values())
+
+
+def load_checkpoint(store: TensorStore, run: str, version: int) -> tuple[Policy, OptimizerState | None]:
+    """The policy at `version` (FP32, eval mode) and its optimizer state (None for the base)."""
+    key = weights_key(run, version)
+    manifest = store.read_manifest(key)
+    if manifest is None:
+        raise LookupError(f"run {run!r} has no trainer checkpoint at version {version} ({store.url}/{key}): "
+                          f"materialize the previous iteration's policy_update first")
+    meta = manifest.metadata
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{key}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    tensors = store.load_tensors(key)
+    cfg = meta["policy_config"]
+    policy = build_policy(PolicyConfig(**{**cfg, "rope_axes": tuple(cfg["rope_axes"])}))
+    policy.load_state_dict({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
+    opt = None
+    if meta.get("optimizer") is not None:
+        opt = OptimizerState({k: v for k, v in tensors.items() if k.startswith("opt.")}, meta["optimizer"])
+    return policy.eval(), opt
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, state: OptimizerState | None) -> None:
+    """Load a saved optimizer state (no-op for the base checkpoint, which has none)."""
+    if state is not None:
+        optimizer.load_state_dict(state.to_state_dict())
+
+
+def bf16_weights(policy: Policy) -> dict[str, torch.Tensor]:
+    """The BF16 weights a PULSE chain carries (the forward pass's view of the FP32 masters)."""
+    return {k: v.detach().to(torch.bfloat16) for k, v in policy.state_dict().items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

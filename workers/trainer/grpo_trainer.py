@@ -1,0 +1,294 @@
+"""The GRPO trainer: rollouts -> rewards -> group advantages -> clipped policy-gradient steps.
+
+FP32 master weights live in the policy and AdamW; forwards run under BF16 autocast
+(SamplerConfig.forward_dtype), as on GPUs. Prompts and seeds of iteration k are a pure
+function of (run seed, k), so any iteration can be replayed or planned ahead (seed plans).
+
+Example:
+    trainer = GRPOTrainer(policy, TrainConfig())
+    batch = trainer.collect(iteration=0)        # Rollouts: trajectory, rewards, advantages
+    stats = trainer.update(batch)               # one iteration's optimizer steps
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from workers.algo.seeds import candidate_seeds
+from workers.algo.selection import select_max_variance
+from workers.algo.grpo import GRPOConfig, clipped_policy_loss, group_reward_stats, kl_to_reference
+from workers.algo.nft import nft_loss, noisy_sample, optimality
+from workers.task.prompts import CATEGORIES, iteration_prompts
+from workers.task.render import to_uint8
+from workers.task.rewards import get_reward
+from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, rollout, step_log_prob
+from workers.algo.sde import noise_seed
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    iterations: int = 40
+    prompts_per_iteration: int = 8
+    group_size: int = 8
+    """Samples per prompt (GRPO's group) in the update; >= 2, or advantages are all zero."""
+    rollouts_per_prompt: int | None = None
+    """Samples drawn per prompt; when more than group_size, the update keeps the group_size of
+    largest reward variance (max-variance down-sampling: the k lowest plus the group_size - k
+    highest rewards). Drawing an image costs a fraction of scoring it in the update, so a wider
+    draw buys contrast cheaply. None = group_size (keep every sample)."""
+    reward: str = "minigeneval"
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    seed: int = 0
+    """Fixes the prompt schedule and every request's seed."""
+    validate_every: int = 5
+    """Held-out validation every this many iterations (and before the first, after the last)."""
+    validation_seeds: int = 2
+    """Fixed seeds per held-out prompt."""
+    train_categories: tuple[str, ...] | None = None
+    """Train only on prompts of these categories (e.g. the held-out split's); None = all."""
+
+    def __post_init__(self):
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares samples of one prompt), got {self.group_size}")
+        if self.rollouts_per_prompt is not None and self.rollouts_per_prompt < self.group_size:
+            raise ValueError(f"rollouts_per_prompt={self.rollouts_per_prompt} must be >= group_size={self.group_size} "
+                             "(it is how many samples are drawn per prompt before the update keeps group_size)")
+        if self.prompts_per_iteration < 1:
+            raise ValueError(f"prompts_per_iteration must be >= 1, got {self.prompts_per_iteration}")
+        if self.grpo.num_minibatches > self.prompts_per_iteration * self.group_size:
+            raise ValueError(f"grpo.num_minibatches={self.grpo.num_minibatches} exceeds the samples per iteration")
+        if self.grpo.objective == "flow_grpo" and not self.sampler.sde_steps:
+            raise ValueError("sampler.noise_level must be > 0 for objective 'flow_grpo': the ODE has no "
+                             "log-probs (use grpo.objective='nft' to train on ODE rollouts)")
+        if self.validate_every < 1 or self.validation_seeds < 1:
+            raise ValueError("validate_every and validation_seeds must be >= 1")
+        get_reward(self.reward)  # an unknown reward fails here, before any compute
+        if self.train_categories is not None:
+            unknown = set(self.train_categories) - set(CATEGORIES)
+            if unknown or not self.train_categories:
+                raise ValueError(f"train_categories must be a non-empty subset of {CATEGORIES}, got {self.train_categories}")
+
+
+@dataclass
+class Rollouts:
+    iteration: int
+    trajectory: Trajectory
+    rewards: torch.Tensor
+    """(N,) float."""
+    group_ids: torch.Tensor
+    """(N,) int: index of the prompt within the iteration."""
+    advantages: torch.Tensor
+    """(N,) float."""
+    rollout_s: float
+    drawn_rewards: torch.Tensor | None = None
+    """(samples drawn,) float, prompt-major: every drawn sample's reward when the batch was
+    down-sampled (the policy's own reward; `rewards` is the kept, high-contrast part); else None."""
+
+
+def default_seeds(config: TrainConfig, iteration: int) -> list[list[int]]:
+    """Each prompt's default (unexplored) seeds: rollouts_per_prompt of them, or group_size when unset.
+    The first group_size are the request seeds, so a wider draw contains the narrow one."""
+    drawn = config.rollouts_per_prompt or config.group_size
+    return [candidate_seeds(config.seed, iteration, i, config.group_size, drawn)
+            for i in range(config.prompts_per_iteration)]
+
+
+def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig) -> Rollouts:
+    """Per prompt, the group_size samples of largest reward variance (`workers.explore.request.select_max_variance`:
+    the k lowest plus the group_size - k highest rewards); groups of group_size or fewer stay whole.
+    Advantages are recomputed on what is kept; drawn_rewards keeps every drawn sample's reward.
+    Returns `batch` itself when no group is larger than group_size."""
+    ids = batch.group_ids.tolist()
+    members: dict[int, list[int]] = {}
+    for n, g in enumerate(ids):
+        members.setdefault(g, []).append(n)
+    if all(len(m) <= group_size for m in members.values()):
+        return batch
+    keep = []
+    for g in sorted(members):
+        rows = members[g]
+        keep += rows if len(rows) <= group_size else \
+            select_max_variance(rows, [float(batch.rewards[n]) for n in rows], group_size)
+    idx = torch.tensor(keep)
+    traj = batch.trajectory
+    kept = Trajectory([traj.prompts[n] for n in keep], [traj.seeds[n] for n in keep], traj.latents[:, idx],
+                      traj.log_probs[:, idx], traj.step)
+    rewards, group_ids = batch.rewards[idx], batch.group_ids[idx]
+    return Rollouts(batch.iteration, kept, rewards, group_ids, grpo.advantages(rewards, group_ids), batch.rollout_s,
+                    batch.rewards if batch.drawn_rewards is None else batch.drawn_rewards)
+
+
+class GRPOTrainer:
+    def __init__(self, policy, config: TrainConfig, reference=None):
+        self.policy = policy
+        self.config = config
+        self.reward_fn = get_reward(config.reward)
+        g = config.grpo
+        self.reference = None
+        self.sampling_policy = copy.deepcopy(policy).requires_grad_(False) if g.objective == "nft" else None
+        """NFT's v_old: the weights the current batch was sampled with."""
+        if g.kl_beta > 0:
+            self.reference = reference if reference is not None else copy.deepcopy(policy)
+            self.reference.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            policy.parameters(), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay
+        )
+
+    def collect(self, iteration: int, seeds: list[int] | list[list[int]] | None = None,
+                keep_all: bool = False) -> Rollouts:
+        """Sample the iteration's prompts and score them.
+
+        seeds: the seeds of each prompt (one list per prompt, any number >= 2 each), or a flat
+        prompt-major list of group_size per prompt (a seed plan's `flat_seeds()`). Without them,
+        each prompt draws rollouts_per_prompt default seeds (group_size when unset). Prompts with
+        more than group_size samples keep the group_size of largest reward variance
+        (`keep_max_variance`) unless keep_all, which returns every drawn sample (the pipeline
+        commits them all and its train phase keeps the high-contrast part).
+        """
+        c = self.config
+        prompts = iteration_prompts(c.seed, iteration, c.prompts_per_iteration, c.train_categories)
+        if seeds is None:
+            groups = default_seeds(c, iteration)
+        elif seeds and isinstance(seeds[0], int):
+            if len(seeds) != len(prompts) * c.group_size:
+                raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts x group_size {c.group_size}")
+            groups = [list(seeds[i * c.group_size:(i + 1) * c.group_size]) for i in range(len(prompts))]
+        else:
+            groups = [list(g) for g in seeds]
+            if len(groups) != len(prompts) or any(len(g) < 2 for g in groups):
+                raise ValueError(f"{len(groups)} seed groups (sizes {[len(g) for g in groups]}) for {len(prompts)} "
+                                 "prompts: give one group of at least 2 seeds per prompt")
+        all_prompts = [p for p, g in zip(prompts, groups) for _ in g]
+        t0 = time.perf_counter()
+        self.policy.eval()
+        if self.sampling_policy is not None:
+            self.sampling_policy.load_state_dict(self.policy.state_dict())
+        traj = rollout(self.policy, all_prompts, [s for g in groups for s in g], c.sampler)
+        rewards = torch.as_tensor(self.reward_fn(to_uint8(traj.images), all_prompts), dtype=torch.float32)
+        group_ids = torch.arange(len(prompts)).repeat_interleave(torch.tensor([len(g) for g in groups]))
+        batch = Rollouts(iteration, traj, rewards, group_ids, c.grpo.advantages(rewards, group_ids), 0.0)
+        if not keep_all:
+            batch = keep_max_variance(batch, c.group_size, c.grpo)
+        batch.rollout_s = time.perf_counter() - t0
+        return batch
+
+    def _minibatch_loss(self, batch: Rollouts, index: torch.Tensor) -> dict[str, float]:
+        """Accumulate gradients of one minibatch over every SDE step; returns its stats."""
+        c, g = self.config.sampler, self.config.grpo
+        traj = batch.trajectory
+        prompts = [traj.prompts[i] for i in index.tolist()]
+        steps = c.sde_steps
+        sigmas = c.sigmas()
+        sums = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "kl": 0.0}
+        for t in steps:
+            emb, mask = self.policy.encode_prompts(prompts)
+            lp, mean, std = step_log_prob(self.policy, traj.latents, t, emb, mask, c, index)
+            loss, stats = clipped_policy_loss(lp, traj.log_probs[t][index], batch.advantages[index], g.clip_range)
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_emb, ref_mask = self.reference.encode_prompts(prompts)
+                    _, ref_mean, _ = step_log_prob(self.reference, traj.latents, t, ref_emb, ref_mask, c, index)
+                kl = kl_to_reference(mean, ref_mean, std, sigmas[t + 1] - sigmas[t]).mean()
+                loss = loss + g.kl_beta * kl
+                sums["kl"] += kl.item() / len(steps)
+            (loss / len(steps)).backward()
+            sums["loss"] += loss.item() / len(steps)
+            sums["clip_frac"] += stats["clip_frac"] / len(steps)
+            sums["approx_kl"] += stats["approx_kl"] / len(steps)
+        return sums
+
+    def _nft_minibatch_loss(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
+        """Accumulate the NFT loss's gradients over nft_timesteps noise levels per sample."""
+        g, c = self.config.grpo, self.config.sampler
+        x0 = batch.trajectory.images[index]
+        prompts = [batch.trajectory.prompts[i] for i in index.tolist()]
+        r = optimality(batch.advantages[index], g.nft_adv_scale)
+        device = next(self.policy.parameters()).device
+        sums = {"loss": 0.0, "fm_loss": 0.0, "drift": 0.0, "kl": 0.0}
+        lo, hi = g.nft_sigma_range
+        for k in range(g.nft_timesteps):
+            if g.nft_antithetic and k % 2 == 1:
+                eps = -eps
+            else:
+                sigma = lo + (hi - lo) * torch.rand(x0.shape[0], generator=gen)
+                eps = torch.randn(x0.shape, generator=gen)
+            x, target = noisy_sample(x0, sigma, eps)
+            with autocast_for(c, device):
+                emb, mask = self.policy.encode_prompts(prompts)
+                v = self.policy.velocity(x.to(device), sigma.to(device), emb, mask)
+                with torch.no_grad():
+                    old_emb, old_mask = self.sampling_policy.encode_prompts(prompts)
+                    v_old = self.sampling_policy.velocity(x.to(device), sigma.to(device), old_emb, old_mask)
+                    if self.reference is not None:
+                        ref_emb, ref_mask = self.reference.encode_prompts(prompts)
+                        v_ref = self.reference.velocity(x.to(device), sigma.to(device), ref_emb, ref_mask)
+            loss, stats = nft_loss(v.float(), v_old.float(), target.to(device), r.to(device), g.nft_beta,
+                                   sigma.to(device), g.nft_weighting)
+            if self.reference is not None:
+                kl = ((v.float() - v_ref.float()) ** 2).mean()
+                loss = loss + g.kl_beta * kl
+                sums["kl"] += kl.item() / g.nft_timesteps
+            (loss / g.nft_timesteps).backward()
+            sums["loss"] += loss.item() / g.nft_timesteps
+            for k in ("fm_loss", "drift"):
+                sums[k] += stats[k] / g.nft_timesteps
+        return sums
+
+    def update(self, batch: Rollouts) -> dict[str, float]:
+        """GRPO epochs over the batch; returns mean loss / clip / KL stats and the train time."""
+        g = self.config.grpo
+        t0 = time.perf_counter()
+        self.policy.train()
+        n = batch.rewards.shape[0]
+        gen = torch.Generator().manual_seed(noise_seed(self.config.seed, 20_000_000 + batch.iteration))
+        totals: dict[str, float] = {}
+        num_steps = 0
+        for _ in range(g.num_epochs):
+            for index in torch.randperm(n, generator=gen).chunk(g.num_minibatches):
+                self.optimizer.zero_grad(set_to_none=True)
+                if g.objective == "nft":
+                    stats = self._nft_minibatch_loss(batch, index, gen)
+                else:
+                    stats = self._minibatch_loss(batch, index)
+                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), g.max_grad_norm))
+                stats["learning_rate"] = self._set_learning_rate()
+                self.optimizer.step()
+                num_steps += 1
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        self.policy.eval()
+        out = {k: v / num_steps for k, v in totals.items()}
+        out["train_s"] = time.perf_counter() - t0
+        out["optimizer_steps"] = num_steps
+        return out
+
+    def _set_learning_rate(self) -> float:
+        """Warm-up ramp, then the schedule, keyed on AdamW's own step count (restored with its state on resume)."""
+        g = self.config.grpo
+        first = next(iter(self.optimizer.state.values()), None)
+        done = int(first["step"]) if first is not None else 0
+        lr = g.lr * min(1.0, (done + 1) / g.lr_warmup_steps) if g.lr_warmup_steps else g.lr
+        if g.lr_schedule == "cosine" and done >= g.lr_warmup_steps:
+            total = self.config.iterations * g.num_epochs * g.num_minibatches
+            frac = min(1.0, (done - g.lr_warmup_steps) / max(1, total - g.lr_warmup_steps))
+            lr *= 0.5 * (1.0 + math.cos(math.pi * frac))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def batch_stats(self, batch: Rollouts) -> dict[str, float]:
+        """reward_mean: over every drawn sample (the policy's reward); the group figures are over the kept ones."""
+        stats = group_reward_stats(batch.rewards, batch.group_ids)
+        drawn = batch.drawn_rewards if batch.drawn_rewards is not None else batch.rewards
+        stats["reward_mean"] = float(drawn.mean())
+        stats["rollout_s"] = batch.rollout_s
+        return stats
