@@ -1,7 +1,6 @@
 """Thin Dagster assets, one per phase of a GRPO iteration (see assets/iteration.py)."""
 
-from assets.closing import report, validation
-from assets.iteration import exploration, policy_update, rollouts, seed_plan, weight_patch
+from assets.iteration import exploration, policy_update, report, rollouts, seed_plan, validation, weight_patch
 
 ITERATION_ASSETS = [weight_patch, rollouts, exploration, policy_update, seed_plan, validation, report]
 FINAL_ASSETS = [weight_patch, validation, report]

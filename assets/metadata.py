@@ -1,89 +1,26 @@
-"""Materialization metadata a person wants to look at: PNG plots and image grids (inline Markdown), numbers.
-
-Example:
-    png = image_grid_png(images_NHW3, columns=8)
-    metadata["samples"] = png_markdown(png, "first sample of each prompt")
-"""
+"""Phase results as Dagster metadata: numbers as they are, PNG pictures as inline Markdown images."""
 
 from __future__ import annotations
 
 import base64
-import io
-from typing import Sequence
 
-import numpy as np
-from dagster import MetadataValue
+import dagster as dg
+
+from workers.coordinator.phases import PhaseResult
 
 
-def png_markdown(png: bytes, caption: str) -> MetadataValue:
+def png_markdown(png: bytes, caption: str) -> dg.MetadataValue:
     """An inline PNG for the Dagster UI (Markdown with a data: URL)."""
     data = base64.b64encode(png).decode()
-    return MetadataValue.md(f"**{caption}**\n\n![{caption}](data:image/png;base64,{data})")
+    return dg.MetadataValue.md(f"**{caption}**\n\n![{caption}](data:image/png;base64,{data})")
 
 
-def image_grid_png(images_NHW3: np.ndarray, columns: int = 8, scale: int = 3) -> bytes:
-    """uint8 images tiled in rows of `columns`, each upscaled `scale`x (nearest) with a 1-pixel gap."""
-    from PIL import Image
-
-    n, h, w, _ = images_NHW3.shape
-    columns = max(1, min(columns, n))
-    rows = -(-n // columns)
-    grid = np.full((rows * (h + 1) + 1, columns * (w + 1) + 1, 3), 255, dtype=np.uint8)
-    for i, image in enumerate(images_NHW3):
-        r, c = divmod(i, columns)
-        grid[1 + r * (h + 1): 1 + r * (h + 1) + h, 1 + c * (w + 1): 1 + c * (w + 1) + w] = image
-    picture = Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST)
-    buffer = io.BytesIO()
-    picture.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def line_plot_png(series: dict[str, tuple[Sequence[float], Sequence[float]]], title: str, xlabel: str,
-                  ylabel: str) -> bytes:
-    """One line per named (xs, ys) series."""
-    fig, ax = _figure()
-    for name, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), marker="o", markersize=3, label=name)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    if len(series) > 1:
-        ax.legend()
-    return _png(fig)
-
-
-def histogram_png(values: Sequence[float], title: str, xlabel: str) -> bytes:
-    fig, ax = _figure()
-    ax.hist(list(values), bins=min(20, max(5, len(values) // 2)), color="#4c72b0")
-    ax.set(title=title, xlabel=xlabel, ylabel="count")
-    return _png(fig)
-
-
-def bar_plot_png(labels: Sequence[str], stacks: dict[str, Sequence[float]], title: str, ylabel: str) -> bytes:
-    """Stacked bars, one stack per named series (e.g. spot / reserved USD per iteration)."""
-    fig, ax = _figure()
-    bottom = np.zeros(len(labels))
-    for name, values in stacks.items():
-        ax.bar(list(labels), list(values), bottom=bottom, label=name)
-        bottom += np.asarray(values, dtype=float)
-    ax.set(title=title, ylabel=ylabel)
-    ax.legend()
-    ax.tick_params(axis="x", labelrotation=90)
-    return _png(fig)
-
-
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on workers, CI or the Dagster daemon
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=(6, 3.2), dpi=100)
-
-
-def _png(fig) -> bytes:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+def materialize(result: PhaseResult) -> dg.MaterializeResult:
+    """The phase's numbers, tables, paths and pictures as materialization metadata, its checks as check results."""
+    meta: dict = dict(result.metadata)
+    meta.update({name: dg.MetadataValue.md(table) for name, table in result.tables.items()})
+    meta.update({name: dg.MetadataValue.path(path) for name, path in result.paths.items()})
+    meta.update({name: png_markdown(png, caption) for name, (png, caption) in result.pictures.items()})
+    checks = [dg.AssetCheckResult(check_name=name, passed=passed, metadata=check_meta)
+              for name, (passed, check_meta) in result.checks.items()]
+    return dg.MaterializeResult(metadata=meta, check_results=checks or None)

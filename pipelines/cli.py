@@ -1,7 +1,9 @@
 """The `spotlight` command line: pretraining, the GRPO loop, benchmarks and the run ledger.
 
 Heavy imports (torch, diffusers, dagster) happen inside each command, after argument
-parsing, so `spotlight --help` answers at once.
+parsing, so `spotlight --help` answers at once. Commands live here or in their own module
+(train_cli, run_cli, bench_cli), registered on `app`. Also `python -m pipelines.cli ...`
+and `python -m pipelines ...`.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-bench_app = typer.Typer(help="Benchmarks that print figures (use --json for machine-readable output).")
-app.add_typer(bench_app, name="bench")
 
 
 def emit_json(record: dict) -> None:
@@ -32,97 +32,10 @@ def refuse_to_overwrite(out: Optional[Path], marker: str, overwrite: bool) -> No
         raise typer.BadParameter(f"{out} already holds a {marker}; choose another folder or pass --overwrite")
 
 
-def _human_line(r: dict) -> str:
-    val = "" if r.get("validation_score") is None else f"  held-out {r['validation_score']:.3f}"
-    if r["iteration"] == 0:
-        return f"it 0  (start){val}"
-    return (f"it {r['iteration']:>3}  reward {r['reward_mean']:.3f} ± {r['reward_std']:.3f}  "
-            f"zero-std {r['zero_std_ratio']:.2f}  step {r['step_s']:.1f}s{val}")
+# `spotlight train`: the iteration driver in process (implementation in pipelines/train_cli.py).
+from pipelines.train_cli import train_command  # noqa: E402
 
-
-@app.command()
-def train(
-    iterations: Optional[int] = typer.Option(None, help="GRPO iterations (default: the preset's)."),
-    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/trainer/presets.py)."),
-    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
-    seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
-    lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
-    rollouts_per_prompt: Optional[int] = typer.Option(
-        None, help="Samples drawn per prompt; the update keeps the group's size of largest reward variance."),
-    out: Optional[Path] = typer.Option(None, help="Run folder: final policy, metrics.jsonl and ledger.duckdb."),
-    usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
-) -> None:
-    """Synchronous GRPO post-training on MiniGenEval, in this process."""
-    import dataclasses
-
-    refuse_to_overwrite(out, "metrics.jsonl", overwrite)
-    from workers.trainer.presets import get_preset
-
-    try:
-        config = get_preset(preset)
-        changes = {k: v for k, v in {"iterations": iterations, "seed": seed,
-                                     "rollouts_per_prompt": rollouts_per_prompt}.items() if v is not None}
-        if lr is not None:
-            changes["grpo"] = dataclasses.replace(config.grpo, lr=lr)
-        config = dataclasses.replace(config, **changes)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    from rich.console import Console
-
-    from workers.model.policy import SHIPPED_BASE, load_policy, save_policy
-
-    if usd_per_hour < 0:
-        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
-    policy = load_policy(checkpoint or SHIPPED_BASE)
-    err_console = Console(stderr=True)
-    metrics = recorder = None
-    if out is not None:
-        from pipelines.train_ledger import TrainLedgerRecorder
-
-        out.mkdir(parents=True, exist_ok=True)
-        metrics = (out / "metrics.jsonl").open("w")
-        recorder = TrainLedgerRecorder(out / "ledger.duckdb", out.name, preset, config, usd_per_hour)
-        recorder.start()
-    status = "interrupted"
-    try:
-        _train_loop(policy, config, as_json, err_console, metrics, recorder)
-        status = "succeeded"
-    finally:
-        if recorder is not None:
-            recorder.finish(status)
-        if metrics is not None:
-            metrics.close()
-    if out is not None:
-        save_policy(policy, out / "policy")
-        err_console.print(f"saved the trained policy to {out / 'policy'}; query the run with "
-                          f"spotlight ledger \"SELECT * FROM validation_curve\" --db {out / 'ledger.duckdb'}")
-
-
-def _train_loop(policy, config, as_json: bool, console, metrics, recorder) -> None:
-    import time
-
-    from rich.progress import Progress
-
-    from workers.trainer.loop import run_training
-
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("GRPO", total=config.iterations)
-        started = time.time()
-        for record in run_training(policy, config):
-            ended = time.time()
-            if as_json:
-                emit_json(record)
-            else:
-                progress.console.print(_human_line(record))
-            if metrics is not None:
-                metrics.write(json.dumps(record, sort_keys=True) + "\n")
-                metrics.flush()
-            if recorder is not None:
-                recorder.record(record, started, ended)
-            progress.update(task, completed=record["iteration"])
-            started = ended
+app.command("train")(train_command)
 
 
 @app.command()
@@ -170,57 +83,6 @@ def pretrain(
         typer.echo(f"saved {out}; held-out score {result.score:.3f} {result.per_category}")
 
 
-@bench_app.command("rollout")
-def bench_rollout(
-    batch_size: int = typer.Option(64, help="Requests sampled together."),
-    num_steps: int = typer.Option(8, help="Denoising steps."),
-    repeats: int = typer.Option(3, help="Timed repetitions (after one warm-up)."),
-    full_sde: bool = typer.Option(False, "--full-sde", help="Flow-GRPO instead: SDE rollouts, every step trained."),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """Rollout throughput (samples/s) and GRPO update time on this machine (cpu_tiny settings: ODE rollouts, NFT)."""
-    from workers.bench.rollout import bench_rollout as run
-
-    try:
-        result = run(batch_size=batch_size, num_steps=num_steps, repeats=repeats, full_sde=full_sde)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    if as_json:
-        emit_json(result)
-    else:
-        for k, v in result.items():
-            typer.echo(f"{k:>28}: {v}")
-
-
-@bench_app.command("recipe")
-def bench_recipe(
-    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/trainer/presets.py)."),
-    seed: list[int] = typer.Option([0, 1, 2], "--seed", help="Run seeds (repeat the option); one run each."),
-    iterations: Optional[int] = typer.Option(None, help="Iterations per run (default: the preset's)."),
-    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """Held-out score before/after `spotlight train` from the shipped base, over several run seeds."""
-    from workers.bench.recipe import bench_recipe as run
-    from workers.model.policy import SHIPPED_BASE
-
-    def show(record: dict) -> None:
-        if record["validation_score"] is not None:
-            typer.echo(f"seed {record['seed']}  it {record['iteration']:>3}  {record['wall_s']:>6.0f}s  "
-                       f"held-out {record['validation_score']:.3f}", err=True)
-
-    try:
-        figures = run(preset, seed, iterations, checkpoint or SHIPPED_BASE, progress=show)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    if as_json:
-        emit_json(figures)
-    else:
-        for k, v in figures.items():
-            if k != "runs":
-                typer.echo(f"{k:>20}: {v}")
-
-
 @app.command("ledger")
 def ledger_query(
     sql: str = typer.Argument(..., help='Read-only SQL, e.g. "SELECT * FROM cost_per_iteration". Tables and views: docs/LEDGER.md.'),
@@ -232,15 +94,13 @@ def ledger_query(
     import csv
     import io
 
-    import duckdb
-
-    from resources.ledger_db import LedgerLockedError, find_ledger, query_ledger
+    from resources.ledger_db import LedgerLockedError, LedgerQueryError, find_ledger, query_ledger
 
     if as_csv and as_json:
         raise typer.BadParameter("choose one of --csv and --json")
     try:
         result = query_ledger(find_ledger(db), sql)
-    except (FileNotFoundError, LedgerLockedError, duckdb.Error) as err:
+    except (FileNotFoundError, LedgerLockedError, LedgerQueryError) as err:
         typer.echo(f"spotlight ledger: {err}", err=True)
         raise typer.Exit(1) from err
     if as_json:
@@ -263,158 +123,16 @@ def ledger_query(
         typer.echo(f"{len(result.rows)} rows")
 
 
-@bench_app.command("store")
-def bench_store(
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per measurement."),
-    s3: bool = typer.Option(True, "--s3/--no-s3", help="Also measure S3 against an in-process moto server (needs moto[server])."),
-    url: Optional[str] = typer.Option(None, "--url", help="Also measure this store URL (e.g. s3://bucket/prefix; endpoint from AWS_ENDPOINT_URL)."),
-    large_mib: int = typer.Option(64, "--large-mib", help="Size of a large object in MiB."),
-    num_small: int = typer.Option(200, "--num-small", help="Small (64 KiB) objects per measurement."),
-) -> None:
-    """Tensor-store put/get throughput: raw objects and publish/load with checksums."""
-    from resources.store_bench import StoreBenchConfig, run_store_benchmarks
-
-    config = StoreBenchConfig(num_small=num_small, large_bytes=large_mib * 1024 * 1024)
-    try:
-        rows = run_store_benchmarks(config, with_moto=s3, extra_url=url)
-    except ValueError as err:
-        typer.echo(f"spotlight bench store: {err}", err=True)
-        raise typer.Exit(1) from err
-    if as_json:
-        for row in rows:
-            emit_json(row)
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("backend", "objects", "op", "mode", "count", "MB/s", "objects/s")
-    for r in rows:
-        size = r["object_bytes"] / 1024
-        size_text = f"{size / 1024:g} MiB" if size >= 1024 else f"{size:g} KiB"
-        table.add_row(r["backend"], f"{r['objects']} {size_text}", r["op"], r["mode"],
-                      str(r["count"]), f"{r['MB_per_s']:.1f}", f"{r['objects_per_s']:.1f}")
-    Console().print(table)
-
-
-@bench_app.command("elastic")
-def bench_elastic(
-    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
-    repeats: int = typer.Option(3, help="Repetitions of each re-form event (medians reported)."),
-) -> None:
-    """Elastic SP: re-form time after a lost / joining worker, naive vs node agent; SP degree 1 vs 2 throughput."""
-    from workers.bench.elastic import run_elastic_bench
-
-    try:
-        figures = run_elastic_bench(repeats=repeats)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    if as_json:
-        emit_json(figures)
-        return
-    for path in ("elastic", "naive"):
-        for event in ("lost", "join"):
-            f = figures[path][event]
-            typer.echo(f"{path:>8} {event:<5} total {f['total_s']:.3f} s = start {f['process_start_s']:.3f} "
-                       f"+ rendezvous {f['rendezvous_s']:.3f} + weights {f['weight_transfer_s']:.3f} + warm-up {f['warmup_s']:.3f}")
-    typer.echo(f"speedup {figures['speedup']}; throughput {figures['throughput']}")
-    typer.echo(f"{figures['projection_20b_8gpu_nvlink']}")
-
-
-@bench_app.command("pulse")
-def bench_pulse(
-    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
-    quick: bool = typer.Option(False, "--quick", help="A 0.5M-parameter model and 33 states: a smoke run in seconds."),
-    dit: bool = typer.Option(True, "--dit/--no-dit", help="Also measure the tiny DiT's own GRPO updates."),
-) -> None:
-    """PULSESync: BF16 change rate, bytes per changed value and single-core speed on an LM-shaped AdamW trajectory."""
-    import logging
-
-    from workers.bench.pulse import run_pulse_bench
-    from workers.bench.pulse_report import format_pulse_report
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # progress on stderr
-    figures = run_pulse_bench(quick=quick, dit=dit)
-    if as_json:
-        emit_json(figures)
-        return
-    typer.echo(format_pulse_report(figures))
-
-
-@bench_app.command("loco")
-def bench_loco(
-    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
-    quick: bool = typer.Option(False, "--quick", help="Tiny models, 1-2 rounds: a smoke run in under a minute."),
-    dit: bool = typer.Option(True, "--dit/--no-dit", help="Run (a), the tiny DiT's GRPO task."),
-    lm: bool = typer.Option(True, "--lm/--no-lm", help="Run (b), the LM-shaped synthetic task."),
-) -> None:
-    """PULSELoCo vs DiLoCo vs DDP: bytes per replica, payload sparsity and training curves (2 replica processes)."""
-    from workers.bench.loco import format_loco_report, run_loco_bench
-
-    figures = run_loco_bench(quick=quick, dit=dit, lm=lm)
-    if as_json:
-        emit_json(figures)
-        return
-    typer.echo(format_loco_report(figures))
-
-
 # `spotlight run`: the pipeline's main job (implementation in pipelines/run.py; run_cli imports only typer).
 from pipelines.run_cli import run_command  # noqa: E402
 
 app.command("run")(run_command)
 
+# `spotlight bench ...`: benchmarks (pipelines/bench_cli.py imports only typer).
+from pipelines.bench_cli import bench_app  # noqa: E402
 
-@bench_app.command("preemption")
-def bench_preemption(
-    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
-    quick: bool = typer.Option(False, "--quick", help="A tiny random policy and fewer trials: a smoke run."),
-    with_throughput: bool = typer.Option(True, "--throughput/--no-throughput", help="Also time pull vs static assignment with worker processes."),
-) -> None:
-    """Lost denoising work per preemption with and without state commitment, commit overhead, pull vs static throughput."""
-    from workers.bench.preemption import format_preemption_report, run_preemption_bench
-
-    figures = run_preemption_bench(quick=quick, with_throughput=with_throughput)
-    if as_json:
-        emit_json(figures)
-        return
-    typer.echo(format_preemption_report(figures))
+app.add_typer(bench_app, name="bench")
 
 
-@bench_app.command("exploration")
-def bench_exploration(
-    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
-    quick: bool = typer.Option(False, "--quick", help="One seed, two tiny iterations: a smoke run in about a minute."),
-    seed: Optional[list[int]] = typer.Option(None, "--seed", help="Run seeds (repeat the option; default 0 1 2)."),
-    iterations: Optional[int] = typer.Option(None, help="Training iterations per run (default 6)."),
-    validate_every: Optional[int] = typer.Option(None, help="Held-out validation every this many iterations (default 3)."),
-    target_gain: Optional[float] = typer.Option(None, help="Target = base held-out score + this (default 0.03)."),
-    workers: Optional[int] = typer.Option(None, help="Exploration workers beside the trainer (default 1)."),
-    strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these runs (repeat: random, explore, best_of_n)."),
-    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
-) -> None:
-    """Seed exploration on stale weights vs random seeds vs best-of-N: time to a held-out target, reward std, overhead, rank consistency."""
-    import dataclasses
-
-    from workers.bench.exploration import ExplorationBench, format_exploration_report, run_exploration_bench
-
-    changes = {k: v for k, v in {"seeds": tuple(seed) if seed else None, "iterations": iterations,
-                                 "validate_every": validate_every, "target_gain": target_gain, "num_workers": workers,
-                                 "strategies": tuple(strategy) if strategy else None}.items() if v is not None}
-    try:
-        bench = dataclasses.replace(ExplorationBench.quick() if quick else ExplorationBench(), **changes)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    if checkpoint is not None and not (checkpoint / "policy.json").exists():
-        raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
-
-    def show(record: dict) -> None:
-        if "stage" in record:
-            typer.echo(record["stage"], err=True)
-        elif record.get("validation_score") is not None:
-            typer.echo(f"seed {record['seed']} {record['strategy']:>9} it {record['iteration']:>2}  "
-                       f"critical {record['critical_s']:7.1f}s  held-out {record['validation_score']:.3f}", err=True)
-
-    figures = run_exploration_bench(bench, checkpoint, progress=show)
-    if as_json:
-        emit_json(figures)
-        return
-    typer.echo(format_exploration_report(figures))
+if __name__ == "__main__":
+    app(prog_name="spotlight")

@@ -24,6 +24,7 @@ from typing import Mapping, Optional
 
 from assets.run_config import RunConfigResource
 from resources.dagster_resources import LedgerResource, QueueResource, RolloutWorkersResource, TensorStoreResource
+from workers.coordinator.context import run_name_for
 
 DEPLOYMENTS = ("local", "cloud")
 
@@ -51,7 +52,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
     default_mode = "workers" if deployment == "cloud" else "inprocess"
     try:
         return {
-            "run_config": RunConfigResource(run=run or _run_name(run_dir), preset=preset, iterations=iterations,
+            "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations,
                                         reward=reward, checkpoint=checkpoint),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
@@ -73,11 +74,6 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
         iterations=int(iterations) if iterations else None, reward=env.get("SPOTLIGHT_REWARD"),
         store=env.get("SPOTLIGHT_STORE"), queue=env.get("SPOTLIGHT_QUEUE"), ledger=env.get("SPOTLIGHT_LEDGER"),
         rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"))
-
-
-def _run_name(run_dir: Path) -> str:
-    name = run_dir.resolve().name
-    return "".join(c if c.isalnum() or c in "._=+-" else "-" for c in name).lstrip(".-") or "run"
 
 
 def _short(err: ValueError) -> str:

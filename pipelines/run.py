@@ -5,6 +5,8 @@ The run folder holds `run.json` (what was asked, so `--resume` continues the sam
 local_cluster`) one cluster of rollout worker processes lives for the whole run, pulling
 from the queue, preempted on a Poisson trace; the rollout assets then enqueue and wait.
 `--rollouts inprocess` samples in this process instead (no workers, no preemptions).
+Paths are stored absolute (relative ones mean relative to the directory `spotlight run` started
+in), so worker processes and a later `--resume` from elsewhere find the same files.
 
 Example:
     spec = RunSpec.resolve(Path("runs/demo"), resume=False, preset="cpu_tiny", iterations=None, ...)
@@ -14,12 +16,15 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Optional
+
+from resources.urls import absolute_url
 
 SPEC_NAME = "run.json"
 ROLLOUT_MODES = ("local_cluster", "inprocess")
@@ -35,17 +40,25 @@ class RunSpec:
     """What `spotlight run` was asked to do; stored in the run folder for --resume."""
 
     run_dir: str
+    """The run folder, absolute (a relative one is resolved against the current directory)."""
     preset: str = "cpu_tiny"
     iterations: Optional[int] = None
     reward: Optional[str] = None
     store: Optional[str] = None
+    """Tensor store URL; a local path is made absolute. None = RUN_DIR/store."""
     queue: Optional[str] = None
+    """Queue URL; a local path is made absolute. None = RUN_DIR/queue.db."""
     rollouts: str = "local_cluster"
     checkpoint: Optional[str] = None
     num_workers: int = DEFAULT_WORKERS
     preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
 
     def __post_init__(self) -> None:
+        # Worker processes and a --resume from another directory must find the same files.
+        object.__setattr__(self, "run_dir", str(Path(self.run_dir).expanduser().resolve()))
+        for name in ("store", "queue"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, absolute_url(getattr(self, name)))
         if self.rollouts not in ROLLOUT_MODES:
             raise ValueError(f"--rollouts must be one of {ROLLOUT_MODES}, got {self.rollouts!r}")
         if self.num_workers < 1:
@@ -64,8 +77,10 @@ class RunSpec:
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         if not path.is_file():
             raise ValueError(f"nothing to resume: {path} does not exist (start the run without --resume)")
-        stored = cls(**json.loads(path.read_text()))
-        clashes = {k: (v, getattr(stored, k)) for k, v in asked.items() if v is not None and v != getattr(stored, k)}
+        # The folder is where it is now (it may have moved); flags compare as the spec stores them (absolute paths).
+        stored = dataclasses.replace(cls(**json.loads(path.read_text())), run_dir=str(run_dir))
+        given = asdict(dataclasses.replace(stored, **{k: v for k, v in asked.items() if v is not None}))
+        clashes = {k: (asked[k], getattr(stored, k)) for k in asked if asked[k] is not None and given[k] != getattr(stored, k)}
         if clashes:
             raise ValueError("--resume continues the stored run; these flags differ from it: "
                              + ", ".join(f"--{k.replace('_', '-')} {a!r} (run has {b!r})" for k, (a, b) in clashes.items()))
@@ -81,16 +96,6 @@ class RunSpec:
         mode = "workers" if self.rollouts == "local_cluster" else self.rollouts
         return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, reward=self.reward,
                                store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint)
-
-
-def close_dangling_workers(ledger) -> int:
-    """Workers a killed run left open end as interrupted at the ledger's last recorded moment (not now:
-    the time the run was down is not billed)."""
-    last = ledger.query("SELECT max(coalesce(ended_at, started_at)) FROM phases").rows[0][0]
-    open_ids = [r[0] for r in ledger.query("SELECT worker_id FROM workers WHERE ended_at IS NULL AND worker_id NOT LIKE 'reserved-%'").rows]
-    for worker_id in open_ids:
-        ledger.end_worker(worker_id, reason="interrupted", at=last)
-    return len(open_ids)
 
 
 def slot_name(index: int, session: int) -> str:
@@ -160,6 +165,7 @@ def execute(spec: RunSpec, console, on_iteration=None) -> dict:
     import dagster as dg
 
     from pipelines.run_walk import walk_iterations
+    from workers.coordinator import books
 
     threads = trainer_threads(spec)
     if threads is not None:
@@ -167,7 +173,7 @@ def execute(spec: RunSpec, console, on_iteration=None) -> dict:
     resources = spec.resources()
     spec.save()
     ledger = resources["ledger"].get_ledger()
-    if close_dangling_workers(ledger):
+    if books.close_dangling_workers(ledger):
         console.print("closed workers the interrupted run had left open")
     if spec.rollouts == "local_cluster":
         console.print(f"rollouts on {spec.num_workers} local spot workers (1 thread each, {spec.preemptions_per_hour:g} "
@@ -182,14 +188,13 @@ def execute(spec: RunSpec, console, on_iteration=None) -> dict:
                 if on_iteration is not None:
                     on_iteration(outcome)
     except BaseException:
-        with contextlib.suppress(ValueError):  # no run row yet if iteration 0 never started
-            ledger.end_run(resources["run_config"].run, status="interrupted")
+        books.interrupt_run(ledger, resources["run_config"].run)
         raise
     return summary(resources)
 
 
 def summary(resources: dict) -> dict:
-    from pipelines.report import summary_rows
+    from workers.coordinator.report import summary_rows
 
     ledger = resources["ledger"].get_ledger()
     cost = ledger.query("SELECT usd_total, usd_spot, usd_reserved FROM run_cost").as_dicts()[0]

@@ -2,8 +2,10 @@
 
 Each worker slot has an instance type, a spot/reserved flag and a price; the process in
 it is `python -m workers.rollout` pulling from the shared queue (or its own queue, for a
-static-assignment baseline). A preemption trace (resources/preemption.py) SIGTERMs or
-SIGKILLs whatever process holds a spot slot at each event time; `restart_delay_s` later
+static-assignment baseline). Local paths (queue, store, log folder) are made absolute when
+the config is built, so a worker reads the same files whatever directory either process
+runs in. A preemption trace (resources/preemption.py) SIGTERMs or SIGKILLs whatever
+process holds a spot slot at each event time; `restart_delay_s` later
 the slot gets a fresh process with a new worker id, as spot capacity returns. This
 process is the ledger's single writer: worker starts and ends, attempts and preemptions
 (with the denoising work each one cost) go there as they happen.
@@ -33,8 +35,7 @@ from resources.keys import check_name
 from resources.ledger import Ledger
 from resources.preemption import PreemptionEvent
 from resources.prices import load_prices
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from resources.urls import absolute_url
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,13 @@ class WorkerSlot:
     step_delay_s: float = 0.0
     """Extra seconds per denoising step: a slower device, simulated."""
     queue_url: str | None = None
-    """This slot's own queue (static assignment); None = the cluster's shared queue."""
+    """This slot's own queue (static assignment); None = the cluster's shared queue. A relative path is
+    made absolute against the current directory."""
 
     def __post_init__(self) -> None:
         check_name(self.name, "worker slot name")
+        if self.queue_url is not None:
+            object.__setattr__(self, "queue_url", absolute_url(self.queue_url))
         if self.usd_per_hour is not None and not self.usd_per_hour >= 0:
             raise ValueError(f"slot {self.name}: usd_per_hour must be >= 0, got {self.usd_per_hour}")
         if not self.step_delay_s >= 0:
@@ -71,10 +75,12 @@ class WorkerSlot:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """What every worker of the cluster shares."""
+    """What every worker of the cluster shares. Relative paths are made absolute against the current directory."""
 
     queue_url: str
+    """The shared queue: a SQLite file path, sqlite:///abs/path.db or redis://host:port/db."""
     store_url: str
+    """The tensor store: a folder, file:///abs/path or s3://bucket/prefix."""
     commit_every: int = 2
     """Denoising steps between state commits."""
     lease_s: float = 10.0
@@ -88,6 +94,10 @@ class ClusterConfig:
     """Folder for each worker's stderr (None: inherit this process's stderr)."""
 
     def __post_init__(self) -> None:
+        # Workers are other processes: a relative path would be read against their working directory.
+        for name in ("queue_url", "store_url", "log_dir"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, absolute_url(getattr(self, name)))
         if self.commit_every < 1:
             raise ValueError(f"commit_every must be >= 1, got {self.commit_every}")
         for name in ("lease_s", "ready_timeout_s", "threads_per_worker"):
@@ -234,7 +244,7 @@ class LocalCluster:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
             stderr = open(Path(cfg.log_dir) / f"{worker_id}.stderr", "w")
         env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads_per_worker)}
-        popen = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         if stderr is not None:
             stderr.close()  # the child holds its own descriptor
         at = time.time()

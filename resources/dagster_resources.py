@@ -21,8 +21,10 @@ from dagster import ConfigurableResource
 from pydantic import ConfigDict, Field, field_validator
 
 from resources.ledger import Ledger
-from resources.queue import QueueConfig, RequestQueue, open_queue, parse_queue_url
-from resources.store import TensorStore, open_store, parse_store_url
+from resources.queue import QueueConfig, RequestQueue, parse_queue_url
+from resources.queues import open_queue
+from resources.store import TensorStore
+from resources.stores import open_store, parse_store_url
 
 
 class TensorStoreResource(ConfigurableResource):

@@ -26,6 +26,10 @@ class LedgerLockedError(RuntimeError):
     """Another process held the ledger file for longer than the timeout."""
 
 
+class LedgerQueryError(ValueError):
+    """The SQL was refused or failed (a syntax error, an unknown table, a write on the read-only ledger)."""
+
+
 @dataclass(frozen=True)
 class QueryResult:
     """Columns and rows of one query."""
@@ -81,6 +85,8 @@ def query_ledger(path: str | Path, sql: str, params: Sequence[Any] | None = None
         cursor = con.execute(sql, params or [])
         columns = [d[0] for d in cursor.description or []]
         rows = cursor.fetchall() if columns else []
+    except duckdb.Error as err:
+        raise LedgerQueryError(str(err)) from err
     finally:
         con.close()
     return QueryResult(columns, rows)

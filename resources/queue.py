@@ -9,9 +9,11 @@ at-least-once; completion is recorded exactly once per request id (the first `ac
 later ones return False), matching results committed exclusively under the request id.
 
 Backends: `SqliteQueue` (one machine, many processes) and `RedisQueue` (Redis Streams
-consumer groups, many machines). See docs/QUEUE.md.
+consumer groups, many machines); `open_queue` in resources/queues.py picks one by URL (this
+module imports neither backend: they import it). See docs/QUEUE.md.
 
 Example:
+    from resources.queues import open_queue
     queue = open_queue("runs/demo/queue.db")                 # or "redis://:pw@host:6379/0"
     queue.put([{"request_id": "r0", "iteration": 3, "kind": "rollout", "payload": {"seed": 7}}])
     lease = queue.claim("worker-1", lease_s=60)               # in each worker
@@ -22,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ from resources.urls import is_plain_path
 SUPPORTED_URLS = "a file path, sqlite:///absolute/path.db, or redis://[:password@]host:port/db"
 PASSWORD_ENV = "SPOTLIGHT_REDIS_PASSWORD"
 END_STATES = ("done", "dead", "cancelled")
+log = logging.getLogger("spotlight.queue")
 
 
 class QueueError(Exception):
@@ -50,6 +54,10 @@ class QueueError(Exception):
 
 class QueueUnavailableError(QueueError):
     """The queue cannot be reached, or refused our credentials."""
+
+
+class QueueStalledError(QueueError):
+    """`wait_until_done` saw no worker hold or finish any request of the queue for `stall_s`."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +71,20 @@ class QueueConfig:
     """How long to wait for the queue (the Redis server, or the SQLite file lock) before failing."""
     max_lease_s: float = 24 * 3600.0
     """Longest lease a claim or heartbeat may ask for."""
+    stall_s: float = 600.0
+    """`wait_until_done` raises QueueStalledError after this long with no live lease anywhere in the queue and
+    no request finished: no worker pulls from it. Long requests never trip it (their leases stay live); keep it
+    above the time a lost worker's replacement takes to start (a spot relaunch) plus one lease."""
+    stall_warn_s: float = 60.0
+    """`wait_until_done` logs one warning after this long without claim activity (and one when it resumes)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_deliveries, bool) or not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
             raise ValueError(f"QueueConfig.max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
         finite_positive(self.connect_timeout_s, "QueueConfig.connect_timeout_s")
         finite_positive(self.max_lease_s, "QueueConfig.max_lease_s")
+        finite_positive(self.stall_s, "QueueConfig.stall_s")
+        finite_positive(self.stall_warn_s, "QueueConfig.stall_warn_s")
 
 
 class RequestQueue(abc.ABC):
@@ -133,21 +149,62 @@ class RequestQueue(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def wait_until_done(self, request_ids: Iterable[str], timeout_s: float, poll_s: float = 0.2) -> WaitOutcome:
+    def wait_until_done(self, request_ids: Iterable[str], timeout_s: float, poll_s: float = 0.2,
+                        stall_s: float | None = None) -> WaitOutcome:
         """Poll until every request is done, dead or cancelled, or `timeout_s` passes.
 
-        Never raises on timeout: check `outcome.complete` and `outcome.unfinished`.
+        Never raises on timeout: check `outcome.complete` and `outcome.unfinished`. Raises
+        QueueStalledError when for `stall_s` (default `config.stall_s`) no worker held a lease
+        on any request of the queue and none of `request_ids` finished: nobody pulls from it.
         """
         ids = list(dict.fromkeys(request_ids))
         finite_positive(poll_s, "poll_s")
+        watch = _ClaimWatch(self, self.config.stall_s if stall_s is None else finite_positive(stall_s, "stall_s"),
+                           warn_s=self.config.stall_warn_s)
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
             states = self.states(ids)
             if all(s in END_STATES for s in states.values()) or time.monotonic() >= deadline:
                 break
+            watch.check(states)
             time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
         done = [r for r, s in states.items() if s == "done"]
         return WaitOutcome(results=self.results(done), states=states)
+
+
+class _ClaimWatch:
+    """How long since a worker last held a lease in the queue or finished a waited-for request.
+
+    Presence of a live lease is the sign of a worker: a busy one renews its lease, and both
+    backends report a lease that ran out (a killed worker) as pending again.
+    """
+
+    def __init__(self, queue: RequestQueue, stall_s: float, warn_s: float) -> None:
+        self.queue, self.stall_s, self.warn_s = queue, stall_s, min(warn_s, stall_s)
+        self.quiet_since = time.monotonic()
+        self.finished = 0
+        self.warned = False
+
+    def check(self, states: Mapping[str, str]) -> None:
+        """Call once per poll with the waited-for requests' states; raises QueueStalledError on a stall."""
+        finished = sum(s in END_STATES for s in states.values())
+        now = time.monotonic()
+        if finished > self.finished or "leased" in states.values() or self.queue.stats().leased > 0:
+            if self.warned:
+                log.warning("queue %s: workers are claiming requests again", self.queue.url)
+            self.finished, self.quiet_since, self.warned = finished, now, False
+            return
+        quiet_s, waiting = now - self.quiet_since, len(states) - finished
+        if quiet_s >= self.stall_s:
+            raise QueueStalledError(
+                f"no worker claimed any request from {self.queue.url} in {self.stall_s:g} seconds ({waiting} of "
+                f"{len(states)} requests still waiting). Check that rollout workers are running and alive (their "
+                "logs, e.g. the run's worker_logs/) and that they pull from this same queue: the same redis:// URL, "
+                "or the same SQLite file by absolute path (a relative path names another file in another directory)")
+        if quiet_s >= self.warn_s and not self.warned:
+            self.warned = True
+            log.warning("queue %s: no worker has claimed any request for %.3g s (%d waiting); failing after %g s "
+                        "without claims", self.queue.url, quiet_s, waiting, self.stall_s)
 
 
 @dataclass(frozen=True)
@@ -207,18 +264,3 @@ def _port_ok(parsed: Any) -> bool:
         return parsed.port is None or 0 < parsed.port < 65536
     except ValueError:
         return False
-
-
-def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQueue:
-    """Open a queue from a URL: a file path or `sqlite:///abs/path.db` (SqliteQueue), or
-    `redis://[:password@]host:port/db` (RedisQueue; the password may instead come from the
-    SPOTLIGHT_REDIS_PASSWORD environment variable). Raises QueueUnavailableError when the
-    queue cannot be reached within `config.connect_timeout_s`."""
-    where = parse_queue_url(url)
-    if isinstance(where, Path):
-        from resources.queue_sqlite import SqliteQueue
-
-        return SqliteQueue(where, config)
-    from resources.queue_redis import RedisQueue
-
-    return RedisQueue(where, config)

@@ -12,6 +12,9 @@ committed manifest and verify size and checksum of every object they read. With
 otherwise it replaces the previous manifest, whose superseded objects are then deleted
 (assumes one writer per commit key at a time, e.g. the holder of a queue lease).
 
+Backends: resources/store_local.py and resources/store_s3.py; `open_store` (resources/stores.py)
+picks one by URL.
+
 Example:
     store = open_store("file:///tmp/spotlight-store")     # or "s3://bucket/prefix"
     store.publish_tensors(patch_key("demo", 3), {"values": t}, metadata={"hash": h})
@@ -22,20 +25,16 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
-from urllib.parse import urlparse
 
 from resources.keys import MANIFEST_NAME, check_key
 from resources.manifest import Manifest, ObjectEntry, check_metadata, checksum, manifest_key, object_key
 from resources.tensors import tensors_from_bytes, tensors_to_bytes
-from resources.urls import is_plain_path
 
 if TYPE_CHECKING:
     import torch
 
 TENSORS_NAME = "tensors.safetensors"
-SUPPORTED_SCHEMES = "a folder path, file:///absolute/path, or s3://bucket/prefix"
 
 
 class StoreError(Exception):
@@ -235,45 +234,3 @@ class TensorStore(abc.ABC):
 
     def _where(self, key: str) -> str:
         return f"{self.url.rstrip('/')}/{key}"
-
-
-def parse_store_url(url: str | Path) -> tuple[str, str, str]:
-    """Check a store URL without touching anything: ("local", path, "") or ("s3", bucket, prefix)."""
-    text = str(url)
-    if not text:
-        raise ValueError(f"store URL is empty: use {SUPPORTED_SCHEMES}")
-    parsed = urlparse(text)
-    scheme = parsed.scheme.lower()
-    if is_plain_path(text, scheme):  # a plain (or Windows) path
-        return "local", text, ""
-    if scheme == "file":
-        if parsed.netloc not in ("", "localhost") or parsed.query:
-            raise ValueError(f"store URL {text!r}: a file URL must look like file:///absolute/path")
-        return "local", parsed.path, ""
-    if scheme == "s3":
-        if parsed.username or parsed.password:
-            # Do not echo the URL: it holds a secret.
-            raise ValueError("an s3:// store URL must not contain credentials: configure them for boto3 instead")
-        if parsed.query or parsed.fragment or not parsed.netloc:
-            raise ValueError(
-                f"store URL {text!r}: use s3://bucket/prefix only; set the endpoint with AWS_ENDPOINT_URL "
-                "and credentials through boto3's standard configuration"
-            )
-        return "s3", parsed.netloc, parsed.path.strip("/")
-    raise ValueError(f"unsupported store URL scheme {scheme!r} in {text!r}: use {SUPPORTED_SCHEMES}")
-
-
-def open_store(url: str | Path) -> TensorStore:
-    """Open a store from a URL: a folder path, `file:///abs/path`, or `s3://bucket/prefix`.
-
-    S3 endpoint, region and credentials come from boto3's standard configuration
-    (`AWS_ENDPOINT_URL`, `AWS_PROFILE`, `AWS_ACCESS_KEY_ID`, ...), never from the URL.
-    """
-    kind, location, prefix = parse_store_url(url)
-    if kind == "local":
-        from resources.store_local import LocalTensorStore
-
-        return LocalTensorStore(location)
-    from resources.store_s3 import S3TensorStore
-
-    return S3TensorStore(location, prefix)

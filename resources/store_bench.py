@@ -12,7 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from resources.store import TensorStore, open_store
+from resources.store import TensorStore
+from resources.stores import open_store
 from resources.store_local import LocalTensorStore
 
 

@@ -1,8 +1,12 @@
-"""Shared pytest fixtures: stores (local folder, S3 on a moto server) and ledgers."""
+"""Shared pytest fixtures: stores (local folder, S3 on a moto server), a redis-server, ledgers."""
 
 from __future__ import annotations
 
 import logging
+import shutil
+import socket
+import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +71,64 @@ def s3_server(_moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     endpoint = S3Endpoint(_moto_url, bucket)
     endpoint.client().create_bucket(Bucket=bucket)
     return endpoint
+
+
+@dataclass(frozen=True)
+class RedisServer:
+    """A redis-server on 127.0.0.1 that requires a password and never writes to disk."""
+
+    port: int
+    password: str
+
+    def url(self, password: str | None = None, db: int = 0) -> str:
+        auth = f":{password}@" if password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
+
+    def flush(self) -> None:
+        import redis
+
+        with redis.Redis(port=self.port, password=self.password) as client:
+            client.flushall()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server per session, started here and stopped at the end (CI installs the package)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server); the Redis backend is untested")
+    server = RedisServer(_free_port(), "test-password-Zq9")
+    folder = tmp_path_factory.mktemp("redis")
+    args = ["--port", str(server.port), "--bind", "127.0.0.1", "--requirepass", server.password]
+    args += ["--save", "", "--appendonly", "no", "--dir", str(folder)]
+    process = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_ping(server)
+        yield server
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _wait_for_ping(server: RedisServer) -> None:
+    import redis
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with redis.Redis(port=server.port, password=server.password, socket_connect_timeout=1) as client:
+                client.ping()
+            return
+        except redis.exceptions.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @pytest.fixture

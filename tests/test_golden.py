@@ -12,3 +12,19 @@ from tests.golden import fixture_path, produce
 def test_cpu_smoke_output_equals_the_golden_fixture(kind, tmp_path):
     expected = json.loads(fixture_path(kind).read_text())
     assert json.loads(json.dumps(produce(kind, tmp_path))) == expected
+
+
+def test_spotlight_train_and_the_pipeline_are_one_driver_with_one_numbering():
+    """Iteration k of `spotlight train` is iteration k of the pipeline: the same update of weights v(k) into
+    v(k+1) (reward, loss, gradient norm) and the same held-out score of v(k)."""
+    train = json.loads(fixture_path("train").read_text())
+    run = json.loads(fixture_path("run").read_text())
+    steps = {row[0]: row for row in run["train_steps"]}  # iteration, step, loss, kl, reward_mean, reward_std, ...
+    assert [r["iteration"] for r in train if "reward_mean" in r] == sorted(steps)
+    for record in train:
+        if "reward_mean" in record:
+            _, _, loss, kl, reward_mean, reward_std, zero_std, _, grad_norm, lr = steps[record["iteration"]]
+            assert (record["loss"], record["kl"], record["reward_mean"], record["reward_std"], record["zero_std_ratio"],
+                    record["grad_norm"], record["learning_rate"]) == (loss, kl, reward_mean, reward_std, zero_std,
+                                                                      grad_norm, lr)
+    assert [(r["iteration"], r["validation_score"]) for r in train] == [(k, score) for k, _, score, _ in run["validation"]]

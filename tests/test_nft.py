@@ -158,36 +158,20 @@ def test_an_unknown_lr_schedule_is_refused():
         GRPOConfig(lr_schedule="linear")
 
 
-def test_the_held_out_preset_is_cpu_tiny_with_a_wider_draw_more_noise_levels_and_iterations():
-    from workers.trainer.presets import get_preset
-    long, short = get_preset("cpu_tiny_long"), get_preset("cpu_tiny")
-    # docs/BENCHMARKS.md measured exactly this
-    assert (long.iterations, long.rollouts_per_prompt, long.grpo.nft_timesteps) == (40, 16, 6)
-    same_budget = dataclasses.replace(long, iterations=short.iterations, rollouts_per_prompt=short.rollouts_per_prompt,
-                                      grpo=dataclasses.replace(long.grpo, nft_timesteps=short.grpo.nft_timesteps))
-    assert same_budget == short
-
-
-def test_antithetic_noise_levels_come_in_pairs_inside_the_configured_range(tiny_policy, monkeypatch):
-    import workers.trainer.grpo_trainer as trainer_module
-    drawn = []
-
-    def recording(x0, sigma, eps):
-        drawn.append((sigma.clone(), eps.clone()))
-        return noisy_sample(x0, sigma, eps)
-
-    monkeypatch.setattr(trainer_module, "noisy_sample", recording)
-    trainer = GRPOTrainer(tiny_policy, _nft_config(nft_timesteps=5, nft_antithetic=True, nft_sigma_range=(0.3, 1.0)))
-    trainer.update(trainer.collect(0))
-    assert len(drawn) == 5
-    for (s_a, e_a), (s_b, e_b) in (drawn[0:2], drawn[2:4]):  # a pair: same noise levels, mirrored noise
-        assert torch.equal(s_a, s_b) and torch.equal(e_b, -e_a)
-    assert not torch.equal(drawn[2][0], drawn[0][0]) and not torch.equal(drawn[4][0], drawn[2][0])  # fresh per pair
-    sigmas = torch.cat([s for s, _ in drawn])
-    assert sigmas.min() >= 0.3 and sigmas.max() <= 1.0
-
-
 @pytest.mark.parametrize("bad", [(0.5, 0.5), (-0.1, 1.0), (0.3, 1.2), (0.9, 0.2)])
 def test_a_noise_level_range_outside_zero_one_or_empty_is_refused(bad):
     with pytest.raises(ValueError, match="nft_sigma_range"):
         GRPOConfig(nft_sigma_range=bad)
+
+
+def test_antithetic_noise_levels_come_in_pairs_of_one_sigma_and_opposite_noise():
+    from workers.algo.nft import noise_levels
+
+    draws = list(noise_levels((4, 3, 8, 8), 4, (0.2, 0.8), True, torch.Generator().manual_seed(0)))
+    assert len(draws) == 4
+    for (s0, e0), (s1, e1) in (draws[0:2], draws[2:4]):
+        assert torch.equal(s0, s1) and torch.equal(e1, -e0)
+    assert not torch.equal(draws[0][0], draws[2][0])
+    assert all(((0.2 <= s) & (s <= 0.8)).all() for s, _ in draws)
+    plain = list(noise_levels((4, 3, 8, 8), 2, (0.2, 0.8), False, torch.Generator().manual_seed(0)))
+    assert not torch.equal(plain[1][1], -plain[0][1])

@@ -108,7 +108,7 @@ def test_definitions_load_from_the_environment_and_refuse_a_bad_one(tmp_path):
 
 
 def test_queue_password_never_reaches_the_ledger():
-    from assets.bookkeeping import public_url
+    from workers.coordinator.books import public_url
 
     assert public_url("redis://:s3cret@reserved:6379/0") == "redis://reserved:6379/0"
     assert public_url("runs/demo/queue.db") == "runs/demo/queue.db"

@@ -9,7 +9,8 @@ import pytest
 
 from resources.ledger import Ledger
 from resources.store_local import LocalTensorStore
-from workers.pulse.loco.launch import LocoRunConfig, record_loco_ledger, run_loco, sync_totals
+from workers.coordinator.loco import record_loco_ledger
+from workers.pulse.loco.launch import LocoRunConfig, run_loco, sync_totals
 from workers.pulse.loco.tasks import TaskConfig
 from workers.pulse.loco.transport import ExchangeConfig, ReplicaExcludedError, RoundTimeoutError, StoreExchange
 

@@ -1,29 +1,23 @@
-"""The request-queue contract, run against SQLite and a real redis-server, plus URL and connection errors."""
+"""The request-queue contract, run against SQLite and a real redis-server (tests/conftest.py starts it).
+
+URLs, credentials and connection errors: tests/test_queue_urls.py.
+"""
 
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from resources.queue import (
-    PASSWORD_ENV,
-    QueueConfig,
-    QueueUnavailableError,
-    RequestQueue,
-    open_queue,
-    parse_queue_url,
-)
+from resources.queue import PASSWORD_ENV, QueueConfig, RequestQueue
 from resources.queue_keepalive import LeaseKeeper
 from resources.queue_records import Request
+from resources.queues import open_queue
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT_LEASE_S = 0.3
@@ -32,68 +26,10 @@ SHORT_LEASE_S = 0.3
 # --- fixtures ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RedisServer:
-    """A redis-server on 127.0.0.1 that requires a password and never writes to disk."""
-
-    port: int
-    password: str
-
-    def url(self, password: str | None = None, db: int = 0) -> str:
-        auth = f":{password}@" if password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
-
-    def flush(self) -> None:
-        import redis
-
-        with redis.Redis(port=self.port, password=self.password) as client:
-            client.flushall()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One redis-server per session, started here and stopped at the end (CI installs the package)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server); the Redis backend is untested")
-    server = RedisServer(_free_port(), "test-password-Zq9")
-    folder = tmp_path_factory.mktemp("redis")
-    args = ["--port", str(server.port), "--bind", "127.0.0.1", "--requirepass", server.password]
-    args += ["--save", "", "--appendonly", "no", "--dir", str(folder)]
-    process = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for_ping(server)
-        yield server
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def _wait_for_ping(server: RedisServer) -> None:
-    import redis
-
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with redis.Redis(port=server.port, password=server.password, socket_connect_timeout=1) as client:
-                client.ping()
-            return
-        except redis.exceptions.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def _open(request: pytest.FixtureRequest, config: QueueConfig) -> RequestQueue:
     if request.param == "sqlite":
         return open_queue(request.getfixturevalue("tmp_path") / "queue.db", config)
-    server: RedisServer = request.getfixturevalue("redis_server")
+    server = request.getfixturevalue("redis_server")
     server.flush()
     # The password from the environment, so `open_queue(queue.url)` works here and in subprocesses.
     request.getfixturevalue("monkeypatch").setenv(PASSWORD_ENV, server.password)
@@ -338,7 +274,7 @@ def test_claim_rejects_lease_lengths_out_of_range(queue: RequestQueue, lease_s: 
 
 _WORKER = """
 import json, sys, time
-from resources.queue import open_queue
+from resources.queues import open_queue
 queue, claimed = open_queue(sys.argv[1]), []
 print("ready", flush=True)
 sys.stdin.readline()  # start together, so the workers really compete
@@ -375,68 +311,3 @@ def test_concurrent_worker_processes_complete_every_request_exactly_once(queue: 
     assert sorted(everything) == ids  # no request twice: leases were long enough never to expire
     assert sum(1 for per_worker in claimed if per_worker) >= 2, "the workers did not run concurrently"
     assert queue.results(ids) == {rid: f"results/{rid}" for rid in ids}
-
-
-# --- URLs, credentials, reachability -------------------------------------------------------
-
-
-def test_unknown_url_schemes_are_rejected_naming_the_supported_ones() -> None:
-    with pytest.raises(ValueError, match="unsupported queue URL scheme 'amqp'.*sqlite:///.*redis://"):
-        parse_queue_url("amqp://host/queue")
-
-
-def test_a_sqlite_url_and_a_plain_path_open_the_same_file(tmp_path: Path) -> None:
-    with open_queue(tmp_path / "q.db") as first:
-        first.put([rollout("r0")])
-    with open_queue(f"sqlite://{tmp_path}/q.db") as second:
-        assert second.claim("w", lease_s=5).request_id == "r0"
-        assert second.url == f"sqlite://{tmp_path.resolve()}/q.db"
-    with pytest.raises(ValueError, match="sqlite:///absolute/path.db"):
-        parse_queue_url("sqlite://relative/q.db")
-
-
-def test_redis_urls_take_the_password_from_the_url_or_the_environment_and_never_show_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv(PASSWORD_ENV, "from-env")
-    address = parse_queue_url("redis://:s%40cret@example.org:6380/2")
-    assert (address.host, address.port, address.db, address.password) == ("example.org", 6380, 2, "s@cret")
-    assert "cret" not in repr(address) and address.url == "redis://example.org:6380/2"
-    assert parse_queue_url("redis://example.org").password == "from-env"
-    with pytest.raises(ValueError, match="database must be a number") as err:
-        parse_queue_url("redis://:hunter2@example.org:6379/zero")
-    assert "hunter2" not in str(err.value)
-
-
-def test_a_wrong_redis_password_fails_with_a_clear_error_that_hides_it(redis_server: RedisServer) -> None:
-    with pytest.raises(QueueUnavailableError, match="rejected the credentials.*SPOTLIGHT_REDIS_PASSWORD") as err:
-        open_queue(redis_server.url(password="wrong-pass-7"))
-    assert "wrong-pass-7" not in str(err.value)
-
-
-def test_a_missing_redis_password_fails_with_a_clear_error(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv(PASSWORD_ENV, raising=False)
-    with pytest.raises(QueueUnavailableError, match="rejected the credentials"):
-        open_queue(redis_server.url())
-
-
-def test_an_unreachable_redis_fails_quickly_with_a_clear_error() -> None:
-    started = time.monotonic()
-    with pytest.raises(QueueUnavailableError, match=r"cannot reach the Redis queue at 127\.0\.0\.1:\d+/0"):
-        open_queue(f"redis://127.0.0.1:{_free_port()}/0", QueueConfig(connect_timeout_s=1.0))
-    assert time.monotonic() - started < 5
-
-
-def test_dagster_queue_resource_checks_the_url_at_load_and_opens_a_working_queue(tmp_path: Path) -> None:
-    from resources.dagster_resources import QueueResource
-
-    with pytest.raises(Exception, match="unsupported queue URL scheme 'amqp'"):
-        QueueResource(url="amqp://host/q")
-    with pytest.raises(Exception) as err:
-        QueueResource(url="redis://:hunter2@host:1/zero")
-    assert "hunter2" not in str(err.value)
-    with QueueResource(url=str(tmp_path / "q.db"), max_deliveries=2).get_queue() as opened:
-        assert opened.config.max_deliveries == 2
-        assert opened.put([rollout("r0")]) == 1

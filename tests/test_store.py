@@ -21,10 +21,10 @@ from resources.store import (
     ObjectNotFoundError,
     StoreError,
     TensorStore,
-    open_store,
 )
 from resources.store_local import LocalTensorStore
 from resources.store_s3 import S3TensorStore
+from resources.stores import open_store
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -9,21 +9,24 @@ from pathlib import Path
 
 import pytest
 
+from workers.coordinator.context import RunContext
+from workers.coordinator.driver import train_records
 from workers.model.policy import load_policy
+from workers.trainer.checkpoint import load_checkpoint
 from workers.trainer.presets import get_preset
-from workers.trainer.loop import run_training
 
 
 @pytest.mark.slow
-def test_cpu_tiny_preset_trains_from_the_shipped_base_and_moves_the_weights():
-    policy = load_policy()
-    before = {k: v.clone() for k, v in policy.state_dict().items()}
+def test_cpu_tiny_preset_trains_from_the_shipped_base_and_moves_the_weights(tmp_path):
+    before = load_policy().state_dict()
     config = dataclasses.replace(get_preset("cpu_tiny"), iterations=2, validate_every=2)
-    records = list(run_training(policy, config))
+    ctx = RunContext.local(tmp_path, "slow", "cpu_tiny", config, report=False)
+    records = list(train_records(ctx))
     assert [r["iteration"] for r in records] == [0, 1, 2]
     assert records[0]["validation_score"] is not None and records[2]["validation_score"] is not None
-    assert all(0.0 <= r["reward_mean"] <= 1.0 and r["zero_std_ratio"] < 1.0 for r in records[1:])
-    changed = sum(not (before[k] == v).all() for k, v in policy.state_dict().items())
+    assert all(0.0 <= r["reward_mean"] <= 1.0 and r["zero_std_ratio"] < 1.0 for r in records[:2])
+    trained = load_checkpoint(ctx.store, "slow", 2)[0].state_dict()
+    changed = sum(not (before[k] == v).all() for k, v in trained.items())
     assert changed > len(before) // 2  # GRPO updated most tensors
 
 
@@ -46,5 +49,6 @@ def test_spotlight_train_raises_the_held_out_score_from_the_shipped_base(tmp_pat
     scores = [(r["iteration"], r["validation_score"]) for r in records if r["validation_score"] is not None]
     (first_it, base), (last_it, final) = scores[0], scores[-1]
     assert first_it == 0 and last_it == records[-1]["iteration"] == 40
+    assert (tmp_path / "run" / "policy" / "policy.json").is_file() and (tmp_path / "run" / "report" / "index.html").is_file()
     assert final - base >= 0.06, f"held-out strict {base:.3f} -> {final:.3f}; curve {scores}"
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == len(records)

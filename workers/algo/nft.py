@@ -26,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 
@@ -34,6 +36,22 @@ def optimality(adv_N: torch.Tensor, scale: float) -> torch.Tensor:
     if scale <= 0:
         raise ValueError(f"scale must be > 0, got {scale}")
     return 0.5 + 0.5 * (adv_N / scale).clamp(-1.0, 1.0)
+
+
+def noise_levels(shape: tuple[int, ...], num_levels: int, sigma_range: tuple[float, float], antithetic: bool,
+                 gen: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(sigma_N, eps) for each of `num_levels` noise levels of a batch of images of `shape` (N, ...): sigma
+    uniform in sigma_range per sample. Antithetic: every odd level reuses the previous sigma with -eps, so a
+    pair's noise cancels in the mean. Draws lazily from `gen`, in level order."""
+    lo, hi = sigma_range
+    sigma = eps = None
+    for k in range(num_levels):
+        if antithetic and k % 2 == 1:
+            eps = -eps
+        else:
+            sigma = lo + (hi - lo) * torch.rand(shape[0], generator=gen)
+            eps = torch.randn(shape, generator=gen)
+        yield sigma, eps
 
 
 def noisy_sample(x0_N3HW: torch.Tensor, sigma_N: torch.Tensor, eps_N3HW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

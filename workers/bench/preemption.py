@@ -132,7 +132,7 @@ def commit_overhead(store, sampler: SamplerConfig, cadences: list[int], repeats:
 
 def _drain(tmp: Path, store_url: str, sampler: SamplerConfig, delays: list[float], num_requests: int, pull: bool) -> dict:
     from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-    from resources.queue import open_queue
+    from resources.queues import open_queue
 
     mode = "pull" if pull else "static"
     requests = [rollout_request(f"{mode}{i:03d}", 1, _spec(i, sampler)) for i in range(num_requests)]

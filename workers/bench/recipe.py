@@ -15,29 +15,36 @@ from __future__ import annotations
 import dataclasses
 import platform
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 
-from workers.model.policy import SHIPPED_BASE, load_policy
+from workers.coordinator.context import RunContext
+from workers.coordinator.driver import train_records
+from workers.model.policy import SHIPPED_BASE
 from workers.trainer.presets import get_preset
-from workers.trainer.loop import run_training
 
 
 def run_one(preset: str, seed: int, iterations: int | None = None, checkpoint=SHIPPED_BASE,
             progress: Callable[[dict], None] | None = None) -> dict:
-    """One training run: the validation curve (iteration, strict, partial) and its wall time."""
+    """One training run (`spotlight train`'s phases in a scratch run folder): the validation curve
+    (iteration, strict, partial) and its wall time."""
     config = get_preset(preset)
     config = dataclasses.replace(config, seed=seed, iterations=iterations or config.iterations)
     curve, started = [], time.perf_counter()
-    for record in run_training(load_policy(checkpoint), config):
-        record["wall_s"] = round(time.perf_counter() - started, 1)
-        if record["validation_score"] is not None:
-            curve.append({"iteration": record["iteration"], "wall_s": record["wall_s"],
-                          "strict": record["validation_score"], "partial": record["validation_partial"]})
-        if progress is not None:
-            progress({"seed": seed, **record})
+    with tempfile.TemporaryDirectory(prefix="spotlight-recipe-") as run_dir:
+        ctx = RunContext.local(Path(run_dir), f"recipe-{seed}", preset, config, checkpoint=str(checkpoint),
+                               report=False)
+        for record in train_records(ctx):
+            record["wall_s"] = round(time.perf_counter() - started, 1)
+            if record["validation_score"] is not None:
+                curve.append({"iteration": record["iteration"], "wall_s": record["wall_s"],
+                              "strict": record["validation_score"], "partial": record["validation_partial"]})
+            if progress is not None:
+                progress({"seed": seed, **record})
     start, end = curve[0], curve[-1]
     return {
         "seed": seed,

@@ -98,15 +98,14 @@ class ExploreSpec:
     reward: str = "minigeneval"
 
     def __post_init__(self) -> None:
-        from workers.rollout.state import RolloutSpec
+        from workers.task.request_fields import check_request_fields
 
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"explore request: seeds must be distinct and non-empty, got {list(self.seeds)[:5]}")
         for seed in self.seeds:
             if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
                 raise ValueError(f"explore request: seeds must be ints in [0, 2**63), got {seed!r}")
-        # The run name, prompt words, weights version and reward are checked as a rollout request's are.
-        RolloutSpec(self.run, self.prompt, self.seeds[0], self.weights_version, self.sampler, self.reward)
+        check_request_fields(self.run, self.prompt, self.weights_version, self.reward)
         cache_level(self.cache_level)
 
     @property

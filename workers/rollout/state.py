@@ -58,18 +58,11 @@ class RolloutSpec:
     """Name in the reward registry (workers/task/rewards.py)."""
 
     def __post_init__(self) -> None:
-        from resources.keys import check_name
-        from workers.task.prompts import parse_prompt
+        from workers.task.request_fields import check_request_fields
 
-        check_name(self.run, "run name")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
-        if isinstance(self.weights_version, bool) or not isinstance(self.weights_version, int) or self.weights_version < 0:
-            raise ValueError(f"weights_version must be an int >= 0, got {self.weights_version!r}")
-        parse_prompt(self.prompt)  # an unknown word fails here, before any compute
-        from workers.task.rewards import get_reward
-
-        get_reward(self.reward)
+        check_request_fields(self.run, self.prompt, self.weights_version, self.reward)
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> "RolloutSpec":

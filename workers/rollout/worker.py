@@ -134,8 +134,10 @@ def default_instance_type(cluster_info: str | None) -> str:
 
 def _open_io(args: argparse.Namespace):
     """(queue, store), or None after printing why one cannot be used."""
-    from resources.queue import QueueUnavailableError, open_queue
-    from resources.store import StoreError, open_store
+    from resources.queue import QueueUnavailableError
+    from resources.queues import open_queue
+    from resources.store import StoreError
+    from resources.stores import open_store
 
     try:
         queue = open_queue(args.queue)

@@ -18,21 +18,20 @@ Example:
     c, = agent.spawn(1); agent.copy_from_peer(c); agent.form(degree=...)   # a worker joins
     agent.close()
 
-Command line (heavy imports after argparse):
-    python -m workers.sp.node_agent --queue runs/demo/queue.db --store runs/store \
+Command line (workers/sp/node_serve.py, heavy imports after argparse):
+    python -m workers.sp --queue runs/demo/queue.db --store runs/store \
         --weights-key runs/demo/anchors/v000000 --workers 2
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from workers.sp.node_groups import GroupRunner, SPRequest, state_from_wire
 
-__all__ = ["AgentConfig", "NodeAgent", "SPRequest", "main"]
+__all__ = ["AgentConfig", "NodeAgent", "SPRequest"]
 
 
 @dataclass(frozen=True)
@@ -272,25 +271,3 @@ class _Handle:
 
     def close(self) -> None:
         self.conn.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.sp.node_agent", description=__doc__.split("\n")[0])
-    parser.add_argument("--queue", required=True, help="Request queue URL (file path, sqlite:///..., redis://...).")
-    parser.add_argument("--store", required=True, help="Tensor store URL holding the weights and results.")
-    parser.add_argument("--weights-key", required=True, help="Commit key of the weights tensor dict.")
-    parser.add_argument("--run", default="demo", help="Run name of the results' store keys.")
-    parser.add_argument("--workers", type=int, default=2, help="Device workers on this node.")
-    parser.add_argument("--commit-every", type=int, default=2)
-    parser.add_argument("--max-requests", type=int, default=None, help="Stop after this many (default: until idle).")
-    parser.add_argument("--idle-exit-s", type=float, default=10.0, help="Exit after the queue is empty this long.")
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error("--workers must be >= 1")
-    from workers.sp.node_serve import serve
-
-    return serve(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

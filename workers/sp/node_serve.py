@@ -1,4 +1,4 @@
-"""`python -m workers.sp.node_agent`: serve rollout requests from the queue with the node's SP groups.
+"""`python -m workers.sp`: serve rollout requests from the queue with the node's SP groups.
 
 Each round claims at most one request per worker, picks the SP degree for that backlog
 (workers/sp/degree.py; measured latencies once known, an Amdahl guess before), re-forms
@@ -17,12 +17,28 @@ LEASE_S = 600.0
 """Lease per request; a round of one request per worker finishes well inside it on the tiny policy."""
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.sp", description=__doc__.split("\n")[0])
+    parser.add_argument("--queue", required=True, help="Request queue URL (file path, sqlite:///..., redis://...).")
+    parser.add_argument("--store", required=True, help="Tensor store URL holding the weights and results.")
+    parser.add_argument("--weights-key", required=True, help="Commit key of the weights tensor dict.")
+    parser.add_argument("--run", default="demo", help="Run name of the results' store keys.")
+    parser.add_argument("--workers", type=int, default=2, help="Device workers on this node.")
+    parser.add_argument("--commit-every", type=int, default=2)
+    parser.add_argument("--max-requests", type=int, default=None, help="Stop after this many (default: until idle).")
+    parser.add_argument("--idle-exit-s", type=float, default=10.0, help="Exit after the queue is empty this long.")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be >= 1")
+    return serve(args)
+
+
 def serve(args: argparse.Namespace) -> int:
     import dataclasses
 
     from resources.keys import rollout_key
-    from resources.queue import open_queue
-    from resources.store import open_store
+    from resources.queues import open_queue
+    from resources.stores import open_store
     from workers.sp.node_agent import AgentConfig, NodeAgent
     from workers.sp.node_groups import SPRequest
     from workers.model.policy import PolicyConfig

@@ -23,7 +23,7 @@ import torch
 from workers.algo.seeds import candidate_seeds
 from workers.algo.selection import select_max_variance
 from workers.algo.grpo import GRPOConfig, clipped_policy_loss, group_reward_stats, kl_to_reference
-from workers.algo.nft import nft_loss, noisy_sample, optimality
+from workers.algo.nft import nft_loss, noise_levels, noisy_sample, optimality
 from workers.task.prompts import CATEGORIES, iteration_prompts
 from workers.task.render import to_uint8
 from workers.task.rewards import get_reward
@@ -214,13 +214,7 @@ class GRPOTrainer:
         r = optimality(batch.advantages[index], g.nft_adv_scale)
         device = next(self.policy.parameters()).device
         sums = {"loss": 0.0, "fm_loss": 0.0, "drift": 0.0, "kl": 0.0}
-        lo, hi = g.nft_sigma_range
-        for k in range(g.nft_timesteps):
-            if g.nft_antithetic and k % 2 == 1:
-                eps = -eps
-            else:
-                sigma = lo + (hi - lo) * torch.rand(x0.shape[0], generator=gen)
-                eps = torch.randn(x0.shape, generator=gen)
+        for sigma, eps in noise_levels(tuple(x0.shape), g.nft_timesteps, g.nft_sigma_range, g.nft_antithetic, gen):
             x, target = noisy_sample(x0, sigma, eps)
             with autocast_for(c, device):
                 emb, mask = self.policy.encode_prompts(prompts)

@@ -1,15 +1,14 @@
 """Launch a multi-replica DDP / DiLoCo / PULSELoCo run as separate processes, and collect what they report.
 
-The launcher is the run's coordinator: it writes the start weights (safetensors), one
-spec, starts one `workers.pulse.loco.worker` process per replica, waits, reads their
-JSON Lines reports, and (optionally) writes the ledger, the only process that does.
+The launcher writes the start weights (safetensors), one spec, starts one
+`workers.pulse.loco.worker` process per replica, waits and reads their JSON Lines
+reports. The coordinator (workers/coordinator/loco.py) writes the run's ledger.
 
 Example:
     config = LocoRunConfig(modes=("pulseloco",), num_replicas=2, rounds=4, inner_steps=8)
     run = run_loco(config, Path("runs/loco-demo"))
-    record_loco_ledger(Path("runs/loco-demo/ledger.duckdb"), "loco-demo", config, run)
 
-Or from a shell: `python -m workers.pulse.loco.launch --mode pulseloco --out runs/loco-demo`.
+Or from a shell: `python -m workers.coordinator.loco --mode pulseloco --out runs/loco-demo`.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from resources.urls import absolute_url
 from workers.pulse.loco.maths import LOCO_MODES, OuterConfig
 from workers.pulse.loco.tasks import TaskConfig, lm_start_state
 from workers.pulse.loco.transport import TRANSPORTS, ExchangeConfig
@@ -101,11 +101,14 @@ def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None 
 
     Injected deaths, {replica: round}: `die_at` exits before sending that round's payload,
     `die_after` right after the round counted it, before the replica reports the round.
+    Every path handed to a replica (spec, reports, store) is absolute: it may run in another directory.
     """
+    out = out.expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    spec = {"config": config.to_json(), "init_method": f"file://{out.resolve()}/gloo-rendezvous-{time.time_ns()}",
-            "store_url": config.store_url or str(out / "store"), "prefix": f"loco/{out.name or 'run'}-{time.time_ns()}"}
+    spec = {"config": config.to_json(), "init_method": f"file://{out}/gloo-rendezvous-{time.time_ns()}",
+            "store_url": absolute_url(config.store_url) if config.store_url else str(out / "store"),
+            "prefix": f"loco/{out.name or 'run'}-{time.time_ns()}"}
     if config.task.name == "lm":
         from safetensors.torch import save_file
 
@@ -184,60 +187,3 @@ def sync_totals(run: LocoRun, mode: str) -> list[dict]:
             "numel": rows[0]["numel"], "weights_hash": rows[0]["weights_hash"],
         })
     return totals
-
-
-def record_loco_ledger(path: Path, run_id: str, config: LocoRunConfig, run: LocoRun) -> None:
-    """Write the run and, per mode, one `syncs` row per round and counted replica (kind = the mode)."""
-    from resources.ledger import Ledger
-    from resources.ledger_records import SyncRecord
-
-    with Ledger(path) as ledger:
-        ledger.start_run(run_id, preset=f"loco-{'+'.join(config.modes)}", config=config.to_json())
-        for mode in config.modes:
-            for row in sync_rows(run, mode):
-                ledger.record_sync(SyncRecord(
-                    version=row["round"] + 1, kind=mode, replica=row["replica"], iteration=row["round"],
-                    dense_bytes=row["dense_bytes"], patch_bytes=row["bytes_sent"],
-                    changed_fraction=min(1.0, row["density"]), encode_s=row["encode_s"],
-                    weights_hash=row["weights_hash"],
-                ))
-        ok = all(code == 0 for code in run.exit_codes.values())
-        ledger.end_run(run_id, status="succeeded" if ok else "failed")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run one mode and write its ledger: `python -m workers.pulse.loco.launch --mode pulseloco --out runs/x`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Multi-replica DDP / DiLoCo / PULSELoCo training (one mode per run).")
-    parser.add_argument("--mode", choices=LOCO_MODES, default="pulseloco")
-    parser.add_argument("--task", choices=("lm", "dit"), default="lm")
-    parser.add_argument("--lr", type=float, default=1e-6, help="inner AdamW learning rate")
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--inner-steps", type=int, default=8, help="local steps per round (H)")
-    parser.add_argument("--transport", choices=TRANSPORTS, default="gloo")
-    parser.add_argument("--store", default=None, help="store URL for --transport store (default: OUT/store)")
-    parser.add_argument("--missing", choices=("survivors", "wait"), default="wait", help="a replica that never arrives")
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="seconds a round waits for every replica")
-    parser.add_argument("--out", type=Path, required=True, help="run folder: spec, reports, ledger.duckdb")
-    args = parser.parse_args(argv)
-    try:
-        config = LocoRunConfig(
-            modes=(args.mode,), num_replicas=args.replicas, rounds=args.rounds, inner_steps=args.inner_steps,
-            task=TaskConfig(name=args.task, size="50m" if args.task == "lm" else "tiny", lr=args.lr),
-            transport=args.transport, store_url=args.store,
-            exchange=ExchangeConfig(timeout_s=args.timeout_s, missing_policy=args.missing),
-        )
-    except ValueError as err:
-        parser.error(str(err))
-    run = run_loco(config, args.out)
-    record_loco_ledger(args.out / "ledger.duckdb", args.out.name, config, run)
-    for row in sync_totals(run, args.mode):
-        print(json.dumps({"mode": args.mode, **row}, sort_keys=True))
-    if any(run.exit_codes.values()):
-        raise SystemExit(f"replicas exited with {run.exit_codes}; see {args.out}/replica-*.jsonl")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
-"""The rollout phase behind one call, whoever samples: the trainer in-process, a local cluster, or queue workers.
+"""Who samples an iteration's rollout requests, behind one call: the trainer in-process, a local cluster, or queue workers.
 
 Every path ends with one committed result per request in the store (the rollout worker's
 result format), so the train phase never knows which one ran.
 
 Example:
-    summary = run_rollout_phase(workers, store, queue_url, ledger, run, config, k, requests)
+    summary = sample_requests(ctx, k, requests)
     summary.preemptions, summary.workers_started
 """
 
@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from resources.dagster_resources import RolloutWorkersResource
 from resources.ledger import Ledger
-from resources.store import TensorStore
+from workers.coordinator.context import RunContext, Sampling
 
 
 @dataclass
@@ -32,8 +31,10 @@ class RolloutsIncompleteError(RuntimeError):
     """The workers did not finish the iteration's requests in time (or gave some up)."""
 
 
-def run_rollout_phase(workers: RolloutWorkersResource, store: TensorStore, queue_url: str | None, ledger: Ledger,
-                      run: str, config, iteration: int, requests: list) -> PhaseSummary:
+def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSummary:
+    """Sample every request; returns once each has a committed result in the store."""
+    workers, store, queue_url, ledger = ctx.sampling, ctx.store, ctx.queue_url, ctx.ledger
+    run, config = ctx.run, ctx.train
     summary = PhaseSummary(workers.mode, len(requests), time.time())
     if workers.mode == "inprocess":
         from workers.coordinator.rollout import collect_in_process
@@ -42,7 +43,7 @@ def run_rollout_phase(workers: RolloutWorkersResource, store: TensorStore, queue
         return summary
     if queue_url is None:
         raise ValueError(f"rollout mode {workers.mode!r} needs a queue: configure the queue resource")
-    from resources.queue import open_queue
+    from resources.queues import open_queue
     from workers.rollout.state import rollout_request
 
     ids = [r.request_id for r in requests]
@@ -62,7 +63,7 @@ def run_rollout_phase(workers: RolloutWorkersResource, store: TensorStore, queue
     return summary
 
 
-def _run_local_cluster(workers: RolloutWorkersResource, store_url: str, queue_url: str, ledger: Ledger, queue,
+def _run_local_cluster(workers: Sampling, store_url: str, queue_url: str, ledger: Ledger, queue,
                        ids: list[str], iteration: int, summary: PhaseSummary) -> None:
     """Worker processes for this phase only; slot names carry the iteration so worker ids stay unique in the ledger."""
     from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot

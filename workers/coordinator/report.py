@@ -7,7 +7,7 @@
     <run-dir>/report/preemptions.png       preemption timeline: worker processes per slot, preemptions
     <run-dir>/report/sync.png              bytes per weights version, dense vs PULSE
     <run-dir>/report/exploration.png       rank consistency (Kendall tau, Spearman rho) and variance gain of each plan
-    <run-dir>/report/grids/it-*-{rollouts,validation}.png   written by the rollouts / validation assets
+    <run-dir>/report/grids/it-*-{rollouts,validation}.png   written by the rollout / validate phases
 
 Example:
     written = write_report(ledger, store, "demo", Path("runs/demo/report"))
@@ -20,7 +20,7 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.metadata import _figure, _png, bar_plot_png, line_plot_png
+from workers.coordinator.plots import bar_plot_png, figure, line_plot_png, to_png
 from resources.ledger import Ledger
 
 
@@ -85,7 +85,7 @@ def _preemption_plot(ledger: Ledger) -> bytes:
     rollouts = ledger.query(f"SELECT {_run_s('started_at')}, {_run_s('coalesce(ended_at, now())')} FROM phases "
                             "WHERE phase = 'rollout' ORDER BY started_at").rows
     lanes = sorted({_slot(w) for w, _, _ in workers} | {_slot(w) for w, _, _ in hits})
-    fig, ax = _figure()
+    fig, ax = figure()
     for i, (start, end) in enumerate(rollouts):
         ax.axvspan(start, end, color="#dddddd", label="rollout phase" if i == 0 else None)
     for worker, start, end in workers:
@@ -103,7 +103,7 @@ def _preemption_plot(ledger: Ledger) -> bytes:
            ylim=(-0.6, len(lanes) + 0.4))  # room above the top lane for the legend
     if workers or hits:
         ax.legend(loc="upper center", fontsize="small", ncol=2)
-    return _png(fig)
+    return to_png(fig)
 
 
 def _run_s(column: str) -> str:

@@ -1,0 +1,219 @@
+"""`spotlight bench ...`: benchmarks that print figures (registered in pipelines/cli.py). Only typer at import time:
+each command imports its benchmark (torch, diffusers) after argument parsing, so `--help` stays instant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+bench_app = typer.Typer(help="Benchmarks that print figures (use --json for machine-readable output).")
+
+
+def emit_json(record: dict) -> None:
+    """One JSON object per line on stdout (JSON Lines), as every command's --json prints."""
+    typer.echo(json.dumps(record, sort_keys=True))
+
+
+@bench_app.command("rollout")
+def bench_rollout(
+    batch_size: int = typer.Option(64, help="Requests sampled together."),
+    num_steps: int = typer.Option(8, help="Denoising steps."),
+    repeats: int = typer.Option(3, help="Timed repetitions (after one warm-up)."),
+    full_sde: bool = typer.Option(False, "--full-sde", help="Flow-GRPO instead: SDE rollouts, every step trained."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Rollout throughput (samples/s) and GRPO update time on this machine (cpu_tiny settings: ODE rollouts, NFT)."""
+    from workers.bench.rollout import bench_rollout as run
+
+    try:
+        result = run(batch_size=batch_size, num_steps=num_steps, repeats=repeats, full_sde=full_sde)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if as_json:
+        emit_json(result)
+    else:
+        for k, v in result.items():
+            typer.echo(f"{k:>28}: {v}")
+
+
+@bench_app.command("recipe")
+def bench_recipe(
+    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/trainer/presets.py)."),
+    seed: list[int] = typer.Option([0, 1, 2], "--seed", help="Run seeds (repeat the option); one run each."),
+    iterations: Optional[int] = typer.Option(None, help="Iterations per run (default: the preset's)."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Held-out score before/after `spotlight train` from the shipped base, over several run seeds."""
+    from workers.bench.recipe import bench_recipe as run
+    from workers.model.policy import SHIPPED_BASE
+
+    def show(record: dict) -> None:
+        if record["validation_score"] is not None:
+            typer.echo(f"seed {record['seed']}  it {record['iteration']:>3}  {record['wall_s']:>6.0f}s  "
+                       f"held-out {record['validation_score']:.3f}", err=True)
+
+    try:
+        figures = run(preset, seed, iterations, checkpoint or SHIPPED_BASE, progress=show)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if as_json:
+        emit_json(figures)
+    else:
+        for k, v in figures.items():
+            if k != "runs":
+                typer.echo(f"{k:>20}: {v}")
+
+
+@bench_app.command("store")
+def bench_store(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per measurement."),
+    s3: bool = typer.Option(True, "--s3/--no-s3", help="Also measure S3 against an in-process moto server (needs moto[server])."),
+    url: Optional[str] = typer.Option(None, "--url", help="Also measure this store URL (e.g. s3://bucket/prefix; endpoint from AWS_ENDPOINT_URL)."),
+    large_mib: int = typer.Option(64, "--large-mib", help="Size of a large object in MiB."),
+    num_small: int = typer.Option(200, "--num-small", help="Small (64 KiB) objects per measurement."),
+) -> None:
+    """Tensor-store put/get throughput: raw objects and publish/load with checksums."""
+    from resources.store_bench import StoreBenchConfig, run_store_benchmarks
+
+    config = StoreBenchConfig(num_small=num_small, large_bytes=large_mib * 1024 * 1024)
+    try:
+        rows = run_store_benchmarks(config, with_moto=s3, extra_url=url)
+    except ValueError as err:
+        typer.echo(f"spotlight bench store: {err}", err=True)
+        raise typer.Exit(1) from err
+    if as_json:
+        for row in rows:
+            emit_json(row)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("backend", "objects", "op", "mode", "count", "MB/s", "objects/s")
+    for r in rows:
+        size = r["object_bytes"] / 1024
+        size_text = f"{size / 1024:g} MiB" if size >= 1024 else f"{size:g} KiB"
+        table.add_row(r["backend"], f"{r['objects']} {size_text}", r["op"], r["mode"],
+                      str(r["count"]), f"{r['MB_per_s']:.1f}", f"{r['objects_per_s']:.1f}")
+    Console().print(table)
+
+
+@bench_app.command("elastic")
+def bench_elastic(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    repeats: int = typer.Option(3, help="Repetitions of each re-form event (medians reported)."),
+) -> None:
+    """Elastic SP: re-form time after a lost / joining worker, naive vs node agent; SP degree 1 vs 2 throughput."""
+    from workers.bench.elastic import run_elastic_bench
+
+    try:
+        figures = run_elastic_bench(repeats=repeats)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if as_json:
+        emit_json(figures)
+        return
+    for path in ("elastic", "naive"):
+        for event in ("lost", "join"):
+            f = figures[path][event]
+            typer.echo(f"{path:>8} {event:<5} total {f['total_s']:.3f} s = start {f['process_start_s']:.3f} "
+                       f"+ rendezvous {f['rendezvous_s']:.3f} + weights {f['weight_transfer_s']:.3f} + warm-up {f['warmup_s']:.3f}")
+    typer.echo(f"speedup {figures['speedup']}; throughput {figures['throughput']}")
+    typer.echo(f"{figures['projection_20b_8gpu_nvlink']}")
+
+
+@bench_app.command("pulse")
+def bench_pulse(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="A 0.5M-parameter model and 33 states: a smoke run in seconds."),
+    dit: bool = typer.Option(True, "--dit/--no-dit", help="Also measure the tiny DiT's own GRPO updates."),
+) -> None:
+    """PULSESync: BF16 change rate, bytes per changed value and single-core speed on an LM-shaped AdamW trajectory."""
+    import logging
+
+    from workers.bench.pulse import run_pulse_bench
+    from workers.bench.pulse_report import format_pulse_report
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # progress on stderr
+    figures = run_pulse_bench(quick=quick, dit=dit)
+    if as_json:
+        emit_json(figures)
+        return
+    typer.echo(format_pulse_report(figures))
+
+
+@bench_app.command("loco")
+def bench_loco(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny models, 1-2 rounds: a smoke run in under a minute."),
+    dit: bool = typer.Option(True, "--dit/--no-dit", help="Run (a), the tiny DiT's GRPO task."),
+    lm: bool = typer.Option(True, "--lm/--no-lm", help="Run (b), the LM-shaped synthetic task."),
+) -> None:
+    """PULSELoCo vs DiLoCo vs DDP: bytes per replica, payload sparsity and training curves (2 replica processes)."""
+    from workers.bench.loco import format_loco_report, run_loco_bench
+
+    figures = run_loco_bench(quick=quick, dit=dit, lm=lm)
+    if as_json:
+        emit_json(figures)
+        return
+    typer.echo(format_loco_report(figures))
+
+
+@bench_app.command("preemption")
+def bench_preemption(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="A tiny random policy and fewer trials: a smoke run."),
+    with_throughput: bool = typer.Option(True, "--throughput/--no-throughput", help="Also time pull vs static assignment with worker processes."),
+) -> None:
+    """Lost denoising work per preemption with and without state commitment, commit overhead, pull vs static throughput."""
+    from workers.bench.preemption import format_preemption_report, run_preemption_bench
+
+    figures = run_preemption_bench(quick=quick, with_throughput=with_throughput)
+    if as_json:
+        emit_json(figures)
+        return
+    typer.echo(format_preemption_report(figures))
+
+
+@bench_app.command("exploration")
+def bench_exploration(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="One seed, two tiny iterations: a smoke run in about a minute."),
+    seed: Optional[list[int]] = typer.Option(None, "--seed", help="Run seeds (repeat the option; default 0 1 2)."),
+    iterations: Optional[int] = typer.Option(None, help="Training iterations per run (default 6)."),
+    validate_every: Optional[int] = typer.Option(None, help="Held-out validation every this many iterations (default 3)."),
+    target_gain: Optional[float] = typer.Option(None, help="Target = base held-out score + this (default 0.03)."),
+    workers: Optional[int] = typer.Option(None, help="Exploration workers beside the trainer (default 1)."),
+    strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these runs (repeat: random, explore, best_of_n)."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+) -> None:
+    """Seed exploration on stale weights vs random seeds vs best-of-N: time to a held-out target, reward std, overhead, rank consistency."""
+    import dataclasses
+
+    from workers.bench.exploration import ExplorationBench, format_exploration_report, run_exploration_bench
+
+    changes = {k: v for k, v in {"seeds": tuple(seed) if seed else None, "iterations": iterations,
+                                 "validate_every": validate_every, "target_gain": target_gain, "num_workers": workers,
+                                 "strategies": tuple(strategy) if strategy else None}.items() if v is not None}
+    try:
+        bench = dataclasses.replace(ExplorationBench.quick() if quick else ExplorationBench(), **changes)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if checkpoint is not None and not (checkpoint / "policy.json").exists():
+        raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
+
+    def show(record: dict) -> None:
+        if "stage" in record:
+            typer.echo(record["stage"], err=True)
+        elif record.get("validation_score") is not None:
+            typer.echo(f"seed {record['seed']} {record['strategy']:>9} it {record['iteration']:>2}  "
+                       f"critical {record['critical_s']:7.1f}s  held-out {record['validation_score']:.3f}", err=True)
+
+    figures = run_exploration_bench(bench, checkpoint, progress=show)
+    if as_json:
+        emit_json(figures)
+        return
+    typer.echo(format_exploration_report(figures))

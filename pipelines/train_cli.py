@@ -1,0 +1,121 @@
+"""The `spotlight train` command (registered in pipelines/cli.py): the coordinator's iteration driver in this
+process, with in-process sampling. Only typer at import time: `--help` stays instant."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+RUN_FILES = ("metrics.jsonl", "ledger.duckdb", "store", "report", "policy")
+"""What `--out` holds after a run (`--overwrite` removes them first)."""
+
+
+def train_command(
+    iterations: Optional[int] = typer.Option(None, help="GRPO iterations (default: the preset's)."),
+    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/trainer/presets.py)."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+    seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
+    lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
+    rollouts_per_prompt: Optional[int] = typer.Option(
+        None, help="Samples drawn per prompt; the update keeps the group's size of largest reward variance."),
+    out: Optional[Path] = typer.Option(None, help="Run folder: metrics.jsonl, ledger.duckdb, store/, report/ and the final policy/."),
+    usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
+) -> None:
+    """Synchronous GRPO post-training on MiniGenEval, in this process (the pipeline's phases, sampled in-process)."""
+    config = _config(preset, iterations, seed, lr, rollouts_per_prompt)
+    if usd_per_hour < 0:
+        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
+    if checkpoint is not None and not (checkpoint / "policy.json").is_file():
+        raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json); pass a folder written "
+                                 "by `spotlight pretrain` or `spotlight train --out`")
+    if out is not None and any((out / name).exists() for name in RUN_FILES):
+        if not overwrite:
+            raise typer.BadParameter(f"{out} already holds a run; choose another folder or pass --overwrite")
+        for name in RUN_FILES:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
+    try:
+        _train(run_dir, preset, config, checkpoint, usd_per_hour, as_json, keep=out is not None)
+    finally:
+        if out is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _config(preset: str, iterations, seed, lr, rollouts_per_prompt):
+    """The preset with the command line's overrides; a bad value fails here, before any compute."""
+    import dataclasses
+
+    from workers.trainer.presets import get_preset
+
+    try:
+        config = get_preset(preset)
+        changes = {k: v for k, v in {"iterations": iterations, "seed": seed,
+                                     "rollouts_per_prompt": rollouts_per_prompt}.items() if v is not None}
+        if lr is not None:
+            changes["grpo"] = dataclasses.replace(config.grpo, lr=lr)
+        return dataclasses.replace(config, **changes)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_per_hour: float, as_json: bool,
+           keep: bool) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from workers.coordinator import books
+    from workers.coordinator.context import RunContext, run_name_for
+    from workers.coordinator.driver import train_records
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext.local(run_dir, run_name_for(run_dir) if keep else "train", preset, config,
+                           checkpoint=None if checkpoint is None else str(checkpoint.resolve()),
+                           reserved_usd_per_hour=usd_per_hour, report=keep)
+    console = Console(stderr=True)
+    succeeded = False
+    try:
+        with Progress(console=console, transient=True) as progress, \
+                (run_dir / "metrics.jsonl").open("w") as metrics:
+            task = progress.add_task("GRPO", total=config.iterations + 1)
+            for record in train_records(ctx):
+                line = json.dumps(record, sort_keys=True)
+                if as_json:
+                    typer.echo(line)
+                else:
+                    progress.console.print(_human_line(record))
+                metrics.write(line + "\n")
+                metrics.flush()
+                progress.update(task, completed=record["iteration"] + 1)
+        succeeded = True
+    finally:
+        if not succeeded:
+            books.interrupt_run(ctx.ledger, ctx.run)
+        ctx.ledger.close()
+    if keep:
+        _save_final_policy(ctx, run_dir)
+        console.print(f"saved the trained policy to {run_dir / 'policy'}; report {run_dir / 'report' / 'index.html'}; "
+                      f"query the run with spotlight ledger \"SELECT * FROM validation_curve\" --db {run_dir / 'ledger.duckdb'}")
+
+
+def _save_final_policy(ctx, run_dir: Path) -> None:
+    from workers.model.policy import save_policy
+    from workers.trainer.checkpoint import load_checkpoint
+
+    policy, _ = load_checkpoint(ctx.store, ctx.run, ctx.num_iterations)
+    save_policy(policy, run_dir / "policy")
+
+
+def _human_line(r: dict) -> str:
+    val = "" if r.get("validation_score") is None else f"  held-out {r['validation_score']:.3f}"
+    if "reward_mean" not in r:
+        return f"it {r['iteration']:>3}  (final weights){val}"
+    return (f"it {r['iteration']:>3}  reward {r['reward_mean']:.3f} ± {r['reward_std']:.3f}  "
+            f"zero-std {r['zero_std_ratio']:.2f}  step {r['step_s']:.1f}s{val}")

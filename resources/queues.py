@@ -1,0 +1,30 @@
+"""`open_queue`: the request queue backend for a URL (SQLite file or Redis), apart from the interface so no cycle.
+
+resources/queue.py holds the interface and shared types; the backends import it, and this
+module imports the backends (lazily: Redis's client only when a redis:// URL is opened).
+
+Example:
+    queue = open_queue("runs/demo/queue.db")                 # or "redis://:pw@host:6379/0"
+    queue.put([...]); outcome = queue.wait_until_done(ids, timeout_s=600)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from resources.queue import QueueConfig, RequestQueue, parse_queue_url
+
+
+def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQueue:
+    """Open a queue from a URL: a file path or `sqlite:///abs/path.db` (SqliteQueue), or
+    `redis://[:password@]host:port/db` (RedisQueue; the password may instead come from the
+    SPOTLIGHT_REDIS_PASSWORD environment variable). Raises QueueUnavailableError when the
+    queue cannot be reached within `config.connect_timeout_s`."""
+    where = parse_queue_url(url)
+    if isinstance(where, Path):
+        from resources.queue_sqlite import SqliteQueue
+
+        return SqliteQueue(where, config)
+    from resources.queue_redis import RedisQueue
+
+    return RedisQueue(where, config)

@@ -1,0 +1,119 @@
+"""Every command works from a directory outside the checkout, as a pip-installed user runs it, with relative paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPOTLIGHT = Path(sys.executable).parent / "spotlight"
+
+
+def _bench_names() -> list[str]:
+    from typer.main import get_command
+
+    from pipelines.cli import app
+
+    return sorted(get_command(app).commands["bench"].commands)
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    """An empty working directory that is not the checkout nor inside it."""
+    assert ROOT not in tmp_path.resolve().parents
+    return tmp_path
+
+
+def _run(cwd: Path, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """Run a command in `cwd`; on timeout kill it and every worker it started, then fail saying so."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed package, not a path hack
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(args)} in {cwd} did not finish in {timeout_s:g} s; stderr:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("args", [[], ["train"], ["run"], ["pretrain"], ["ledger"]]
+                         + [["bench", name] for name in _bench_names()], ids=" ".join)
+def test_every_spotlight_command_answers_help_from_another_directory(elsewhere, args):
+    done = _run(elsewhere, str(SPOTLIGHT), *args, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "Usage: spotlight" in done.stdout
+
+
+@pytest.mark.parametrize("module", ["pipelines", "pipelines.cli", "workers.rollout", "workers.sp",
+                                    "workers.pulse.loco.worker", "workers.coordinator.loco"])
+def test_every_python_m_entry_point_answers_help_from_another_directory(elsewhere, module):
+    done = _run(elsewhere, sys.executable, "-m", module, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout.lower()
+
+
+def test_train_with_a_relative_out_writes_there_and_the_ledger_command_reads_it(elsewhere):
+    trained = _run(elsewhere, str(SPOTLIGHT), "train", "--preset", "cpu_smoke", "--iterations", "1", "--json",
+                   "--out", "rel/folder", timeout_s=300)
+    assert trained.returncode == 0, trained.stderr
+    records = [json.loads(line) for line in trained.stdout.splitlines() if line.startswith("{")]
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert (elsewhere / "rel" / "folder" / "ledger.duckdb").is_file()
+
+    queried = _run(elsewhere, str(SPOTLIGHT), "ledger", "SELECT iteration, status FROM iterations ORDER BY 1",
+                   "--db", "rel/folder/ledger.duckdb", "--json")
+    assert queried.returncode == 0, queried.stderr
+    assert [json.loads(line) for line in queried.stdout.splitlines()] == [
+        {"iteration": 0, "status": "succeeded"}, {"iteration": 1, "status": "succeeded"}]
+
+
+def test_a_cluster_run_started_outside_the_checkout_finishes_with_its_files_where_asked(elsewhere):
+    """Regression (issue 18): the workers ran in the checkout and opened another, empty runs/run/queue.db,
+    while the coordinator waited forever on its own."""
+    done = _run(elsewhere, str(SPOTLIGHT), "run", "--iterations", "1", "--preset", "cpu_smoke", "--workers", "1",
+                "--preemptions-per-hour", "0", "--run-dir", "rel/run", timeout_s=300)
+    assert done.returncode == 0, done.stderr
+    from resources.ledger_db import query_ledger
+
+    ledger = elsewhere / "rel" / "run" / "ledger.duckdb"
+    assert query_ledger(ledger, "SELECT iteration, status FROM iterations ORDER BY 1").rows == [
+        (0, "succeeded"), (1, "succeeded")]
+    rollouts = query_ledger(ledger, "SELECT count(*), count(result_hash) FROM requests WHERE kind = 'rollout'").rows
+    assert rollouts[0][0] > 0 and rollouts[0][0] == rollouts[0][1]
+    assert (elsewhere / "rel" / "run" / "worker_logs").is_dir()
+    assert not (ROOT / "rel").exists()  # nothing landed in the checkout
+
+
+def test_the_cluster_hands_its_workers_absolute_paths_and_leaves_urls_alone(elsewhere, monkeypatch):
+    from resources.cluster import ClusterConfig, WorkerSlot
+
+    monkeypatch.chdir(elsewhere)
+    local = ClusterConfig("rel/queue.db", "rel/store", log_dir="rel/logs")
+    assert (local.queue_url, local.store_url, local.log_dir) == tuple(
+        str(elsewhere.resolve() / "rel" / name) for name in ("queue.db", "store", "logs"))
+    assert WorkerSlot("w0", queue_url="own.db").queue_url == str(elsewhere.resolve() / "own.db")
+    remote = ClusterConfig("redis://:pw@host:6379/0", "s3://bucket/prefix")
+    assert (remote.queue_url, remote.store_url) == ("redis://:pw@host:6379/0", "s3://bucket/prefix")
+
+
+def test_a_relative_run_folder_means_relative_to_where_the_run_was_started(elsewhere, monkeypatch):
+    from pipelines.run import RunSpec
+
+    monkeypatch.chdir(elsewhere)
+    spec = RunSpec.resolve(Path("rel/run"), resume=False, store="rel/store", queue="redis://host:6379/0")
+    assert (spec.run_dir, spec.store, spec.queue) == (
+        str(elsewhere.resolve() / "rel" / "run"), str(elsewhere.resolve() / "rel" / "store"), "redis://host:6379/0")
+    spec.save()
+    # Resumed from inside the run's parent with the same flags written relative to there: the same run.
+    monkeypatch.chdir(elsewhere / "rel")
+    resumed = RunSpec.resolve(Path("run"), resume=True, store="store")
+    assert resumed == spec

@@ -1,0 +1,109 @@
+"""What every phase of a run works on: the run's settings, its tensor store, its ledger, and who samples.
+
+`spotlight train` builds one in process (`RunContext.local`); the Dagster assets build one
+from their resources (assets/context.py). Both then call the same phase functions
+(workers/coordinator/phases.py), so an iteration means the same thing everywhere.
+
+Example:
+    ctx = RunContext.local(Path("runs/demo"), "demo", "cpu_smoke", get_preset("cpu_smoke"))
+    for k in range(ctx.num_iterations + 1):
+        run_iteration(ctx, k)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resources.ledger import Ledger
+from resources.store import TensorStore
+from workers.trainer.grpo_trainer import TrainConfig
+
+SAMPLING_MODES = ("inprocess", "local_cluster", "workers")
+
+
+def run_name_for(run_dir: Path) -> str:
+    """A run name from its folder's name, limited to the characters store keys allow."""
+    name = Path(run_dir).resolve().name
+    return "".join(c if c.isalnum() or c in "._=+-" else "-" for c in name).lstrip(".-") or "run"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Who samples an iteration's rollout requests (resources.dagster_resources.RolloutWorkersResource's fields)."""
+
+    mode: str = "inprocess"
+    """inprocess (the trainer, batched), local_cluster (worker processes for the phase) or workers (already pulling)."""
+    timeout_s: float = 1800.0
+    """Longest wait for an iteration's rollouts."""
+    num_workers: int = 2
+    num_reserved: int = 0
+    preemptions_per_hour: float = 60.0
+    notice_share: float = 0.5
+    commit_every: int = 2
+    lease_s: float = 10.0
+    restart_delay_s: float = 3.0
+    spot_usd_per_hour: float = 0.03
+    reserved_usd_per_hour: float = 0.10
+    log_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in SAMPLING_MODES:
+            raise ValueError(f"unknown rollout mode {self.mode!r}; choose one of {SAMPLING_MODES}")
+
+    @property
+    def explores(self) -> bool:
+        """Exploration needs workers that outlive the rollout phase: queue workers (spotlight run's run-long
+        cluster, SkyPilot spot jobs). In-process rollouts have none, and a per-phase cluster is gone by training."""
+        return self.mode == "workers"
+
+
+@dataclass
+class RunContext:
+    """One run: its name and settings, where its state lives, and who samples."""
+
+    run: str
+    """Store prefix runs/{run}/ and the ledger's run_id."""
+    preset: str
+    train: TrainConfig
+    store: TensorStore
+    ledger: Ledger
+    report_dir: Path | None
+    """Report folder (index.html, plots, sample grids); None: no pictures are drawn."""
+    store_url: str
+    queue_url: str | None = None
+    queue_config: Any = None
+    """resources.queue.QueueConfig for the queue clients (None: its defaults)."""
+    sampling: Sampling = field(default_factory=Sampling)
+    checkpoint: str | None = None
+    """Policy folder of weights version 0 (None: the shipped base)."""
+    anchor_every: int = 10
+    max_validation_drop: float = 0.25
+    reserved_usd_per_hour: float = 0.10
+
+    @property
+    def num_iterations(self) -> int:
+        """Training iterations; iteration N (the final one) only syncs and validates the trained weights."""
+        return self.train.iterations
+
+    def validates(self, iteration: int) -> bool:
+        """Whether iteration k scores weights version k on the held-out split: the base, every validate_every
+        iterations, and the final weights."""
+        return iteration % self.train.validate_every == 0 or iteration >= self.num_iterations
+
+    def is_final(self, iteration: int) -> bool:
+        return iteration >= self.num_iterations
+
+    @classmethod
+    def local(cls, run_dir: Path, run: str, preset: str, train: TrainConfig, *, checkpoint: str | None = None,
+              reserved_usd_per_hour: float = 0.10, report: bool = True) -> "RunContext":
+        """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`:
+        what `spotlight train` uses."""
+        from resources.stores import open_store
+
+        run_dir = run_dir.resolve()
+        store_url = str(run_dir / "store")
+        return cls(run, preset, train, open_store(store_url), Ledger(run_dir / "ledger.duckdb"),
+                   run_dir / "report" if report else None, store_url, checkpoint=checkpoint,
+                   reserved_usd_per_hour=reserved_usd_per_hour)

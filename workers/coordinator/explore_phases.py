@@ -1,0 +1,107 @@
+"""The explore phase of iteration k, in two halves around training: start beside it, finish when it ends.
+
+`exploration_phase` (right after the rollout) judges the seed plan iteration k sampled with
+and enqueues iteration k+1's seed exploration on the now stale weights v(k); idle workers
+explore while the trainer turns v(k) into v(k+1). `seed_plan_phase` (after training)
+cancels what exploration has left and plans iteration k+1's seeds from what finished
+(random seeds where nothing did). Without workers that outlive the rollout phase
+(`Sampling.explores`), k+1 gets the default seed plan.
+
+Example:
+    exploration_phase(ctx, k); train_phase(ctx, k); seed_plan_phase(ctx, k)
+"""
+
+from __future__ import annotations
+
+import time
+
+from workers.coordinator import books
+from workers.coordinator.context import RunContext
+from workers.coordinator.phases import PhaseResult
+
+
+def explore_config(ctx: RunContext):
+    """Exploration sized to the rollout workers alive now (the configured count before any started)."""
+    from workers.explore.state import ExploreConfig
+
+    alive = ctx.ledger.query("SELECT count(*) FROM workers WHERE ended_at IS NULL AND role = 'rollout'").rows[0][0]
+    return ExploreConfig(num_workers=int(alive) or ctx.sampling.num_workers)
+
+
+def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
+    """Judge the plan iteration k sampled with, then enqueue iteration k+1's exploration on weights v(k)."""
+    from resources.ledger_records import ExplorationRecord
+    from workers.coordinator.explore import review_iteration, start_exploration, with_review
+
+    config = explore_config(ctx)
+    review = review_iteration(ctx.store, ctx.run, ctx.train, k, config)
+    previous = ctx.ledger.query("SELECT * FROM exploration WHERE iteration = ?", [k - 1]).as_dicts()
+    if previous:
+        ctx.ledger.record_exploration(with_review(ExplorationRecord(**previous[0]), review))
+    meta = {"planner_of_this_rollout": review.planner, "kendall_tau": review.kendall_tau,
+            "spearman_rho": review.spearman_rho, "rank_consistency": review.concordance,
+            "variance_gain": review.variance_gain, "planned_variance": review.planned_variance,
+            "random_variance": review.random_variance, "next_plan_falls_back": review.fallback}
+    if not ctx.sampling.explores:
+        return PhaseResult({"enabled": False, "why": f"rollouts are {ctx.sampling.mode!r}: no worker lives through "
+                            "training to explore (use spotlight run --rollouts local_cluster, or workers on a queue)",
+                            **meta})
+    with _queue(ctx) as queue:
+        session = start_exploration(ctx.store, queue, ctx.run, ctx.train, k, config)
+    ctx.ledger.record_phase(k, "explore", session.started_at)
+    return PhaseResult({"enabled": True, "for_iteration": k + 1, "arm": session.arm or "none", "reason": session.reason,
+                        "budget_s": session.budget_s, "predicted_s": session.predicted_s,
+                        "num_requests": len(session.request_ids), "num_workers": session.num_workers, **meta})
+
+
+def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
+    """Training has ended: cancel what exploration left and publish iteration k+1's seed plan."""
+    from workers.explore.seed_plan import default_seed_plan, publish_seed_plan
+
+    if not ctx.sampling.explores:
+        plan = default_seed_plan(ctx.train, k + 1)
+        publish_seed_plan(ctx.store, ctx.run, plan)
+        return PhaseResult({"for_iteration": k + 1, "planner": plan.planner}, tables={"plan": plan_table(plan)})
+    from workers.coordinator.explore import exploration_record, explore_request_records, finish_exploration
+
+    train_s = books.phase_cost(ctx.ledger, k, "train")["wall_s"]
+    with _queue(ctx) as queue:
+        finished = finish_exploration(ctx.store, queue, ctx.run, ctx.train, k, explore_config(ctx), train_s=train_s)
+    ctx.ledger.record_phase(k, "explore", finished.session.started_at, time.time())
+    record = exploration_record(finished)
+    ctx.ledger.record_exploration(record)
+    ctx.ledger.record_requests(explore_request_records(finished, ctx.train, ctx.run))
+    plan = finished.plan
+    out = PhaseResult({"for_iteration": k + 1, "planner": plan.planner, "arm": record.arm, "budget_s": record.budget_s,
+                       "time_used_s": record.time_used_s, "train_s": train_s, "overhead_s": record.overhead_s,
+                       "explored_prompts": finished.num_done, "cancelled_requests": finished.num_cancelled,
+                       "explored_reward_variance": record.reward_variance}, tables={"plan": plan_table(plan)})
+    if ctx.report_dir is not None:
+        out.pictures = {"consistency": (consistency_png(ctx), "rank consistency of stale, cheap rewards with real ones")}
+    return out
+
+
+def plan_table(plan) -> str:
+    """The plan as a Markdown table: prompt, seeds, explored rewards."""
+    rows = zip(plan.prompts, plan.seeds, plan.explored_rewards or [None] * len(plan.seeds))
+    return "| prompt | seeds | explored rewards |\n|---|---|---|\n" + "".join(
+        f"| {p} | {', '.join(map(str, s))} | {'' if r is None else ', '.join(f'{x:.2f}' for x in r)} |\n"
+        for p, s, r in rows)
+
+
+def consistency_png(ctx: RunContext) -> bytes:
+    from workers.coordinator.plots import line_plot_png
+
+    rows = ctx.ledger.query("SELECT iteration, kendall_tau, spearman_rho, variance_gain FROM exploration "
+                            "ORDER BY iteration").rows
+    series = {name: ([r[0] for r in rows if r[i] is not None], [r[i] for r in rows if r[i] is not None])
+              for i, name in ((1, "Kendall tau"), (2, "Spearman rho"), (3, "variance gain"))}
+    return line_plot_png(series, "exploration: stale vs real rankings", "iteration (plan made)", "value")
+
+
+def _queue(ctx: RunContext):
+    from resources.queues import open_queue
+
+    if ctx.queue_url is None:
+        raise ValueError("exploration needs a queue: configure the queue resource (SPOTLIGHT_QUEUE)")
+    return open_queue(ctx.queue_url, ctx.queue_config)

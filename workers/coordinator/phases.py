@@ -1,0 +1,196 @@
+"""The phases of one iteration k as plain functions: sync, rollout, train, validate, report (explore: explore_phases.py).
+
+Iteration k: `sync_phase` publishes weights version k (PULSE patch k-1 -> k), `rollout_phase`
+samples the iteration's requests at version k with the seeds planned by iteration k-1,
+`train_phase` turns version k into k+1, `validate_phase` scores version k on the held-out
+split, `report_phase` closes the iteration. Iteration N (the run's length) is the final
+one: only sync, validate and report run there, on the trained weights.
+
+Each phase reads its inputs from the store under explicit keys, writes the ledger (the
+coordinator is its only writer) and returns a `PhaseResult`: the numbers, pictures and
+checks a person looks at (the Dagster assets show them), plus the plain record `spotlight
+train` prints. Every write is keyed, so running a phase again replaces its rows.
+
+Example:
+    for k in range(ctx.num_iterations + 1):
+        results = run_iteration(ctx, k)       # workers/coordinator/driver.py
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from resources.keys import iteration_label
+from resources.ledger_records import SyncRecord, TrainStepRecord
+from workers.coordinator import books
+from workers.coordinator.context import RunContext
+
+PATCH_CHECK = "patch_reproduces_trainer_hash"
+REWARDS_CHECK = "rewards_finite"
+GUARD_CHECK = "validation_not_below_guard"
+
+
+@dataclass
+class PhaseResult:
+    """What a phase shows: plain numbers, Markdown tables, file paths, PNG pictures and named checks."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, str] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+    pictures: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    """name -> (PNG bytes, caption)."""
+    checks: dict[str, tuple[bool, dict]] = field(default_factory=dict)
+    """check name -> (passed, its metadata)."""
+    record: dict[str, Any] = field(default_factory=dict)
+    """The phase's part of `spotlight train`'s per-iteration record."""
+
+
+def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
+    """Weights version k in the run's PULSE chain (the base's anchor for k = 0), checked by a fresh receiver."""
+    from workers.coordinator.sync import publish_version
+
+    books.begin_iteration(ctx.ledger, ctx, k)
+    with books.phase(ctx.ledger, k, "sync"):
+        out = publish_version(ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint)
+    ctx.ledger.record_sync(SyncRecord(version=k, kind=out.kind, dense_bytes=out.dense_bytes, patch_bytes=out.sent_bytes,
+                                      iteration=k, changed_fraction=out.changed_fraction, encode_s=out.encode_s,
+                                      apply_s=out.apply_s, weights_hash=out.trainer_hash))
+    meta = {"weights_version": k, "kind": out.kind, "dense_bytes": out.dense_bytes, "sent_bytes": out.sent_bytes,
+            "times_smaller": round(out.dense_bytes / max(out.sent_bytes, 1), 2),
+            "changed_fraction": out.changed_fraction, "encode_s": out.encode_s, "apply_s": out.apply_s,
+            "weights_hash": out.trainer_hash, "anchor_stored": out.anchored, **phase_cost(ctx, k, "sync")}
+    check = (out.reproduced, {"trainer_hash": out.trainer_hash, "receiver_hash": out.receiver_hash})
+    return PhaseResult(meta, checks={PATCH_CHECK: check})
+
+
+def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
+    """The iteration's samples per prompt at weights version k, scored by the reward, on whoever samples."""
+    from workers.coordinator.rollout import iteration_requests, load_results, request_records
+    from workers.coordinator.sampling import sample_requests
+    from workers.explore.seed_plan import plan_for_iteration
+
+    plan = plan_for_iteration(ctx.store, ctx.run, ctx.train, k)
+    requests = iteration_requests(ctx.train, ctx.run, k, weights_version=k, plan=plan)
+    with books.phase(ctx.ledger, k, "rollout"):
+        summary = sample_requests(ctx, k, requests)
+    results = load_results(ctx.store, ctx.run, k, requests)
+    ctx.ledger.record_requests(request_records(requests, results, k, enqueued_at=summary.enqueued_at))
+    finite = [r for r in (float(m["reward"]) for _, m in results) if math.isfinite(r)]
+    meta = {"mode": summary.mode, "num_requests": len(requests), "planner": plan.planner,
+            "reward_mean": sum(finite) / max(len(finite), 1), "reward_min": min(finite, default=float("nan")),
+            "reward_max": max(finite, default=float("nan")),
+            "retried_requests": sum(int(m.get("attempt", 1)) > 1 for _, m in results),
+            "preemptions": summary.preemptions, "workers_started": summary.workers_started,
+            **phase_cost(ctx, k, "rollout")}
+    out = PhaseResult(meta, checks={REWARDS_CHECK: (len(finite) == len(requests),
+                                                    {"finite": len(finite), "requests": len(requests)})})
+    if ctx.report_dir is not None:
+        import numpy as np
+
+        from workers.coordinator.plots import histogram_png, image_grid_png
+
+        grid = image_grid_png(np.stack([t["image"].numpy() for t, _ in results]), columns=max(len(g) for g in plan.seeds))
+        write_grid(ctx, f"{iteration_label(k)}-rollouts.png", grid)
+        out.pictures = {"reward_histogram": (histogram_png(finite, f"rewards, iteration {k}", "reward"), "rewards"),
+                        "samples": (grid, "one row per prompt, one column per seed")}
+    return out
+
+
+def train_phase(ctx: RunContext, k: int) -> PhaseResult:
+    """GRPO on the iteration's rollouts: weights version k -> k+1 (checkpoint in the store)."""
+    from workers.coordinator.rollout import iteration_requests
+    from workers.coordinator.train import train_iteration
+    from workers.explore.seed_plan import load_seed_plan
+
+    requests = iteration_requests(ctx.train, ctx.run, k, weights_version=k, plan=load_seed_plan(ctx.store, ctx.run, k))
+    with books.phase(ctx.ledger, k, "train") as window:
+        stats = train_iteration(ctx.store, ctx.run, ctx.train, k, requests)
+    ctx.ledger.record_train_step(TrainStepRecord(
+        iteration=k, step=0, loss=stats.get("loss"), kl=stats.get("kl"), reward_mean=stats["reward_mean"],
+        reward_std=stats["reward_std"], zero_std_ratio=stats["zero_std_ratio"], clip_fraction=stats.get("clip_frac"),
+        grad_norm=stats.get("grad_norm"), learning_rate=stats.get("learning_rate", ctx.train.grpo.lr),
+        duration_s=window.seconds))
+    meta = {"weights_version_out": k + 1, **{name: float(v) for name, v in stats.items()}, **phase_cost(ctx, k, "train")}
+    return PhaseResult(meta, record={name: v for name, v in stats.items() if name != "checkpoint_bytes"})
+
+
+def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
+    """Held-out prompts, fixed seeds, ODE sampling: the GenEval-style score of weights version k (on schedule)."""
+    if not ctx.validates(k):
+        return PhaseResult({"validated": False, "validate_every": ctx.train.validate_every},
+                           checks={GUARD_CHECK: (True, {"validated": False})}, record=validation_record(None))
+    from workers.task.evaluate import evaluate
+    from workers.task.prompts import split_prompts
+    from workers.trainer.checkpoint import load_checkpoint
+
+    policy, _ = load_checkpoint(ctx.store, ctx.run, k)
+    seeds = ctx.train.validation_seeds
+    with books.phase(ctx.ledger, k, "validate"):
+        result = evaluate(policy, split_prompts()["heldout"], seeds, keep_images=ctx.report_dir is not None)
+    criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
+    ctx.ledger.record_validation(k, weights_version=k, score=result.score, num_prompts=len(set(result.prompts)),
+                                 criteria=criteria)
+    base = books.base_validation_score(ctx.ledger)
+    guard = None if base is None else base - ctx.max_validation_drop
+    meta = {"weights_version": k, "score": result.score, "partial": result.partial, "base_score": base, "guard": guard,
+            **{f"category/{c}": v for c, v in result.per_category.items()}, **phase_cost(ctx, k, "validate")}
+    out = PhaseResult(meta, checks={GUARD_CHECK: (guard is None or result.score >= guard,
+                                                  {"score": result.score, "guard": guard})},
+                      record=validation_record(result))
+    if ctx.report_dir is not None:
+        from workers.coordinator.plots import image_grid_png, line_plot_png
+
+        grid = image_grid_png(result.images[::seeds], columns=8)
+        write_grid(ctx, f"{iteration_label(k)}-validation.png", grid)
+        curve = ctx.ledger.query("SELECT weights_version, score FROM validation ORDER BY weights_version").rows
+        plot = line_plot_png({"held-out": ([r[0] for r in curve], [r[1] for r in curve])}, "validation",
+                             "weights version", "strict score")
+        out.pictures = {"curve": (plot, "held-out score so far"), "samples": (grid, "held-out prompts, first fixed seed")}
+    return out
+
+
+def report_phase(ctx: RunContext, k: int) -> PhaseResult:
+    """Close the iteration in the ledger (the final one also closes the run) and rewrite the report folder."""
+    books.end_iteration(ctx.ledger, ctx, k)
+    cost = ctx.ledger.query("SELECT usd_total, usd_spot, usd_reserved, critical_path_s FROM cost_per_iteration "
+                            "WHERE iteration = ?", [k]).as_dicts()
+    meta = {"final": ctx.is_final(k), **{f"iteration_{name}": float(v or 0.0) for name, v in (cost[0] if cost else {}).items()}}
+    out = PhaseResult(meta)
+    if ctx.report_dir is not None:
+        from workers.coordinator.report import write_report
+
+        written = write_report(ctx.ledger, ctx.store, ctx.run, ctx.report_dir)
+        out.paths = {"report": str(written.index)}
+        out.pictures = {"rewards": (written.plots["reward"], "reward per iteration"),
+                        "cost": (written.plots["cost"], "cost per iteration")}
+    return out
+
+
+def validation_record(result) -> dict:
+    """`spotlight train`'s validation fields of one iteration (all None when it was not validated)."""
+    if result is None:
+        return {"validation_score": None, "validation_partial": None, "validation_per_category": None,
+                "validation_per_criterion": None, "validation_num_prompts": None}
+    return {
+        "validation_score": round(result.score, 6),
+        "validation_partial": round(result.partial, 6),
+        "validation_per_category": {c: round(v, 6) for c, v in result.per_category.items()},
+        "validation_per_criterion": {c: round(v, 6) for c, v in result.per_criterion.items()},
+        "validation_num_prompts": len(set(result.prompts)),
+    }
+
+
+def phase_cost(ctx: RunContext, k: int, phase: str) -> dict[str, float]:
+    """The phase's wall time and USD (spot / reserved) as metadata fields."""
+    c = books.phase_cost(ctx.ledger, k, phase)
+    return {"phase_wall_s": round(c["wall_s"], 3), "phase_usd": c["usd"], "phase_usd_spot": c["usd_spot"],
+            "phase_usd_reserved": c["usd_reserved"]}
+
+
+def write_grid(ctx: RunContext, name: str, png: bytes) -> None:
+    """Sample grids go to the report folder's grids/ (the report page links them)."""
+    out = ctx.report_dir / "grids"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_bytes(png)

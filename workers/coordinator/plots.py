@@ -1,0 +1,81 @@
+"""PNG pictures a person wants to look at: image grids and plots of the ledger's numbers (matplotlib, Agg).
+
+Example:
+    png = image_grid_png(images_NHW3, columns=8)
+    png = line_plot_png({"held-out": (versions, scores)}, "validation", "weights version", "strict score")
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Sequence
+
+import numpy as np
+
+
+def image_grid_png(images_NHW3: np.ndarray, columns: int = 8, scale: int = 3) -> bytes:
+    """uint8 images tiled in rows of `columns`, each upscaled `scale`x (nearest) with a 1-pixel gap."""
+    from PIL import Image
+
+    n, h, w, _ = images_NHW3.shape
+    columns = max(1, min(columns, n))
+    rows = -(-n // columns)
+    grid = np.full((rows * (h + 1) + 1, columns * (w + 1) + 1, 3), 255, dtype=np.uint8)
+    for i, image in enumerate(images_NHW3):
+        r, c = divmod(i, columns)
+        grid[1 + r * (h + 1): 1 + r * (h + 1) + h, 1 + c * (w + 1): 1 + c * (w + 1) + w] = image
+    picture = Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST)
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def line_plot_png(series: dict[str, tuple[Sequence[float], Sequence[float]]], title: str, xlabel: str,
+                  ylabel: str) -> bytes:
+    """One line per named (xs, ys) series."""
+    fig, ax = figure()
+    for name, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), marker="o", markersize=3, label=name)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if len(series) > 1:
+        ax.legend()
+    return to_png(fig)
+
+
+def histogram_png(values: Sequence[float], title: str, xlabel: str) -> bytes:
+    fig, ax = figure()
+    ax.hist(list(values), bins=min(20, max(5, len(values) // 2)), color="#4c72b0")
+    ax.set(title=title, xlabel=xlabel, ylabel="count")
+    return to_png(fig)
+
+
+def bar_plot_png(labels: Sequence[str], stacks: dict[str, Sequence[float]], title: str, ylabel: str) -> bytes:
+    """Stacked bars, one stack per named series (e.g. spot / reserved USD per iteration)."""
+    fig, ax = figure()
+    bottom = np.zeros(len(labels))
+    for name, values in stacks.items():
+        ax.bar(list(labels), list(values), bottom=bottom, label=name)
+        bottom += np.asarray(values, dtype=float)
+    ax.set(title=title, ylabel=ylabel)
+    ax.legend()
+    ax.tick_params(axis="x", labelrotation=90)
+    return to_png(fig)
+
+
+def figure():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on workers, CI or the Dagster daemon
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(6, 3.2), dpi=100)
+
+
+def to_png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
