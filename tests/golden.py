@@ -1,4 +1,4 @@
-"""Timing-free digests of a run's outputs, for the golden-run test (tests/test_golden.py).
+"""Timing-free digests of a run's outputs, for the golden-run test (tests/workers/coordinator/test_golden.py).
 
 `spotlight train --json` prints a record per iteration; everything but its timings is a
 pure function of (preset, seed). `spotlight run` leaves a ledger; the digest keeps every

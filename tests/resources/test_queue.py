@@ -1,6 +1,6 @@
 """The request-queue contract, run against SQLite and a real redis-server (tests/conftest.py starts it).
 
-URLs, credentials and connection errors: tests/test_queue_urls.py.
+URLs, credentials and connection errors: tests/resources/test_queue_urls.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from resources.queue import PASSWORD_ENV, QueueConfig, RequestQueue
 from resources.queue_keepalive import LeaseKeeper
 from resources.queue_records import Request
 from resources.queues import open_queue
+from tests.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 SHORT_LEASE_S = 0.3
 
 

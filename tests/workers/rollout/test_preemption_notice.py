@@ -18,8 +18,9 @@ from resources.queues import open_queue
 from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.algo.sampler import SamplerConfig
+from tests.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 
 
 class FakeMetadata(http.server.ThreadingHTTPServer):

@@ -1,6 +1,6 @@
 """The run ledger: views against hand-computed numbers, record checks, prices, credentials, docs, the CLI.
 
-The DuckDB file itself (migration, concurrent reading, the Dagster wrapper): tests/test_ledger_db.py.
+The DuckDB file itself (migration, concurrent reading, the Dagster wrapper): tests/resources/test_ledger_db.py.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from resources.ledger_records import (
     TrainStepRecord,
 )
 from resources.prices import load_prices
+from tests.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 T0 = datetime(2026, 1, 1)
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 SKY = REPO / "sky"
 YAMLS = ["reserved.yaml", "spot_workers.yaml"]
 

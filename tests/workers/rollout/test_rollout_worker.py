@@ -19,8 +19,9 @@ from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder
 from workers.algo.sampler import SamplerConfig
+from tests.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 SPEC = RolloutSpec("demo", "two red circles", 11, 0, SamplerConfig(num_steps=8, sde_window=(0, 4)))
 
 

@@ -1,6 +1,6 @@
 """The ledger's DuckDB file: migration, reading while a run writes, read-only queries, the Dagster wrapper.
 
-Views, records, prices and docs: tests/test_ledger.py.
+Views, records, prices and docs: tests/resources/test_ledger.py.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import pytest
 from resources.ledger import Ledger
 from resources.ledger_db import LedgerLockedError, LedgerQueryError, query_ledger
 from resources.ledger_schema import SCHEMA_VERSION, LedgerSchemaError
+from tests.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 
 
 def rows(ledger: Ledger, sql: str) -> list[dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tests.paths import REPO_ROOT
 
 
 @pytest.fixture
@@ -100,7 +101,7 @@ def test_definitions_load_from_the_environment_and_refuse_a_bad_one(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     env = {"SPOTLIGHT_RUN_DIR": str(tmp_path), "SPOTLIGHT_PRESET": "nope", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", "import pipelines.definitions"], cwd=root, env=env,
                           capture_output=True, text=True)

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 @pytest.mark.slow

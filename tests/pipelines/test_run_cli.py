@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from tests.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 # Everything in the ledger except clocks: a resumed run must match an uninterrupted one on these.
 CONTENT_QUERIES = {

@@ -6,8 +6,9 @@ Who may import whom is checked statically by import-linter (tests/test_layering.
 import subprocess
 import sys
 from pathlib import Path
+from tests.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 ITERATION_ASSETS = {"weight_patch", "rollouts", "exploration", "policy_update", "seed_plan", "validation", "report"}
 """One asset per phase of an iteration, in the `iteration` dynamic partitions."""
 

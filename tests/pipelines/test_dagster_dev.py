@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 LOCATION = "pipelines.definitions"
 ADD_PARTITION = """
 mutation($selector: RepositorySelector!, $name: String!, $key: String!) {

@@ -1,6 +1,6 @@
 """Queue URLs, credentials and reachability: what a user sees when a queue cannot be opened.
 
-The queue contract itself: tests/test_queue.py.
+The queue contract itself: tests/resources/test_queue.py.
 """
 
 from __future__ import annotations

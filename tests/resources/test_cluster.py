@@ -1,4 +1,4 @@
-"""Preemption traces and the local cluster's bookkeeping (the end-to-end run is tests/test_chaos.py)."""
+"""Preemption traces and the local cluster's bookkeeping (the end-to-end run is tests/resources/test_chaos.py)."""
 
 from __future__ import annotations
 
