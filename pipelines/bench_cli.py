@@ -186,7 +186,7 @@ def bench_exploration(
     iterations: Optional[int] = typer.Option(None, help="Training iterations per run (default 6)."),
     validate_every: Optional[int] = typer.Option(None, help="Held-out validation every this many iterations (default 3)."),
     target_gain: Optional[float] = typer.Option(None, help="Target = base held-out score + this (default 0.03)."),
-    workers: Optional[int] = typer.Option(None, help="Exploration workers beside the trainer (default 1)."),
+    workers: Optional[int] = typer.Option(None, help="Rollout worker processes, one thread each: they sample the rollouts and explore beside the trainer (default 1)."),
     strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these runs (repeat: random, explore, best_of_n)."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
 ) -> None:

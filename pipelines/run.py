@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -98,50 +97,18 @@ class RunSpec:
                                store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint)
 
 
-def slot_name(index: int, session: int) -> str:
-    """`w0`, `w1`, ... on the first start; `w0s1`, ... after a resume (worker ids stay unique in the ledger)."""
-    return f"w{index}" if session == 0 else f"w{index}s{session}"
-
-
-def cluster_session(ledger) -> int:
-    """How many clusters this run started before: 0 for a new run, 1 after the first --resume, ..."""
-    slots = {r[0].split(".")[0] for r in ledger.query("SELECT worker_id FROM workers WHERE role = 'rollout'").rows}
-    session = 0
-    while slot_name(0, session) in slots:
-        session += 1
-    return session
-
-
 @contextlib.contextmanager
 def run_cluster(spec: RunSpec, resources: dict) -> Iterator[None]:
     """With --rollouts local_cluster: worker processes for the whole run, preempted on a Poisson trace."""
     if spec.rollouts != "local_cluster":
         yield
         return
-    from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-    from resources.preemption import poisson_trace
+    from assets.context import run_context
+    from workers.coordinator.worker_pool import worker_pool
 
-    workers, ledger = resources["rollout_workers"], resources["ledger"].get_ledger()
-    session = cluster_session(ledger)
-    slots = [WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=workers.spot_usd_per_hour)
-             for i in range(spec.num_workers)]
-    config = ClusterConfig(resources["queue"].url, resources["store"].url, commit_every=workers.commit_every,
-                           lease_s=workers.lease_s, restart_delay_s=workers.restart_delay_s,
-                           log_dir=str(Path(spec.run_dir) / "worker_logs"))
-    trace = poisson_trace([s.name for s in slots], rate_per_hour=spec.preemptions_per_hour, duration_s=6 * 3600,
-                          notice_share=workers.notice_share, seed=session)
-    stop = threading.Event()
-    cluster = LocalCluster(config, slots, ledger)
-    cluster.start()
-    pump = threading.Thread(target=cluster.run_until, args=(stop.is_set,), kwargs={"trace": trace, "timeout_s": 6 * 3600},
-                            daemon=True)
-    pump.start()
-    try:
+    with worker_pool(run_context(**resources), spec.num_workers, spec.preemptions_per_hour,
+                     log_dir=Path(spec.run_dir) / "worker_logs"):
         yield
-    finally:
-        stop.set()
-        pump.join()
-        cluster.stop()
 
 
 def trainer_threads(spec: RunSpec) -> Optional[int]:

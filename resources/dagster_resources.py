@@ -105,6 +105,7 @@ class RolloutWorkersResource(ConfigurableResource):
     spot_usd_per_hour: float = Field(default=0.03, ge=0, description="Price of a spot worker (local: a notional 2-vCPU spot VM).")
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of a reserved worker.")
     log_dir: Optional[str] = Field(default=None, description="local_cluster: folder for each worker's stderr.")
+    explore: bool = Field(default=True, description="workers: explore the next iteration's seeds beside training.")
 
     @field_validator("mode")
     @classmethod

@@ -5,12 +5,13 @@ Two parts, both on the default preset from the shipped base:
 1. Static (`workers/bench/exploration_static.py`): each cache level's cost and rank
    fidelity against the full sampler on one set of weights, and what choosing seeds with it
    does to group reward std and the zero-std share, with the dense and the strict reward.
-2. Training (`workers/bench/exploration_run.py`): per run seed, three runs with the same
-   prompts and budget: random seeds, exploration (bandit-planned, on stale weights, beside
-   training) and best-of-N on the critical path. Figures: iterations and critical-path
-   seconds to the target held-out score, mean group reward std and zero-std ratio,
-   exploration overhead as a share of iteration time, rank consistency (the monitor's,
-   on planned seeds, and an audit on all candidates of a few prompts).
+2. Training (`workers/bench/exploration_run.py`): per run seed, three pipeline runs (the
+   coordinator's phases, rollout workers pulling from a queue) with the same prompts and
+   workers: random seeds, exploration (bandit-planned, on stale weights, beside training)
+   and best-of-N on the critical path. Figures: iterations and critical-path wall seconds
+   to the target held-out score, mean group reward std and zero-std ratio, exploration
+   overhead as a share of iteration time, rank consistency (the monitor's, on planned
+   seeds, and an audit on all candidates of a few prompts).
 
 Example:
     figures = run_exploration_bench(ExplorationBench(seeds=(0, 1, 2)), progress=print)
@@ -46,7 +47,8 @@ class ExplorationBench:
     target_gain: float = 0.03
     """Target held-out score = base score + this (the recipe's mean gain over 10 iterations, docs/RECIPE.md)."""
     num_workers: int = 1
-    """Exploration workers beside the trainer: one, as much spot capacity as the trainer has (conservative)."""
+    """Rollout worker processes (one torch thread each): they sample the rollouts and explore beside the
+    trainer; one, as much spot capacity as the trainer has (conservative)."""
     seed_multipliers: tuple[int, ...] = (2, 3)
     cache_levels: tuple[str, ...] = ("fbcache", "half_steps", "quarter_steps")
     best_of_n: int = 2
@@ -57,8 +59,6 @@ class ExplorationBench:
     """Iterations of prompts in the static part (each: P prompts x 2G candidates x every level)."""
     train_overrides: dict = field(default_factory=dict)
     """TrainConfig fields replaced after the preset (quick mode shrinks the batch)."""
-    heldout_prompts: int | None = None
-    """Use only the first this many held-out prompts (None: all 64)."""
     strategies: tuple[str, ...] = STRATEGIES
     """Which training runs to make (all three for the comparison; a subset to rerun one under other settings)."""
 
@@ -82,7 +82,7 @@ class ExplorationBench:
         """Two tiny iterations of one seed: checks the whole benchmark runs, in about a minute."""
         from workers.algo.sampler import SamplerConfig
 
-        return cls(seeds=(0,), iterations=2, validate_every=1, static_iterations=1, heldout_prompts=8,
+        return cls(seeds=(0,), iterations=2, validate_every=1, static_iterations=1,
                    train_overrides={"prompts_per_iteration": 2, "group_size": 4, "validation_seeds": 1,
                                     "sampler": SamplerConfig(num_steps=4, noise_level=0.0)})
 
@@ -103,31 +103,28 @@ class ExplorationBench:
 def run_exploration_bench(bench: ExplorationBench, checkpoint=None, progress: Callable[[dict], None] | None = None) -> dict:
     """Both parts; returns plain JSON figures (names in docs/EXPLORATION.md)."""
     from workers.bench.exploration_static import static_selection
-    from workers.task.evaluate import evaluate
     from workers.model.policy import SHIPPED_BASE, load_policy
-    from workers.task.prompts import split_prompts
 
-    torch.set_num_threads(1)  # CPU seconds of one thread are the critical path's seconds
+    torch.set_num_threads(1)  # the trainer's one thread beside one-thread workers: no core oversubscribed
     checkpoint = checkpoint or SHIPPED_BASE
     config, explore_config = bench.train_config(), bench.explore_config()
-    heldout = split_prompts()["heldout"][: bench.heldout_prompts]
     say = progress or (lambda record: None)
     static = static_selection(load_policy(checkpoint), config, bench.static_iterations,
                               bench.seed_multipliers[0] * config.group_size, bench.cache_levels,
                               progress=lambda text: say({"stage": text}))
-    base_score = evaluate(load_policy(checkpoint), heldout, config.validation_seeds).score
-    say({"stage": f"base held-out score {base_score:.3f}"})
-    runs = [run_strategy(s, seed, config, explore_config, checkpoint=checkpoint, validate_every=bench.validate_every,
-                         heldout=heldout, base_score=base_score, best_of_n=bench.best_of_n,
+    runs = [run_strategy(s, seed, config, explore_config, checkpoint=checkpoint, num_workers=bench.num_workers,
+                         validate_every=bench.validate_every, best_of_n=bench.best_of_n,
                          audit_prompts=bench.audit_prompts, progress=say)
             for seed in bench.seeds for s in STRATEGIES if s in bench.strategies]
+    base_score = runs[0]["curve"][0]["score"]  # every run validates the same weights version 0 first
     target = base_score + bench.target_gain
     figures = summarize(runs, target, config.prompts_per_iteration)
     return {"preset": bench.preset, "num_seeds": len(bench.seeds), "seeds": list(bench.seeds),
             "iterations": bench.iterations, "num_workers": bench.num_workers, "base_score": base_score,
             "target_score": round(target, 6), **figures, "static": static,
             "arms": [a.name for a in explore_config.arms(config.group_size)],
-            "torch_threads": torch.get_num_threads(), "clock": "process CPU seconds, one thread",
+            "torch_threads": torch.get_num_threads(),
+            "clock": "wall seconds: trainer one thread, rollout workers one thread each, in their own processes",
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "runs": runs}
 
@@ -155,12 +152,11 @@ def summarize(runs: list[dict], target: float, num_prompts: int) -> dict:
             "best_score": _mean([max(p["score"] for p in r["curve"][1:]) for r in mine]),
             "reward_std": _mean([row["reward_std"] for row in rows]),
             "zero_std_ratio": _mean([row["zero_std_ratio"] for row in rows]),
-            "critical_s_per_iteration": _mean([row["rollout_s"] + row["train_s"] + row["overhead_s"]
-                                               for r in mine for row in r["iterations"]]),
+            "critical_s_per_iteration": _mean([_critical(row) for r in mine for row in r["iterations"]]),
         }
     explore_rows = [row for r in runs if r["strategy"] == "explore" for row in r["iterations"]]
     overhead = sum(row["overhead_s"] for row in explore_rows)
-    critical = sum(row["rollout_s"] + row["train_s"] + row["overhead_s"] for row in explore_rows)
+    critical = sum(_critical(row) for row in explore_rows)
     audit = [a for row in explore_rows for a in row.get("audit", [])]
     return {
         "strategies": per,
@@ -180,6 +176,11 @@ def summarize(runs: list[dict], target: float, num_prompts: int) -> dict:
         "fallback_iterations": sum(row["planner"].startswith("random:fallback") for row in explore_rows),
         "arms_chosen": _counts([row.get("arm") for row in explore_rows]),
     }
+
+
+def _critical(row: dict) -> float:
+    """An iteration's critical-path seconds: what the trainer waited for."""
+    return row["sync_s"] + row["rollout_s"] + row["train_s"] + row["overhead_s"]
 
 
 def _speedup(runs: list[dict], target: float, slow: str, fast: str) -> float | None:

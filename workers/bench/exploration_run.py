@@ -1,101 +1,57 @@
-"""`spotlight bench exploration`, part 2: one training run under one seed strategy, with its critical path measured.
+"""`spotlight bench exploration`, part 2: one training run under one seed strategy, on the pipeline's own phases.
 
-Strategies, all on the same preset, prompts and budget:
+Each run is a real pipeline run in a scratch folder: the coordinator's phases
+(workers/coordinator/driver.py) in this process, a pool of rollout worker processes
+pulling from a SQLite queue (no preemptions), checkpoints and seed plans in the store.
+Strategies, all on the same preset, prompts and workers:
 
-- `random`: every group samples its default request seeds (today's behaviour);
-- `explore`: SPOTLIGHT: while the trainer updates v(k) -> v(k+1), exploration workers
-  score M candidates per prompt of iteration k+1 on the stale weights v(k) with the arm
-  the bandit picks; when the update ends, exploration stops (unfinished prompts keep
-  random seeds) and the plan is made; the monitor judges it on the next rollout;
-- `best_of_n`: DanceGRPO-style best-of-N on the critical path: sample N = n x G seeds per
-  prompt at full quality on the current weights, train on the G of largest reward variance.
+- `random`: every group samples its default request seeds, exploration off;
+- `explore`: SPOTLIGHT: while the trainer updates v(k) -> v(k+1), the idle workers score
+  M candidates per prompt of iteration k+1 on the stale v(k) with the arm the bandit
+  picks; when the update ends, what is left is cancelled and the plan made from what
+  finished; the monitor judges it on the next rollout;
+- `best_of_n`: DanceGRPO-style best-of-N on the critical path: N = n x G seeds per prompt
+  at full quality on the current weights, the G of largest reward variance trained.
 
-One process plays every role in turn, so the overlap is simulated on measured CPU seconds
-(one thread): exploration requests are list-scheduled on `num_workers` exploration
-workers from the moment training starts, and a request whose simulated end falls after
-the measured end of training is cancelled (its result unused). The critical path of an
-iteration is rollout + train (+ the coordinator's exploration work for `explore`, + the
-wider rollout for `best_of_n`); validation is measurement and is left out.
+The critical path of an iteration is what the trainer waits for, in wall seconds: sync,
+rollout, train, and the coordinator's exploration work (the review and enqueue before
+training, the cancel and plan after it); validation and the report are measurement and
+are left out.
 
 Example:
-    record = run_strategy("explore", seed=0, config=config, bench=bench, heldout=prompts, base_score=0.29)
+    record = run_strategy("explore", seed=0, config=config, explore_config=explore_config, checkpoint=base,
+                          num_workers=1, validate_every=3, audit_prompts=1)
     record["curve"], record["iterations"][3]["kendall_tau"]
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
-from workers.task.evaluate import evaluate
-from workers.explore.request import ExploreSpec, explore_rewards
-from workers.algo.seeds import candidate_seeds
-from workers.coordinator.explore import next_plan
-from workers.explore.state import ExplorationState, ExploreConfig, review_rollout
-from workers.algo.grpo import group_reward_stats
 from workers.algo.rank_consistency import kendall_tau_b, spearman_rho
-from workers.explore.seed_plan import default_seed_plan
-from workers.trainer.grpo_trainer import GRPOTrainer, Rollouts, TrainConfig
-from workers.task.prompts import iteration_prompts
+from workers.coordinator.context import RunContext, Sampling
+from workers.coordinator.driver import FINAL_PHASES, ITERATION_PHASES
+from workers.coordinator.phases import PhaseResult
+from workers.trainer.grpo_trainer import TrainConfig
 
 STRATEGIES = ("random", "explore", "best_of_n")
-clock = time.process_time
-"""CPU seconds of this process: with one torch thread, the critical path's seconds, unaffected by other load."""
-
-
-def best_of_n_batch(trainer: GRPOTrainer, iteration: int, per_prompt: int) -> Rollouts:
-    """Sample `per_prompt` seeds per prompt at full quality, keep the G of largest reward variance per prompt
-    (the trainer's own wide draw, `TrainConfig.rollouts_per_prompt`)."""
-    cfg = trainer.config
-    trainer.config = dataclasses.replace(cfg, rollouts_per_prompt=per_prompt)
-    try:
-        return trainer.collect(iteration)
-    finally:
-        trainer.config = cfg
-
-
-def explore_beside_training(stale, state: ExplorationState, explore_config: ExploreConfig, config: TrainConfig,
-                            iteration: int, train_s: float) -> tuple:
-    """Explore iteration+1's prompts on the stale weights until the measured training time runs out; plan it.
-    Returns (plan, info, results); info["overhead_s"] is the coordinator's work (arm choice + planning)."""
-    started, budget_s = clock(), state.budget_s()
-    choice = state.bandit.choose(budget_s, config.prompts_per_iteration, explore_config.num_workers)
-    overhead = clock() - started
-    results, free_at, spent, computed = {}, [0.0] * explore_config.num_workers, 0.0, 0
-    if choice.arm is not None:
-        prompts = iteration_prompts(config.seed, iteration + 1, config.prompts_per_iteration, config.train_categories)
-        for i, prompt in enumerate(prompts):
-            worker = min(range(len(free_at)), key=free_at.__getitem__)
-            if free_at[worker] >= train_s:
-                break  # every worker is past the end of training: the rest is cancelled
-            seeds = candidate_seeds(config.seed, iteration + 1, i, config.group_size, choice.arm.seeds_per_prompt)
-            spec = ExploreSpec("bench", prompt, tuple(seeds), iteration, config.sampler, choice.arm.cache_level, config.reward)
-            t = clock()
-            rewards = explore_rewards(stale, spec)
-            took = clock() - t
-            free_at[worker] += took
-            spent, computed = spent + took, computed + 1
-            if free_at[worker] <= train_s:
-                results[i] = (seeds, rewards)
-        state.record_time(iteration, choice.arm, spent, computed)  # cancelled requests cost their time too
-    state.record_train_s(iteration, train_s)
-    t = clock()
-    plan = next_plan(config, iteration + 1, None if choice.arm is None else choice.arm.name, state, results)
-    overhead += clock() - t
-    info = {"arm": None if choice.arm is None else choice.arm.name, "reason": choice.reason, "budget_s": budget_s,
-            "predicted_s": choice.predicted_s, "explore_wall_s": round(min(max(free_at), train_s), 4),
-            "explored_prompts": len(results), "overhead_s": overhead, "next_planner": plan.planner}
-    return plan, info, results
+CRITICAL_PHASES = ("weight_patch", "rollouts", "exploration", "policy_update", "seed_plan")
+"""The phases the trainer waits for (validation and the report are measurement)."""
+clock = time.perf_counter
+"""Wall seconds: workers sample and explore in other processes while this one waits or trains."""
 
 
 def audit_ranking(policy, config: TrainConfig, iteration: int, results: dict, num_prompts: int) -> list[dict]:
     """Kendall tau / Spearman rho of explored (stale, cheap) rewards against fresh full-quality rewards of
     *all* candidates of a few prompts: the monitor only sees the planned seeds, a biased sample."""
+    from workers.algo.sampler import rollout
+    from workers.task.prompts import iteration_prompts
     from workers.task.render import to_uint8
     from workers.task.rewards import get_reward
-    from workers.algo.sampler import rollout
 
     out = []
     for i in sorted(results)[:num_prompts]:
@@ -107,49 +63,93 @@ def audit_ranking(policy, config: TrainConfig, iteration: int, results: dict, nu
     return out
 
 
-def run_strategy(strategy: str, seed: int, config: TrainConfig, explore_config: ExploreConfig, *, checkpoint,
-                 validate_every: int, heldout: list[str], base_score: float, best_of_n: int, audit_prompts: int,
-                 progress: Callable[[dict], None] | None = None) -> dict:
-    """One training run from the checkpoint; per-iteration figures and the validation curve on critical-path seconds."""
-    from workers.model.policy import load_policy
-
+def strategy_config(strategy: str, seed: int, config: TrainConfig, validate_every: int, best_of_n: int) -> TrainConfig:
+    """The run's TrainConfig: best-of-N draws n x G per prompt (the trainer's wide draw), the others G."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
-    config = dataclasses.replace(config, seed=seed)
-    policy = load_policy(checkpoint)
-    trainer, state = GRPOTrainer(policy, config), ExplorationState.new(explore_config, config.group_size)
-    plan, critical, rows = default_seed_plan(config, 0), 0.0, []
-    curve = [{"version": 0, "critical_s": 0.0, "score": base_score}]
-    for k in range(config.iterations):
-        row = {"iteration": k, "planner": plan.planner if strategy == "explore" else strategy}
-        t = clock()
-        batch = best_of_n_batch(trainer, k, best_of_n * config.group_size) if strategy == "best_of_n" else \
-            trainer.collect(k, seeds=plan.flat_seeds())
-        row["rollout_s"] = clock() - t
-        overhead = 0.0
+    wide = best_of_n * config.group_size if strategy == "best_of_n" else None
+    return dataclasses.replace(config, seed=seed, validate_every=validate_every, rollouts_per_prompt=wide)
+
+
+def run_strategy(strategy: str, seed: int, config: TrainConfig, explore_config, *, checkpoint, num_workers: int,
+                 validate_every: int, best_of_n: int = 2, audit_prompts: int = 1,
+                 progress: Callable[[dict], None] | None = None) -> dict:
+    """One training run from the checkpoint on the pipeline's phases; per-iteration figures and the validation
+    curve on critical-path seconds."""
+    from workers.coordinator.worker_pool import worker_pool
+
+    config = strategy_config(strategy, seed, config, validate_every, best_of_n)
+    with tempfile.TemporaryDirectory(prefix=f"spotlight-bench-{strategy}-") as tmp:
+        run_dir = Path(tmp)
+        local = RunContext.local(run_dir, f"bench-{strategy}-{seed}", "bench", config, checkpoint=str(checkpoint),
+                                 report=False)
+        ctx = dataclasses.replace(local, queue_url=str(run_dir / "queue.db"), explore_config=explore_config,
+                                  sampling=Sampling(mode="workers", explore=strategy == "explore", num_workers=num_workers))
+        try:
+            with worker_pool(ctx, num_workers, preemptions_per_hour=0.0, log_dir=run_dir / "worker_logs"):
+                rows, curve = _walk(ctx, strategy, audit_prompts, progress)
+        finally:
+            ctx.ledger.close()
+    return {"strategy": strategy, "seed": seed, "iterations": rows, "curve": curve}
+
+
+def _walk(ctx: RunContext, strategy: str, audit_prompts: int, progress) -> tuple[list, list]:
+    """Every iteration's phases in order, timed; the rows and validation curve of the run."""
+    rows, curve, critical = [], [], 0.0
+    for k in range(ctx.num_iterations + 1):
+        results, walls = {}, {}
+        for name, phase in ITERATION_PHASES:
+            if ctx.is_final(k) and name not in FINAL_PHASES:
+                continue
+            started = clock()
+            results[name] = phase(ctx, k)
+            walls[name] = clock() - started
+        score = results["validation"].metadata.get("score")
+        if score is not None:
+            curve.append({"version": k, "critical_s": round(critical, 3), "score": score})
+        if ctx.is_final(k):
+            break
+        row = _row(ctx, k, strategy, results, walls)
         if strategy == "explore":
-            t = clock()
-            review = review_rollout(state, explore_config, k, plan, batch.rewards.view(len(plan.seeds), -1).tolist())
-            overhead += clock() - t
-            row.update(kendall_tau=review.kendall_tau, spearman_rho=review.spearman_rho, variance_gain=review.variance_gain)
-            stale = copy.deepcopy(policy)
-        t = clock()
-        stats = trainer.update(batch)
-        row["train_s"] = clock() - t
-        if strategy == "explore":
-            plan, info, results = explore_beside_training(stale, state, explore_config, config, k, row["train_s"])
-            overhead += info.pop("overhead_s")
-            row.update(info, audit=audit_ranking(policy, config, k + 1, results, audit_prompts))
-        row["overhead_s"] = overhead
-        row.update(group_reward_stats(batch.rewards, batch.group_ids), reward_mean=float(batch.rewards.mean()),
-                   loss=stats.get("loss"))
-        critical += row["rollout_s"] + row["train_s"] + overhead
+            row["audit"] = _audit(ctx, k, audit_prompts)
+        critical += sum(walls.get(name, 0.0) for name in CRITICAL_PHASES)
         row["critical_s"] = critical
-        if (k + 1) % validate_every == 0 or k + 1 == config.iterations:
-            score = evaluate(policy, heldout, config.validation_seeds).score
-            curve.append({"version": k + 1, "critical_s": round(critical, 3), "score": score})
+        if score is not None:
             row["validation_score"] = score
         rows.append({key: round(v, 6) if isinstance(v, float) else v for key, v in row.items()})
         if progress is not None:
-            progress({"strategy": strategy, "seed": seed, **rows[-1]})
-    return {"strategy": strategy, "seed": seed, "iterations": rows, "curve": curve}
+            progress({"strategy": strategy, "seed": ctx.train.seed, **rows[-1]})
+    return rows, curve
+
+
+def _row(ctx: RunContext, k: int, strategy: str, results: dict[str, PhaseResult], walls: dict[str, float]) -> dict:
+    """One iteration's figures from its phases' results."""
+    train, plan_meta = results["policy_update"].record, results["seed_plan"].metadata
+    review = results["exploration"].metadata
+    row = {"iteration": k, "planner": results["rollouts"].metadata["planner"] if strategy == "explore" else strategy,
+           "sync_s": walls["weight_patch"], "rollout_s": walls["rollouts"], "train_s": walls["policy_update"],
+           "overhead_s": walls["exploration"] + walls["seed_plan"], "reward_mean": train["reward_mean"],
+           "reward_std": train["reward_std"], "zero_std_ratio": train["zero_std_ratio"], "loss": train.get("loss")}
+    if strategy == "explore":
+        arm = plan_meta.get("arm")
+        row.update(kendall_tau=review.get("kendall_tau"), spearman_rho=review.get("spearman_rho"),
+                   variance_gain=review.get("variance_gain"), arm=None if arm == "none" else arm,
+                   reason=results["exploration"].metadata.get("reason"), budget_s=plan_meta.get("budget_s"),
+                   explore_wall_s=plan_meta.get("time_used_s", 0.0), explored_prompts=plan_meta.get("explored_prompts", 0),
+                   next_planner=plan_meta["planner"])
+    return row
+
+
+def _audit(ctx: RunContext, k: int, audit_prompts: int) -> list[dict]:
+    """The rank audit of the prompts iteration k's plan took from exploration, on the fresh weights v(k+1)."""
+    from workers.coordinator.explore import explored_results
+    from workers.explore.seed_plan import load_seed_plan
+    from workers.trainer.checkpoint import load_checkpoint
+
+    plan = load_seed_plan(ctx.store, ctx.run, k + 1)
+    used = {i for i, r in enumerate(plan.explored_rewards or []) if r is not None}
+    results = {i: r for i, r in explored_results(ctx.store, ctx.run, k).items() if i in used}
+    if not results or audit_prompts == 0:
+        return []
+    fresh, _ = load_checkpoint(ctx.store, ctx.run, k + 1)
+    return audit_ranking(fresh, ctx.train, k + 1, results, audit_prompts)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from resources.ledger import Ledger
+from resources.queue import QueueConfig
 from resources.store import TensorStore
 from workers.trainer.grpo_trainer import TrainConfig
 
@@ -47,6 +48,8 @@ class Sampling:
     spot_usd_per_hour: float = 0.03
     reserved_usd_per_hour: float = 0.10
     log_dir: str | None = None
+    explore: bool = True
+    """workers: explore the next iteration's seeds beside training (False: every plan is the default one)."""
 
     def __post_init__(self) -> None:
         if self.mode not in SAMPLING_MODES:
@@ -56,7 +59,7 @@ class Sampling:
     def explores(self) -> bool:
         """Exploration needs workers that outlive the rollout phase: queue workers (spotlight run's run-long
         cluster, SkyPilot spot jobs). In-process rollouts have none, and a per-phase cluster is gone by training."""
-        return self.mode == "workers"
+        return self.mode == "workers" and self.explore
 
 
 @dataclass
@@ -73,14 +76,20 @@ class RunContext:
     """Report folder (index.html, plots, sample grids); None: no pictures are drawn."""
     store_url: str
     queue_url: str | None = None
-    queue_config: Any = None
-    """resources.queue.QueueConfig for the queue clients (None: its defaults)."""
+    queue_config: QueueConfig = field(default_factory=QueueConfig)
+    """What the run's queue clients share: deliveries, connect timeout, stall bound."""
     sampling: Sampling = field(default_factory=Sampling)
     checkpoint: str | None = None
     """Policy folder of weights version 0 (None: the shipped base)."""
     anchor_every: int = 10
     max_validation_drop: float = 0.25
     reserved_usd_per_hour: float = 0.10
+    report_every: int = 1
+    """Rewrite the report folder (and draw the phases' pictures) every this many iterations and on the final
+    one: the Dagster UI shows every iteration's; `spotlight train` draws on its validated ones."""
+    explore_config: Any = None
+    """workers.explore.state.ExploreConfig: the arms and fallback (None: its defaults); num_workers is set to the
+    rollout workers alive when exploration starts."""
 
     @property
     def num_iterations(self) -> int:
@@ -95,15 +104,19 @@ class RunContext:
     def is_final(self, iteration: int) -> bool:
         return iteration >= self.num_iterations
 
+    def draws(self, iteration: int) -> bool:
+        """Whether iteration k's phases draw pictures and rewrite the report folder."""
+        return self.report_dir is not None and (iteration % self.report_every == 0 or self.is_final(iteration))
+
     @classmethod
     def local(cls, run_dir: Path, run: str, preset: str, train: TrainConfig, *, checkpoint: str | None = None,
               reserved_usd_per_hour: float = 0.10, report: bool = True) -> "RunContext":
-        """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`:
-        what `spotlight train` uses."""
+        """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
+        rewritten on validated iterations: what `spotlight train` uses."""
         from resources.stores import open_store
 
         run_dir = run_dir.resolve()
         store_url = str(run_dir / "store")
         return cls(run, preset, train, open_store(store_url), Ledger(run_dir / "ledger.duckdb"),
                    run_dir / "report" if report else None, store_url, checkpoint=checkpoint,
-                   reserved_usd_per_hour=reserved_usd_per_hour)
+                   reserved_usd_per_hour=reserved_usd_per_hour, report_every=train.validate_every)

@@ -171,11 +171,7 @@ def finish_exploration(store: TensorStore, queue, run: str, config: TrainConfig,
     cancelled = queue.cancel_iteration(iteration, kind="explore") if session.request_ids else 0
     done = queue.results(session.request_ids) if session.request_ids else {}
     results, finished_at, worker_ids, compute_s = {}, {}, {}, 0.0
-    for i, rid in zip(session.prompt_indices, session.request_ids):
-        manifest = store.read_manifest(explore_result_key(run, iteration, rid)) if rid in done else None
-        if manifest is None:
-            continue
-        meta = manifest.metadata
+    for i, meta in _committed_results(store, run, session, done).items():
         results[i] = ([int(s) for s in meta["seeds"]], [float(r) for r in meta["rewards"]])
         finished_at[i], worker_ids[i] = float(meta.get("finished_at", 0.0)), str(meta.get("worker_id"))
         compute_s += float(meta.get("compute_s", 0.0))
@@ -190,6 +186,24 @@ def finish_exploration(store: TensorStore, queue, run: str, config: TrainConfig,
     return Finished(session, plan, len(results), cancelled, compute_s / session.num_workers,
                     explored_variance([r for _, r in results.values()]), time.perf_counter() - started, results,
                     finished_at, worker_ids)
+
+
+def _committed_results(store: TensorStore, run: str, session: Session, done) -> dict[int, dict]:
+    """Prompt index -> result metadata of the session's requests in `done` that committed a result."""
+    out = {}
+    for i, rid in zip(session.prompt_indices, session.request_ids):
+        manifest = store.read_manifest(explore_result_key(run, session.iteration, rid)) if rid in done else None
+        if manifest is not None:
+            out[i] = manifest.metadata
+    return out
+
+
+def explored_results(store: TensorStore, run: str, iteration: int) -> dict[int, tuple[list[int], list[float]]]:
+    """Prompt index -> (candidate seeds, explored rewards) of every request of iteration's exploration that
+    committed a result (also those finished after the plan was made)."""
+    session = _load_session(store, run, iteration)
+    return {i: ([int(s) for s in meta["seeds"]], [float(r) for r in meta["rewards"]])
+            for i, meta in _committed_results(store, run, session, set(session.request_ids)).items()}
 
 
 def next_plan(config: TrainConfig, iteration: int, arm: str | None, state: ExplorationState,

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from workers.coordinator import books
@@ -21,11 +22,12 @@ from workers.coordinator.phases import PhaseResult
 
 
 def explore_config(ctx: RunContext):
-    """Exploration sized to the rollout workers alive now (the configured count before any started)."""
+    """The run's exploration settings, sized to the rollout workers alive now (the configured count before any
+    started)."""
     from workers.explore.state import ExploreConfig
 
     alive = ctx.ledger.query("SELECT count(*) FROM workers WHERE ended_at IS NULL AND role = 'rollout'").rows[0][0]
-    return ExploreConfig(num_workers=int(alive) or ctx.sampling.num_workers)
+    return dataclasses.replace(ctx.explore_config or ExploreConfig(), num_workers=int(alive) or ctx.sampling.num_workers)
 
 
 def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
@@ -43,9 +45,10 @@ def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
             "variance_gain": review.variance_gain, "planned_variance": review.planned_variance,
             "random_variance": review.random_variance, "next_plan_falls_back": review.fallback}
     if not ctx.sampling.explores:
-        return PhaseResult({"enabled": False, "why": f"rollouts are {ctx.sampling.mode!r}: no worker lives through "
-                            "training to explore (use spotlight run --rollouts local_cluster, or workers on a queue)",
-                            **meta})
+        why = "exploration is switched off" if ctx.sampling.mode == "workers" else (
+            f"rollouts are {ctx.sampling.mode!r}: no worker lives through training to explore (use spotlight run "
+            "--rollouts local_cluster, or workers on a queue)")
+        return PhaseResult({"enabled": False, "why": why, **meta})
     with _queue(ctx) as queue:
         session = start_exploration(ctx.store, queue, ctx.run, ctx.train, k, config)
     ctx.ledger.record_phase(k, "explore", session.started_at)
@@ -76,7 +79,7 @@ def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
                        "time_used_s": record.time_used_s, "train_s": train_s, "overhead_s": record.overhead_s,
                        "explored_prompts": finished.num_done, "cancelled_requests": finished.num_cancelled,
                        "explored_reward_variance": record.reward_variance}, tables={"plan": plan_table(plan)})
-    if ctx.report_dir is not None:
+    if ctx.draws(k):
         out.pictures = {"consistency": (consistency_png(ctx), "rank consistency of stale, cheap rewards with real ones")}
     return out
 

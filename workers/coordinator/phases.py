@@ -86,7 +86,7 @@ def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
             **phase_cost(ctx, k, "rollout")}
     out = PhaseResult(meta, checks={REWARDS_CHECK: (len(finite) == len(requests),
                                                     {"finite": len(finite), "requests": len(requests)})})
-    if ctx.report_dir is not None:
+    if ctx.draws(k):
         import numpy as np
 
         from workers.coordinator.plots import histogram_png, image_grid_png
@@ -128,7 +128,7 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     policy, _ = load_checkpoint(ctx.store, ctx.run, k)
     seeds = ctx.train.validation_seeds
     with books.phase(ctx.ledger, k, "validate"):
-        result = evaluate(policy, split_prompts()["heldout"], seeds, keep_images=ctx.report_dir is not None)
+        result = evaluate(policy, split_prompts()["heldout"], seeds, keep_images=ctx.draws(k))
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
     ctx.ledger.record_validation(k, weights_version=k, score=result.score, num_prompts=len(set(result.prompts)),
                                  criteria=criteria)
@@ -139,7 +139,7 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     out = PhaseResult(meta, checks={GUARD_CHECK: (guard is None or result.score >= guard,
                                                   {"score": result.score, "guard": guard})},
                       record=validation_record(result))
-    if ctx.report_dir is not None:
+    if ctx.draws(k):
         from workers.coordinator.plots import image_grid_png, line_plot_png
 
         grid = image_grid_png(result.images[::seeds], columns=8)
@@ -158,7 +158,7 @@ def report_phase(ctx: RunContext, k: int) -> PhaseResult:
                             "WHERE iteration = ?", [k]).as_dicts()
     meta = {"final": ctx.is_final(k), **{f"iteration_{name}": float(v or 0.0) for name, v in (cost[0] if cost else {}).items()}}
     out = PhaseResult(meta)
-    if ctx.report_dir is not None:
+    if ctx.draws(k):
         from workers.coordinator.report import write_report
 
         written = write_report(ctx.ledger, ctx.store, ctx.run, ctx.report_dir)

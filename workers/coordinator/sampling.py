@@ -47,7 +47,7 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
     from workers.rollout.state import rollout_request
 
     ids = [r.request_id for r in requests]
-    with open_queue(queue_url) as queue:
+    with open_queue(queue_url, ctx.queue_config) as queue:
         queue.put([rollout_request(r.request_id, iteration, r.spec) for r in requests])
         if workers.mode == "local_cluster":
             _run_local_cluster(workers, store.url, queue_url, ledger, queue, ids, iteration, summary)

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from dataclasses import dataclass
@@ -187,6 +188,13 @@ def split_prompts(heldout_per_category: int = 16) -> dict[str, list[str]]:
     Held-out prompts are never seen in pretraining nor in RL; they are drawn, per hard
     category, by a fixed hash of the prompt text so the split never changes.
     """
+    train, heldout = _split(heldout_per_category)
+    return {"train": list(train), "heldout": list(heldout)}
+
+
+@functools.lru_cache(maxsize=4)
+def _split(heldout_per_category: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """split_prompts' lists, made once: enumerating the grammar takes tens of milliseconds, every iteration asks."""
     by_cat: dict[str, list[str]] = {}
     for spec in all_specs():
         by_cat.setdefault(spec.category, []).append(prompt_text(spec))
@@ -194,8 +202,15 @@ def split_prompts(heldout_per_category: int = 16) -> dict[str, list[str]]:
     for cat in HELDOUT_CATEGORIES:
         heldout += sorted(by_cat[cat], key=_bucket)[:heldout_per_category]
     held = set(heldout)
-    train = [p for cat in by_cat.values() for p in cat if p not in held]
-    return {"train": train, "heldout": heldout}
+    return tuple(p for cat in by_cat.values() for p in cat if p not in held), tuple(heldout)
+
+
+@functools.lru_cache(maxsize=1)
+def _train_by_category() -> dict[str, tuple[str, ...]]:
+    by_cat: dict[str, list[str]] = {}
+    for p in split_prompts()["train"]:
+        by_cat.setdefault(parse_prompt(p).category, []).append(p)
+    return {cat: tuple(prompts) for cat, prompts in by_cat.items()}
 
 
 def tokenize(prompts: list[str]) -> tuple[list[list[int]], list[int]]:
@@ -213,9 +228,7 @@ def tokenize(prompts: list[str]) -> tuple[list[list[int]], list[int]]:
 def iteration_prompts(seed: int, iteration: int, num_prompts: int,
                       categories: tuple[str, ...] | None = None) -> list[str]:
     """The train prompts of an iteration: category-balanced, deterministic in (seed, iteration)."""
-    by_cat: dict[str, list[str]] = {}
-    for p in split_prompts()["train"]:
-        by_cat.setdefault(parse_prompt(p).category, []).append(p)
+    by_cat = _train_by_category()
     cats = sorted(c for c in by_cat if categories is None or c in categories)
     rng = np.random.default_rng(noise_seed(seed, 10_000_000 + iteration))
     out = []

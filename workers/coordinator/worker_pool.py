@@ -1,0 +1,68 @@
+"""A pool of rollout worker processes on this machine that lives for a whole run, preempted on a Poisson trace.
+
+`spotlight run` (the default `--rollouts local_cluster`) and `spotlight bench exploration`
+start one; the phases then enqueue (rollouts, exploration beside training) and the pool's
+workers pull. Worker ids carry a session number, so a resumed run's new workers stay
+unique in the ledger.
+
+Example:
+    with worker_pool(ctx, num_workers=2, preemptions_per_hour=12.0, log_dir=run_dir / "worker_logs"):
+        for k in range(ctx.num_iterations + 1):
+            run_iteration(ctx, k)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+from typing import Iterator
+
+from resources.ledger import Ledger
+from workers.coordinator.context import RunContext
+
+POOL_LIFETIME_S = 6 * 3600
+"""Longest a pool runs (and the length of its preemption trace)."""
+
+
+def slot_name(index: int, session: int) -> str:
+    """`w0`, `w1`, ... on the first start; `w0s1`, ... after a resume (worker ids stay unique in the ledger)."""
+    return f"w{index}" if session == 0 else f"w{index}s{session}"
+
+
+def pool_session(ledger: Ledger) -> int:
+    """How many pools this run started before: 0 for a new run, 1 after the first --resume, ..."""
+    slots = {r[0].split(".")[0] for r in ledger.query("SELECT worker_id FROM workers WHERE role = 'rollout'").rows}
+    session = 0
+    while slot_name(0, session) in slots:
+        session += 1
+    return session
+
+
+@contextlib.contextmanager
+def worker_pool(ctx: RunContext, num_workers: int, preemptions_per_hour: float, log_dir: Path | None) -> Iterator[None]:
+    """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends."""
+    from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
+    from resources.preemption import poisson_trace
+
+    if ctx.queue_url is None:
+        raise ValueError("a worker pool needs the run's queue: give the run a queue URL")
+    sampling, session = ctx.sampling, pool_session(ctx.ledger)
+    slots = [WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=sampling.spot_usd_per_hour)
+             for i in range(num_workers)]
+    config = ClusterConfig(ctx.queue_url, ctx.store_url, commit_every=sampling.commit_every, lease_s=sampling.lease_s,
+                           restart_delay_s=sampling.restart_delay_s, log_dir=None if log_dir is None else str(log_dir))
+    trace = poisson_trace([s.name for s in slots], rate_per_hour=preemptions_per_hour, duration_s=POOL_LIFETIME_S,
+                          notice_share=sampling.notice_share, seed=session)
+    stop = threading.Event()
+    cluster = LocalCluster(config, slots, ctx.ledger)
+    cluster.start()
+    pump = threading.Thread(target=cluster.run_until, args=(stop.is_set,),
+                            kwargs={"trace": trace, "timeout_s": POOL_LIFETIME_S}, daemon=True)
+    pump.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        pump.join()
+        cluster.stop()
