@@ -87,6 +87,9 @@ class RunContext:
     report_every: int = 1
     """Rewrite the report folder (and draw the phases' pictures) every this many iterations and on the final
     one: the Dagster UI shows every iteration's; `spotlight train` draws on its validated ones."""
+    keep_rollout_iterations: int | None = None
+    """Iterations whose rollout results stay in the store once an iteration ends: None keeps them all (the
+    pipeline's runs stay inspectable); 1 keeps the last (a redone iteration needs only its own)."""
     explore_config: Any = None
     """workers.explore.state.ExploreConfig: the arms and fallback (None: its defaults); num_workers is set to the
     rollout workers alive when exploration starts."""
@@ -112,11 +115,13 @@ class RunContext:
     def local(cls, run_dir: Path, run: str, preset: str, train: TrainConfig, *, checkpoint: str | None = None,
               reserved_usd_per_hour: float = 0.10, report: bool = True) -> "RunContext":
         """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
-        rewritten on validated iterations: what `spotlight train` uses."""
+        rewritten on validated iterations, and only the last iteration's rollout results kept (each is about
+        15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses."""
         from resources.stores import open_store
 
         run_dir = run_dir.resolve()
         store_url = str(run_dir / "store")
         return cls(run, preset, train, open_store(store_url), Ledger(run_dir / "ledger.duckdb"),
                    run_dir / "report" if report else None, store_url, checkpoint=checkpoint,
-                   reserved_usd_per_hour=reserved_usd_per_hour, report_every=train.validate_every)
+                   reserved_usd_per_hour=reserved_usd_per_hour, report_every=train.validate_every,
+                   keep_rollout_iterations=1)

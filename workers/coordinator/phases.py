@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from resources.keys import iteration_label
+from resources.keys import iteration_label, rollouts_prefix
 from resources.ledger_records import SyncRecord, TrainStepRecord
 from workers.coordinator import books
 from workers.coordinator.context import RunContext
@@ -152,8 +152,13 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
 
 
 def report_phase(ctx: RunContext, k: int) -> PhaseResult:
-    """Close the iteration in the ledger (the final one also closes the run) and rewrite the report folder."""
+    """Close the iteration in the ledger (the final one also closes the run), rewrite the report folder, and drop
+    rollout results older than the context keeps."""
     books.end_iteration(ctx.ledger, ctx, k)
+    if ctx.keep_rollout_iterations is not None and k - ctx.keep_rollout_iterations >= 0:
+        old = rollouts_prefix(ctx.run, k - ctx.keep_rollout_iterations)
+        for key in ctx.store.list_commits(old):
+            ctx.store.delete_commit(key)
     cost = ctx.ledger.query("SELECT usd_total, usd_spot, usd_reserved, critical_path_s FROM cost_per_iteration "
                             "WHERE iteration = ?", [k]).as_dicts()
     meta = {"final": ctx.is_final(k), **{f"iteration_{name}": float(v or 0.0) for name, v in (cost[0] if cost else {}).items()}}
