@@ -23,6 +23,7 @@ import dagster as dg
 from assets import FINAL_ASSETS, ITERATION_ASSETS
 from assets.partitions import ITERATIONS, partition_key
 from pipelines.sensors import ITERATIONS_TAG
+from workers.coordinator.driver import completed_iterations
 
 
 class IterationFailedError(RuntimeError):
@@ -36,10 +37,6 @@ class IterationOutcome:
     seconds: float = 0.0
     metadata: dict[str, dict] = field(default_factory=dict)
     """Asset name -> its materialization metadata (plain values)."""
-
-
-def completed_iterations(ledger) -> set[int]:
-    return {int(r[0]) for r in ledger.query("SELECT iteration FROM iterations WHERE status = 'succeeded'").rows}
 
 
 def materialize_iteration(instance: dg.DagsterInstance, resources: dict, iteration: int) -> dg.ExecuteInProcessResult:

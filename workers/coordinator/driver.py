@@ -31,9 +31,9 @@ FINAL_PHASES = ("weight_patch", "validation", "report")
 """What the final iteration (k = N) runs: sync and validate the trained weights."""
 
 
-def completed_iterations(ctx: RunContext) -> set[int]:
+def completed_iterations(ledger) -> set[int]:
     """Iterations the ledger records as succeeded (a resumed run skips them)."""
-    return {int(r[0]) for r in ctx.ledger.query("SELECT iteration FROM iterations WHERE status = 'succeeded'").rows}
+    return {int(r[0]) for r in ledger.query("SELECT iteration FROM iterations WHERE status = 'succeeded'").rows}
 
 
 def run_iteration(ctx: RunContext, k: int) -> dict[str, PhaseResult]:
@@ -46,7 +46,7 @@ def train_records(ctx: RunContext) -> Iterator[dict]:
     """Run every iteration not yet done, yielding `spotlight train`'s record of each (JSON-ready):
     `iteration` k, the update of weights v(k) into v(k+1) (absent on the final iteration), `step_s`,
     and the held-out validation of v(k) (None fields when k was not validated)."""
-    done = completed_iterations(ctx)
+    done = completed_iterations(ctx.ledger)
     for k in range(ctx.num_iterations + 1):
         if k in done:
             continue
