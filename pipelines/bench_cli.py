@@ -17,6 +17,14 @@ def emit_json(record: dict) -> None:
     typer.echo(json.dumps(record, sort_keys=True))
 
 
+
+def show(figures: dict, as_json: bool, as_text) -> None:
+    """A bench's figures: one JSON object, or its text report."""
+    if as_json:
+        emit_json(figures)
+    else:
+        typer.echo(as_text(figures))
+
 @bench_app.command("rollout")
 def bench_rollout(
     batch_size: int = typer.Option(64, help="Requests sampled together."),
@@ -139,10 +147,7 @@ def bench_pulse(
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # progress on stderr
     figures = run_pulse_bench(quick=quick, dit=dit)
-    if as_json:
-        emit_json(figures)
-        return
-    typer.echo(format_pulse_report(figures))
+    show(figures, as_json, format_pulse_report)
 
 
 @bench_app.command("loco")
@@ -156,10 +161,7 @@ def bench_loco(
     from workers.bench.loco import format_loco_report, run_loco_bench
 
     figures = run_loco_bench(quick=quick, dit=dit, lm=lm)
-    if as_json:
-        emit_json(figures)
-        return
-    typer.echo(format_loco_report(figures))
+    show(figures, as_json, format_loco_report)
 
 
 @bench_app.command("preemption")
@@ -172,16 +174,13 @@ def bench_preemption(
     from workers.bench.preemption import format_preemption_report, run_preemption_bench
 
     figures = run_preemption_bench(quick=quick, with_throughput=with_throughput)
-    if as_json:
-        emit_json(figures)
-        return
-    typer.echo(format_preemption_report(figures))
+    show(figures, as_json, format_preemption_report)
 
 
 @bench_app.command("exploration")
 def bench_exploration(
     as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
-    quick: bool = typer.Option(False, "--quick", help="One seed, two tiny iterations: a smoke run in about a minute."),
+    quick: bool = typer.Option(False, "--quick", help="One seed, two tiny iterations: a smoke run in under two minutes."),
     seed: Optional[list[int]] = typer.Option(None, "--seed", help="Run seeds (repeat the option; default 0 1 2)."),
     iterations: Optional[int] = typer.Option(None, help="Training iterations per run (default 6)."),
     validate_every: Optional[int] = typer.Option(None, help="Held-out validation every this many iterations (default 3)."),
@@ -213,7 +212,4 @@ def bench_exploration(
                        f"critical {record['critical_s']:7.1f}s  held-out {record['validation_score']:.3f}", err=True)
 
     figures = run_exploration_bench(bench, checkpoint, progress=show)
-    if as_json:
-        emit_json(figures)
-        return
-    typer.echo(format_exploration_report(figures))
+    show(figures, as_json, format_exploration_report)

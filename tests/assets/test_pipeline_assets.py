@@ -123,3 +123,14 @@ def test_sensor_requests_the_next_iteration_then_the_final_one_then_stops():
     key, request = next_iteration_request("demo", "it-000001", target=2)
     assert key == "it-000002" and {k.to_user_string() for k in request.asset_selection} == {"weight_patch", "validation", "report"}
     assert next_iteration_request("demo", "it-000002", target=2) is None
+
+
+def test_the_rollout_workers_resource_carries_every_sampling_field_the_phases_read():
+    """assets/context.py builds the coordinator's Sampling from the resource by field name."""
+    import dataclasses
+
+    from resources.dagster_resources import RolloutWorkersResource
+    from workers.coordinator.context import Sampling
+
+    missing = {f.name for f in dataclasses.fields(Sampling)} - set(RolloutWorkersResource.model_fields)
+    assert not missing, f"RolloutWorkersResource lacks {sorted(missing)}"
