@@ -59,13 +59,13 @@ def bench_recipe(
     from workers.bench.recipe import bench_recipe as run
     from workers.model.policy import SHIPPED_BASE
 
-    def show(record: dict) -> None:
+    def progress(record: dict) -> None:
         if record["validation_score"] is not None:
             typer.echo(f"seed {record['seed']}  it {record['iteration']:>3}  {record['wall_s']:>6.0f}s  "
                        f"held-out {record['validation_score']:.3f}", err=True)
 
     try:
-        figures = run(preset, seed, iterations, checkpoint or SHIPPED_BASE, progress=show)
+        figures = run(preset, seed, iterations, checkpoint or SHIPPED_BASE, progress=progress)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     if as_json:
@@ -204,12 +204,12 @@ def bench_exploration(
     if checkpoint is not None and not (checkpoint / "policy.json").exists():
         raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
 
-    def show(record: dict) -> None:
+    def progress(record: dict) -> None:
         if "stage" in record:
             typer.echo(record["stage"], err=True)
         elif record.get("validation_score") is not None:
             typer.echo(f"seed {record['seed']} {record['strategy']:>9} it {record['iteration']:>2}  "
                        f"critical {record['critical_s']:7.1f}s  held-out {record['validation_score']:.3f}", err=True)
 
-    figures = run_exploration_bench(bench, checkpoint, progress=show)
+    figures = run_exploration_bench(bench, checkpoint, progress=progress)
     show(figures, as_json, format_exploration_report)
