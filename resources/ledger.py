@@ -5,6 +5,16 @@ anyone can query it meanwhile with `spotlight ledger "SQL"` (see `ledger_db.py` 
 how reading and writing share the file, `ledger_schema.py` for the tables and views,
 docs/LEDGER.md for example queries).
 
+Durability: rows of `start_worker` and of the `record_*` methods for requests, attempts,
+preemptions, syncs, exploration and train steps that arrive while a phase is open (between `record_phase`'s
+start and end, or inside `phase()` / `batch()`) are buffered in memory and written
+together. The buffer reaches the file when the phase ends, before any other write or any
+`query`, once it holds `flush_rows` rows, at the first record `flush_s` seconds after its
+oldest row, on `flush()` / `close()`, and at normal interpreter exit. A process killed
+inside a phase loses at most that phase's rows of the last `flush_s` seconds (or
+`flush_rows` rows); the phase then stays without an end in the ledger, and a resumed
+iteration records it afresh. Outside a phase every record is written at once.
+
 Example:
     ledger = Ledger("runs/demo/ledger.duckdb")
     ledger.start_run("demo", preset="cpu_tiny", config=asdict(cfg), store_url=store.url)
@@ -19,17 +29,19 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import functools
 import json
-import re
+import threading
+import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
-from urllib.parse import urlparse
 
 import duckdb
 
-from resources.ledger_db import QueryResult, connect
+from resources.ledger_db import QueryResult, RowBuffer, connect, fetch, insert_rows, table_layouts, transaction
 from resources.ledger_records import (
     WORKER_END_REASONS,
     WORKER_ROLES,
@@ -41,14 +53,18 @@ from resources.ledger_records import (
     Timestamp,
     TrainStepRecord,
     check_choice,
+    reject_config_secrets,
+    reject_url_secrets,
     to_utc,
+    union_seconds,
 )
 from resources.ledger_schema import PHASES, upgrade
 from resources.prices import PriceTable, load_prices
 
 _RUN_STATUSES = ("running", "succeeded", "failed", "interrupted")
-_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|api_key", re.IGNORECASE)
 _ALWAYS_STAMPED = {"preempted_at", "started_at"}  # NOT NULL times: None means now
+_WORKER_COLUMNS = ("worker_id", "role", "instance_type", "gpu_type", "num_gpus", "spot", "usd_per_hour", "price_source",
+                   "started_at", "ended_at", "end_reason")
 
 
 class Ledger:
@@ -61,10 +77,19 @@ class Ledger:
         prices: PriceTable | None = None,
         prices_path: str | Path | None = None,
         lock_timeout_s: float = 30.0,
+        flush_rows: int = 20_000,
+        flush_s: float = 2.0,
     ) -> None:
+        if flush_rows < 1 or not flush_s >= 0:
+            raise ValueError(f"flush_rows must be >= 1 and flush_s >= 0, got {flush_rows} and {flush_s}")
         self.prices = prices or load_prices(prices_path)
         self.lock_timeout_s = lock_timeout_s
+        self.flush_rows, self.flush_s = flush_rows, flush_s
         self._memory: duckdb.DuckDBPyConnection | None = None
+        self._buffer = RowBuffer()
+        self._open_phases: set[tuple[int, str]] = set()
+        self._batches = 0
+        self._lock = threading.RLock()  # the buffer and the file, should a thread record too
         if str(path) == ":memory:":
             self.path = None
             self._memory = duckdb.connect(":memory:")
@@ -75,6 +100,8 @@ class Ledger:
         with self._connection() as con:
             # Schema version found on open: -1 for a new file, < SCHEMA_VERSION if migrated.
             self.upgraded_from = upgrade(con, str(self.path or ":memory:"))
+            self._layouts = table_layouts(con)
+        _OPEN_LEDGERS.add(self)
 
     @classmethod
     def in_memory(cls, prices: PriceTable | None = None) -> "Ledger":
@@ -82,9 +109,35 @@ class Ledger:
         return cls(":memory:", prices=prices)
 
     def close(self) -> None:
+        """Write the buffered rows, then release the in-memory database (a file is never held open)."""
+        self.flush()
         if self._memory is not None:
             self._memory.close()
             self._memory = None
+
+    def flush(self) -> None:
+        """Write every buffered row now (one short connection)."""
+        with self._lock:
+            if self._buffer.num_rows:
+                with self._connection():
+                    pass  # _connection writes the buffer first
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Buffer records inside the block (as inside a phase); they are written when it exits."""
+        with self._lock:
+            self._batches += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._batches -= 1
+            self.flush()
+
+    @property
+    def buffered_rows(self) -> int:
+        """Rows recorded but not yet in the file."""
+        return self._buffer.num_rows
 
     def __enter__(self) -> "Ledger":
         return self
@@ -94,25 +147,39 @@ class Ledger:
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        if self.path is None:
-            if self._memory is None:
-                raise ValueError("this in-memory ledger is closed")
-            yield self._memory
+        """A read-write connection with the buffered rows already written (so reads see every record)."""
+        with self._lock:
+            if self.path is None:
+                if self._memory is None:
+                    raise ValueError("this in-memory ledger is closed")
+                self._write_buffer(self._memory)
+                yield self._memory
+                return
+            con = connect(self.path, read_only=False, timeout_s=self.lock_timeout_s)
+            try:
+                self._write_buffer(con)
+                yield con
+            finally:
+                con.close()  # release the file so readers in other processes get their turn
+
+    def _write_buffer(self, con: duckdb.DuckDBPyConnection) -> None:
+        if not self._buffer.num_rows:
             return
-        con = connect(self.path, read_only=False, timeout_s=self.lock_timeout_s)
+        groups = self._buffer.take()  # taken even on failure: a bad row must not block every later write
         try:
-            yield con
-        finally:
-            con.close()  # release the file so readers in other processes get their turn
+            with transaction(con):
+                for table, names, rows in groups:
+                    insert_rows(con, table, names, rows, self._layouts[table])
+        except duckdb.Error as err:
+            lost = sum(len(rows) for _, _, rows in groups)
+            raise ValueError(f"ledger: {lost} buffered rows of {sorted({g[0] for g in groups})} were refused: {err}") from err
 
     # --- reading -------------------------------------------------------------------------
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> QueryResult:
         """Run SQL on this ledger (read-write connection; use `query_ledger` from other processes)."""
         with self._connection() as con:
-            cursor = con.execute(sql, params or [])
-            columns = [d[0] for d in cursor.description or []]
-            return QueryResult(columns, cursor.fetchall() if columns else [])
+            return fetch(con, sql, params)
 
     # --- runs, iterations, phases --------------------------------------------------------
 
@@ -128,8 +195,8 @@ class Ledger:
     ) -> None:
         """Record a run start; calling it again on resume keeps the first start time."""
         for url in (store_url, queue_url):
-            _reject_url_secrets(url)
-        _reject_config_secrets(config or {}, "config")
+            reject_url_secrets(url)
+        reject_config_secrets(config or {}, "config")
         with self._connection() as con:
             con.execute(
                 "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET "
@@ -163,17 +230,21 @@ class Ledger:
                 "SELECT started_at, coalesce(ended_at, ?) FROM phases WHERE iteration = ? ORDER BY started_at",
                 [ended, iteration],
             ).rows
-            critical_path_s = _union_seconds(rows)
+            critical_path_s = union_seconds(rows)
         self._update_one("iterations", "iteration", iteration, ended_at=ended, status=status, critical_path_s=critical_path_s)
 
     def record_phase(self, iteration: int, phase: str, started_at: Timestamp, ended_at: Timestamp = None) -> None:
         """Record (or complete) one phase window; `ended_at=None` marks it running."""
         check_choice(phase, PHASES, "phase")
-        with self._connection() as con:
+        with self._connection() as con:  # a phase end writes the rows buffered during the phase
             con.execute(
                 "INSERT OR REPLACE INTO phases VALUES (?, ?, ?, ?)",
                 [iteration, phase, to_utc(started_at), None if ended_at is None else to_utc(ended_at)],
             )
+            if ended_at is None:
+                self._open_phases.add((iteration, phase))
+            else:
+                self._open_phases.discard((iteration, phase))
 
     @contextlib.contextmanager
     def phase(self, iteration: int, phase: str) -> Iterator[None]:
@@ -209,11 +280,8 @@ class Ledger:
             if not usd_per_hour >= 0:
                 raise ValueError(f"worker {worker_id!r}: usd_per_hour must be >= 0, got {usd_per_hour}")
             source = "given by the caller"
-        with self._connection() as con:
-            con.execute(
-                "INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
-                [worker_id, role, instance_type, gpu_type, num_gpus, spot, usd_per_hour, source, to_utc(at)],
-            )
+        self._record_rows("workers", _WORKER_COLUMNS,
+                          [[worker_id, role, instance_type, gpu_type, num_gpus, spot, usd_per_hour, source, to_utc(at), None, None]])
         return usd_per_hour
 
     def end_worker(self, worker_id: str, *, reason: str, at: Timestamp = None) -> None:
@@ -262,7 +330,7 @@ class Ledger:
         if num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
         scores = [[iteration, str(name), float(value)] for name, value in sorted((criteria or {}).items())]
-        with self._connection() as con, _transaction(con):
+        with self._connection() as con, transaction(con):
             con.execute("INSERT OR REPLACE INTO validation VALUES (?, ?, ?, ?, ?)", [iteration, weights_version, score, num_prompts, to_utc(at)])
             con.execute("DELETE FROM validation_scores WHERE iteration = ?", [iteration])
             if scores:
@@ -273,11 +341,19 @@ class Ledger:
     def _upsert(self, table: str, records: list[Any]) -> None:
         if not records:
             return
-        names = [f.name for f in dataclasses.fields(records[0])]
-        rows = [[_column_value(n, getattr(r, n)) for n in names] for r in records]
-        sql = f"INSERT OR REPLACE INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
-        with self._connection() as con:
-            con.executemany(sql, rows)
+        names, stamps = _record_columns(type(records[0]))
+        self._record_rows(table, names, [[_column_value(stamp, getattr(r, n)) for n, stamp in zip(names, stamps)]
+                                         for r in records])
+
+    def _record_rows(self, table: str, names: tuple[str, ...], rows: list[list[Any]]) -> None:
+        """INSERT OR REPLACE rows: buffered while a phase or batch is open, else written now."""
+        with self._lock:
+            self._buffer.add(table, names, rows)
+            if self._batches or self._open_phases:
+                if self._buffer.due(self.flush_rows, self.flush_s):
+                    self.flush()
+            else:
+                self.flush()
 
     def _update_one(self, table: str, key_column: str, key: Any, **values: Any) -> None:
         assignments = ", ".join(f"{name} = ?" for name in values)
@@ -287,47 +363,28 @@ class Ledger:
             raise ValueError(f"cannot end {table[:-1]} {key!r}: it was never started in this ledger")
 
 
-@contextlib.contextmanager
-def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    con.execute("BEGIN TRANSACTION")
-    try:
-        yield
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    con.execute("COMMIT")
 
 
-def _column_value(name: str, value: Any) -> Any:
-    if name in _ALWAYS_STAMPED or (name.endswith("_at") and value is not None):
+_OPEN_LEDGERS: "weakref.WeakSet[Ledger]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """A process that forgot `close()` still writes its buffered rows when it exits normally."""
+    for ledger in list(_OPEN_LEDGERS):
+        if ledger.path is not None or ledger._memory is not None:
+            ledger.flush()
+
+
+@functools.lru_cache(maxsize=None)
+def _record_columns(record_type: type) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
+    """Column names of a record type, and per column how its value is stamped: 'always', 'given' or None."""
+    names = tuple(f.name for f in dataclasses.fields(record_type))
+    stamps = tuple("always" if n in _ALWAYS_STAMPED else "given" if n.endswith("_at") else None for n in names)
+    return names, stamps
+
+
+def _column_value(stamp: str | None, value: Any) -> Any:
+    if stamp == "always" or (stamp == "given" and value is not None):
         return to_utc(value)
     return value
-
-
-def _union_seconds(intervals: Sequence[tuple[Any, Any]]) -> float:
-    """Length of the union of [start, end) intervals sorted by start."""
-    total, current_start, current_end = 0.0, None, None
-    for start, end in intervals:
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += (current_end - current_start).total_seconds()
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += (current_end - current_start).total_seconds()
-    return total
-
-
-def _reject_url_secrets(url: str | None) -> None:
-    if url and urlparse(url).password:
-        raise ValueError("store/queue URLs recorded in the ledger must not carry credentials; configure them outside the URL")
-
-
-def _reject_config_secrets(config: Mapping[str, Any], where: str) -> None:
-    """The ledger is shared and copied around: refuse anything that looks like a credential."""
-    for key, value in config.items():
-        if _SECRET_KEY.search(str(key)) and value not in (None, "", False):
-            raise ValueError(f"{where}.{key} looks like a credential; the ledger must never store credentials")
-        if isinstance(value, Mapping):
-            _reject_config_secrets(value, f"{where}.{key}")

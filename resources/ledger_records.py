@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+from urllib.parse import urlparse
 
 REQUEST_KINDS = ("rollout", "explore", "validate")
 REQUEST_STATUSES = ("done", "failed", "cancelled")
@@ -12,6 +15,8 @@ ATTEMPT_OUTCOMES = ("running", "done", "preempted", "lease_expired", "failed", "
 WORKER_ROLES = ("rollout", "explore", "trainer", "coordinator", "node_agent")
 WORKER_END_REASONS = ("finished", "preempted", "failed", "scaled_down", "interrupted")
 SYNC_KINDS = ("patch", "anchor", "dense", "ddp", "diloco", "pulseloco")
+
+_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|api_key", re.IGNORECASE)
 
 Timestamp = datetime | float | None
 """A datetime (naive = UTC), POSIX seconds (time.time()), or None for now."""
@@ -244,3 +249,32 @@ class TrainStepRecord:
     def __post_init__(self) -> None:
         check_fraction(self, "zero_std_ratio", "clip_fraction")
         check_non_negative(self, "reward_std", "grad_norm", "learning_rate", "duration_s")
+
+
+def union_seconds(intervals: Sequence[tuple[Any, Any]]) -> float:
+    """Length of the union of [start, end) intervals sorted by start."""
+    total, current_start, current_end = 0.0, None, None
+    for start, end in intervals:
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += (current_end - current_start).total_seconds()
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None:
+        total += (current_end - current_start).total_seconds()
+    return total
+
+
+def reject_url_secrets(url: str | None) -> None:
+    if url and urlparse(url).password:
+        raise ValueError("store/queue URLs recorded in the ledger must not carry credentials; configure them outside the URL")
+
+
+def reject_config_secrets(config: Mapping[str, Any], where: str) -> None:
+    """The ledger is shared and copied around: refuse anything that looks like a credential."""
+    for key, value in config.items():
+        if _SECRET_KEY.search(str(key)) and value not in (None, "", False):
+            raise ValueError(f"{where}.{key} looks like a credential; the ledger must never store credentials")
+        if isinstance(value, Mapping):
+            reject_config_secrets(value, f"{where}.{key}")

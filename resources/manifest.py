@@ -74,19 +74,44 @@ class Manifest:
         return json.dumps(body, sort_keys=True, indent=1).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> "Manifest":
-        """Parse a manifest; `where` names it in the error when the bytes are not one."""
+    def from_bytes(cls, data: bytes, where: str, commit_key: str | None = None) -> "Manifest":
+        """Parse a manifest; `where` names it in the error when the bytes are not one.
+
+        Raises ValueError for anything but a well-formed manifest whose objects all lie directly
+        under its commit key, and (when `commit_key` is given: the key it was read from) whose
+        commit key is that one. A publish deletes the objects of the manifest it replaces, so a
+        damaged or crafted manifest must never name another commit's objects.
+        """
         try:
             body = json.loads(data)
-            if body.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"format {body.get('format')!r}, expected {MANIFEST_FORMAT!r}")
-            objects = {
-                name: ObjectEntry(o["key"], o["xxh3_128"], int(o["size_bytes"]))
-                for name, o in body["objects"].items()
-            }
-            return cls(body["commit_key"], objects, body.get("metadata", {}), body["writer"])
+            if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"format {body.get('format') if isinstance(body, dict) else None!r}, expected {MANIFEST_FORMAT!r}")
+            own_key = check_key(body["commit_key"])
+            if commit_key is not None and own_key != commit_key:
+                raise ValueError(f"it belongs to commit {own_key!r}, not {commit_key!r}")
+            if not isinstance(body["objects"], dict) or not isinstance(body.get("metadata", {}), dict):
+                raise ValueError("objects and metadata must be JSON objects")
+            objects = {check_name(name, "object name"): _entry(own_key, o) for name, o in body["objects"].items()}
+            if not isinstance(body["writer"], str):
+                raise ValueError(f"writer must be a string, got {body['writer']!r:.40}")
+            return cls(own_key, objects, body.get("metadata", {}), body["writer"])
+        except RecursionError as err:
+            raise ValueError(f"manifest {where} is not a valid spotlight manifest: nested too deeply") from err
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"manifest {where} is not a valid spotlight manifest: {err}") from err
+
+
+def _entry(commit_key: str, raw: Any) -> ObjectEntry:
+    """One object entry, refused unless its key is one segment directly under the commit key."""
+    key, digest, size = raw["key"], raw["xxh3_128"], raw["size_bytes"]
+    if not isinstance(key, str) or not key.startswith(commit_key + "/") or "/" in key[len(commit_key) + 1 :]:
+        raise ValueError(f"object key {key!r:.80} does not lie directly under commit {commit_key!r}")
+    check_key(key)
+    if not isinstance(digest, str):
+        raise ValueError(f"xxh3_128 must be a string, got {digest!r:.40}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"size_bytes must be an int >= 0, got {size!r:.40}")
+    return ObjectEntry(key, digest, size)
 
 
 def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -43,8 +43,8 @@ class Request:
 
     def __post_init__(self) -> None:
         check_name(self.request_id, "request id")
-        if isinstance(self.iteration, bool) or not isinstance(self.iteration, int) or self.iteration < 0:
-            raise ValueError(f"request {self.request_id!r}: iteration must be an int >= 0, got {self.iteration!r}")
+        if isinstance(self.iteration, bool) or not isinstance(self.iteration, int) or not 0 <= self.iteration < 2**63:
+            raise ValueError(f"request {self.request_id!r}: iteration must be an int >= 0 and < 2**63, got {self.iteration!r:.40}")
         if self.kind not in KINDS_BY_PRIORITY:
             raise ValueError(f"request {self.request_id!r}: kind must be one of {KINDS_BY_PRIORITY}, got {self.kind!r}")
         if not isinstance(self.payload, Mapping):
@@ -65,12 +65,19 @@ class Request:
         body = {"request_id": self.request_id, "iteration": self.iteration, "kind": self.kind, "payload": self.payload}
         try:
             return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RecursionError) as err:
             raise ValueError(f"request {self.request_id!r}: payload is not JSON-serialisable: {err}") from err
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Request":
-        return cls.from_dict(json.loads(text))
+        """Parse a stored body (it comes back from a shared queue: ValueError for anything malformed)."""
+        if len(text) > 2 * MAX_BODY_BYTES:  # never parse more than a body may hold (whitespace aside)
+            raise ValueError(f"request body of {len(text)} bytes exceeds the {MAX_BODY_BYTES}-byte limit")
+        try:
+            body = json.loads(text)
+        except RecursionError as err:
+            raise ValueError("request body is nested too deeply to be a request") from err
+        return cls.from_dict(body)
 
     @classmethod
     def from_dict(cls, body: "Request | Mapping[str, Any]") -> "Request":

@@ -8,7 +8,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from resources.queue import QueueConfig, QueueUnavailableError, RequestQueue
 from resources.queue_records import (
@@ -38,24 +38,49 @@ CREATE TABLE IF NOT EXISTS requests (
     result_key  TEXT,
     dead_seq    INTEGER                             -- order of dead-lettering
 );
-CREATE INDEX IF NOT EXISTS requests_claimable ON requests (state, priority, seq);
+CREATE TABLE IF NOT EXISTS finished (               -- the exactly-once record of acked requests, without bodies
+    request_id  TEXT PRIMARY KEY,
+    iteration   INTEGER NOT NULL,
+    result_key  TEXT NOT NULL
+) WITHOUT ROWID;
+DROP INDEX IF EXISTS requests_claimable;
+CREATE INDEX IF NOT EXISTS requests_pending ON requests (priority, seq) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS requests_leased ON requests (lease_until) WHERE state = 'leased';
 CREATE INDEX IF NOT EXISTS requests_iteration ON requests (iteration, state);
+CREATE INDEX IF NOT EXISTS finished_iteration ON finished (iteration);
+INSERT OR IGNORE INTO finished SELECT request_id, iteration, result_key FROM requests WHERE state = 'done';
+DELETE FROM requests WHERE state = 'done'
 """
+# claim = the first of two index searches, never a scan: the oldest pending request of the best
+# priority (requests_pending), and the best expired lease (requests_leased: only leases past due).
+CLAIM_PENDING_SQL = "SELECT priority, seq, body, attempts FROM requests WHERE state = 'pending' ORDER BY priority, seq LIMIT 1"
+CLAIM_EXPIRED_SQL = ("SELECT priority, seq, body, attempts FROM requests WHERE state = 'leased' AND lease_until <= ? "
+                     "ORDER BY priority, seq LIMIT 1")
 _OPEN = "('pending', 'leased')"
 
 
 class SqliteQueue(RequestQueue):
-    """Requests are rows of one table; every operation is one short IMMEDIATE transaction.
+    """Open requests are rows of one table; every operation is one short IMMEDIATE transaction.
+
+    An ack moves the request out of `requests` into `finished` (id, iteration, result key; no
+    body), so the table claims search holds only open, dead and cancelled requests, and claim
+    is two index searches whatever the queue's history. `finished` keeps the exactly-once
+    record (a re-put id is skipped, a second ack is refused) until `purge_finished` drops
+    old iterations from it.
 
     WAL mode lets readers (stats, wait_until_done) run while a worker writes, and the busy
     timeout makes concurrent writers queue up on the file lock instead of failing. Lease
     times use each process's `time.time()`, which is fine on one machine. The object is
-    thread-safe (a worker may heartbeat from a thread); open one per process.
+    thread-safe (a worker may heartbeat from a thread); open one per process. `clock`
+    replaces `time.time` for lease times (the simulator, workers/sim, runs the queue on
+    simulated time).
     """
 
-    def __init__(self, path: str | Path, config: QueueConfig = QueueConfig()) -> None:
+    def __init__(self, path: str | Path, config: QueueConfig = QueueConfig(),
+                 clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path).expanduser().resolve()
         self.config = config
+        self._clock = clock
         self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,8 +134,8 @@ class SqliteQueue(RequestQueue):
             before = db.total_changes
             db.executemany(
                 "INSERT OR IGNORE INTO requests (request_id, iteration, kind, priority, body, state) "
-                "VALUES (?, ?, ?, ?, ?, 'pending')",
-                [(r.request_id, r.iteration, r.kind, r.priority, r.to_json()) for r in rows],
+                "SELECT ?, ?, ?, ?, ?, 'pending' WHERE NOT EXISTS (SELECT 1 FROM finished WHERE request_id = ?)",
+                [(r.request_id, r.iteration, r.kind, r.priority, r.to_json(), r.request_id) for r in rows],
             )
             return db.total_changes - before
 
@@ -119,16 +144,13 @@ class SqliteQueue(RequestQueue):
         lease_s = check_lease_s(lease_s, self.config.max_lease_s)
         token = uuid.uuid4().hex
         with self._write() as db:
-            now = time.time()
+            now = self._clock()
             self._bury_exhausted(db, now)
-            row = db.execute(
-                "SELECT seq, body, attempts FROM requests WHERE state = 'pending' "
-                "OR (state = 'leased' AND lease_until <= ?) ORDER BY priority, seq LIMIT 1",
-                (now,),
-            ).fetchone()
-            if row is None:
+            candidates = [db.execute(CLAIM_PENDING_SQL).fetchone(), db.execute(CLAIM_EXPIRED_SQL, (now,)).fetchone()]
+            candidates = [c for c in candidates if c is not None]
+            if not candidates:
                 return None
-            seq, body, attempts = row
+            _, seq, body, attempts = min(candidates)
             db.execute(
                 "UPDATE requests SET state = 'leased', attempts = ?, worker_id = ?, lease_token = ?, lease_until = ? "
                 "WHERE seq = ?",
@@ -156,7 +178,7 @@ class SqliteQueue(RequestQueue):
         with self._write() as db:
             changed = db.execute(
                 "UPDATE requests SET lease_until = ? WHERE request_id = ? AND state = 'leased' AND lease_token = ?",
-                (time.time() + lease_s, lease.request_id, lease.token),
+                (self._clock() + lease_s, lease.request_id, lease.token),
             ).rowcount
         return changed == 1
 
@@ -165,11 +187,25 @@ class SqliteQueue(RequestQueue):
         check_result_key(result_key)
         with self._write() as db:
             changed = db.execute(
-                "UPDATE requests SET state = 'done', result_key = ?, lease_token = NULL, dead_seq = NULL "
+                "INSERT OR IGNORE INTO finished SELECT request_id, iteration, ? FROM requests "
                 "WHERE request_id = ? AND state IN ('pending', 'leased', 'dead')",
                 (result_key, request_id),
             ).rowcount
+            db.execute("DELETE FROM requests WHERE request_id = ? AND state IN ('pending', 'leased', 'dead')",
+                       (request_id,))
         return changed == 1
+
+    def purge_finished(self, before_iteration: int) -> int:
+        """Forget the acked requests of iterations < `before_iteration`; returns how many.
+
+        Their ids become unknown: `states` says 'unknown', `results` omits them, and putting one
+        again queues it afresh. Call it only for iterations whose results are recorded and
+        whose requests nobody will put again (the coordinator's finished iterations).
+        """
+        if isinstance(before_iteration, bool) or not isinstance(before_iteration, int):
+            raise ValueError(f"before_iteration must be an int, got {before_iteration!r}")
+        with self._write() as db:
+            return db.execute("DELETE FROM finished WHERE iteration < ?", (before_iteration,)).rowcount
 
     def cancel_iteration(self, iteration: int, kind: str | None = None) -> int:
         if kind is not None and kind not in KINDS_BY_PRIORITY:
@@ -185,21 +221,24 @@ class SqliteQueue(RequestQueue):
         rows = self._read(
             "SELECT CASE WHEN state = 'leased' AND lease_until <= ? THEN 'pending' ELSE state END AS s, count(*) "
             "FROM requests GROUP BY s",
-            (time.time(),),
+            (self._clock(),),
         )
         counts = dict(rows)
+        counts["done"] = self._read("SELECT count(*) FROM finished")[0][0]
         return QueueStats(*(counts.get(s, 0) for s in ("pending", "leased", "done", "dead", "cancelled")))
 
     def states(self, request_ids: Iterable[str]) -> dict[str, str]:
         ids = list(request_ids)
         found: dict[str, str] = {}
-        now = time.time()
+        now = self._clock()
         for chunk in _chunks(ids):
             marks = ",".join("?" * len(chunk))
             for rid, state, until in self._read(
                 f"SELECT request_id, state, lease_until FROM requests WHERE request_id IN ({marks})", chunk
             ):
                 found[rid] = "pending" if state == "leased" and until <= now else state
+            for (rid,) in self._read(f"SELECT request_id FROM finished WHERE request_id IN ({marks})", chunk):
+                found[rid] = "done"
         return {rid: found.get(rid, "unknown") for rid in ids}
 
     def results(self, request_ids: Iterable[str]) -> dict[str, str]:
@@ -208,7 +247,7 @@ class SqliteQueue(RequestQueue):
             marks = ",".join("?" * len(chunk))
             out.update(
                 self._read(
-                    f"SELECT request_id, result_key FROM requests WHERE state = 'done' AND request_id IN ({marks})",
+                    f"SELECT request_id, result_key FROM finished WHERE request_id IN ({marks})",
                     chunk,
                 )
             )

@@ -2,9 +2,11 @@
 
 Version 0 is the base policy: its trainer checkpoint and a full BF16 anchor. Version k >= 1
 is the trainer's checkpoint after update k-1 -> k: a PULSE patch from version k-1 (plus an
-anchor every `anchor_every` versions). The check replays what a fresh rollout worker does
-(nearest anchor, then patches) and compares the weights hash it reaches with the hash of
-the trainer's own BF16 weights.
+anchor every `anchor_every` versions). The chain is replayed once per version: the replay
+to version k-1 (nearest anchor, then patches, as a fresh rollout worker does) is both the
+base the patch is encoded against and the receiver that then applies the published patch
+and checks that it reaches the hash of the trainer's own BF16 weights. An anchored version
+also checks the stored anchor's hash (a fresh worker loads that instead).
 
 Example:
     outcome = publish_version(store, "demo", 3, anchor_every=10)
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from resources.store import TensorStore
 from resources.store_chain import StoreChain
-from workers.pulse import ChainConfig, ChainPublisher, read_patch_header, sync_weights, weights_hash
+from workers.pulse import ChainConfig, ChainPublisher, apply_patch, read_patch_header, sync_weights, weights_hash
 from workers.trainer.checkpoint import bf16_weights, load_checkpoint, save_checkpoint
 
 
@@ -38,8 +40,12 @@ class SyncOutcome:
     changed_fraction: float
     """Share of BF16 values that changed since version-1 (1.0 for the anchor)."""
     encode_s: float
+    """Seconds to diff version-1 against version and encode and publish the patch (anchor: publish it)."""
     apply_s: float
-    """A fresh receiver's time to reach the version (anchor + patches + hash check)."""
+    """Seconds a worker one version behind takes to apply the published patch and check the hash
+    (version 0: a fresh worker loading the anchor)."""
+    replay_s: float
+    """Seconds to replay the chain to version-1 from the store (anchor + patches + hash check)."""
     trainer_hash: str
     """xxh3-128 of the trainer's BF16 weights at this version."""
     receiver_hash: str
@@ -53,40 +59,62 @@ class SyncOutcome:
 
 
 def publish_version(store: TensorStore, run: str, version: int, *, anchor_every: int = 10,
-                    base: str | Path | None = None) -> SyncOutcome:
-    """Publish `version` (version 0 from the `base` policy folder, default the shipped base) and verify it."""
-    from workers.model.policy import SHIPPED_BASE, load_policy
+                    base: str | Path | None = None, model: dict | None = None) -> SyncOutcome:
+    """Publish `version` (version 0 from the `base` folder, default the shipped base; a diffusers pipeline folder
+    with `model`'s ModelSpec fields, e.g. lora_rank) and verify it."""
+    from workers.model.policy import SHIPPED_BASE
+    from workers.model.spec import load_any
 
-    started = time.perf_counter()
     if version == 0:
-        policy = load_policy(base or SHIPPED_BASE)
+        policy = load_any(base or SHIPPED_BASE, **(model or {}))
         save_checkpoint(store, run, 0, policy)
     else:
         policy, _ = load_checkpoint(store, run, version)
-    chain = StoreChain(store, run, policy_config=dataclasses.asdict(policy.config), anchor_every=anchor_every)
+    chain = StoreChain(store, run, policy_config=policy.spec(), anchor_every=anchor_every)
     config = ChainConfig(anchor_every=anchor_every)
-    previous = None
-    if version > 0:  # the previous version as receivers hold it: from the chain, not an old checkpoint
-        previous = {}
-        sync_weights(previous, None, version - 1, chain, config)
-    publisher = ChainPublisher(chain, config, last_version=None if previous is None else version - 1, last_state=previous)
     current = bf16_weights(policy)
+    previous, replay_s = _replay_previous(chain, version, config)
+    started = time.perf_counter()
+    publisher = ChainPublisher(chain, config, last_version=None if previous is None else version - 1, last_state=previous)
     publisher.publish(version, current)
     encode_s = time.perf_counter() - started
     dense = sum(t.numel() * t.element_size() for t in current.values())
-    if version == 0:
+    receiver_hash, apply_s, patch = _receive(chain, version, previous, anchored=version % anchor_every == 0)
+    if patch is None:
         sent, changed, kind = dense, 1.0, "anchor"
     else:
-        patch = chain.get_patch(version)
         sent, kind = len(patch), "patch"
         changed = read_patch_header(patch).num_changed / sum(t.numel() for t in current.values())
-    receiver_hash, apply_s = _fresh_receiver_hash(chain, version, config)
-    return SyncOutcome(version, kind, dense, sent, changed, encode_s, apply_s, weights_hash(current), receiver_hash,
-                       version % anchor_every == 0)
+    return SyncOutcome(version, kind, dense, sent, changed, encode_s, apply_s, replay_s, weights_hash(current),
+                       receiver_hash, version % anchor_every == 0)
 
 
-def _fresh_receiver_hash(chain: StoreChain, version: int, config: ChainConfig) -> tuple[str, float]:
+def _replay_previous(chain: StoreChain, version: int, config: ChainConfig) -> tuple[dict | None, float]:
+    """Version-1 as receivers hold it, from the chain (not an old checkpoint), and the seconds it took."""
+    if version == 0:
+        return None, 0.0
     started = time.perf_counter()
-    weights: dict = {}
-    sync_weights(weights, None, version, chain, config)
-    return weights_hash(weights), time.perf_counter() - started
+    previous: dict = {}
+    sync_weights(previous, None, version - 1, chain, config)
+    return previous, time.perf_counter() - started
+
+
+def _receive(chain: StoreChain, version: int, previous: dict | None, *, anchored: bool) -> tuple[str, float, bytes | None]:
+    """Reach `version` as a receiver would, from what the store now holds: (hash reached, seconds, the patch).
+
+    `previous` (version-1, already replayed) takes the published patch in place; an anchored
+    version's stored anchor must hash the same, else its hash is the one reported.
+    """
+    started = time.perf_counter()
+    if previous is None:
+        reached, patch = chain.get_anchor(version), None
+    else:
+        patch = chain.get_patch(version)
+        apply_patch(previous, patch, base_version=version - 1)
+        reached = previous
+    receiver_hash = weights_hash(reached)
+    apply_s = time.perf_counter() - started
+    if anchored and previous is not None:
+        anchor_hash = weights_hash(chain.get_anchor(version))
+        receiver_hash = receiver_hash if anchor_hash == receiver_hash else anchor_hash
+    return receiver_hash, apply_s, patch

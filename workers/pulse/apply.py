@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zstandard
 
 from workers.pulse.patch_format import PatchError, PatchHeader, TensorEntry, read_patch_header
 from workers.pulse.streams import (
     GAP_ESCAPES_BY_WIDTH,
     GAP_STREAMS_BY_WIDTH,
     MAGNITUDE_ESCAPES,
+    decompress_exact,
     indices_from_gaps,
     join_bf16,
     join_levels,
@@ -106,21 +106,12 @@ def _new_bits(
 
 
 def _decompress_streams(patch: bytes, header: PatchHeader) -> dict[str, np.ndarray]:
-    decompressor = zstandard.ZstdDecompressor()
     view = memoryview(patch)[header.header_size :]
     streams = {}
     for stream in header.streams:
         frame = view[stream.offset : stream.offset + stream.length]
         expected = (stream.count + 7) // 8 if stream.layout == "bits" else stream.count * np.dtype(stream.dtype).itemsize
-        if stream.length == 0:
-            raw = b""
-        else:
-            try:
-                if zstandard.frame_content_size(frame) != expected:
-                    raise PatchError(f"stream {stream.name}: zstd frame does not hold {expected} bytes")
-                raw = decompressor.decompress(frame, max_output_size=expected)
-            except zstandard.ZstdError as err:
-                raise PatchError(f"stream {stream.name}: zstd frame unreadable: {err}") from err
+        raw = b"" if stream.length == 0 else decompress_exact(frame, expected, f"stream {stream.name}")
         streams[stream.name] = stream_from_bytes(raw, stream.dtype, stream.layout, stream.count)
     return streams
 

@@ -160,8 +160,8 @@ def read_patch_header(patch: bytes) -> PatchHeader:
         raw = json.loads(header_json)
     except zstandard.ZstdError as err:
         raise PatchError(f"patch header is not a readable zstd frame: {err}") from err
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise PatchError(f"patch header is not valid JSON: {err}") from err
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise PatchError(f"patch header is not valid JSON: {err!r:.200}") from err
     header = _header_from_json(raw, header_end)
     if header.format_version != format_version:
         raise PatchError(f"format version {header.format_version} in the header disagrees with {format_version} in the prefix")

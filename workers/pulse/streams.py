@@ -7,6 +7,7 @@ checks what it reads, raising PatchError, because its input comes over the netwo
 from __future__ import annotations
 
 import numpy as np
+import zstandard
 
 from workers.pulse.patch_format import PatchError
 
@@ -16,6 +17,9 @@ GAP_ESCAPES_BY_WIDTH = {1: (255, 65535), 2: (65535,)}
 """Escape values of the gap levels: width 1 is gap8 -> gap16 -> gap64, width 2 is gap16 -> gap64."""
 MAGNITUDE_ESCAPES = (255,)
 """ULP magnitudes: delta_magnitude8 -> delta_magnitude16 (|delta| - 1 <= 32767 always fits)."""
+MAX_ZSTD_RATIO = 1 << 16
+"""No zstd frame expands more than this (a 128 KiB block from a 3-byte header and 1 RLE byte is 32768x):
+a stream that declares more output than its frame could hold is refused before anything is allocated."""
 WIDE_GAP_SHARE = 0.6
 """Use 2-byte first-level gaps when at least this share of gaps would escape a byte.
 
@@ -43,6 +47,10 @@ def indices_from_gaps(gaps: np.ndarray, numel: int) -> np.ndarray:
     """Invert gaps_from_indices, refusing indices outside a tensor of numel elements."""
     if gaps.size and int(gaps.min()) < 0:
         raise PatchError("negative index gap in patch")
+    # Every gap is below numel in a valid patch; past 2**63 the int64 running sum would wrap
+    # around to indices that look in range (then written to the wrong places).
+    if gaps.size and (int(gaps.max()) >= numel or gaps.size * (int(gaps.max()) + 1) >= 1 << 63):
+        raise PatchError(f"patch index gap out of range for {numel} elements")
     indices = np.cumsum(gaps + 1)
     indices -= 1
     if indices.size and int(indices[-1]) >= numel:
@@ -131,6 +139,22 @@ def ulp_delta_apply(prev_bits: np.ndarray, negative: np.ndarray, magnitude: np.n
     delta *= sign
     delta += prev_bits
     return delta
+
+
+def decompress_exact(frame: bytes | memoryview, size: int, what: str) -> bytes:
+    """Decompress one zstd frame that must hold exactly `size` bytes, refusing (PatchError) before
+    allocating when the frame declares another size or could not expand that far."""
+    if size > MAX_ZSTD_RATIO * len(frame) + 1024:
+        raise PatchError(f"{what}: {len(frame)} compressed bytes cannot hold the {size} bytes declared")
+    try:
+        if zstandard.frame_content_size(frame) != size:
+            raise PatchError(f"{what}: zstd frame does not hold {size} bytes")
+        raw = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max(size, 1))
+    except zstandard.ZstdError as err:
+        raise PatchError(f"{what}: zstd frame unreadable: {err}") from err
+    if len(raw) != size:
+        raise PatchError(f"{what}: zstd frame holds {len(raw)} bytes, not {size}")
+    return raw
 
 
 def stream_to_bytes(values: np.ndarray, dtype: str, layout: str) -> bytes:

@@ -34,6 +34,7 @@ from workers.pulse.streams import (
     GAP_ESCAPES_BY_WIDTH,
     GAP_STREAMS_BY_WIDTH,
     choose_gap_width,
+    decompress_exact,
     gaps_from_indices,
     indices_from_gaps,
     join_levels,
@@ -100,10 +101,12 @@ def encode_dense(vector_N: torch.Tensor, layout: int, *, round_index: int, repli
     return _pack("dense", layout, vector_N.numel(), vector_N.numel(), round_index, replica, 1, [raw, b"", b"", b""])
 
 
-def read_header(payload: bytes, layout: int) -> PayloadHeader:
-    """Parse and check the prefix and body checksum; refuse a payload for another model."""
+def read_header(payload: bytes, layout: int, numel: int | None = None) -> PayloadHeader:
+    """Parse and check the prefix and body checksum; refuse a payload for another model
+    (another layout hash, or, when given, another parameter count `numel`)."""
     if len(payload) < PREFIX.size:
         raise PayloadError(f"payload truncated: {len(payload)} bytes, shorter than the {PREFIX.size}-byte prefix")
+    expected_numel = numel
     magic, fmt, kind, got_layout, numel, count, round_index, replica, width, *rest = PREFIX.unpack_from(payload)
     lengths, digest = rest[:4], rest[4]
     if magic != MAGIC or fmt != FORMAT or kind not in KINDS.values() or width not in GAP_STREAMS_BY_WIDTH:
@@ -115,13 +118,15 @@ def read_header(payload: bytes, layout: int) -> PayloadHeader:
         raise PayloadError("payload body truncated or corrupted: size or checksum mismatch")
     if count > numel:
         raise PayloadError(f"payload claims {count} values for {numel} parameters")
+    if expected_numel is not None and numel != expected_numel:
+        raise PayloadError(f"payload is for {numel} parameters, this model has {expected_numel}")
     name = next(k for k, v in KINDS.items() if v == kind)
     return PayloadHeader(name, got_layout, numel, count, round_index, replica)
 
 
-def decode_sparse(payload: bytes, layout: int) -> tuple[PayloadHeader, SparseUpdate]:
-    """Invert encode_sparse, checking every stream's size and the index range."""
-    header = read_header(payload, layout)
+def decode_sparse(payload: bytes, layout: int, numel: int | None = None) -> tuple[PayloadHeader, SparseUpdate]:
+    """Invert encode_sparse, checking every stream's size, the index range and that every value is finite."""
+    header = read_header(payload, layout, numel)
     if header.kind != "sparse":
         raise PayloadError(f"expected a sparse payload, got {header.kind}")
     frames = _frames(payload)
@@ -140,19 +145,24 @@ def decode_sparse(payload: bytes, layout: int) -> tuple[PayloadHeader, SparseUpd
     except PatchError as err:
         raise PayloadError(f"payload indices refused: {err}") from err
     values = _stream(frames[3], *_VALUES, header.count)
+    if not np.isfinite(values).all():
+        raise PayloadError("payload carries non-finite values (NaN or infinity)")
     update = SparseUpdate(torch.from_numpy(indices.astype(np.int64)), torch.from_numpy(values.astype(np.float32)), header.numel)
     return header, update
 
 
-def decode_dense(payload: bytes, layout: int) -> tuple[PayloadHeader, torch.Tensor]:
-    """Invert encode_dense."""
-    header = read_header(payload, layout)
+def decode_dense(payload: bytes, layout: int, numel: int | None = None) -> tuple[PayloadHeader, torch.Tensor]:
+    """Invert encode_dense, refusing non-finite values."""
+    header = read_header(payload, layout, numel)
     if header.kind != "dense":
         raise PayloadError(f"expected a dense payload, got {header.kind}")
-    raw = _frames(payload)[0]
-    if len(raw) != 4 * header.numel:
-        raise PayloadError(f"dense payload holds {len(raw)} bytes for {header.numel} FP32 values")
-    return header, torch.from_numpy(np.frombuffer(raw, dtype="<f4").astype(np.float32))
+    raw, *rest = _frames(payload)
+    if len(raw) != 4 * header.numel or any(rest) or header.count != header.numel:
+        raise PayloadError(f"dense payload holds {len(raw)} bytes (+{sum(map(len, rest))} stray) for {header.numel} FP32 values")
+    vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not np.isfinite(vector).all():
+        raise PayloadError("payload carries non-finite values (NaN or infinity)")
+    return header, torch.from_numpy(vector)
 
 
 def _pack(kind: str, layout: int, numel: int, count: int, round_index: int, replica: int, width: int,
@@ -180,10 +190,7 @@ def _stream(frame: bytes, dtype: str, layout_kind: str, count: int) -> np.ndarra
             raise PayloadError(f"empty {dtype} stream where {count} values were expected")
         return np.zeros(0, dtype=dtype)
     try:
-        raw = zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
-    except zstandard.ZstdError as err:
-        raise PayloadError(f"payload stream is not a readable zstd frame: {err}") from err
-    try:
+        raw = decompress_exact(frame, size, f"payload {dtype} stream")
         return stream_from_bytes(raw, dtype, layout_kind, count)
     except PatchError as err:
         raise PayloadError(f"payload stream refused: {err}") from err

@@ -119,7 +119,7 @@ class Replica:
         decode = decode_sparse if self.mode == "pulseloco" else decode_dense
         decoded = []
         for sender, payload in result.payloads.items():
-            header, update = decode(payload, self.layout)
+            header, update = decode(payload, self.layout, self.numel)
             _check_origin(header.round_index, header.replica, round_index, sender)
             decoded.append(update)
             tally = self.tally.counted.setdefault(sender, {"bytes": 0, "values": 0, "exchanges": 0})
