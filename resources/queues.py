@@ -17,8 +17,9 @@ from resources.queue import QueueConfig, RequestQueue, parse_queue_url
 
 def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQueue:
     """Open a queue from a URL: a file path or `sqlite:///abs/path.db` (SqliteQueue), or
-    `redis://[:password@]host:port/db` (RedisQueue; the password may instead come from the
-    SPOTLIGHT_REDIS_PASSWORD environment variable). Raises QueueUnavailableError when the
+    `redis://host:port/db` or `rediss://host:port/db` (TLS) (RedisQueue; the password from
+    SPOTLIGHT_REDIS_PASSWORD or the file SPOTLIGHT_REDIS_PASSWORD_FILE names, or, kept out of
+    command lines, the URL's `:password@`). Raises QueueUnavailableError when the
     queue cannot be reached within `config.connect_timeout_s`."""
     where = parse_queue_url(url)
     if isinstance(where, Path):
@@ -28,3 +29,12 @@ def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQ
     from resources.queue_redis import RedisQueue
 
     return RedisQueue(where, config)
+
+
+def check_queue_reachable(url: str | Path, config: QueueConfig = QueueConfig()) -> None:
+    """Connect to a Redis queue now: QueueUnavailableError naming host:port/db (never the password) when it
+    cannot be reached within `config.connect_timeout_s`. A SQLite queue is a local file the run creates
+    itself, so nothing is opened or written for it."""
+    if isinstance(parse_queue_url(url), Path):
+        return
+    open_queue(url, config).close()

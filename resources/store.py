@@ -9,8 +9,11 @@ content-addressed key (`{commit_key}/{name}.{xxh3}`), then the manifest
 `{commit_key}/_MANIFEST.json` last. Readers (`load_bytes`, `load_tensors`) trust only a
 committed manifest and verify size and checksum of every object they read. With
 `exclusive=True` the manifest is created only if absent (exactly one writer wins a race);
-otherwise it replaces the previous manifest, whose superseded objects are then deleted
-(assumes one writer per commit key at a time, e.g. the holder of a queue lease).
+otherwise it replaces the previous manifest, whose superseded objects are then deleted.
+That assumes one writer per commit key at a time: a queue lease does not ensure it (an
+expired lease leaves two holders), so a request's in-flight state is committed under a
+key per attempt (workers/rollout/resume.py), and readers that can afford to lose the
+state treat any StoreError or ValueError on read as "no usable state".
 
 Backends: resources/store_local.py and resources/store_s3.py; `open_store` (resources/stores.py)
 picks one by URL.
@@ -121,7 +124,7 @@ class TensorStore(abc.ABC):
             data = self.get_bytes(key)
         except ObjectNotFoundError:
             return None
-        return Manifest.from_bytes(data, where=self._where(key))
+        return Manifest.from_bytes(data, where=self._where(key), commit_key=commit_key)
 
     def publish(
         self,
@@ -200,6 +203,17 @@ class TensorStore(abc.ABC):
             f"object {self._where(entry.key)} named by the manifest of {commit_key!r} is missing: "
             "it was deleted outside the store API or the store is damaged; re-publish the commit"
         )
+
+    def load_from(self, manifest: Manifest, name: str = TENSORS_NAME) -> bytes:
+        """Read one object of a manifest read earlier, verifying its size and checksum: the bytes and
+        that manifest's metadata then belong to one commit even while another writer replaces it.
+        ObjectNotFoundError when the object is gone (the commit was replaced or deleted since)."""
+        entry = manifest.objects.get(name)
+        if entry is None:
+            raise ObjectNotFoundError(
+                f"commit {self._where(manifest.commit_key)} has no object {name!r}; it has {sorted(manifest.objects)}"
+            )
+        return self._verified(entry, self.get_sized(entry.key, entry.size_bytes), name)
 
     def load_tensors(self, commit_key: str, name: str = TENSORS_NAME) -> dict[str, "torch.Tensor"]:
         """Read and verify a committed tensor dict."""

@@ -129,6 +129,11 @@ class S3TensorStore(TensorStore):
             return False
         return True
 
+    def check_reachable(self) -> None:
+        """One listing of at most one key: StoreError (endpoint unreachable, no bucket, denied) before any real work."""
+        with self._errors("reach", ""):
+            self.client.list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "", MaxKeys=1)
+
     def list_keys(self, prefix: str = "") -> list[str]:
         check_prefix(prefix)
         base = f"{self.prefix}/" if self.prefix else ""

@@ -57,3 +57,11 @@ def open_store(url: str | Path) -> TensorStore:
     if kind == "local":
         return LocalTensorStore(location)
     return S3TensorStore(location, prefix)
+
+
+def check_store_reachable(url: str | Path) -> None:
+    """Reach an S3 store now (one small listing): StoreError naming the endpoint or bucket when it cannot be
+    used. A local folder is created by the run itself, so nothing is touched for it."""
+    kind, location, prefix = parse_store_url(url)
+    if kind == "s3":
+        S3TensorStore(location, prefix).check_reachable()

@@ -23,7 +23,9 @@ def train_iteration(store: TensorStore, run: str, config: TrainConfig, iteration
     trainer = GRPOTrainer(policy, config, reference=reference)
     restore_optimizer(trainer.optimizer, optimizer_state)
     batch = load_batch(store, run, config, iteration, requests)
-    stats = {**trainer.batch_stats(batch), **trainer.update(batch)}
+    # Old log-probs from the trainer's own forward: the stored ones come from whatever sampled (queue
+    # workers run BF16-rounded weights), and with a 1e-4 clip range that alone clips the first minibatch.
+    stats = {**trainer.batch_stats(batch), **trainer.update(batch, recompute_old_log_probs=True)}
     stats["checkpoint_bytes"] = save_checkpoint(store, run, iteration + 1, policy, trainer.optimizer)
     if iteration >= 2:
         # Only versions k, k+1 (a redone iteration k needs k) and 0 (the KL reference) stay: FP32

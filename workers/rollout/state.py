@@ -5,10 +5,11 @@ the sampler config and the reward. The worker samples it alone (batch of one, so
 result does not depend on which other requests a worker happens to hold) and commits
 two kinds of objects to the tensor store:
 
-- in-flight state (`rollout_state_key`): the latents of every step so far, the log-probs
-  so far and the step index, overwritten every `commit_every` steps and on a preemption
-  notice. A later attempt on any worker resumes from it; the counter-based noise makes
-  the resumed result bit-identical to an uninterrupted one.
+- in-flight state (under `rollout_state_key`, one commit key per attempt: see
+  workers/rollout/resume.py): the latents of every step so far, the log-probs so far and
+  the step index, overwritten every `commit_every` steps and on a preemption notice. A
+  later attempt on any worker resumes from it; the counter-based noise makes the resumed
+  result bit-identical to an uninterrupted one.
 - the result (`rollout_key`): the whole trajectory (latents of every step, log-probs),
   the final image, the reward and the trajectory's xxh3-128 hash; committed exclusively.
 
@@ -17,7 +18,7 @@ same id is never resumed.
 
 Example:
     spec = RolloutSpec.from_payload(lease.request.payload)
-    flight = InFlight.fresh(spec)                          # or InFlight.from_commit(tensors, meta, spec)
+    flight = InFlight.fresh(spec, shape)                   # or InFlight.from_commit(tensors, meta, spec, shape)
     tensors, meta = flight.to_commit()                     # store.publish_tensors(key, tensors, meta)
 """
 
@@ -128,21 +129,25 @@ class InFlight:
         return tensors, meta
 
     @classmethod
-    def from_commit(cls, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], spec: RolloutSpec) -> "InFlight":
+    def from_commit(cls, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], spec: RolloutSpec,
+                    image_shape: tuple[int, int, int]) -> "InFlight":
         """Rebuild committed state; ValueError if it belongs to another request or is malformed."""
         if meta.get("format") != STATE_FORMAT:
             raise ValueError(f"rollout state has format {meta.get('format')!r}, expected {STATE_FORMAT!r}")
         if meta.get("fingerprint") != spec.fingerprint:
             raise ValueError("rollout state belongs to a different request (fingerprint mismatch)")
-        n, step = spec.sampler.num_steps, meta.get("step")
+        n, step, attempts = spec.sampler.num_steps, meta.get("step"), meta.get("attempts", [])
         lat, lp = tensors.get("latents"), tensors.get("log_probs")
         if not isinstance(step, int) or not 0 <= step <= n or lat is None or lp is None:
             raise ValueError(f"rollout state is malformed (step {step!r}, tensors {sorted(tensors)})")
-        if lat.shape[0] != step + 1 or tuple(lp.shape) != (n, 1) or lat.dtype != torch.float32:
+        if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
+            raise ValueError("rollout state is malformed (attempts is not a list of records)")
+        if (tuple(lat.shape) != (step + 1, 1, *image_shape) or tuple(lp.shape) != (n, 1)
+                or lat.dtype != torch.float32 or lp.dtype != torch.float32):
             raise ValueError(f"rollout state tensors have shapes {tuple(lat.shape)}, {tuple(lp.shape)} for step {step} of {n}")
-        latents = torch.full((n + 1, *lat.shape[1:]), float("nan"))
+        latents = torch.full((n + 1, 1, *image_shape), float("nan"))
         latents[: step + 1] = lat
-        return cls(spec, step, latents, lp.clone(), list(meta.get("attempts", [])))
+        return cls(spec, step, latents, lp.clone(), list(attempts))
 
     @property
     def done(self) -> bool:

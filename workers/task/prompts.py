@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workers.algo.sde import noise_seed
+from workers.algo.seeds import domain_seed
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (230, 40, 40),
@@ -227,10 +227,11 @@ def tokenize(prompts: list[str]) -> tuple[list[list[int]], list[int]]:
 
 def iteration_prompts(seed: int, iteration: int, num_prompts: int,
                       categories: tuple[str, ...] | None = None) -> list[str]:
-    """The train prompts of an iteration: category-balanced, deterministic in (seed, iteration)."""
+    """The train prompts of an iteration: category-balanced, deterministic in (seed, iteration); the generator's
+    seed is the "prompts" domain of workers/algo/seeds.py, apart from every request seed."""
     by_cat = _train_by_category()
     cats = sorted(c for c in by_cat if categories is None or c in categories)
-    rng = np.random.default_rng(noise_seed(seed, 10_000_000 + iteration))
+    rng = np.random.default_rng(domain_seed(seed, "prompts", iteration))
     out = []
     for i in range(num_prompts):
         pool = by_cat[cats[(i + iteration * num_prompts) % len(cats)]]
