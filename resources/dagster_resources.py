@@ -65,7 +65,8 @@ class QueueResource(ConfigurableResource):
     # A rejected URL may hold a password: pydantic would otherwise print it in the error.
     model_config = ConfigDict(hide_input_in_errors=True)
 
-    url: str = Field(description="A file path, sqlite:///absolute/path.db, or redis://[:password@]host:port/db.")
+    url: str = Field(description="A file path, sqlite:///absolute/path.db, or redis:// / rediss:// (TLS) host:port/db; "
+                            "the password from SPOTLIGHT_REDIS_PASSWORD or SPOTLIGHT_REDIS_PASSWORD_FILE.")
     max_deliveries: int = Field(default=5, ge=1, description="Deliveries before a request goes to the dead letters.")
     connect_timeout_s: float = Field(default=3.0, gt=0, description="Seconds to wait for the queue before failing.")
 

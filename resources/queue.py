@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import abc
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from resources.queue_records import (
     DeadLetter,
@@ -40,10 +39,9 @@ from resources.queue_records import (
     WaitOutcome,
     finite_positive,
 )
-from resources.urls import is_plain_path
+from resources.urls import PASSWORD_ENV, REDIS_SCHEMES, RedisAddress, is_plain_path, redis_address  # noqa: F401 (re-exported)
 
-SUPPORTED_URLS = "a file path, sqlite:///absolute/path.db, or redis://[:password@]host:port/db"
-PASSWORD_ENV = "SPOTLIGHT_REDIS_PASSWORD"
+SUPPORTED_URLS = "a file path, sqlite:///absolute/path.db, redis://host:port/db or rediss://host:port/db (TLS)"
 END_STATES = ("done", "dead", "cancelled")
 log = logging.getLogger("spotlight.queue")
 
@@ -207,25 +205,6 @@ class _ClaimWatch:
                         "without claims", self.queue.url, quiet_s, waiting, self.stall_s)
 
 
-@dataclass(frozen=True)
-class RedisAddress:
-    """Where a Redis queue lives; the password is kept out of repr and the URL."""
-
-    host: str
-    port: int
-    db: int
-    username: str | None
-    password: str | None = None
-
-    def __repr__(self) -> str:
-        return f"RedisAddress({self.url!r})"
-
-    @property
-    def url(self) -> str:
-        user = f"{self.username}@" if self.username else ""
-        return f"redis://{user}{self.host}:{self.port}/{self.db}"
-
-
 def parse_queue_url(url: str | Path) -> Path | RedisAddress:
     """Check a queue URL without connecting: a SQLite file Path, or a RedisAddress."""
     text = str(url)
@@ -239,28 +218,6 @@ def parse_queue_url(url: str | Path) -> Path | RedisAddress:
         if parsed.netloc or not parsed.path.startswith("/") or parsed.query:
             raise ValueError(f"queue URL {text!r}: a SQLite URL must look like sqlite:///absolute/path.db")
         return Path(parsed.path)
-    if scheme == "redis":
-        return _redis_address(parsed)
+    if scheme in REDIS_SCHEMES:
+        return redis_address(text)
     raise ValueError(f"unsupported queue URL scheme {scheme!r}: use {SUPPORTED_URLS}")
-
-
-def _redis_address(parsed: Any) -> RedisAddress:
-    # Never echo the URL in these errors: it may hold the password.
-    safe = f"redis://{parsed.hostname or ''}:{parsed.port if _port_ok(parsed) else '?'}{parsed.path}"
-    if not parsed.hostname or parsed.query or parsed.fragment:
-        raise ValueError(f"queue URL {safe!r}: use redis://[:password@]host:port/db")
-    if not _port_ok(parsed):
-        raise ValueError(f"queue URL {safe!r}: the port must be a number in 1-65535")
-    db_text = parsed.path.strip("/") or "0"
-    if not db_text.isdigit():
-        raise ValueError(f"queue URL {safe!r}: the database must be a number, as in redis://host:6379/0")
-    password = unquote(parsed.password) if parsed.password else os.environ.get(PASSWORD_ENV) or None
-    username = unquote(parsed.username) if parsed.username else None
-    return RedisAddress(parsed.hostname, parsed.port or 6379, int(db_text), username, password)
-
-
-def _port_ok(parsed: Any) -> bool:
-    try:
-        return parsed.port is None or 0 < parsed.port < 65536
-    except ValueError:
-        return False

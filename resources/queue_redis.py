@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -26,6 +27,8 @@ HORIZON_MS = 30 * 24 * 3600 * 1000
 """XAUTOCLAIM threshold shared by every process (see queue_redis_lua); leases must be shorter."""
 _PREFIX = "spotlight:{queue}"  # one hash tag: all keys in one slot, so the scripts also run on a cluster
 _CHUNK = 500
+EVENTS_MAXLEN = 1_000_000
+"""Worker events kept in the stream (about 200 bytes each); older ones are trimmed."""
 
 
 class RedisQueue(RequestQueue):
@@ -54,10 +57,13 @@ class RedisQueue(RequestQueue):
             # idempotent, and a doubly claimed request just waits for its orphaned lease to expire.
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
             decode_responses=True,
+            **_tls_options(address),
         )
         self._keys = [f"{_PREFIX}:stream:{kind}" for kind in KINDS_BY_PRIORITY] + [
             f"{_PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")
         ]
+        self._events_key = f"{_PREFIX}:worker_events"
+        self._info_key = f"{_PREFIX}:run_info"
         self._scripts = {
             name: self._redis.register_script(getattr(lua, name))
             for name in ("PUT", "CLAIM", "EXTEND", "ACK", "CANCEL", "STATS", "STATES")
@@ -82,11 +88,12 @@ class RedisQueue(RequestQueue):
         except redis.exceptions.AuthenticationError as err:
             raise QueueUnavailableError(
                 f"Redis at {where} rejected the credentials during {op} ({err}): put the server's password "
-                "in the URL (redis://:PASSWORD@host:port/db) or in SPOTLIGHT_REDIS_PASSWORD"
+                "in SPOTLIGHT_REDIS_PASSWORD, or in a file named by SPOTLIGHT_REDIS_PASSWORD_FILE"
             ) from err
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+            hint = " (a TLS server? use rediss://)" if not self.address.tls and "Connection reset" in str(err) else ""
             raise QueueUnavailableError(
-                f"cannot reach the Redis queue at {where} during {op} "
+                f"cannot reach the Redis queue at {where}{hint} during {op} "
                 f"(connect timeout {self.config.connect_timeout_s:g} s): {err}"
             ) from err
         except redis.exceptions.ResponseError as err:
@@ -165,10 +172,42 @@ class RedisQueue(RequestQueue):
             out.update((rid, key) for rid, key in zip(chunk, keys) if key is not None)
         return out
 
+    def append_events(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Append remote workers' JSON events to the queue's event stream (resources/worker_events.py)."""
+        with self._errors("append_events"), self._redis.pipeline(transaction=False) as pipe:
+            for event in events:
+                pipe.xadd(self._events_key, {"json": json.dumps(event, default=str)}, maxlen=EVENTS_MAXLEN, approximate=True)
+            pipe.execute()
+
+    def read_events(self, after: str = "0", block_s: float = 0.5, count: int = 1000) -> tuple[str, list[dict]]:
+        """Events appended after stream id `after` (waiting up to `block_s` for one): (last id, events)."""
+        with self._errors("read_events"):
+            found = self._redis.xread({self._events_key: after}, count=count, block=max(1, round(block_s * 1000)))
+        entries = found[0][1] if found else []
+        return (entries[-1][0] if entries else after), [json.loads(fields["json"]) for _, fields in entries]
+
+    def publish_info(self, info: Mapping[str, Any]) -> None:
+        """The coordinator's summary of the run (iteration, score, spend, cap) for `spotlight status` and the spot
+        workers' spend gate, which cannot read the ledger on the reserved node."""
+        with self._errors("publish_info"):
+            self._redis.hset(self._info_key, mapping={k: json.dumps(v) for k, v in info.items()})
+
+    def info(self) -> dict[str, Any]:
+        """What `publish_info` last wrote ({} before the coordinator started)."""
+        with self._errors("info"):
+            return {k: json.loads(v) for k, v in self._redis.hgetall(self._info_key).items()}
+
     def dead_letters(self) -> list[DeadLetter]:
         with self._errors("dead_letters"):
             entries = self._redis.xrange(self._keys[6])
         return [DeadLetter(Request.from_json(fields["body"]), int(fields["attempts"])) for _, fields in entries]
+
+
+def _tls_options(address: RedisAddress) -> dict[str, Any]:
+    """rediss://: TLS with the server's certificate and host name checked (against SPOTLIGHT_REDIS_CA_FILE if set)."""
+    if not address.tls:
+        return {}
+    return {"ssl": True, "ssl_cert_reqs": "required", "ssl_check_hostname": True, "ssl_ca_certs": address.ca_file}
 
 
 def _ms(seconds: float) -> int:

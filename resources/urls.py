@@ -1,9 +1,20 @@
-"""URL helpers shared by the store and queue URL parsers."""
+"""URL helpers shared by the store and queue URL parsers, and where a Redis queue lives (with its password)."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+from typing import Any, Mapping
+from urllib.parse import unquote, urlparse
+
+PASSWORD_ENV = "SPOTLIGHT_REDIS_PASSWORD"
+"""Environment variable holding the Redis password (SkyPilot's `secrets:` set it on the node)."""
+PASSWORD_FILE_ENV = "SPOTLIGHT_REDIS_PASSWORD_FILE"
+"""Environment variable naming a file whose first line is the Redis password (a mounted secret)."""
+CA_FILE_ENV = "SPOTLIGHT_REDIS_CA_FILE"
+"""rediss:// only: a PEM bundle to trust instead of the system's CAs (a self-signed server)."""
+REDIS_SCHEMES = ("redis", "rediss")
 
 
 def is_plain_path(text: str, scheme: str) -> bool:
@@ -23,3 +34,75 @@ def absolute_url(url: str | Path) -> str:
     if not text or urlparse(text).scheme != "":
         return text
     return str(Path(text).expanduser().resolve())
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """Where a Redis queue lives; the password is kept out of repr and the URL."""
+
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    """rediss://: TLS to the server, its certificate checked against the system's CAs (or SPOTLIGHT_REDIS_CA_FILE)."""
+    ca_file: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RedisAddress({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        user = f"{self.username}@" if self.username else ""
+        return f"{'rediss' if self.tls else 'redis'}://{user}{self.host}:{self.port}/{self.db}"
+
+
+def redis_address(url: str, env: Mapping[str, str] = os.environ) -> RedisAddress:
+    """Check a redis:// or rediss:// URL without connecting. The password comes from the URL, else from
+    SPOTLIGHT_REDIS_PASSWORD, else from the file SPOTLIGHT_REDIS_PASSWORD_FILE names. Prefer the variables:
+    a URL with a password ends up on command lines (`ps` shows it to every user of the machine)."""
+    parsed = urlparse(url)
+    scheme = parsed.scheme.lower()
+    # Never echo the URL in these errors: it may hold the password.
+    safe = f"{scheme}://{parsed.hostname or ''}:{parsed.port if _port_ok(parsed) else '?'}{parsed.path}"
+    if scheme not in REDIS_SCHEMES or not parsed.hostname or parsed.query or parsed.fragment:
+        raise ValueError(f"queue URL {safe!r}: use redis://host:port/db (or rediss:// for TLS), the password "
+                         f"in {PASSWORD_ENV} or {PASSWORD_FILE_ENV}")
+    if not _port_ok(parsed):
+        raise ValueError(f"queue URL {safe!r}: the port must be a number in 1-65535")
+    db_text = parsed.path.strip("/") or "0"
+    if not db_text.isdigit():
+        raise ValueError(f"queue URL {safe!r}: the database must be a number, as in redis://host:6379/0")
+    password = unquote(parsed.password) if parsed.password else redis_password(env)
+    username = unquote(parsed.username) if parsed.username else None
+    ca_file = (env.get(CA_FILE_ENV) or None) if scheme == "rediss" else None
+    if ca_file is not None and not Path(ca_file).is_file():
+        raise ValueError(f"{CA_FILE_ENV}={ca_file} is not a file: point it at the PEM bundle that signed the "
+                         "Redis server's certificate, or unset it to trust the system's CAs")
+    return RedisAddress(parsed.hostname, parsed.port or 6379, int(db_text), username, password,
+                        tls=scheme == "rediss", ca_file=ca_file)
+
+
+def redis_password(env: Mapping[str, str] = os.environ) -> str | None:
+    """SPOTLIGHT_REDIS_PASSWORD, else the first line of the file SPOTLIGHT_REDIS_PASSWORD_FILE, else None."""
+    if env.get(PASSWORD_ENV):
+        return env[PASSWORD_ENV]
+    path = env.get(PASSWORD_FILE_ENV)
+    if not path:
+        return None
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise ValueError(f"{PASSWORD_FILE_ENV}={path} cannot be read ({err.strerror}): point it at a file "
+                         "holding the Redis password, or set SPOTLIGHT_REDIS_PASSWORD instead") from None
+    if not lines or not lines[0].strip():
+        raise ValueError(f"{PASSWORD_FILE_ENV}={path} is empty: write the Redis password on its first line")
+    return lines[0].strip()
+
+
+def _port_ok(parsed: Any) -> bool:
+    try:
+        return parsed.port is None or 0 < parsed.port < 65536
+    except ValueError:
+        return False

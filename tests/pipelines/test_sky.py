@@ -29,7 +29,8 @@ def _python_commands(name: str) -> list[list[str]]:
     for line in raw["run"].splitlines():
         if line.strip().startswith("python -m "):
             expanded = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), ""), line)
-            commands.append(shlex.split(expanded)[2:])
+            for part in expanded.split(" | "):  # a pipeline: each stage is a command
+                commands.append(shlex.split(part)[2:])
     return commands
 
 
@@ -68,8 +69,8 @@ def test_spot_workers_are_spot_on_several_gpu_types_with_eager_recovery() -> Non
 def test_the_spot_worker_line_is_accepted_by_the_worker_and_recovers_on_its_notice_exit_code() -> None:
     from workers.rollout.worker import build_parser, check_args
 
-    (argv,) = _python_commands("spot_workers.yaml")
-    assert argv[0] == "workers.rollout"
+    gate, argv, relay = _python_commands("spot_workers.yaml")
+    assert (gate[0], argv[0], relay[0]) == ("resources.run_status", "workers.rollout", "resources.worker_events")
     args = build_parser().parse_args(argv[1:])
     args.worker_id = "w"
     check_args(args)
@@ -85,7 +86,8 @@ def test_the_reserved_node_is_on_demand_opens_redis_and_takes_its_password_from_
     assert any("6379" in (r.ports or []) for r in task.resources)
     raw = _raw("reserved.yaml")
     assert "SPOTLIGHT_REDIS_PASSWORD" in raw["secrets"] and "SPOTLIGHT_REDIS_PASSWORD" not in (raw.get("envs") or {})
-    assert '--requirepass "$SPOTLIGHT_REDIS_PASSWORD"' in raw["run"]
+    # The password reaches redis-server through a config file written by bash's printf builtin, never argv.
+    assert "--requirepass" not in raw["run"] and 'requirepass "%s"' in raw["run"]
 
 
 def test_the_reserved_coordinator_command_exists_in_the_cli() -> None:
@@ -101,3 +103,27 @@ def test_the_reserved_coordinator_command_exists_in_the_cli() -> None:
     known = {opt for param in commands[argv[1]].params for opt in param.opts}
     used = {a for a in argv[2:] if a.startswith("--")}
     assert used <= known, f"flags the command does not take: {sorted(used - known)}"
+
+
+def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(tmp_path, monkeypatch) -> None:
+    """The spot task's whole run block (gate | worker | relay under bash), SIGTERMed as a preemption reaches it."""
+    import signal
+
+    import sky
+    from tests.pipelines.sky_blocks import start_block, wait_for
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    task = sky.Task.from_yaml(str(SKY / "spot_workers.yaml"))
+    task.update_envs({"SPOTLIGHT_QUEUE": str(tmp_path / "queue.db"), "SPOTLIGHT_STORE": str(tmp_path / "store"),
+                      "DEVICE": "cpu"})
+    task.update_secrets({"SPOTLIGHT_REDIS_PASSWORD": "unused", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
+    (tmp_path / "store").mkdir()
+    block = start_block(task, "spot", REPO, tmp_path / "logs", __import__("os").environ)
+    try:
+        wait_for(lambda: '"event": "ready"' in block.text(), 120, "the worker's ready event", [block])
+        block.signal(signal.SIGTERM)
+        code = block.wait(60)
+    finally:
+        block.stop()
+    assert code in next(iter(task.resources)).job_recovery["recover_on_exit_codes"], block.text()[-2000:]
+    assert '"event": "exit", "reason": "stopped"' in block.text()  # the relay passed the last event through

@@ -1,0 +1,153 @@
+"""`spotlight launch`, `spotlight status`, `spotlight down`: the cloud path on SkyPilot (registered in pipelines/cli.py).
+
+Only typer at import time; SkyPilot (resources/cloud.py) loads inside the commands, so
+`--help` stays instant. Every flag and secret is checked before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def _fail(command: str, err: Exception) -> None:
+    typer.echo(f"spotlight {command}: {err}", err=True)
+    raise typer.Exit(1)
+
+
+def launch_command(
+    workers: int = typer.Option(..., "--workers", help="Spot rollout workers, one SkyPilot managed job each."),
+    store: str = typer.Option(..., "--store", help="Tensor store every node shares: s3://bucket/prefix."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Spot worker accelerator(s), comma-separated (e.g. A100 or L4,A10G); default: sky/spot_workers.yaml's any_of."),
+    max_usd: float = typer.Option(100.0, "--max-usd", help="Spend cap in dollars: the coordinator stops and spot jobs stop recovering once the ledger's spend reaches it."),
+    preset: Optional[str] = typer.Option(None, help="Training preset (default: sky/reserved.yaml's)."),
+    iterations: Optional[int] = typer.Option(None, help="Training iterations (default: sky/reserved.yaml's)."),
+    cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."),
+) -> None:
+    """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs."""
+    from resources.cloud import CloudError, LaunchPlan, describe_task, launch, launch_secrets, plan_tasks
+
+    try:
+        plan = LaunchPlan(workers=workers, store=store, gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
+                          max_usd=max_usd, preset=_checked_preset(preset), iterations=iterations, cluster=cluster)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    try:
+        secrets = launch_secrets(os.environ)
+    except CloudError as err:
+        if not dry_run:
+            _fail("launch", err)
+        typer.echo(f"# not ready to launch: {err}", err=True)
+        secrets = {}
+    if dry_run:
+        for task in plan_tasks(plan, secrets):
+            typer.echo(json.dumps(describe_task(task), sort_keys=True))
+        return
+    try:
+        queue_url = launch(plan, secrets, before_workers=lambda url: _refuse_over_budget(url, max_usd),
+                           echo=typer.echo)
+    except CloudError as err:
+        _fail("launch", err)
+    typer.echo(f"queue {queue_url}; follow the run with: spotlight status --queue {queue_url}")
+
+
+def _checked_preset(preset: Optional[str]) -> Optional[str]:
+    if preset is not None:
+        from workers.trainer.presets import PRESETS
+
+        if preset not in PRESETS:
+            raise ValueError(f"--preset {preset!r} is unknown; choose one of {sorted(PRESETS)}")
+    return preset
+
+
+def _refuse_over_budget(queue_url: str, max_usd: float) -> None:
+    """A relaunch of a run that already spent its cap submits no more workers."""
+    from resources.cloud import CloudError
+    from resources.run_status import over_budget
+
+    info = _queue_info(queue_url)
+    if info is not None and over_budget(info, max_usd):
+        raise CloudError(f"the run already spent ${info['usd_total']:.2f} of --max-usd {max_usd:g}: no spot workers "
+                         "submitted; raise --max-usd to continue, or `spotlight down`")
+
+
+def _queue_info(queue_url: str) -> Optional[dict]:
+    """The queue's depth and the coordinator's published summary; None when the queue cannot be reached."""
+    from resources.queue import QueueError
+    from resources.queues import open_queue
+
+    try:
+        with open_queue(queue_url) as queue:
+            stats = queue.stats()
+            info = queue.info() if hasattr(queue, "info") else {}
+    except (ValueError, QueueError):
+        return None
+    return {**info, "queue_pending": stats.pending, "queue_leased": stats.leased, "queue_done": stats.done}
+
+
+def status_command(
+    queue: Optional[str] = typer.Option(None, "--queue", help="The run's queue (default: redis:// on the reserved node, from SkyPilot). Password from SPOTLIGHT_REDIS_PASSWORD(_FILE)."),
+    ledger: Optional[Path] = typer.Option(None, "--ledger", help="Read iteration, score, spend and workers from this ledger file instead of the coordinator's summary in the queue."),
+    cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Workers, queue depth, iteration, held-out score and dollars so far, from the ledger and the queue."""
+    from resources.cloud import CloudError
+
+    record: dict = {}
+    try:
+        if ledger is not None:
+            from resources.ledger_db import query_ledger
+            from resources.run_status import ledger_status
+
+            record.update(ledger_status(lambda sql: query_ledger(ledger, sql)))
+        if queue is None and ledger is None:
+            from resources.cloud import reserved_address, worker_jobs
+
+            queue = f"redis://{reserved_address(cluster)}/0"
+            record["spot_jobs"] = worker_jobs()
+        if queue is not None:
+            info = _queue_info(queue)
+            if info is None:
+                raise CloudError(f"cannot read the queue {queue} (is the reserved node up, and "
+                                 "SPOTLIGHT_REDIS_PASSWORD set to its password?)")
+            record = {**info, **record}  # the ledger, when given, is the truth
+    except (CloudError, FileNotFoundError) as err:
+        _fail("status", err)
+    typer.echo(json.dumps(record, sort_keys=True, default=str) if as_json else _status_text(record))
+
+
+def _status_text(r: dict) -> str:
+    def num(key: str, fmt: str) -> str:
+        return "-" if r.get(key) is None else format(r[key], fmt)
+
+    lines = [f"iteration {num('iteration', 'd')}  held-out {num('heldout_score', '.3f')}  spent ${num('usd_total', '.2f')}"
+             + (f" of ${r['max_usd']:g}" if r.get("max_usd") else ""),
+             f"workers alive {num('workers_alive', 'd')} ({num('spot_workers_alive', 'd')} spot), "
+             f"preemptions {num('preemptions', 'd')}"]
+    if "queue_pending" in r:
+        lines.append(f"queue: {r['queue_pending']} pending, {r['queue_leased']} leased, {r['queue_done']} done")
+    for job in r.get("spot_jobs", []):
+        lines.append(f"  {job['name']}  job {job['job_id']}  {job['status']}")
+    return "\n".join(lines)
+
+
+def down_command(
+    cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Cancel every spot worker job and take the reserved node down (its disk, with the ledger, goes too)."""
+    if not yes:
+        typer.confirm(f"cancel all spotlight-rollout-* jobs and take {cluster} down (its disk is deleted)?", abort=True)
+    from resources.cloud import CloudError, check_clouds, teardown
+
+    try:
+        check_clouds()
+        teardown(cluster, echo=typer.echo)
+    except CloudError as err:
+        _fail("down", err)

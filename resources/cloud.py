@@ -1,0 +1,207 @@
+"""The cloud path through SkyPilot's Python API: the reserved node and N spot workers as `sky.Task`s, submitted,
+listed and torn down (`spotlight launch / status / down`, pipelines/launch_cli.py).
+
+The tasks are sky/reserved.yaml and sky/spot_workers.yaml, parsed by SkyPilot and then
+adjusted (envs, secrets, accelerators): the YAMLs stay the documented way to launch by
+hand, and `launch` submits exactly what `--dry-run` prints. The reserved node goes up with
+`sky.launch`; each spot worker is its own managed job (`sky.jobs.launch`), so a preemption
+takes down one worker and SkyPilot's job recovery brings it back. Nothing is submitted
+before `check_clouds` has found an enabled cloud.
+
+Example:
+    plan = LaunchPlan(workers=8, store="s3://bucket/spotlight", gpus=("A100",), max_usd=200)
+    secrets = launch_secrets(os.environ)                 # CloudError naming what to export
+    tasks = plan_tasks(plan, secrets)                    # what --dry-run prints (describe_task)
+    queue_url = launch(plan, secrets)                    # check_clouds, sky.launch, sky.jobs.launch x N
+    teardown(plan.cluster)                               # sky.jobs.cancel + sky.down
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import sky
+
+from resources.prices import PriceTable
+from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, redis_password
+
+RESERVED_CLUSTER = "spotlight-reserved"
+WORKER_JOB_PREFIX = "spotlight-rollout"
+"""Spot worker i is the managed job `spotlight-rollout-i`; `status` and `down` find them by this prefix."""
+REDIS_PORT = 6379
+SECRET_NAMES = (PASSWORD_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+CHECKOUT = Path(__file__).resolve().parent.parent
+"""The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
+SKY_DIR = CHECKOUT / "sky"
+PLACEHOLDER_QUEUE = f"redis://RESERVED_NODE_IP:{REDIS_PORT}/0"
+"""The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
+
+
+class CloudError(RuntimeError):
+    """The cloud path cannot go on; the message says what to fix (and nothing was submitted unless it says so)."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `spotlight launch` was asked for."""
+
+    workers: int
+    """Spot rollout workers, one managed job each."""
+    store: str
+    """The tensor store every node shares: s3://bucket/prefix."""
+    gpus: tuple[str, ...] = ()
+    """Accelerators a spot worker may get (any one of them); () = the YAML's any_of list."""
+    max_usd: float = 100.0
+    """Spend cap: the coordinator stops, and spot jobs stop recovering, once the ledger's spend reaches it."""
+    preset: str | None = None
+    """Training preset (workers/trainer/presets.py); None = the YAML's."""
+    iterations: int | None = None
+    cluster: str = RESERVED_CLUSTER
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
+        if not self.store.startswith("s3://") or len(self.store) <= len("s3://"):
+            raise ValueError(f"--store must be s3://bucket/prefix (every node reads and writes it), got {self.store!r}")
+        if not self.max_usd > 0:
+            raise ValueError(f"--max-usd must be a positive number of dollars, got {self.max_usd!r}")
+        if self.iterations is not None and self.iterations < 1:
+            raise ValueError(f"--iterations must be >= 1, got {self.iterations}")
+        known = PriceTable().gpus
+        unknown = [g for g in self.gpus if g not in known]
+        if unknown or len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"--gpu {','.join(self.gpus)}: give distinct accelerator names from "
+                             f"{', '.join(sorted(known))} (comma-separated; add others to a prices file)")
+
+
+def launch_secrets(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The secrets every node needs, from this machine's environment; CloudError naming the missing ones."""
+    try:
+        password = redis_password(env)
+    except ValueError as err:
+        raise CloudError(str(err)) from None
+    missing = [] if password else [f"{PASSWORD_ENV} (e.g. export {PASSWORD_ENV}=$(openssl rand -hex 24)) or {PASSWORD_FILE_ENV}"]
+    missing += [name for name in SECRET_NAMES[1:] if not env.get(name)]
+    if missing:
+        raise CloudError(f"set {' and '.join(missing)} before launching: the nodes get them as SkyPilot secrets "
+                         "(never on a command line); the AWS keys reach the S3 store")
+    return {PASSWORD_ENV: password, **{name: env[name] for name in SECRET_NAMES[1:]}}
+
+
+def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
+    """sky/reserved.yaml with the plan's store, preset, iterations and cap."""
+    task = sky.Task.from_yaml(str(SKY_DIR / "reserved.yaml"))
+    envs = {"SPOTLIGHT_STORE": plan.store, "MAX_USD": f"{plan.max_usd:g}", "REDIS_PORT": str(REDIS_PORT)}
+    envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
+    return _finish(task, envs, secrets)
+
+
+def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE) -> sky.Task:
+    """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue, the plan's GPUs."""
+    task = sky.Task.from_yaml(str(SKY_DIR / "spot_workers.yaml"))
+    task.name = f"{WORKER_JOB_PREFIX}-{index}"
+    if plan.gpus:
+        template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
+        task.set_resources({template.copy(accelerators={gpu: 1}) for gpu in plan.gpus})
+    envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store}
+    if len(plan.gpus) == 1:  # one GPU type: its spot price from the table, for the ledger
+        envs["USD_PER_HOUR"] = repr(round(PriceTable().usd_per_hour(plan.gpus[0], spot=True)[0], 6))
+    return _finish(task, envs, secrets)
+
+
+def _finish(task: sky.Task, envs: Mapping[str, str], secrets: Mapping[str, str]) -> sky.Task:
+    task.update_envs(dict(envs))
+    # SkyPilot drops a YAML's `null` secrets when it parses them; both YAMLs declare SECRET_NAMES.
+    task.update_secrets({k: v for k, v in secrets.items() if k in SECRET_NAMES})
+    task.workdir = str(CHECKOUT)  # the YAMLs' `workdir: .` means the checkout, wherever launch runs from
+    return task
+
+
+def plan_tasks(plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE) -> list[sky.Task]:
+    """The reserved node's task, then one task per spot worker: everything `launch` submits."""
+    return [reserved_task(plan, secrets)] + [worker_task(plan, secrets, i, queue_url) for i in range(1, plan.workers + 1)]
+
+
+def describe_task(task: sky.Task) -> dict[str, Any]:
+    """A task as plain data for --dry-run: resources, envs, and secret names only (values shown as ***)."""
+    resources = sorted((_describe_resources(r) for r in task.resources), key=lambda r: str(r["accelerators"]))
+    return {"name": task.name, "any_of": len(resources) > 1, "resources": resources, "envs": dict(task.envs),
+            "secrets": {k: "***" if task.secrets.get(k) is not None and task.secrets[k].get_secret_value() else None
+                        for k in sorted(set(task.secrets) | set(SECRET_NAMES))},
+            "workdir": task.workdir, "run": task.run}
+
+
+def _describe_resources(r: Any) -> dict[str, Any]:
+    return {"accelerators": dict(r.accelerators or {}), "use_spot": bool(r.use_spot), "job_recovery": r.job_recovery,
+            "ports": list(r.ports or []), "cloud": None if r.cloud is None else str(r.cloud)}
+
+
+def check_clouds(enabled: Callable[[], list[str]] | None = None) -> list[str]:
+    """The clouds SkyPilot may launch on; CloudError naming `sky check` when there is none (or it cannot say)."""
+    try:
+        clouds = list((enabled or _enabled_clouds)())
+    except Exception as err:  # noqa: BLE001 (any failure of SkyPilot's API server means: nothing can be launched)
+        raise CloudError(f"SkyPilot could not list its enabled clouds ({type(err).__name__}: {err}); run `sky check` "
+                         "to set up cloud credentials; nothing was submitted") from None
+    if not clouds:
+        raise CloudError("no cloud is enabled in SkyPilot (no credentials found); run `sky check` to see what each "
+                         "cloud needs; nothing was submitted")
+    return clouds
+
+
+def _enabled_clouds() -> list[str]:
+    from sky.client import sdk
+
+    return [str(c) for c in sky.get(sdk.enabled_clouds())]
+
+
+def launch(plan: LaunchPlan, secrets: Mapping[str, str], *, before_workers: Callable[[str], None] | None = None,
+           echo: Callable[[str], None] = print) -> str:
+    """Start the reserved node, then the spot workers pointed at its Redis; returns the queue URL (no password).
+    `before_workers(queue_url)` may raise to stop before any worker is submitted (the spend cap)."""
+    clouds = check_clouds()
+    echo(f"enabled clouds: {', '.join(clouds)}; starting {plan.cluster}")
+    sky.stream_and_get(sky.launch(reserved_task(plan, secrets), cluster_name=plan.cluster))
+    queue_url = f"redis://{reserved_address(plan.cluster)}/0"
+    if before_workers is not None:
+        before_workers(queue_url)
+    for index in range(1, plan.workers + 1):
+        task = worker_task(plan, secrets, index, queue_url)
+        job_ids, _ = sky.get(sky.jobs.launch(task, name=task.name))
+        echo(f"submitted {task.name} (managed job {', '.join(map(str, job_ids or []))})")
+    return queue_url
+
+
+def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:
+    """host:port of the reserved node's Redis; CloudError when the cluster is not up."""
+    try:
+        endpoints = sky.get(sky.endpoints(cluster, REDIS_PORT))
+    except Exception as err:  # noqa: BLE001 (SkyPilot raises several types for a missing cluster)
+        raise CloudError(f"cannot find the reserved node {cluster!r} ({err}); is it up? (`sky status`)") from None
+    if not endpoints:
+        raise CloudError(f"the reserved node {cluster!r} exposes no port {REDIS_PORT}; relaunch it with `spotlight launch`")
+    return str(next(iter(endpoints.values())))
+
+
+def worker_jobs() -> list[dict[str, Any]]:
+    """This project's unfinished managed spot jobs (name, id, status), from `sky.jobs.queue`."""
+    records = sky.get(sky.jobs.queue(refresh=False, skip_finished=True))
+    return [{"name": r.get("job_name"), "job_id": r.get("job_id"), "status": str(r.get("status"))}
+            for r in (_as_dict(r) for r in records) if str(r.get("job_name") or "").startswith(WORKER_JOB_PREFIX)]
+
+
+def _as_dict(record: Any) -> dict[str, Any]:
+    return record if isinstance(record, dict) else record.model_dump() if hasattr(record, "model_dump") else vars(record)
+
+
+def teardown(cluster: str = RESERVED_CLUSTER, echo: Callable[[str], None] = print) -> None:
+    """Cancel every spot worker job, then take the reserved node down (billing stops)."""
+    ids = [j["job_id"] for j in worker_jobs() if j["job_id"] is not None]
+    if ids:
+        sky.get(sky.jobs.cancel(job_ids=ids))
+        echo(f"cancelled {len(ids)} spot worker job(s)")
+    sky.get(sky.down(cluster))
+    echo(f"{cluster} is down")

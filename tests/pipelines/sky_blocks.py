@@ -1,0 +1,109 @@
+"""Run a SkyPilot task's `run:` block on this machine the way SkyPilot runs it on a node (for the rehearsal test).
+
+SkyPilot writes the run section to a script and runs it with bash in the synced workdir,
+with the task's envs and its secrets as environment variables; it runs no setup here (this
+machine is already set up). A managed job's recovery runs the same block again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+
+@dataclass
+class Block:
+    """One running `run:` block: its process group, its log file and what it exited with."""
+
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait(self, timeout_s: float) -> int:
+        return self.popen.wait(timeout=timeout_s)
+
+    def signal(self, sig: int) -> None:
+        """To the whole job, as SkyPilot's job controller (or a node going away) reaches it."""
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait()
+
+
+def task_env(task, base: Mapping[str, str]) -> dict[str, str]:
+    """What the block sees: the machine's environment, the task's envs, its secrets' values."""
+    env = dict(base)
+    env.update({k: str(v) for k, v in task.envs.items()})
+    env.update({k: v.get_secret_value() for k, v in task.secrets.items()})
+    # SkyPilot's node runs `python` from the image's environment; here it is this project's venv.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def start_block(task, name: str, workdir: Path, logs: Path, base_env: Mapping[str, str]) -> Block:
+    """Write the task's run section to a script and run it with bash in `workdir`, in its own process group."""
+    logs.mkdir(parents=True, exist_ok=True)
+    script = logs / f"{name}.sh"
+    script.write_text(task.run)
+    log = logs / f"{name}.log"
+    with open(log, "w") as out:
+        popen = subprocess.Popen(["bash", str(script)], cwd=workdir, env=task_env(task, base_env), stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    return Block(name, popen, log)
+
+
+@dataclass
+class ArgvWatch:
+    """Scans every process's command line (/proc/*/cmdline) for a secret while a test runs."""
+
+    secret: bytes
+    hits: list[str] = field(default_factory=list)
+    scans: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> "ArgvWatch":
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    argv = cmdline.read_bytes()
+                except OSError:
+                    continue  # the process ended meanwhile
+                if self.secret in argv:
+                    self.hits.append(argv.replace(b"\0", b" ").decode(errors="replace"))
+            self.scans += 1
+            self._stop.wait(0.1)
+
+
+def wait_for(predicate, timeout_s: float, what: str, blocks: list[Block] = ()) -> None:
+    """Poll `predicate` until true; fail naming `what` with the blocks' log tails."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {b.name} (rc {b.popen.poll()}):\n{b.text()[-3000:]}" for b in blocks)
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}\n{tails}")
+        time.sleep(0.2)

@@ -1,0 +1,219 @@
+"""`spotlight launch / status / down`: what they would submit, what they refuse, and what they show.
+
+SkyPilot's API is replaced by a recording fake (no cloud here); the tasks themselves are
+real `sky.Task` objects parsed from sky/*.yaml, and the dry run is checked against them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from tests.paths import REPO_ROOT
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+
+PASSWORD = "launch-pass-Vw2"
+SECRETS = {"SPOTLIGHT_REDIS_PASSWORD": PASSWORD, "AWS_ACCESS_KEY_ID": "AKIATEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t-key"}
+
+
+@dataclass
+class FakeSky:
+    """Records what would reach SkyPilot's API server; every call returns its result directly (sky.get = identity)."""
+
+    clouds: Any = field(default_factory=lambda: ["AWS"])
+    address: str = "10.0.0.7:6379"
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    jobs: list[dict] = field(default_factory=list)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> "FakeSky":
+        import sky
+
+        import resources.cloud as cloud
+
+        def enabled():
+            if isinstance(self.clouds, Exception):
+                raise self.clouds
+            return self.clouds
+
+        monkeypatch.setattr(cloud, "_enabled_clouds", enabled)
+        monkeypatch.setattr(sky, "get", lambda result: result)
+        monkeypatch.setattr(sky, "stream_and_get", lambda result: result)
+        monkeypatch.setattr(sky, "launch", lambda task, cluster_name: self._record("launch", task, cluster_name))
+        monkeypatch.setattr(sky, "endpoints", lambda cluster, port: {port: self.address})
+        monkeypatch.setattr(sky, "down", lambda cluster: self._record("down", cluster))
+        monkeypatch.setattr(sky.jobs, "launch", lambda task, name: self._record("jobs.launch", task, name, ([len(self.calls)], None)))
+        monkeypatch.setattr(sky.jobs, "queue", lambda refresh, skip_finished: self.jobs)
+        monkeypatch.setattr(sky.jobs, "cancel", lambda job_ids: self._record("jobs.cancel", job_ids))
+        return self
+
+    def _record(self, name: str, *args: Any) -> Any:
+        result = args[-1] if name == "jobs.launch" else None
+        self.calls.append((name, args[:-1] if name == "jobs.launch" else args))
+        return result
+
+    @property
+    def submitted(self) -> list[str]:
+        return [name for name, _ in self.calls if name in ("launch", "jobs.launch")]
+
+
+@pytest.fixture
+def fake_sky(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SPOTLIGHT_REDIS_PASSWORD_FILE", raising=False)
+    return FakeSky().install(monkeypatch)
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})  # one error line, unwrapped
+
+
+def _yaml_task(name: str):
+    import sky
+
+    return sky.Task.from_yaml(str(REPO_ROOT / "sky" / name))
+
+
+def _yaml_secrets(name: str) -> list[str]:
+    """The secret names the YAML declares (SkyPilot's parser drops those whose value is null)."""
+    import yaml
+
+    return list(yaml.safe_load((REPO_ROOT / "sky" / name).read_text())["secrets"])
+
+
+def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypilot_parses_them(fake_sky) -> None:
+    result = _invoke("launch", "--workers", "3", "--store", "s3://bucket/run", "--max-usd", "200", "--dry-run")
+    assert result.exit_code == 0, result.output
+    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert not fake_sky.calls and PASSWORD not in result.output and "s3cr3t" not in result.output
+    yaml_reserved, yaml_spot = _yaml_task("reserved.yaml"), _yaml_task("spot_workers.yaml")
+    (r,) = yaml_reserved.resources
+    assert reserved["resources"] == [{"accelerators": dict(r.accelerators), "use_spot": False, "job_recovery": None,
+                                      "ports": list(r.ports), "cloud": None}]
+    assert reserved["envs"] == {**yaml_reserved.envs, "SPOTLIGHT_STORE": "s3://bucket/run", "MAX_USD": "200"}
+    assert reserved["secrets"] == {name: "***" for name in _yaml_secrets("reserved.yaml")} != {}
+    assert [w["name"] for w in workers] == ["spotlight-rollout-1", "spotlight-rollout-2", "spotlight-rollout-3"]
+    for w in workers:  # no --gpu: the YAML's any_of, every option spot with the YAML's job recovery
+        assert w["any_of"] and {next(iter(r["accelerators"])) for r in w["resources"]} == {
+            next(iter(r.accelerators)) for r in yaml_spot.resources}
+        assert all(r["use_spot"] and r["job_recovery"] == next(iter(yaml_spot.resources)).job_recovery for r in w["resources"])
+        assert w["envs"]["SPOTLIGHT_STORE"] == "s3://bucket/run" and w["secrets"] == {n: "***" for n in _yaml_secrets("spot_workers.yaml")}
+
+
+def test_dry_run_with_one_gpu_pins_the_workers_to_it_and_prices_them_from_the_table(fake_sky) -> None:
+    from resources.prices import PriceTable
+
+    result = _invoke("launch", "--workers", "1", "--gpu", "A100", "--store", "s3://b/p", "--dry-run")
+    worker = json.loads(result.output.splitlines()[-1])
+    assert [r["accelerators"] for r in worker["resources"]] == [{"A100": 1}] and not worker["any_of"]
+    assert worker["resources"][0]["job_recovery"]["recover_on_exit_codes"] == [75]
+    assert float(worker["envs"]["USD_PER_HOUR"]) == pytest.approx(PriceTable().usd_per_hour("A100", spot=True)[0])
+
+
+@pytest.mark.parametrize("clouds, message", [([], "no cloud is enabled"), (RuntimeError("API server down"), "could not list")])
+def test_launch_without_an_enabled_cloud_submits_nothing_and_names_sky_check(fake_sky, clouds, message) -> None:
+    fake_sky.clouds = clouds
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and message in result.output and "`sky check`" in result.output
+    assert fake_sky.submitted == []
+
+
+def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_export(fake_sky, monkeypatch) -> None:
+    monkeypatch.delenv("SPOTLIGHT_REDIS_PASSWORD")
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and "export SPOTLIGHT_REDIS_PASSWORD" in result.output and fake_sky.calls == []
+    dry = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--dry-run")  # still shows what it would submit
+    assert dry.exit_code == 0 and json.loads(dry.output.splitlines()[-1])["secrets"]["SPOTLIGHT_REDIS_PASSWORD"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--store", "/data/store"], "--store must be s3://"),
+    (["--store", "s3://b/p", "--gpu", "B200"], "give distinct accelerator names from A100"),
+    (["--store", "s3://b/p", "--max-usd", "0"], "--max-usd must be a positive"),
+    (["--store", "s3://b/p", "--preset", "gpu_huge"], "unknown; choose one of"),
+])
+def test_bad_launch_flags_are_refused_before_anything_is_submitted(fake_sky, args, message) -> None:
+    result = _invoke("launch", "--workers", "2", *args)
+    assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
+
+
+@pytest.fixture
+def reserved_redis(fake_sky, redis_server, monkeypatch):
+    """The fake reserved node's Redis is the test redis-server (its password is the launch secret)."""
+    redis_server.flush()
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", redis_server.password)
+    fake_sky.address = f"127.0.0.1:{redis_server.port}"
+    return redis_server
+
+
+def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fake_sky, reserved_redis) -> None:
+    redis_server = reserved_redis
+    result = _invoke("launch", "--workers", "2", "--gpu", "L4", "--store", "s3://b/p", "--max-usd", "50")
+    assert result.exit_code == 0, result.output
+    assert fake_sky.submitted == ["launch", "jobs.launch", "jobs.launch"]
+    (reserved, cluster) = fake_sky.calls[0][1]
+    assert cluster == "spotlight-reserved" and reserved.envs["MAX_USD"] == "50"
+    password = redis_server.password
+    assert reserved.secrets["SPOTLIGHT_REDIS_PASSWORD"].get_secret_value() == password  # a secret, not an env
+    for _, (task, name) in [c for c in fake_sky.calls if c[0] == "jobs.launch"]:
+        assert task.name == name and task.envs["SPOTLIGHT_QUEUE"] == f"redis://127.0.0.1:{redis_server.port}/0"
+        assert password not in json.dumps(task.envs)
+    assert password not in result.output
+
+
+def test_a_relaunch_over_the_cap_starts_no_more_workers(fake_sky, reserved_redis) -> None:
+    from resources.queues import open_queue
+
+    redis_server = reserved_redis
+    with open_queue(f"redis://127.0.0.1:{redis_server.port}/0") as queue:
+        queue.publish_info({"usd_total": 51.5, "max_usd": 50.0})
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--max-usd", "50")
+    assert result.exit_code == 1 and "already spent $51.50" in result.output
+    assert fake_sky.submitted == ["launch"]
+
+
+def test_status_shows_iteration_score_spend_workers_and_queue_depth(reserved_redis, tmp_path) -> None:
+    from resources.ledger import Ledger
+    from resources.queues import open_queue
+
+    redis_server = reserved_redis
+    with Ledger(tmp_path / "ledger.duckdb") as ledger:
+        ledger.start_worker("vm-1", role="rollout", instance_type="x", spot=True, usd_per_hour=36.0, at=time.time() - 100)
+        ledger.start_iteration(0)
+        ledger.end_iteration(0)
+    with open_queue(f"redis://127.0.0.1:{redis_server.port}/0") as queue:
+        queue.put([{"request_id": f"r{i}", "iteration": 1, "kind": "rollout", "payload": {}} for i in range(3)])
+        queue.publish_info({"heldout_score": 0.4, "max_usd": 10.0})
+    args = ["status", "--queue", f"redis://127.0.0.1:{redis_server.port}/0", "--ledger", str(tmp_path / "ledger.duckdb")]
+    record = json.loads(_invoke(*args, "--json").output)
+    assert record["iteration"] == 0 and record["queue_pending"] == 3 and record["workers_alive"] == 1
+    assert record["usd_total"] == pytest.approx(1.0, abs=0.05) and record["max_usd"] == 10.0
+    text = _invoke(*args).output
+    assert "iteration 0" in text and "3 pending" in text and "of $10" in text
+
+
+def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_skypilot(fake_sky, reserved_redis) -> None:
+    from resources.queues import open_queue
+
+    with open_queue(f"redis://127.0.0.1:{reserved_redis.port}/0") as queue:
+        queue.publish_info({"iteration": 4, "heldout_score": 0.61, "usd_total": 12.5, "workers_alive": 1})
+    fake_sky.jobs = [{"job_name": "spotlight-rollout-1", "job_id": 4, "status": "RECOVERING"}]
+    text = _invoke("status").output
+    assert "iteration 4  held-out 0.610  spent $12.50" in text and "spotlight-rollout-1  job 4  RECOVERING" in text
+    fake_sky.address = "127.0.0.1:1"  # the node is gone
+    gone = _invoke("status")
+    assert gone.exit_code == 1 and "cannot read the queue" in gone.output
+
+
+def test_down_cancels_only_spotlight_worker_jobs_then_the_reserved_node(fake_sky) -> None:
+    fake_sky.jobs = [{"job_name": "spotlight-rollout-1", "job_id": 4, "status": "RUNNING"},
+                     {"job_name": "someone-else", "job_id": 5, "status": "RUNNING"},
+                     {"job_name": "spotlight-rollout-2", "job_id": 6, "status": "RECOVERING"}]
+    result = _invoke("down", "--yes")
+    assert result.exit_code == 0, result.output
+    assert fake_sky.calls == [("jobs.cancel", ([4, 6],)), ("down", ("spotlight-reserved",))]

@@ -1,0 +1,121 @@
+"""The cloud path rehearsed on this machine: each SkyPilot YAML parsed by SkyPilot, its `run:` block executed as
+SkyPilot would on a node, against a real password-protected redis-server and a moto S3 server.
+
+One reserved block (Redis, coordinator, trainer, one local worker) and two spot-worker
+blocks run two iterations of preset cpu_smoke. One spot worker is SIGTERMed mid-request
+(a preemption notice) and its block run again, as managed-job recovery does. Parsing the
+YAMLs and then executing their run lines is what would have caught a run line that does
+nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+from tests.paths import REPO_ROOT
+from tests.pipelines.sky_blocks import ArgvWatch, Block, start_block, wait_for
+
+pytestmark = pytest.mark.slow
+RUN_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tasks(store: str, port: int, run_dir: Path, password: str):
+    import sky
+
+    def load(name: str, envs: dict):
+        task = sky.Task.from_yaml(str(REPO_ROOT / "sky" / name))
+        task.update_envs(envs)  # what `sky launch --env` / `spotlight launch` sets
+        task.update_secrets({"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing",
+                             "AWS_SECRET_ACCESS_KEY": "testing"})
+        return task
+
+    reserved = load("reserved.yaml", {"SPOTLIGHT_STORE": store, "PRESET": "cpu_smoke", "ITERATIONS": "2",
+                                      "RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port)})
+    spot = load("spot_workers.yaml", {"SPOTLIGHT_QUEUE": f"redis://127.0.0.1:{port}/0", "SPOTLIGHT_STORE": store,
+                                      "DEVICE": "cpu", "USD_PER_HOUR": "0.25"})
+    return reserved, spot
+
+
+def _claimed(block: Block) -> bool:
+    return '"event": "claim"' in block.text()
+
+
+def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_recovery(s3_server, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    password = secrets.token_hex(16)
+    port, run_dir, logs = _free_port(), tmp_path / "run", tmp_path / "logs"
+    reserved_task, spot_task = _tasks(f"s3://{s3_server.bucket}/spotlight", port, run_dir, password)
+    recover_on = list(spot_task.resources)[0].job_recovery["recover_on_exit_codes"]
+    blocks: list[Block] = []
+    with ArgvWatch(password.encode()) as argv_watch:
+        try:
+            blocks.append(reserved := start_block(reserved_task, "reserved", REPO_ROOT, logs, os.environ))
+            wait_for(lambda: (run_dir / "redis" / "redis.pid").exists(), 30, "redis-server", blocks)
+            blocks += [start_block(spot_task, f"spot{i}", REPO_ROOT, logs, os.environ) for i in (1, 2)]
+            wait_for(lambda: any(_claimed(b) for b in blocks[1:]), RUN_TIMEOUT_S, "a spot worker's claim", blocks)
+            victim = next(b for b in blocks[1:] if _claimed(b))
+            victim.signal(signal.SIGTERM)  # the preemption notice (or SkyPilot stopping the job)
+            exit_code = victim.wait(60)
+            assert exit_code in recover_on, f"a preempted worker exits {exit_code}; job_recovery recovers {recover_on}"
+            blocks.append(start_block(spot_task, f"{victim.name}-recovered", REPO_ROOT, logs, os.environ))
+            assert reserved.wait(RUN_TIMEOUT_S) == 0, reserved.text()[-3000:]
+        finally:
+            for block in reversed(blocks):
+                block.stop()
+            _stop_redis(run_dir)
+    assert argv_watch.scans > 10 and not argv_watch.hits, f"the Redis password was on a command line: {argv_watch.hits}"
+    _assert_ledger(run_dir / "ledger.duckdb", victim_log=victim.text(), password=password)
+    for log in [*logs.glob("*.log"), *run_dir.rglob("*.log"), *run_dir.rglob("*.stderr")]:
+        assert password not in log.read_text(errors="replace"), f"the Redis password is in {log}"
+
+
+def _stop_redis(run_dir: Path) -> None:
+    import os
+
+    pidfile = run_dir / "redis" / "redis.pid"
+    if pidfile.exists():
+        os.kill(int(pidfile.read_text()), signal.SIGTERM)
+
+
+def _assert_ledger(path: Path, victim_log: str, password: str) -> None:
+    import json
+
+    from resources.ledger_db import query_ledger
+
+    def rows(sql: str) -> list[dict]:
+        return query_ledger(path, sql).as_dicts()
+
+    requests = rows("SELECT request_id, kind, result_hash FROM requests")
+    done = rows("SELECT request_id, count(*) AS n FROM attempts WHERE outcome = 'done' GROUP BY request_id")
+    assert len(requests) >= 16 and all(r["result_hash"] for r in requests if r["kind"] == "rollout")
+    assert {r["request_id"] for r in done} == {r["request_id"] for r in requests}
+    assert all(r["n"] == 1 for r in done), f"requests done more than once: {[r for r in done if r['n'] > 1]}"
+    victim_id = next(json.loads(line)["worker_id"] for line in victim_log.splitlines() if '"event": "ready"' in line)
+    workers = {r["worker_id"]: r for r in rows("SELECT * FROM workers WHERE role = 'rollout'")}
+    remote = {w: r for w, r in workers.items() if not w.startswith("w0")}
+    assert len(remote) == 3, f"two spot workers and the recovered one, got {sorted(workers)}"
+    assert remote[victim_id]["end_reason"] == "preempted" and remote[victim_id]["usd_per_hour"] == 0.25
+    assert all(r["spot"] for r in remote.values())
+    (preemption,) = rows("SELECT * FROM preemptions")
+    assert preemption["worker_id"] == victim_id and preemption["notice_s"] > 0
+    if preemption["request_id"] is not None:  # it was mid-rollout: committed, and resumed from there elsewhere
+        committed = next(json.loads(line)["committed_step"] for line in victim_log.splitlines() if '"preempted"' in line)
+        (resumed,) = rows(f"SELECT * FROM attempts WHERE request_id = '{preemption['request_id']}' AND outcome = 'done'")
+        assert preemption["state_committed"] and preemption["steps_lost"] == 0
+        assert resumed["worker_id"] != victim_id and resumed["resumed_from_step"] == committed
+    assert rows("SELECT usd_spot FROM run_cost")[0]["usd_spot"] > 0
+    tables = [r["table_name"] for r in rows("SELECT table_name FROM information_schema.tables")]
+    for table in tables:
+        assert password not in repr(rows(f"SELECT * FROM {table}")), f"the Redis password is in ledger table {table}"
