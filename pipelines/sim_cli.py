@@ -1,0 +1,128 @@
+"""`spotlight simulate` and `spotlight plan`: cost at scale on simulated time (workers/sim, docs/SIMULATOR.md).
+
+Only typer at import time; the simulator (SimPy, DuckDB) is imported after the arguments are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+POLICY_NAMES = ("roll", "naive_spot", "rlboost", "spotlight")
+
+
+def _ints(text: str, what: str, least: int = 1) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated integers such as 8,16,32,64, got {text!r}") from None
+    if not values or min(values) < least:
+        raise typer.BadParameter(f"{what} must list integers >= {least}, got {text!r}")
+    return values
+
+
+def _inputs(model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds):
+    """Parse every input before any simulation runs; a bad one is a one-line error."""
+    from workers.sim.config import POLICIES, SimConfig
+    from workers.sim.inputs import LearningCurve, default_curve, model_preset
+    from workers.sim.market import parse_market
+    from resources.prices import load_prices
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise ValueError(f"--policies: unknown {unknown}; choose from {', '.join(POLICY_NAMES)}")
+    if prices is not None and not prices.is_file():
+        raise ValueError(f"--prices {prices}: no such file (YAML format in resources/prices.py)")
+    times = model_preset(model, resolution=resolution)
+    table = load_prices(prices)
+    table.price(times.gpu_type)
+    base = SimConfig(POLICIES["spotlight"], iterations=iterations, explore_speedup=explore_speedup)
+    return (base, times, parse_market(market), table,
+            LearningCurve.from_ledger(curve) if curve else default_curve(), names, _ints(seeds, "--seeds", least=0))
+
+
+def simulate_command(
+    model: str = typer.Option("qwen-image-20b", help="Service-time preset (workers/sim/inputs.py)."),
+    spot_gpus: str = typer.Option("8,16,32,64", help="Comma-separated spot (rollout) GPU counts."),
+    market: str = typer.Option("10-15%", help="AWS band (<5%, 5-10%, 10-15%, 15-20%, >20%), none, renewal:MEAN_H[:SHAPE] or a CSV."),
+    prices: Optional[Path] = typer.Option(None, help="Prices YAML over the default table (resources/prices.py)."),
+    policies: str = typer.Option(",".join(POLICY_NAMES), help="Comma-separated: roll, naive_spot, rlboost, spotlight."),
+    iterations: int = typer.Option(100, min=1),
+    resolution: int = typer.Option(512, help="512 or 1280."),
+    target: float = typer.Option(0.40, help="Validation target on the learning curve."),
+    curve: Optional[Path] = typer.Option(None, help="A real run's ledger whose validation table is the learning curve."),
+    explore_speedup: float = typer.Option(1.0, help="Progress of an iteration on explored seeds (1 = no gain, as measured)."),
+    seeds: str = typer.Option("0", help="Comma-separated simulation seeds (market and gains); rows per seed."),
+    out: Optional[Path] = typer.Option(None, help="Folder for each run's ledger, table.md and simulate.png."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per simulated run, then a summary line."),
+) -> None:
+    """Simulate training runs under each policy and spot-GPU count: cost, time to target, utilisation, throughput."""
+    try:
+        counts = _ints(spot_gpus, "--spot-gpus")
+        base, times, mk, table, lc, names, seed_list = _inputs(model, resolution, market, prices, curve, policies,
+                                                               iterations, explore_speedup, seeds)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    from workers.sim.report import PAPER_CLAIMS, plot, sweep, table as md_table
+
+    started = time.perf_counter()
+    rows = sweep(base, times, mk, lc, spot_gpus=counts, policies=names, target=target, prices=table, out_dir=out,
+                 seeds=seed_list)
+    elapsed = time.perf_counter() - started
+    if out is not None:
+        (out / "table.md").write_text(md_table(rows) + f"\n\n{PAPER_CLAIMS}\n")
+        plot(rows, out / "simulate.png")
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row, sort_keys=True, default=str))
+        typer.echo(json.dumps({"summary": True, "runs": len(rows), "wall_s": round(elapsed, 2), "market": mk.name,
+                               "curve": lc.source, "model": times.model, "iterations": iterations}, sort_keys=True))
+        return
+    typer.echo(md_table(rows))
+    typer.echo(f"\nmarket: {mk.name}; curve: {lc.source}\n{PAPER_CLAIMS}\n{len(rows)} runs in {elapsed:.1f} s")
+
+
+def plan_command(
+    budget: float = typer.Option(..., help="Most dollars to spend reaching the target."),
+    deadline_h: float = typer.Option(..., help="Hours by which the target must be reached."),
+    model: str = typer.Option("qwen-image-20b"),
+    spot_gpus: str = typer.Option("8,16,32,64", help="Candidate rollout GPU counts."),
+    market: str = typer.Option("10-15%"),
+    prices: Optional[Path] = typer.Option(None),
+    policies: str = typer.Option(",".join(POLICY_NAMES)),
+    iterations: int = typer.Option(100, min=1),
+    resolution: int = typer.Option(512),
+    target: float = typer.Option(0.40),
+    curve: Optional[Path] = typer.Option(None),
+    explore_speedup: float = typer.Option(1.0),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """What-if: the cheapest policy and spot-GPU count that reaches the target by the deadline within the budget."""
+    if not budget > 0 or not deadline_h > 0:
+        raise typer.BadParameter(f"--budget and --deadline-h must be > 0, got {budget}, {deadline_h}")
+    try:
+        counts = _ints(spot_gpus, "--spot-gpus")
+        base, times, mk, table, lc, names, _ = _inputs(model, resolution, market, prices, curve, policies,
+                                                       iterations, explore_speedup, "0")
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    from workers.sim.report import plan, sweep
+
+    rows = sweep(base, times, mk, lc, spot_gpus=counts, policies=names, target=target, prices=table)
+    best = plan(rows, budget_usd=budget, deadline_h=deadline_h)
+    record = {"feasible": best is not None, "best": best, "candidates": len(rows), "target": target,
+              "budget_usd": budget, "deadline_h": deadline_h}
+    if as_json:
+        typer.echo(json.dumps(record, sort_keys=True, default=str))
+    elif best is None:
+        typer.echo(f"no configuration of {len(rows)} reaches {target} within {deadline_h} h and ${budget}; "
+                   "raise the budget or deadline, or add --spot-gpus counts")
+        raise typer.Exit(1)
+    else:
+        typer.echo(f"cheapest: {best['policy']} on {best['spot_gpus']} spot GPUs: target {target} in "
+                   f"{best['hours_to_target']:.2f} h for ${best['usd_to_target']:.1f} (run total ${best['usd_total']:.1f})")

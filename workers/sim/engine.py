@@ -1,0 +1,283 @@
+"""The simulated coordinator: one iteration after another on SimPy time, with the real queue, bandit and ledger.
+
+Iteration k (as `spotlight run` orders it): sync, rollout (P x G requests through the
+queue, pulled by the simulated GPUs), exploration of iteration k+1's prompts on stale
+weights beside training (spotlight only: the real `UCBBandit` picks the arm within the
+predicted training time), validation when due, training on the reserved node. The last
+iteration only syncs and validates. Validation scores come from a learning curve, read at
+the run's training progress (an iteration on explored seeds counts `explore_speedup`).
+
+Example:
+    result = simulate(SimConfig(get_policy("spotlight"), num_spot_gpus=16), model_preset("qwen-image-20b"),
+                      parse_market("10-15%"), default_curve(), out_dir=Path("sim/spotlight-16"))
+    result.metrics["usd_total"]
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import simpy
+
+from resources.ledger import Ledger
+from resources.prices import PriceTable, load_prices
+from resources.preemption import PreemptionEvent
+from resources.queue import QueueConfig
+from resources.queue_sqlite import SqliteQueue
+from workers.algo.bandit import predict_budget_s
+from workers.explore.request import CACHE_LEVELS
+from workers.explore.state import ExploreConfig
+from workers.sim.books import SimBooks
+from workers.sim.cluster import SimCluster, Slot
+from workers.sim.config import SimConfig
+from workers.sim.inputs import LearningCurve, ServiceTimes
+from workers.sim.market import Market
+
+EPOCH_S = 1_767_225_600.0
+"""2026-01-01T00:00:00Z: second 0 of a simulated run in its ledger."""
+VARIANCE_GAIN = 1.26
+"""Reward-variance gain of a planned group over random seeds: `spotlight bench exploration --seed 0` (docs/BENCHMARKS.md)."""
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The reserved node's work in one iteration (seconds); a real run's ledger gives them per iteration."""
+
+    sync_s: float
+    train_s: float
+    validate_s: float
+    gaps_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything besides the policy: where money comes from, who the workers are, what the reserved node does."""
+
+    spot_usd_per_gpu_hour: float | None = None
+    reserved_usd_per_gpu_hour: float | None = None
+    """None: from the price table for times.gpu_type."""
+    slots: Sequence[str] | None = None
+    """Rollout slot names (None: g0, g1, ...)."""
+    segments: Sequence[Segments] | None = None
+    """Per-iteration reserved-node seconds (None: derived from the service times)."""
+    warmup_s: float = 0.0
+    """Workers start this long before iteration 0 (a real run's pool starts first)."""
+    epoch_s: float = EPOCH_S
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    ledger_path: Path
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class SimCoordinator:
+    def __init__(self, config: SimConfig, times: ServiceTimes, events: list[PreemptionEvent], curve: LearningCurve,
+                 prices: PriceTable, setup: Setup, workdir: Path) -> None:
+        self.config, self.times, self.curve, self.setup = config, times, curve, setup
+        self.env = simpy.Environment()
+        self.books = SimBooks(setup.epoch_s)
+        self.rng = random.Random(config.seed)
+        policy = config.policy
+        names = list(setup.slots or [f"g{i}" for i in range(config.num_spot_gpus)])
+        slots = [Slot(n, node=i // config.gpus_per_node) for i, n in enumerate(names)]
+        clock = lambda: setup.epoch_s + self.env.now  # noqa: E731 - the queue's lease clock is simulated time
+        qconfig = QueueConfig(max_deliveries=1000)
+        keys = ["all"] if policy.pull else sorted({s.node for s in slots})
+        self.queues = {k: SqliteQueue(workdir / f"queue-{k}.db", qconfig, clock=clock) for k in keys}
+        spot_rate, spot_source = self._price(prices, spot=policy.spot, given=setup.spot_usd_per_gpu_hour if policy.spot
+                                             else setup.reserved_usd_per_gpu_hour)
+        self.reserved_rate, self.reserved_source = self._price(prices, spot=False, given=setup.reserved_usd_per_gpu_hour)
+        self.cluster = SimCluster(self.env, self.queues, self.books, times, config, slots, spot_rate, spot_source)
+        self.cluster.on_done = self._on_done
+        self.events = events if policy.spot else []
+        self.bandit = ExploreConfig().new_bandit(config.group_size) if policy.explore else None
+        self.train_history: list[float] = []
+        self.progress, self.explored_share = 0.0, 0.0
+        self.pending: dict[str, int] = {}
+        self.rollout_done = None
+        self.explore_log: dict[str, float] = {}
+        self.end_s = 0.0
+
+    def _price(self, prices: PriceTable, *, spot: bool, given: float | None) -> tuple[float, str]:
+        if given is not None:
+            return given, "given to the simulator"
+        return prices.usd_per_hour(self.times.gpu_type, spot=spot)
+
+    def run(self) -> None:
+        self.cluster.start_all()
+        for event in self.events:
+            self.env.process(self._preemption(event))
+        done = self.env.process(self._driver())
+        self.env.run(until=done)
+        self.end_s = self.env.now
+
+    def _preemption(self, event: PreemptionEvent):
+        yield self.env.timeout(event.time_s)
+        self.cluster.preempt(event.worker, event.notice_s)
+
+    def _driver(self):
+        yield self.env.timeout(self.setup.warmup_s)
+        for k in range(self.config.iterations + 1):
+            yield from self._iteration(k)
+
+    def segments(self, k: int) -> Segments:
+        if self.setup.segments is not None:
+            return self.setup.segments[min(k, len(self.setup.segments) - 1)]
+        t = self.times
+        train_s = t.update_s_per_sample * self.config.samples_per_iteration / self.config.num_trainer_gpus
+        return Segments(t.sync_s, train_s, t.validate_s, t.gaps_s)
+
+    def _phase(self, k: int, name: str, seconds: float):
+        start = self.env.now
+        yield self.env.timeout(seconds)
+        self.books.phase(k, name, start, self.env.now)
+
+    def _iteration(self, k: int):
+        seg, start, last = self.segments(k), self.env.now, k == self.config.iterations
+        reserved = f"reserved-it-{k:06d}"
+        self.books.worker_start(reserved, role="trainer", spot=False, num_gpus=self.config.num_trainer_gpus,
+                                usd_per_hour=self.reserved_rate * self.config.num_trainer_gpus,
+                                gpu_type=self.times.gpu_type, t=start, source=self.reserved_source)
+        yield from self._phase(k, "sync", seg.sync_s)
+        if last:
+            yield self.env.timeout(seg.gaps_s[0])
+            yield from self._validate(k, seg)
+        else:
+            yield self.env.timeout(seg.gaps_s[0])
+            yield from self._rollout(k)
+            yield self.env.timeout(seg.gaps_s[1])
+            explore_start = self.env.now
+            arm = self._start_exploration(k) if self.bandit is not None else None
+            yield self.env.timeout(seg.gaps_s[2])
+            if k % self.config.validate_every == 0:
+                yield from self._validate(k, seg)
+            yield self.env.timeout(seg.gaps_s[3])
+            yield from self._phase(k, "train", seg.train_s)
+            self.train_history.append(seg.train_s)
+            self._advance_progress()
+            if arm is not None:
+                yield self.env.timeout(seg.gaps_s[4])
+                self._end_exploration(k, arm, explore_start)
+        yield self.env.timeout(seg.gaps_s[5])
+        self.books.worker_end(reserved, "finished", self.env.now)
+        self.books.iteration(k, start, self.env.now)
+
+    def _validate(self, k: int, seg: Segments):
+        yield from self._phase(k, "validate", seg.validate_s)
+        self.books.add("validation", iteration=k, weights_version=k, score=self.curve.score(self.progress),
+                       num_prompts=self.config.prompts_per_iteration, recorded_at=self.env.now)
+
+    def _advance_progress(self) -> None:
+        """The update just trained moves the run along the curve; explored seeds count explore_speedup."""
+        self.progress += 1 + (self.config.explore_speedup - 1) * self.explored_share
+        self.explored_share = 0.0
+
+    def _put(self, requests: list[dict]) -> None:
+        for r in requests:
+            self.cluster.enqueued_at[r["request_id"]] = self.env.now
+        for queue_key, queue in self.queues.items():
+            mine = requests if queue_key == "all" else [r for i, r in enumerate(requests) if i % len(self.queues) == queue_key]
+            if mine:
+                queue.put(mine)
+        self.cluster.notify_all()
+
+    def _rollout(self, k: int):
+        start, t = self.env.now, self.times
+        yield self.env.timeout(t.enqueue_s)
+        cfg = self.config
+        requests = [{"request_id": f"it{k}-p{p}-s{s}", "iteration": k, "kind": "rollout",
+                     "payload": {"steps": t.num_steps, "step_s": t.step_s}}
+                    for p in range(cfg.prompts_per_iteration) for s in range(cfg.group_size)]
+        self.pending["rollout"] = len(requests)
+        self.rollout_done = self.env.event()
+        self._put(requests)
+        yield self.rollout_done
+        yield self.env.timeout(t.collect_s)
+        self.books.phase(k, "rollout", start, self.env.now)
+        self._record_requests(requests, k, None)
+
+    def _on_done(self, request_id: str, kind: str) -> None:
+        if kind == "rollout":
+            self.pending["rollout"] -= 1
+            if self.pending["rollout"] == 0:
+                self.rollout_done.succeed()
+
+    def _record_requests(self, requests: list[dict], k: int, arm: str | None) -> None:
+        finished = self.cluster.work.finished
+        for i, r in enumerate(requests):
+            rid = r["request_id"]
+            worker, attempts, enq, fin = finished.get(rid, (None, 0, self.cluster.enqueued_at.get(rid), None))
+            self.books.add("requests", request_id=rid, iteration=k, kind=r["kind"], prompt=f"p{i // self.config.group_size}",
+                           seed=i, weights_version=k, worker_id=worker, attempts=attempts, enqueued_at=enq,
+                           finished_at=fin, arm=arm, status="done" if fin is not None else "cancelled")
+
+    def _start_exploration(self, k: int):
+        budget = predict_budget_s(self.train_history)
+        choice = self.bandit.choose(budget, self.config.prompts_per_iteration, max(1, self.cluster.live_groups()))
+        if choice.arm is None:
+            return None
+        level = CACHE_LEVELS[choice.arm.cache_level].nominal_cost
+        step_s = self.times.explore_request_s / self.times.num_steps if self.times.explore_request_s else \
+            self.times.step_s * choice.arm.seeds_per_prompt * level
+        requests = [{"request_id": f"explore-it{k}-p{p}", "iteration": k, "kind": "explore",
+                     "payload": {"steps": self.times.num_steps, "step_s": step_s}}
+                    for p in range(self.config.prompts_per_iteration)]
+        self._put(requests)
+        return choice, requests, budget
+
+    def _end_exploration(self, k: int, started, explore_start: float) -> None:
+        choice, requests, budget = started
+        for queue in self.queues.values():
+            queue.cancel_iteration(k, "explore")
+        finished = self.cluster.work.finished
+        done = [finished[r["request_id"]] for r in requests if r["request_id"] in finished]
+        used = sum(fin - enq for _, _, enq, fin in done)
+        if done:
+            self.bandit.observe_time(choice.arm, sum(fin - enq for _, _, enq, fin in done), len(done))
+        self.explored_share = len(done) / len(requests)
+        gain = self.rng.gauss(VARIANCE_GAIN * (choice.arm.seeds_per_prompt / (2 * self.config.group_size)) ** 0.25, 0.15)
+        if done:
+            self.bandit.observe_gain(choice.arm, gain)
+        self.books.phase(k, "explore", explore_start, self.env.now)
+        self.books.add("exploration", iteration=k, arm=choice.arm.name, budget_s=budget or 0.0, time_used_s=used,
+                       num_requests=len(requests), seeds_per_prompt=choice.arm.seeds_per_prompt,
+                       cache_level=choice.arm.cache_level, overhead_s=0.0, variance_gain=gain if done else None,
+                       ucb_score=None if choice.ucb is None or choice.ucb == float("inf") else choice.ucb,
+                       fallback_random=not done)
+        self._record_requests(requests, k, choice.arm.name)
+
+
+def simulate(config: SimConfig, times: ServiceTimes, market: Market, curve: LearningCurve, *,
+             prices: PriceTable | None = None, setup: Setup = Setup(), out_dir: Path | None = None,
+             target: float | None = None) -> SimResult:
+    """Run one simulated training run; its ledger goes to out_dir/ledger.duckdb (or a temporary file)."""
+    from workers.sim.metrics import run_metrics
+
+    prices = prices or load_prices()
+    with tempfile.TemporaryDirectory(prefix="spotlight-sim-") as tmp:
+        work = Path(tmp)
+        names = list(setup.slots or [f"g{i}" for i in range(config.num_spot_gpus)])
+        horizon_s = 3600.0 * 24 * 30
+        events = market.events(names, duration_s=horizon_s, seed=config.seed)
+        coordinator = SimCoordinator(config, times, events, curve, prices, setup, work)
+        coordinator.run()
+        for queue in coordinator.queues.values():
+            queue.close()
+        path = (out_dir or work) / "ledger.duckdb"
+        if path.exists():
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger(path, prices=prices)
+        record = {"policy": asdict(config.policy), "sim": {k: v for k, v in asdict(config).items() if k != "policy"},
+                  "market": market.name, "curve": curve.source, "model": times.model}
+        coordinator.books.write(ledger, run_id=f"sim-{config.policy.name}-{config.num_spot_gpus}", config=record,
+                                end_s=coordinator.end_s)
+        metrics = run_metrics(ledger, coordinator, target)
+        result = SimResult(config, path if out_dir else Path(""), metrics)
+    return result
