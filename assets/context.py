@@ -19,5 +19,6 @@ def run_context(run_config: RunConfigResource, store: TensorStoreResource, ledge
         run=run_config.run, preset=run_config.preset, train=run_config.train_config(), store=store.get_store(),
         ledger=ledger.get_ledger(), report_dir=Path(ledger.path).parent / "report", store_url=store.url,
         queue_url=queue.url, queue_config=QueueConfig(queue.max_deliveries, queue.connect_timeout_s),
-        sampling=sampling, checkpoint=run_config.checkpoint, anchor_every=run_config.anchor_every,
+        sampling=sampling, checkpoint=run_config.model or run_config.checkpoint, model=run_config.model_spec_fields(),
+        anchor_every=run_config.anchor_every,
         max_validation_drop=run_config.max_validation_drop, reserved_usd_per_hour=run_config.reserved_usd_per_hour)

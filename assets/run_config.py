@@ -27,6 +27,11 @@ class RunConfigResource(ConfigurableResource):
     reward: Optional[str] = Field(default=None, description="Reward name overriding the preset's (workers/task/rewards.py).")
     seed: Optional[int] = Field(default=None, ge=0, description="Run seed overriding the preset's (prompts and request seeds).")
     checkpoint: Optional[str] = Field(default=None, description="Policy folder to start from (default: the shipped base).")
+    model: Optional[str] = Field(default=None, description="A diffusers pipeline folder to post-train instead (Qwen-Image, "
+                                 "SD3/3.5, FLUX.1; absolute path, loaded locally).")
+    lora_rank: Optional[int] = Field(default=None, ge=0, description="With model: LoRA rank (0 = full fine-tuning).")
+    resolution: Optional[int] = Field(default=None, ge=1, description="With model: image side in pixels.")
+    guidance: Optional[float] = Field(default=None, ge=0, description="With model: true-CFG scale or FLUX.1-dev's guidance.")
     anchor_every: int = Field(default=10, ge=1, description="A full BF16 anchor every this many weight versions.")
     max_validation_drop: float = Field(default=0.25, ge=0, description="Validation check fails when the held-out score falls more than this below the base's.")
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of the reserved node (trainer + coordinator).")
@@ -50,16 +55,31 @@ class RunConfigResource(ConfigurableResource):
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, reward: Optional[str]) -> Optional[str]:
-        from workers.task.rewards import reward_names
+        from workers.task.rewards import get_reward
 
-        if reward is not None and reward not in reward_names():
-            raise ValueError(f"unknown reward {reward!r}; choose one of {reward_names()}")
+        if reward is not None:
+            get_reward(reward)  # a name, kind:ARG (clip:PATH, multi:...) or a reward server URL; the error lists them
         return reward
 
     @model_validator(mode="after")
     def _config_builds(self) -> "RunConfigResource":
         self.train_config()  # any invalid combination fails at load, not mid-run
+        self.model_spec_fields()
         return self
+
+    def model_spec_fields(self) -> Optional[dict]:
+        """ModelSpec fields of a run on a diffusers pipeline (None for the pixel policy); the folder and the
+        resolution are checked here, before any weights load."""
+        given = {"lora_rank": self.lora_rank, "resolution": self.resolution, "guidance": self.guidance}
+        if self.model is None:
+            if any(v is not None for v in given.values()):
+                raise ValueError("lora_rank, resolution and guidance apply to a diffusers pipeline: set model too")
+            return None
+        if self.checkpoint is not None:
+            raise ValueError("set model (a diffusers pipeline) or checkpoint (a spotlight policy), not both")
+        from workers.trainer.presets import model_fields_for
+
+        return model_fields_for(self.preset, self.model, **given)
 
     def train_config(self):
         """The preset's TrainConfig with this resource's overrides."""

@@ -31,20 +31,45 @@ def bench_rollout(
     num_steps: int = typer.Option(8, help="Denoising steps."),
     repeats: int = typer.Option(3, help="Timed repetitions (after one warm-up)."),
     full_sde: bool = typer.Option(False, "--full-sde", help="Flow-GRPO instead: SDE rollouts, every step trained."),
+    model: Optional[Path] = typer.Option(None, help="A diffusers pipeline folder instead of the shipped base."),
+    lora_rank: Optional[int] = typer.Option(None, help="With --model: LoRA rank (0 = full fine-tuning)."),
+    resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
+    reward: Optional[str] = typer.Option(None, help="Reward name (default: the preset's)."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Rollout throughput (samples/s) and GRPO update time on this machine (cpu_tiny settings: ODE rollouts, NFT)."""
+    """Rollout throughput (samples/s), GRPO update time and the share of rollout time outside the transformer's
+    forward, on this machine (cpu_tiny settings: ODE rollouts, NFT)."""
     from workers.bench.rollout import bench_rollout as run
 
+    fields = {k: v for k, v in {"lora_rank": lora_rank, "resolution": resolution}.items() if v is not None}
     try:
-        result = run(batch_size=batch_size, num_steps=num_steps, repeats=repeats, full_sde=full_sde)
+        result = run(batch_size=batch_size, num_steps=num_steps, repeats=repeats, full_sde=full_sde,
+                     model=None if model is None else str(model), model_fields=fields, reward=reward, device=device)
+    except ValueError as err:  # UnsupportedModelError too
+        raise typer.BadParameter(str(err)) from None
+    show(result, as_json, lambda r: "\n".join(f"{k:>28}: {v}" for k, v in r.items()))
+
+
+@bench_app.command("model-check")
+def bench_model_check(
+    device: str = typer.Option("cuda", help="cuda (the GPU check) or cpu (with --widths tiny)."),
+    widths: str = typer.Option("real", help="real: Qwen-Image's transformer widths, 1 and 2 blocks; tiny: toy size."),
+    resolution: int = typer.Option(512, help="Image side in pixels."),
+    batch_size: int = typer.Option(8, help="Samples per rollout batch (a multiple of 8)."),
+    num_steps: int = typer.Option(10, help="Denoising steps."),
+    lora_rank: int = typer.Option(64, help="LoRA rank of the LoRA iteration."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The prepared GPU check: a Qwen-Image-shaped model, one LoRA and one full fine-tuning iteration; samples/s,
+    update seconds, peak memory (and per block), PULSE GB/s (docs/MODELS.md)."""
+    from workers.bench.model_check import run_model_check
+
+    try:
+        figures = run_model_check(device, widths, resolution, batch_size, num_steps, lora_rank)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    if as_json:
-        emit_json(result)
-    else:
-        for k, v in result.items():
-            typer.echo(f"{k:>28}: {v}")
+    show(figures, as_json, lambda f: json.dumps(f, indent=2))
 
 
 @bench_app.command("recipe")
@@ -213,3 +238,25 @@ def bench_exploration(
 
     figures = run_exploration_bench(bench, checkpoint, progress=progress)
     show(figures, as_json, format_exploration_report)
+
+
+@bench_app.command("coordinator")
+def bench_coordinator(
+    requests: int = typer.Option(100_000, help="Requests in the queue while claims are timed."),
+    claims: int = typer.Option(5_000, help="Claims (then acks) timed against that queue."),
+    ledger_rows: int = typer.Option(20_000, "--ledger-rows", help="Attempt rows recorded inside a phase (batched)."),
+    workers: int = typer.Option(64, help="Spot workers of the simulated iteration."),
+    step_s: float = typer.Option(2.0, "--step-s", help="Simulated seconds per denoising step of a worker."),
+    redis: bool = typer.Option(True, "--redis/--no-redis", help="Also measure Redis (starts a redis-server of its own)."),
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+) -> None:
+    """Coordinator scale: queue claims/s at 10^5 requests (SQLite, Redis), ledger rows/s, share of a 64-worker iteration."""
+    from workers.bench.coordinator import CoordinatorBench, format_coordinator_report, run_coordinator_bench
+
+    try:
+        bench = CoordinatorBench(num_requests=requests, num_claims=claims, num_ledger_rows=ledger_rows,
+                                 num_workers=workers, step_s=step_s, redis=redis)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    figures = run_coordinator_bench(bench, progress=lambda line: typer.echo(line, err=True))
+    show(figures, as_json, format_coordinator_report)

@@ -133,6 +133,24 @@ from pipelines.bench_cli import bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
 
+# `spotlight simulate` / `spotlight plan`: cost at scale on simulated time (pipelines/sim_cli.py imports only typer).
+from pipelines.sim_cli import plan_command, simulate_command  # noqa: E402
+
+app.command("simulate")(simulate_command)
+app.command("plan")(plan_command)
+
+# `spotlight launch` / `status` / `down`: the cloud path on SkyPilot (pipelines/launch_cli.py imports only typer).
+from pipelines.launch_cli import down_command, launch_command, status_command  # noqa: E402
+
+app.command("launch")(launch_command)
+app.command("status")(status_command)
+app.command("down")(down_command)
+
+# `spotlight reward-serve`: a reward behind HTTP on its own GPU (pipelines/reward_cli.py imports only typer).
+from pipelines.reward_cli import reward_serve_command  # noqa: E402
+
+app.command("reward-serve")(reward_serve_command)
+
 
 if __name__ == "__main__":
     app(prog_name="spotlight")

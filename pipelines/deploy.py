@@ -11,9 +11,10 @@ preset, reward, store scheme, queue scheme or rollout mode fails with the allowe
 | SPOTLIGHT_RUN | the run dir's name | run name (store prefix runs/{run}/) |
 | SPOTLIGHT_PRESET / _ITERATIONS / _REWARD | cpu_tiny / the preset's / the preset's | same |
 | SPOTLIGHT_STORE | {run dir}/store | required, s3://bucket/prefix (endpoint, credentials: boto3's configuration) |
-| SPOTLIGHT_QUEUE | {run dir}/queue.db | required, redis://host:port/db (password: SPOTLIGHT_REDIS_PASSWORD) |
+| SPOTLIGHT_QUEUE | {run dir}/queue.db | required, redis:// or rediss:// (TLS) host:port/db (password: SPOTLIGHT_REDIS_PASSWORD or the file named by SPOTLIGHT_REDIS_PASSWORD_FILE) |
 | SPOTLIGHT_LEDGER | {run dir}/ledger.duckdb | same |
 | SPOTLIGHT_ROLLOUTS | inprocess | workers (spot workers from sky/spot_workers.yaml pull from the queue) |
+| SPOTLIGHT_MODEL / _LORA_RANK / _RESOLUTION / _GUIDANCE | unset (the pixel policy) | a diffusers pipeline folder on every node (docs/MODELS.md) |
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
                     preset: str = "cpu_tiny", iterations: Optional[int] = None, reward: Optional[str] = None,
                     store: Optional[str] = None, queue: Optional[str] = None, ledger: Optional[str] = None,
                     rollouts: Optional[str] = None, checkpoint: Optional[str] = None,
-                    workers: Optional[dict] = None) -> dict:
+                    workers: Optional[dict] = None, model: Optional[dict] = None) -> dict:
     """The resource dict of a deployment (pydantic validates each resource as it is built)."""
     if deployment not in DEPLOYMENTS:
         raise DeploymentError(f"unknown deployment {deployment!r}; choose one of {DEPLOYMENTS}")
@@ -46,14 +47,15 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
         if not (store or "").startswith("s3://"):
             raise DeploymentError("the cloud deployment needs SPOTLIGHT_STORE=s3://bucket/prefix (got "
                                   f"{store!r}); endpoint and credentials come from boto3's configuration")
-        if not (queue or "").startswith("redis://"):
-            raise DeploymentError("the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db (the Redis on the "
-                                  "reserved node); put the password in SPOTLIGHT_REDIS_PASSWORD")
+        if not (queue or "").startswith(("redis://", "rediss://")):
+            raise DeploymentError("the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db or rediss:// (TLS; the "
+                                  "Redis on the reserved node); put the password in SPOTLIGHT_REDIS_PASSWORD or a file "
+                                  "named by SPOTLIGHT_REDIS_PASSWORD_FILE")
     default_mode = "workers" if deployment == "cloud" else "inprocess"
     try:
         return {
             "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations,
-                                        reward=reward, checkpoint=checkpoint),
+                                        reward=reward, checkpoint=checkpoint, **(model or {})),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
             "ledger": LedgerResource(path=ledger or str(run_dir / "ledger.duckdb")),
@@ -73,7 +75,22 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
         run=env.get("SPOTLIGHT_RUN"), preset=env.get("SPOTLIGHT_PRESET", "cpu_tiny"),
         iterations=int(iterations) if iterations else None, reward=env.get("SPOTLIGHT_REWARD"),
         store=env.get("SPOTLIGHT_STORE"), queue=env.get("SPOTLIGHT_QUEUE"), ledger=env.get("SPOTLIGHT_LEDGER"),
-        rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"))
+        rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env))
+
+
+def _model_env(env: Mapping[str, str]) -> dict:
+    """SPOTLIGHT_MODEL (a diffusers pipeline folder) and its SPOTLIGHT_LORA_RANK / _RESOLUTION / _GUIDANCE."""
+    out: dict = {}
+    if env.get("SPOTLIGHT_MODEL"):
+        out["model"] = str(Path(env["SPOTLIGHT_MODEL"]).expanduser().resolve())
+    for name, kind in (("lora_rank", int), ("resolution", int), ("guidance", float)):
+        raw = env.get(f"SPOTLIGHT_{name.upper()}")
+        if raw:
+            try:
+                out[name] = kind(raw)
+            except ValueError:
+                raise DeploymentError(f"SPOTLIGHT_{name.upper()} must be a {kind.__name__}, got {raw!r}") from None
+    return out
 
 
 def _short(err: ValueError) -> str:

@@ -49,6 +49,11 @@ class RunSpec:
     """Queue URL; a local path is made absolute. None = RUN_DIR/queue.db."""
     rollouts: str = "local_cluster"
     checkpoint: Optional[str] = None
+    model: Optional[str] = None
+    """A diffusers pipeline folder (absolute), with the ModelSpec fields below; None: the pixel policy."""
+    lora_rank: Optional[int] = None
+    resolution: Optional[int] = None
+    guidance: Optional[float] = None
     num_workers: int = DEFAULT_WORKERS
     preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
 
@@ -58,6 +63,9 @@ class RunSpec:
         for name in ("store", "queue"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, absolute_url(getattr(self, name)))
+        for name in ("checkpoint", "model"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, str(Path(getattr(self, name)).expanduser().resolve()))
         if self.rollouts not in ROLLOUT_MODES:
             raise ValueError(f"--rollouts must be one of {ROLLOUT_MODES}, got {self.rollouts!r}")
         if self.num_workers < 1:
@@ -67,15 +75,20 @@ class RunSpec:
 
     @classmethod
     def resolve(cls, run_dir: Path, *, resume: bool, replace: bool = False, **asked) -> "RunSpec":
-        """A new run's spec, or on --resume the stored one (flags given again must agree with it).
-        `replace`: a new run that will replace the one in `run_dir` (the caller deletes it)."""
+        """A new run's spec, or on --resume the stored one (flags given again must agree with it); --resume on a
+        folder without a run starts one. `replace`: a new run that will replace the one in `run_dir` (the caller
+        deletes it)."""
         path = run_dir / SPEC_NAME
         if not resume:
             if not replace and (path.exists() or (run_dir / "ledger.duckdb").exists()):
                 raise ValueError(f"{run_dir} already holds a run; continue it with --resume or choose another --run-dir")
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         if not path.is_file():
-            raise ValueError(f"nothing to resume: {path} does not exist (start the run without --resume)")
+            if (run_dir / "ledger.duckdb").exists():
+                raise ValueError(f"{run_dir} holds a ledger but no {SPEC_NAME}: it was not written by `spotlight run`; "
+                                 "choose another --run-dir")
+            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the first time.
+            return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         # The folder is where it is now (it may have moved); flags compare as the spec stores them (absolute paths).
         stored = dataclasses.replace(cls(**json.loads(path.read_text())), run_dir=str(run_dir))
         given = asdict(dataclasses.replace(stored, **{k: v for k, v in asked.items() if v is not None}))
@@ -94,21 +107,56 @@ class RunSpec:
 
         mode = "workers" if self.rollouts == "local_cluster" else self.rollouts
         return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, reward=self.reward,
-                               store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint)
+                               store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint,
+                               model=None if self.model is None else
+                               {"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
+                                "guidance": self.guidance})
+
+
+class BudgetReachedError(RuntimeError):
+    """The ledger's spend reached --max-usd; the message says how much and how to continue."""
 
 
 @contextlib.contextmanager
-def run_cluster(spec: RunSpec, resources: dict) -> Iterator[None]:
+def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None) -> Iterator[None]:
     """With --rollouts local_cluster: worker processes for the whole run, preempted on a Poisson trace."""
-    if spec.rollouts != "local_cluster":
-        yield
-        return
-    from assets.context import run_context
-    from workers.coordinator.worker_pool import worker_pool
+    with remote_workers(resources, max_usd):
+        if spec.rollouts != "local_cluster":
+            yield
+            return
+        from assets.context import run_context
+        from workers.coordinator.worker_pool import worker_pool
 
-    with worker_pool(run_context(**resources), spec.num_workers, spec.preemptions_per_hour,
-                     log_dir=Path(spec.run_dir) / "worker_logs"):
-        yield
+        with worker_pool(run_context(**resources), spec.num_workers, spec.preemptions_per_hour,
+                         log_dir=Path(spec.run_dir) / "worker_logs"):
+            yield
+
+
+@contextlib.contextmanager
+def remote_workers(resources: dict, max_usd: Optional[float] = None) -> Iterator[None]:
+    """On a Redis queue: record the spot workers that relay their events through it (resources/worker_events.py),
+    and publish the run's progress and spend there (for `spotlight status` and the spot workers' spend gate)."""
+    from resources.run_status import StatusPublisher
+    from resources.worker_events import RemoteWorkers
+
+    with contextlib.closing(resources["queue"].get_queue()) as queue:
+        if not hasattr(queue, "read_events"):  # a SQLite queue: only local workers, whose pipes the pool reads
+            yield
+            return
+        ledger = resources["ledger"].get_ledger()
+        with RemoteWorkers(queue, ledger), StatusPublisher(queue, ledger.query, {"max_usd": max_usd}):
+            yield
+
+
+def check_budget(ledger, max_usd: Optional[float], iteration: int) -> None:
+    """BudgetReachedError once the run's spend (the ledger's run_cost) reached `max_usd` (None: no cap)."""
+    from resources.run_status import ledger_status, over_budget
+
+    status = ledger_status(ledger.query)
+    if over_budget(status, max_usd):
+        when = f"after iteration {iteration}" if iteration >= 0 else "before its next iteration"
+        raise BudgetReachedError(f"the run spent ${status['usd_total']:.4f}, reaching --max-usd {max_usd:g}, {when}; "
+                                 "continue with --resume and a higher --max-usd")
 
 
 def trainer_threads(spec: RunSpec) -> Optional[int]:
@@ -124,8 +172,9 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
     return max(1, cores - spec.num_workers)
 
 
-def execute(spec: RunSpec, console, on_iteration=None) -> dict:
-    """Walk every iteration not yet done; returns the summary (rows, report path, run cost)."""
+def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] = None) -> dict:
+    """Walk every iteration not yet done; returns the summary (rows, report path, run cost). With `max_usd`, stops
+    (BudgetReachedError) after the iteration during which the spend reached it."""
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -148,12 +197,14 @@ def execute(spec: RunSpec, console, on_iteration=None) -> dict:
     total = resources["run_config"].num_iterations + 1
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
     try:
-        with run_cluster(spec, resources), Progress(*columns, console=console, transient=True) as progress:
+        check_budget(ledger, max_usd, -1)  # a resumed run may already be past it
+        with run_cluster(spec, resources, max_usd), Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("iterations", total=total)
             for outcome in walk_iterations(dg.DagsterInstance.ephemeral(), resources):
                 progress.update(task, advance=1, description=f"iteration {outcome.iteration + 1}/{total - 1}")
                 if on_iteration is not None:
                     on_iteration(outcome)
+                check_budget(ledger, max_usd, outcome.iteration)
     except BaseException:
         books.interrupt_run(ledger, resources["run_config"].run)
         raise

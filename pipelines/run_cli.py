@@ -14,7 +14,7 @@ from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
 def run_command(
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: the preset's)."),
     preset: Optional[str] = typer.Option(None, help="Training preset (workers/trainer/presets.py; default cpu_tiny)."),
-    reward: Optional[str] = typer.Option(None, help="Reward name overriding the preset's (workers/task/rewards.py: minigeneval, minigeneval_strict, jpeg_compressibility)."),
+    reward: Optional[str] = typer.Option(None, help="Reward overriding the preset's: a name (minigeneval, minigeneval_strict, jpeg_compressibility), clip:PATH, multi:a=1,b=0.1, or a reward server's http:// URL (docs/MODELS.md)."),
     store: Optional[str] = typer.Option(None, help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."),
     queue: Optional[str] = typer.Option(None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."),
     run_dir: Path = typer.Option(Path("runs/run"), "--run-dir", help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default."),
@@ -23,7 +23,13 @@ def run_command(
     workers: Optional[int] = typer.Option(None, "--workers", help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS})."),
     preemptions_per_hour: Optional[float] = typer.Option(None, help=f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default {DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none)."),
     checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+    model: Optional[str] = typer.Option(None, help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, "
+                                        "FLUX.1), loaded locally by the trainer and every worker (docs/MODELS.md)."),
+    lora_rank: Optional[int] = typer.Option(None, help="With --model: LoRA rank (0 = full fine-tuning)."),
+    resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
+    guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
+    max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."),
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process: sync -> rollout -> train (+ explore) -> validate, per iteration."""
     import time
@@ -34,28 +40,54 @@ def run_command(
 
     console = Console(stderr=True)
     asked = {"preset": preset, "iterations": iterations, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
-             "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour}
+             "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour,
+             "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance}
     try:
+        if max_usd is not None and not max_usd > 0:
+            raise ValueError(f"--max-usd must be a positive number of dollars, got {max_usd:g}")
         if overwrite:
             _check_overwrite(run_dir, resume=resume, store=store, queue=queue)
         spec = RunSpec.resolve(run_dir, resume=resume, replace=overwrite, **asked)
         spec.resources()  # every name and URL checked before any compute (and before --overwrite deletes)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    _check_reachable(spec)
     if overwrite and run_dir.exists():
         import shutil
 
         shutil.rmtree(run_dir)
+    from pipelines.run import BudgetReachedError
     from pipelines.run_walk import IterationFailedError
 
     started = time.perf_counter()
     try:
-        result = execute(spec, console, on_iteration=lambda o: console.print(_line(o)))
+        result = execute(spec, console, on_iteration=lambda o: console.print(_line(o)), max_usd=max_usd)
+    except BudgetReachedError as err:
+        console.print(f"spotlight run stopped: {err}")
+        raise typer.Exit(0) from None
     except (IterationFailedError, KeyboardInterrupt) as err:
         console.print(f"spotlight run stopped: {err or 'interrupted'}")
         console.print(f"continue it with: spotlight run --run-dir {spec.run_dir} --resume")
         raise typer.Exit(1) from None
     _print_summary(console, result, time.perf_counter() - started)
+
+
+def _check_reachable(spec) -> None:
+    """A remote queue or store that cannot be reached stops the run here, in one line naming its address,
+    before any compute and before anything is written (a worker would otherwise find it, minutes later)."""
+    from resources.queue import QueueError
+    from resources.queues import check_queue_reachable
+    from resources.store import StoreError
+    from resources.stores import check_store_reachable
+
+    try:
+        if spec.queue is not None:
+            check_queue_reachable(spec.queue)
+        if spec.store is not None:
+            check_store_reachable(spec.store)
+    except (QueueError, StoreError) as err:
+        typer.echo(f"spotlight run: {' '.join(str(err).split())}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _check_overwrite(run_dir: Path, *, resume: bool, store: Optional[str], queue: Optional[str]) -> None:

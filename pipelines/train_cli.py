@@ -19,6 +19,13 @@ def train_command(
     iterations: Optional[int] = typer.Option(None, help="GRPO iterations (default: the preset's)."),
     preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/trainer/presets.py)."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+    model: Optional[Path] = typer.Option(None, help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, "
+                                         "FLUX.1), loaded locally; nothing is downloaded."),
+    lora_rank: Optional[int] = typer.Option(None, help="With --model: a LoRA of this rank (0 = full fine-tuning; "
+                                            "default: the preset's, else 0)."),
+    resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels (default: the preset's, else 512)."),
+    guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
+    reward: Optional[str] = typer.Option(None, help="Reward name (default: the preset's)."),
     seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
     rollouts_per_prompt: Optional[int] = typer.Option(
@@ -29,7 +36,8 @@ def train_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
 ) -> None:
     """Synchronous GRPO post-training on MiniGenEval, in this process (the pipeline's phases, sampled in-process)."""
-    config = _config(preset, iterations, seed, lr, rollouts_per_prompt)
+    config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
+    model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance)
     if usd_per_hour < 0:
         raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
     if checkpoint is not None and not (checkpoint / "policy.json").is_file():
@@ -43,13 +51,34 @@ def train_command(
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
     try:
-        _train(run_dir, preset, config, checkpoint, usd_per_hour, as_json, keep=out is not None)
+        _train(run_dir, preset, config, model or checkpoint, usd_per_hour, as_json, keep=out is not None,
+               model_fields=model_fields)
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _config(preset: str, iterations, seed, lr, rollouts_per_prompt):
+def _model_fields(preset: str, model: Optional[Path], checkpoint: Optional[Path], lora_rank, resolution,
+                  guidance) -> Optional[dict]:
+    """ModelSpec fields for --model (the preset's defaults, then the command line's); None without --model.
+    A folder that is not a supported pipeline, or a resolution it cannot pack, fails here, before weights load."""
+    given = {"lora_rank": lora_rank, "resolution": resolution, "guidance": guidance}
+    if model is None:
+        if any(v is not None for v in given.values()):
+            raise typer.BadParameter(f"{sorted(k for k, v in given.items() if v is not None)} apply to --model "
+                                     "(a diffusers pipeline folder)")
+        return None
+    if checkpoint is not None:
+        raise typer.BadParameter("pass --model (a diffusers pipeline) or --checkpoint (a spotlight policy), not both")
+    from workers.trainer.presets import model_fields_for
+
+    try:
+        return model_fields_for(preset, str(model), **given)
+    except ValueError as err:  # UnsupportedModelError is one
+        raise typer.BadParameter(str(err)) from None
+
+
+def _config(preset: str, iterations, seed, lr, rollouts_per_prompt, reward=None):
     """The preset with the command line's overrides; a bad value fails here, before any compute."""
     import dataclasses
 
@@ -58,7 +87,8 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt):
     try:
         config = get_preset(preset)
         changes = {k: v for k, v in {"iterations": iterations, "seed": seed,
-                                     "rollouts_per_prompt": rollouts_per_prompt}.items() if v is not None}
+                                     "rollouts_per_prompt": rollouts_per_prompt, "reward": reward}.items()
+                   if v is not None}
         if lr is not None:
             changes["grpo"] = dataclasses.replace(config.grpo, lr=lr)
         return dataclasses.replace(config, **changes)
@@ -67,7 +97,7 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt):
 
 
 def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_per_hour: float, as_json: bool,
-           keep: bool) -> None:
+           keep: bool, model_fields: Optional[dict] = None) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
@@ -78,7 +108,7 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext.local(run_dir, run_name_for(run_dir) if keep else "train", preset, config,
                            checkpoint=None if checkpoint is None else str(checkpoint.resolve()),
-                           reserved_usd_per_hour=usd_per_hour, report=keep)
+                           reserved_usd_per_hour=usd_per_hour, report=keep, model=model_fields)
     console = Console(stderr=True)
     succeeded = False
     try:
@@ -110,7 +140,12 @@ def _save_final_policy(ctx, run_dir: Path) -> None:
     from workers.trainer.checkpoint import load_checkpoint
 
     policy, _ = load_checkpoint(ctx.store, ctx.run, ctx.num_iterations)
-    save_policy(policy, run_dir / "policy")
+    if ctx.model is not None:
+        from workers.model.families.policy import save_model_policy
+
+        save_model_policy(policy, run_dir / "policy")
+    else:
+        save_policy(policy, run_dir / "policy")
 
 
 def _human_line(r: dict) -> str:

@@ -83,7 +83,7 @@ class SamplerState:
 
     step: int
     latents: torch.Tensor
-    """x after `step` steps, (N, 3, H, W) fp32."""
+    """x after `step` steps, (N, *sample shape) fp32."""
     log_probs: torch.Tensor
     """(num_steps, N) fp32, filled for SDE steps < step, NaN elsewhere."""
 
@@ -93,7 +93,8 @@ class Trajectory:
     prompts: list[str]
     seeds: list[int]
     latents: torch.Tensor
-    """(num_steps + 1, N, 3, H, W): x before each step, then the final image; steps not yet run are NaN."""
+    """(num_steps + 1, N, *sample shape): x before each step, then the final sample (the image, for the pixel
+    policy; VAE latents for a diffusers family: `policy.decode` makes images); steps not yet run are NaN."""
     log_probs: torch.Tensor
     """(num_steps, N): log-prob of each SDE step's sample; NaN for ODE steps."""
     step: int
@@ -130,41 +131,70 @@ def autocast_for(config: SamplerConfig, device: torch.device):
     return nullcontext()
 
 
+def sample_shape(policy) -> tuple[int, ...]:
+    """One sample's shape in the space the sampler walks (pixels, or a family's packed VAE latents)."""
+    shape = getattr(policy, "latent_shape", None)
+    if shape is None:  # a wrapper that only knows the pixel policy's config (the Ulysses SP policy)
+        size = policy.config.image_size
+        return (3, size, size)
+    return tuple(shape)
+
+
+def sampler_sigmas(policy, config: SamplerConfig) -> torch.Tensor:
+    """The noise levels: a diffusers family's own schedule (its scheduler config), else the config's."""
+    own = getattr(policy, "sigmas", None)
+    return own(config.num_steps, config.shift).float() if callable(own) else config.sigmas()
+
+
 @torch.no_grad()
 def rollout(policy, prompts: list[str], seeds: list[int], config: SamplerConfig,
             resume: SamplerState | None = None, stop_at: int | None = None) -> Trajectory:
-    """Sample a batch of requests; resume from a SamplerState or stop early at step stop_at."""
+    """Sample a batch of requests; resume from a SamplerState or stop early at step stop_at.
+
+    Latents, sigmas and the SDE maths stay on the policy's device for the whole walk; the
+    trajectory comes back to the CPU once, at the end. Noise is drawn on the CPU from the
+    request's counter-based generator and copied over, so every device samples the same noise;
+    the result is bit-identical across runs on one device type (and equal across device types
+    only up to their kernels' rounding)."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-    n, size = len(prompts), policy.config.image_size
-    shape = (3, size, size)
-    sigmas = config.sigmas()
+    n, shape = len(prompts), sample_shape(policy)
+    device = next(policy.parameters()).device
+    sigmas = sampler_sigmas(policy, config).to(device)
     end = config.num_steps if stop_at is None else stop_at
-    latents = torch.full((config.num_steps + 1, n, *shape), float("nan"))
-    log_probs = torch.full((config.num_steps, n), float("nan"))
+    latents = torch.full((config.num_steps + 1, n, *shape), float("nan"), device=device)
+    log_probs = torch.full((config.num_steps, n), float("nan"), device=device)
     start = 0
     if resume is not None:
         start = resume.step
-        latents[start] = resume.latents
-        log_probs.copy_(resume.log_probs)
+        latents[start] = resume.latents.to(device)
+        log_probs.copy_(resume.log_probs.to(device))
     else:
-        latents[0] = batch_noise(seeds, 0, shape)
+        latents[0] = batch_noise(seeds, 0, shape).to(device)
     emb, mask = policy.encode_prompts(prompts)
-    sde_steps = set(config.sde_steps)
-    device = next(policy.parameters()).device
     for t in range(start, end):
-        x = latents[t]
-        with autocast_for(config, device):
-            v = policy.velocity(x.to(device), sigmas[t].expand(n).to(device), emb, mask)
-        v = v.float().cpu()
-        if t in sde_steps:
-            noise = batch_noise(seeds, t + 1, shape)
-            prev, lp, _, _ = sde_step_with_logprob(v, sigmas[t], sigmas[t + 1], x, config.noise_level, noise=noise)
+        latents[t + 1], lp = denoise_step(policy, latents[t], t, seeds, config, (emb, mask), sigmas)
+        if lp is not None:
             log_probs[t] = lp
-        else:
-            prev = ode_step(v, sigmas[t], sigmas[t + 1], x)
-        latents[t + 1] = prev
-    return Trajectory(list(prompts), list(seeds), latents, log_probs, end)
+    return Trajectory(list(prompts), list(seeds), latents.cpu(), log_probs.cpu(), end)
+
+
+@torch.no_grad()
+def denoise_step(policy, x: torch.Tensor, t: int, seeds: list[int], config: SamplerConfig, cond,
+                 sigmas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Step t of the walk from x (N, *sample shape, on the policy's device): (x after the step, the SDE step's
+    log-prob (N,), or None on an ODE step). cond is `policy.encode_prompts(prompts)`; sigmas are
+    `sampler_sigmas(policy, config)` on the device. A rollout worker calls it once per step, with the prompt
+    encoded once per attempt."""
+    device = x.device
+    with autocast_for(config, device):
+        v = policy.velocity(x, sigmas[t].expand(x.shape[0]), *cond)
+    v = v.float()
+    if t in config.sde_steps:
+        noise = batch_noise(seeds, t + 1, tuple(x.shape[1:])).to(device)
+        prev, lp, _, _ = sde_step_with_logprob(v, sigmas[t], sigmas[t + 1], x, config.noise_level, noise=noise)
+        return prev, lp
+    return ode_step(v, sigmas[t], sigmas[t + 1], x), None
 
 
 def step_log_prob(policy, traj_latents: torch.Tensor, t: int, emb, mask, config: SamplerConfig,
@@ -173,7 +203,7 @@ def step_log_prob(policy, traj_latents: torch.Tensor, t: int, emb, mask, config:
 
     Returns (log_prob (M,), prev_sample_mean, std_dev_t) for the samples in `index` (all if None).
     """
-    sigmas = config.sigmas()
+    sigmas = sampler_sigmas(policy, config)
     x = traj_latents[t] if index is None else traj_latents[t][index]
     x_next = traj_latents[t + 1] if index is None else traj_latents[t + 1][index]
     device = next(policy.parameters()).device

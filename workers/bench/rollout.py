@@ -1,4 +1,5 @@
-"""`spotlight bench rollout`: rollout throughput and GRPO update time of the shipped base policy."""
+"""`spotlight bench rollout`: rollout throughput and GRPO update time of the shipped base policy, or of a diffusers
+pipeline folder (`--model DIR`), and the share of rollout time spent outside the transformer's forward."""
 
 from __future__ import annotations
 
@@ -12,27 +13,54 @@ import dataclasses
 from workers.model.policy import load_policy
 from workers.trainer.presets import cpu_tiny, cpu_tiny_flow_grpo
 from workers.algo.sampler import resolve_forward_dtype
-from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig, trainable_parameters
+from workers.model.spec import load_any
 
 
-def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, full_sde: bool = False) -> dict:
+class _ForwardClock:
+    """Seconds spent inside the policy's velocity (the transformer's forward, CFG included), synchronised on CUDA."""
+
+    def __init__(self, policy):
+        self.seconds, self._velocity = 0.0, policy.velocity
+        policy.velocity = self
+
+    def __call__(self, *args, **kwargs):
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        out = self._velocity(*args, **kwargs)
+        sync()
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, full_sde: bool = False,
+                  model: str | None = None, model_fields: dict | None = None, reward: str | None = None,
+                  device: str = "cpu") -> dict:
     """Median seconds of a batch rollout (with reward) and of one GRPO update on it, with the
     cpu_tiny preset's sampler and objective (ODE rollouts, NFT update); full_sde: Flow-GRPO's
-    preset with every step sampled by the SDE and trained instead."""
+    preset with every step sampled by the SDE and trained instead. model: a diffusers pipeline
+    folder (with ModelSpec fields such as lora_rank and resolution) instead of the shipped base."""
     if batch_size < 8 or batch_size % 8 or repeats < 1:
         raise ValueError("batch_size must be a multiple of 8 (groups of 8) and repeats >= 1")
-    policy = load_policy()
+    policy = (load_policy() if model is None else load_any(model, **(model_fields or {}))).to(device)
     preset = cpu_tiny_flow_grpo() if full_sde else cpu_tiny()
     window = None if full_sde else preset.sampler.sde_window
     sampler = dataclasses.replace(preset.sampler, num_steps=num_steps, sde_window=window)
-    config = TrainConfig(prompts_per_iteration=batch_size // 8, group_size=8, sampler=sampler, grpo=preset.grpo)
+    config = TrainConfig(prompts_per_iteration=batch_size // 8, group_size=8, sampler=sampler, grpo=preset.grpo,
+                         reward=reward or preset.reward)
     trainer = GRPOTrainer(policy, config)
     trainer.collect(0)  # warm-up: first calls allocate and pick kernels
-    rollout_s, update_s = [], []
+    rollout_s, update_s, forward_share = [], [], []
     for i in range(repeats):
         t0 = time.perf_counter()
-        batch = trainer.collect(i + 1)
+        clock = _ForwardClock(policy)
+        try:
+            batch = trainer.collect(i + 1)
+        finally:
+            del policy.velocity
         rollout_s.append(time.perf_counter() - t0)
+        forward_share.append(clock.seconds / rollout_s[-1])
         t0 = time.perf_counter()
         trainer.update(batch)
         update_s.append(time.perf_counter() - t0)
@@ -43,11 +71,15 @@ def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, fu
         "num_steps": num_steps,
         "objective": preset.grpo.objective,
         "sde_steps": len(sampler.sde_steps),
-        "forward_dtype": resolve_forward_dtype(sampler.forward_dtype, torch.device("cpu")),
+        "forward_dtype": resolve_forward_dtype(sampler.forward_dtype, torch.device(device)),
         "rollout_s": round(med_roll, 4),
         "samples_per_s": round(batch_size / med_roll, 2),
         "grpo_update_s": round(med_upd, 4),
         "grpo_samples_per_s": round(batch_size / med_upd, 2),
+        "off_device_share": round(1 - sorted(forward_share)[len(forward_share) // 2], 4),
+        "model": "shipped base" if model is None else f"{policy.model_spec.family} {model}",
+        "trainable_params_M": round(sum(p.numel() for p in trainable_parameters(policy)) / 1e6, 3),
+        "device": str(device),
         "params_M": round(sum(p.numel() for p in policy.parameters()) / 1e6, 3),
         "torch_threads": torch.get_num_threads(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),

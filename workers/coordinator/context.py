@@ -80,7 +80,10 @@ class RunContext:
     """What the run's queue clients share: deliveries, connect timeout, stall bound."""
     sampling: Sampling = field(default_factory=Sampling)
     checkpoint: str | None = None
-    """Policy folder of weights version 0 (None: the shipped base)."""
+    """Policy folder of weights version 0 (None: the shipped base), or a diffusers pipeline folder (--model)."""
+    model: dict | None = None
+    """ModelSpec fields for a diffusers pipeline folder (lora_rank, resolution, guidance, ...); None for the pixel
+    policy. Checkpoints and anchors record the whole spec, so later phases rebuild the model from those."""
     anchor_every: int = 10
     max_validation_drop: float = 0.25
     reserved_usd_per_hour: float = 0.10
@@ -113,7 +116,7 @@ class RunContext:
 
     @classmethod
     def local(cls, run_dir: Path, run: str, preset: str, train: TrainConfig, *, checkpoint: str | None = None,
-              reserved_usd_per_hour: float = 0.10, report: bool = True) -> "RunContext":
+              reserved_usd_per_hour: float = 0.10, report: bool = True, model: dict | None = None) -> "RunContext":
         """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
         rewritten on validated iterations, and only the last iteration's rollout results kept (each is about
         15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses."""
@@ -122,6 +125,6 @@ class RunContext:
         run_dir = run_dir.resolve()
         store_url = str(run_dir / "store")
         return cls(run, preset, train, open_store(store_url), Ledger(run_dir / "ledger.duckdb"),
-                   run_dir / "report" if report else None, store_url, checkpoint=checkpoint,
+                   run_dir / "report" if report else None, store_url, checkpoint=checkpoint, model=model,
                    reserved_usd_per_hour=reserved_usd_per_hour, report_every=train.validate_every,
                    keep_rollout_iterations=1)

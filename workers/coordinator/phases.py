@@ -53,7 +53,8 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
 
     books.begin_iteration(ctx.ledger, ctx, k)
     with books.phase(ctx.ledger, k, "sync"):
-        out = publish_version(ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint)
+        out = publish_version(ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint,
+                              model=ctx.model)
     ctx.ledger.record_sync(SyncRecord(version=k, kind=out.kind, dense_bytes=out.dense_bytes, patch_bytes=out.sent_bytes,
                                       iteration=k, changed_fraction=out.changed_fraction, encode_s=out.encode_s,
                                       apply_s=out.apply_s, weights_hash=out.trainer_hash))

@@ -59,7 +59,7 @@ def publish_batch(store: TensorStore, run: str, iteration: int, requests: list[P
     traj = batch.trajectory
     if traj.seeds != [r.spec.seed for r in requests]:
         raise ValueError("the batch was not sampled with these requests' seeds (order or plan differs)")
-    images = to_uint8(traj.images)
+    images = batch.images if batch.images is not None else to_uint8(traj.images)
     won = 0
     for n, req in enumerate(requests):
         flight = InFlight(req.spec, traj.step, traj.latents[:, n:n + 1].clone(), traj.log_probs[:, n:n + 1].clone())

@@ -171,7 +171,7 @@ def cache_hooks(transformer, level: CacheLevel) -> Iterator[None]:
 
 def explore_rewards(policy, spec: ExploreSpec) -> list[float]:
     """Sample the request's candidate seeds as one batch with the cheap sampler and score them."""
-    from workers.task.render import to_uint8
+    from workers.task.render import decode_images
     from workers.task.rewards import get_reward
     from workers.algo.sampler import rollout
 
@@ -179,7 +179,7 @@ def explore_rewards(policy, spec: ExploreSpec) -> list[float]:
     prompts = [spec.prompt] * len(spec.seeds)
     with cache_hooks(policy.transformer, level):
         traj = rollout(policy, prompts, list(spec.seeds), level.sampler(spec.sampler))
-    return [float(r) for r in get_reward(spec.reward)(to_uint8(traj.images), prompts)]
+    return [float(r) for r in get_reward(spec.reward)(decode_images(policy, traj.images), prompts)]
 
 
 @dataclass

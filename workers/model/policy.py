@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from workers.algo.sde import sigma_schedule
 from workers.task.prompts import MAX_PROMPT_WORDS, VOCAB, tokenize
 
 SHIPPED_BASE = Path(__file__).parent / "checkpoints" / "base"
@@ -85,6 +86,35 @@ class Policy(nn.Module):
         self.config = config
         self.transformer = transformer
         self.text_encoder = text_encoder
+
+    # The model interface every family shares (workers/model/families/ for diffusers pipelines):
+    # what is sampled, how it becomes an image, and which weights train, sync and checkpoint.
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        """One sample's shape in the space the sampler walks: pixels here, (3, H, W)."""
+        return (3, self.config.image_size, self.config.image_size)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Samples -> images (N, 3, H, W) in [-1, 1]; this policy samples pixels, so they already are."""
+        return latents
+
+    def sigmas(self, num_steps: int, shift: float = 1.0) -> torch.Tensor:
+        """The sampler's noise levels (num_steps + 1, from 1 to 0)."""
+        return sigma_schedule(num_steps, shift).float()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The weights that train, sync (PULSE) and checkpoint: all of them for this policy."""
+        return self.state_dict()
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.load_state_dict(tensors)
+
+    def trainable_parameters(self):
+        return self.parameters()
+
+    def spec(self) -> dict:
+        """What any process needs to rebuild this architecture (`workers.model.spec.build_from_spec`)."""
+        return asdict(self.config)
 
     def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Text embeddings (B, L, text_dim) and the bool mask (B, L) of real words."""

@@ -1,7 +1,8 @@
 """Work one leased rollout request to the end, or to the point where the worker must stop.
 
 The step loop: resume from the request's committed in-flight state (or start from its
-initial noise), sample one denoising step at a time, commit the state every
+initial noise when none reads back intact: workers/rollout/resume.py), sample one
+denoising step at a time, commit the state under this attempt's own key every
 `commit_every` steps, and when asked to stop (a preemption notice) commit at once and
 return. A finished request's result is committed exclusively under its request id, so a
 duplicate from a worker whose lease had expired loses harmlessly. The queue stays with
@@ -21,7 +22,8 @@ from typing import Any, Callable
 
 from resources.keys import rollout_key, rollout_state_key
 from resources.queue_records import Request
-from resources.store import NotCommittedError, TensorStore
+from resources.store import TensorStore
+from workers.rollout.resume import attempt_state_key, committed_states, resume_or_start
 from workers.rollout.state import InFlight, RolloutSpec, result_commit
 from workers.rollout.weights import PolicyHolder
 
@@ -80,11 +82,16 @@ def work_request(request: Request, attempt: int, store: TensorStore, holder: Pol
     result_key = rollout_key(spec.run, request.iteration, rid)
     done = store.read_manifest(result_key)
     if done is not None:
+        if committed_states(store, spec.run, rid):  # left by a holder whose lease had expired
+            store.delete_commit(rollout_state_key(spec.run, rid))
         step = spec.sampler.num_steps
         return RequestOutcome(rid, "already_done", step, step, step, result_key, done.metadata.get("result_hash"), False)
+    from workers.algo.sampler import sample_shape
+
     policy = holder.policy_at(spec.run, spec.weights_version)
-    state_key = rollout_state_key(spec.run, rid)
-    flight = _resume_or_start(store, state_key, spec, policy.config.image_size)
+    flight = resume_or_start(store, spec, rid, sample_shape(policy), hooks.report)
+    step = _Stepper(policy, spec)
+    state_key = attempt_state_key(spec.run, rid, attempt)
     me = {"worker_id": worker_id, "attempt": attempt, "resumed_from_step": flight.step}
     outcome = RequestOutcome(rid, "running", flight.step, flight.step, flight.step, result_key)
     hooks.report("claim", request_id=rid, attempt=attempt, resumed_from_step=flight.step)
@@ -98,42 +105,44 @@ def work_request(request: Request, attempt: int, store: TensorStore, holder: Pol
             outcome.status = "preempted"
             hooks.report("preempted", request_id=rid, step=flight.step, committed_step=outcome.committed_step)
             return outcome
-        step_s = _advance(policy, flight, hooks.step_delay_s)
+        step_s = step.advance(flight, hooks.step_delay_s)
         outcome.step, outcome.compute_s = flight.step, outcome.compute_s + step_s
         hooks.report("step", request_id=rid, step=flight.step, step_s=step_s)
         if hooks.after_step is not None:
             hooks.after_step(flight)
         if not flight.done and flight.step % commit_every == 0:
             _commit(store, state_key, flight, me, outcome, hooks)
-    _publish_result(store, state_key, flight, me, outcome, spec, hooks)
+    _publish_result(store, policy, flight, me, outcome, spec, hooks)
     return outcome
 
 
-def _resume_or_start(store: TensorStore, state_key: str, spec: RolloutSpec, image_size: int) -> InFlight:
-    try:
-        tensors = store.load_tensors(state_key)
-        manifest = store.read_manifest(state_key)
-    except NotCommittedError:
-        return InFlight.fresh(spec, (3, image_size, image_size))
-    if manifest is None:  # deleted between the two reads: the result is being committed elsewhere
-        return InFlight.fresh(spec, (3, image_size, image_size))
-    return InFlight.from_commit(tensors, manifest.metadata, spec)
+class _Stepper:
+    """One attempt's denoising steps: the prompt encoded and the sigmas made once, then one step at a time
+    (no re-encoding and no trajectory re-allocation per step). The state stays where it is committed from."""
 
+    def __init__(self, policy, spec: RolloutSpec):
+        from workers.algo.sampler import sampler_sigmas
 
-def _advance(policy, flight: InFlight, delay_s: float) -> float:
-    """One denoising step in place; returns its seconds (the simulated delay included)."""
-    from workers.algo.sampler import SamplerState, rollout
+        self.policy, self.spec = policy, spec
+        self.device = next(policy.parameters()).device
+        self.cond = policy.encode_prompts([spec.prompt])
+        self.sigmas = sampler_sigmas(policy, spec.sampler).to(self.device)
 
-    started = time.perf_counter()
-    spec, t = flight.spec, flight.step
-    state = SamplerState(t, flight.latents[t], flight.log_probs)
-    traj = rollout(policy, [spec.prompt], [spec.seed], spec.sampler, resume=state, stop_at=t + 1)
-    flight.latents[t + 1] = traj.latents[t + 1]
-    flight.log_probs = traj.log_probs
-    flight.step = t + 1
-    if delay_s > 0:
-        time.sleep(delay_s)
-    return time.perf_counter() - started
+    def advance(self, flight: InFlight, delay_s: float) -> float:
+        """One denoising step in place; returns its seconds (the simulated delay included)."""
+        from workers.algo.sampler import denoise_step
+
+        started = time.perf_counter()
+        t = flight.step
+        x, lp = denoise_step(self.policy, flight.latents[t].to(self.device), t, [self.spec.seed], self.spec.sampler,
+                             self.cond, self.sigmas)
+        flight.latents[t + 1] = x.cpu()
+        if lp is not None:
+            flight.log_probs[t] = lp.cpu()
+        flight.step = t + 1
+        if delay_s > 0:
+            time.sleep(delay_s)
+        return time.perf_counter() - started
 
 
 def _commit(store: TensorStore, key: str, flight: InFlight, me: dict, outcome: RequestOutcome, hooks: StepHooks) -> None:
@@ -149,13 +158,12 @@ def _commit(store: TensorStore, key: str, flight: InFlight, me: dict, outcome: R
     hooks.report("commit", request_id=outcome.request_id, step=flight.step, commit_s=seconds)
 
 
-def _publish_result(store: TensorStore, state_key: str, flight: InFlight, me: dict, outcome: RequestOutcome,
+def _publish_result(store: TensorStore, policy, flight: InFlight, me: dict, outcome: RequestOutcome,
                     spec: RolloutSpec, hooks: StepHooks) -> None:
-    from workers.task.render import to_uint8
+    from workers.task.render import decode_images
     from workers.task.rewards import get_reward
 
-    image = flight.latents[flight.step]  # (1, 3, H, W)
-    image_u8 = to_uint8(image)
+    image_u8 = decode_images(policy, flight.latents[flight.step])  # (1, H, W, 3); a family's VAE decodes latents
     reward = float(get_reward(spec.reward)(image_u8, [spec.prompt])[0])
     import torch
 
@@ -163,7 +171,7 @@ def _publish_result(store: TensorStore, state_key: str, flight: InFlight, me: di
             "attempts": flight.attempts + [{**me, "committed_step": flight.step}], "finished_at": time.time()}
     tensors, meta = result_commit(flight, torch.from_numpy(image_u8[0]), reward, info)
     published = store.publish_tensors(outcome.result_key, tensors, meta, exclusive=True)
-    store.delete_commit(state_key)
+    store.delete_commit(rollout_state_key(spec.run, outcome.request_id))  # every attempt's state
     outcome.status, outcome.committed_step = "done", flight.step
     outcome.won = published.won
     outcome.result_hash = published.manifest.metadata.get("result_hash")

@@ -19,7 +19,8 @@ import torch
 
 from resources.store import TensorStore
 from resources.store_chain import StoreChain
-from workers.model.policy import Policy, PolicyConfig, build_policy
+from workers.model.policy import Policy
+from workers.model.spec import build_from_spec
 from workers.pulse import ChainConfig, sync_weights
 
 
@@ -54,7 +55,7 @@ class PolicyHolder:
         current = self.version if self.version is not None and self.version <= version else None
         sync_weights(self._bf16, current, version, chain, config)
         with torch.no_grad():
-            for name, tensor in self.policy.state_dict().items():
+            for name, tensor in self.policy.weights().items():
                 tensor.copy_(self._bf16[name].to(tensor.dtype))
         self.version = version
         self.last_sync_s = time.perf_counter() - started
@@ -65,17 +66,15 @@ def _build_from(meta: dict, run: str) -> Policy:
     cfg = meta.get("policy_config")
     if not isinstance(cfg, dict):
         raise LookupError(f"run {run!r}: the anchor records no policy_config; publish it with StoreChain(policy_config=...)")
-    return build_policy(PolicyConfig(**{**cfg, "rope_axes": tuple(cfg["rope_axes"])}))
+    return build_from_spec(cfg)
 
 
 def publish_policy(store: TensorStore, run: str, policy: Policy, version: int = 0, anchor_every: int = 10):
     """Publish `policy` as the first version of `run`'s chain (an anchor); returns the ChainPublisher
-    to publish later versions with (`publisher.publish(v, policy.state_dict())`)."""
-    import dataclasses
-
+    to publish later versions with (`publisher.publish(v, policy.weights())`)."""
     from workers.pulse import ChainPublisher
 
-    chain = StoreChain(store, run, policy_config=dataclasses.asdict(policy.config), anchor_every=anchor_every)
+    chain = StoreChain(store, run, policy_config=policy.spec(), anchor_every=anchor_every)
     publisher = ChainPublisher(chain, ChainConfig(anchor_every=anchor_every))
-    publisher.publish(version, policy.state_dict())
+    publisher.publish(version, policy.weights())
     return publisher

@@ -16,7 +16,7 @@ import numpy as np
 
 from workers.task.detect import criterion_means, score_images
 from workers.task.prompts import parse_prompt
-from workers.task.render import to_uint8
+from workers.task.render import decode_images
 from workers.algo.sampler import SamplerConfig, rollout
 
 VALIDATION_SEED_BASE = 1_000_000
@@ -47,7 +47,7 @@ def evaluate(policy, prompts: list[str], seeds_per_prompt: int = 2, num_steps: i
     images = []
     for i in range(0, len(all_prompts), batch_size):
         traj = rollout(policy, all_prompts[i:i + batch_size], seeds[i:i + batch_size], config)
-        images.append(to_uint8(traj.images))
+        images.append(decode_images(policy, traj.images))
     images_np = np.concatenate(images)
     scores = score_images(images_np, all_prompts)
     by_cat: dict[str, list[float]] = {}

@@ -96,3 +96,10 @@ def to_uint8(images_N3HW: torch.Tensor) -> np.ndarray:
     """Model-space images (N, 3, H, W) in [-1, 1] -> uint8 (N, H, W, 3)."""
     x = images_N3HW.detach().float().clamp(-1, 1).add(1).mul(127.5).round()
     return x.permute(0, 2, 3, 1).to(torch.uint8).cpu().numpy()
+
+
+def decode_images(policy, samples: torch.Tensor) -> np.ndarray:
+    """A policy's final samples -> uint8 images (N, H, W, 3) for the rewards: a diffusers family decodes its
+    latents with its VAE (`policy.decode`); the pixel policy's samples already are images."""
+    decode = getattr(policy, "decode", None)
+    return to_uint8(decode(samples) if callable(decode) else samples)

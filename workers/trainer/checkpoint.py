@@ -23,7 +23,8 @@ import torch
 
 from resources.keys import weights_key
 from resources.store import TensorStore
-from workers.model.policy import Policy, PolicyConfig, build_policy
+from workers.model.policy import Policy
+from workers.model.spec import build_from_spec
 
 FORMAT = "spotlight-trainer-checkpoint/1"
 
@@ -63,9 +64,9 @@ def split_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerState:
 def save_checkpoint(store: TensorStore, run: str, version: int, policy: Policy,
                     optimizer: torch.optim.Optimizer | None = None) -> int:
     """Publish the trainer's state after update `version`; returns the bytes written."""
-    tensors = {f"policy.{k}": v.detach().contiguous() for k, v in policy.state_dict().items()}
+    tensors = {f"policy.{k}": v.detach().contiguous() for k, v in policy.weights().items()}
     meta: dict[str, Any] = {"format": FORMAT, "version": version,
-                            "policy_config": _plain(dataclasses.asdict(policy.config)), "optimizer": None}
+                            "policy_config": _plain(policy.spec()), "optimizer": None}
     if optimizer is not None:
         opt = split_optimizer(optimizer)
         tensors.update(opt.tensors)
@@ -85,9 +86,8 @@ def load_checkpoint(store: TensorStore, run: str, version: int) -> tuple[Policy,
     if meta.get("format") != FORMAT:
         raise ValueError(f"{key}: format {meta.get('format')!r}, expected {FORMAT!r}")
     tensors = store.load_tensors(key)
-    cfg = meta["policy_config"]
-    policy = build_policy(PolicyConfig(**{**cfg, "rope_axes": tuple(cfg["rope_axes"])}))
-    policy.load_state_dict({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
+    policy = build_from_spec(meta["policy_config"])
+    policy.load_weights({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
     opt = None
     if meta.get("optimizer") is not None:
         opt = OptimizerState({k: v for k, v in tensors.items() if k.startswith("opt.")}, meta["optimizer"])
@@ -102,7 +102,7 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, state: OptimizerState | 
 
 def bf16_weights(policy: Policy) -> dict[str, torch.Tensor]:
     """The BF16 weights a PULSE chain carries (the forward pass's view of the FP32 masters)."""
-    return {k: v.detach().to(torch.bfloat16) for k, v in policy.state_dict().items()}
+    return {k: v.detach().to(torch.bfloat16) for k, v in policy.weights().items()}
 
 
 def _plain(value: Any) -> Any:

@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from workers.algo.seeds import candidate_seeds
+from workers.algo.seeds import candidate_seeds, domain_seed
 from workers.algo.selection import select_max_variance
 from workers.algo.grpo import GRPOConfig, clipped_policy_loss, group_reward_stats, kl_to_reference
 from workers.algo.nft import nft_loss, noise_levels, noisy_sample, optimality
 from workers.task.prompts import CATEGORIES, iteration_prompts
-from workers.task.render import to_uint8
-from workers.task.rewards import get_reward
-from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, rollout, step_log_prob
-from workers.algo.sde import noise_seed
+from workers.task.render import decode_images
+from workers.task.rewards import get_reward, score_with_components
+from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, rollout, sampler_sigmas, step_log_prob
+from workers.trainer.old_log_probs import first_epoch_minibatches, with_policy_log_probs
+from workers.trainer.step_guard import StepGuard
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ class Rollouts:
     drawn_rewards: torch.Tensor | None = None
     """(samples drawn,) float, prompt-major: every drawn sample's reward when the batch was
     down-sampled (the policy's own reward; `rewards` is the kept, high-contrast part); else None."""
+    images: np.ndarray | None = None
+    """(N, H, W, 3) uint8: the decoded images the rewards scored (None for a batch rebuilt from the store)."""
+    reward_components: dict[str, np.ndarray] | None = None
+    """Each component's (samples drawn,) raw values, prompt-major, for a reward with components (a multi-reward)."""
 
 
 def default_seeds(config: TrainConfig, iteration: int) -> list[list[int]]:
@@ -124,13 +129,22 @@ def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig) -> Rol
                       traj.log_probs[:, idx], traj.step)
     rewards, group_ids = batch.rewards[idx], batch.group_ids[idx]
     return Rollouts(batch.iteration, kept, rewards, group_ids, grpo.advantages(rewards, group_ids), batch.rollout_s,
-                    batch.rewards if batch.drawn_rewards is None else batch.drawn_rewards)
+                    batch.rewards if batch.drawn_rewards is None else batch.drawn_rewards,
+                    None if batch.images is None else batch.images[idx.numpy()], batch.reward_components)
+
+
+def trainable_parameters(policy):
+    """What the optimizer holds: a LoRA's parameters only, or the whole policy's."""
+    own = getattr(policy, "trainable_parameters", None)
+    return own() if callable(own) else policy.parameters()
 
 
 class GRPOTrainer:
-    def __init__(self, policy, config: TrainConfig, reference=None):
+    def __init__(self, policy, config: TrainConfig, reference=None, max_consecutive_skips: int = 3):
         self.policy = policy
         self.config = config
+        self.step_guard = StepGuard(max_consecutive_skips)
+        """Skips optimizer steps whose gradient is non-finite; fails the update after a run of them."""
         self.reward_fn = get_reward(config.reward)
         g = config.grpo
         self.reference = None
@@ -139,9 +153,15 @@ class GRPOTrainer:
         if g.kl_beta > 0:
             self.reference = reference if reference is not None else copy.deepcopy(policy)
             self.reference.requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(
-            policy.parameters(), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay
-        )
+        self.optimizer = self.build_optimizer()
+        self.data_shard = None
+        """This rank's part of each minibatch under data parallelism (workers/trainer/fsdp.py); None = one process."""
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the policy's trainable parameters (built again when FSDP replaces them by shards)."""
+        g = self.config.grpo
+        return torch.optim.AdamW(list(trainable_parameters(self.policy)), lr=g.lr, betas=g.adam_betas,
+                                 weight_decay=g.weight_decay)
 
     def collect(self, iteration: int, seeds: list[int] | list[list[int]] | None = None,
                 keep_all: bool = False) -> Rollouts:
@@ -173,21 +193,25 @@ class GRPOTrainer:
         if self.sampling_policy is not None:
             self.sampling_policy.load_state_dict(self.policy.state_dict())
         traj = rollout(self.policy, all_prompts, [s for g in groups for s in g], c.sampler)
-        rewards = torch.as_tensor(self.reward_fn(to_uint8(traj.images), all_prompts), dtype=torch.float32)
+        images = decode_images(self.policy, traj.images)
+        scores, components = score_with_components(self.reward_fn, images, all_prompts)
+        rewards = torch.as_tensor(scores, dtype=torch.float32)
         group_ids = torch.arange(len(prompts)).repeat_interleave(torch.tensor([len(g) for g in groups]))
-        batch = Rollouts(iteration, traj, rewards, group_ids, c.grpo.advantages(rewards, group_ids), 0.0)
+        batch = Rollouts(iteration, traj, rewards, group_ids, c.grpo.advantages(rewards, group_ids), 0.0, images=images,
+                         reward_components=components or None)
         if not keep_all:
             batch = keep_max_variance(batch, c.group_size, c.grpo)
         batch.rollout_s = time.perf_counter() - t0
         return batch
 
-    def _minibatch_loss(self, batch: Rollouts, index: torch.Tensor) -> dict[str, float]:
-        """Accumulate gradients of one minibatch over every SDE step; returns its stats."""
+    def _minibatch_loss(self, batch: Rollouts, index: torch.Tensor, loss_scale: float = 1.0) -> dict[str, float]:
+        """Accumulate gradients of one minibatch over every SDE step; returns its stats. loss_scale: this
+        rank's share of the minibatch under data parallelism."""
         c, g = self.config.sampler, self.config.grpo
         traj = batch.trajectory
         prompts = [traj.prompts[i] for i in index.tolist()]
         steps = c.sde_steps
-        sigmas = c.sigmas()
+        sigmas = sampler_sigmas(self.policy, c)
         sums = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "kl": 0.0}
         for t in steps:
             emb, mask = self.policy.encode_prompts(prompts)
@@ -200,21 +224,27 @@ class GRPOTrainer:
                 kl = kl_to_reference(mean, ref_mean, std, sigmas[t + 1] - sigmas[t]).mean()
                 loss = loss + g.kl_beta * kl
                 sums["kl"] += kl.item() / len(steps)
-            (loss / len(steps)).backward()
+            (loss * loss_scale / len(steps)).backward()
             sums["loss"] += loss.item() / len(steps)
             sums["clip_frac"] += stats["clip_frac"] / len(steps)
             sums["approx_kl"] += stats["approx_kl"] / len(steps)
         return sums
 
-    def _nft_minibatch_loss(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
-        """Accumulate the NFT loss's gradients over nft_timesteps noise levels per sample."""
+    def _nft_minibatch_loss(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator,
+                            part: slice = slice(None), loss_scale: float = 1.0) -> dict[str, float]:
+        """Accumulate the NFT loss's gradients over nft_timesteps noise levels per sample. part, loss_scale: this
+        rank's samples of the minibatch and their share (data parallelism); noise is drawn for the whole
+        minibatch, so every rank's generator stays in step."""
         g, c = self.config.grpo, self.config.sampler
+        shape = tuple(batch.trajectory.images[index].shape)
+        index = index[part]
         x0 = batch.trajectory.images[index]
         prompts = [batch.trajectory.prompts[i] for i in index.tolist()]
         r = optimality(batch.advantages[index], g.nft_adv_scale)
         device = next(self.policy.parameters()).device
         sums = {"loss": 0.0, "fm_loss": 0.0, "drift": 0.0, "kl": 0.0}
-        for sigma, eps in noise_levels(tuple(x0.shape), g.nft_timesteps, g.nft_sigma_range, g.nft_antithetic, gen):
+        for sigma, eps in noise_levels(shape, g.nft_timesteps, g.nft_sigma_range, g.nft_antithetic, gen):
+            sigma, eps = sigma[part], eps[part]
             x, target = noisy_sample(x0, sigma, eps)
             with autocast_for(c, device):
                 emb, mask = self.policy.encode_prompts(prompts)
@@ -231,38 +261,52 @@ class GRPOTrainer:
                 kl = ((v.float() - v_ref.float()) ** 2).mean()
                 loss = loss + g.kl_beta * kl
                 sums["kl"] += kl.item() / g.nft_timesteps
-            (loss / g.nft_timesteps).backward()
+            (loss * loss_scale / g.nft_timesteps).backward()
             sums["loss"] += loss.item() / g.nft_timesteps
             for k in ("fm_loss", "drift"):
                 sums[k] += stats[k] / g.nft_timesteps
         return sums
 
-    def update(self, batch: Rollouts) -> dict[str, float]:
-        """GRPO epochs over the batch; returns mean loss / clip / KL stats and the train time."""
+    def update(self, batch: Rollouts, recompute_old_log_probs: bool = False) -> dict[str, float]:
+        """GRPO epochs over the batch; returns mean loss / clip / KL stats (over the steps taken), the
+        train time, and how many steps a non-finite gradient skipped. recompute_old_log_probs: the PPO
+        ratio's denominator from this policy before the first step (workers/trainer/old_log_probs.py)."""
         g = self.config.grpo
         t0 = time.perf_counter()
         self.policy.train()
+        self.step_guard.reset()
         n = batch.rewards.shape[0]
-        gen = torch.Generator().manual_seed(noise_seed(self.config.seed, 20_000_000 + batch.iteration))
+        gen = torch.Generator().manual_seed(domain_seed(self.config.seed, "minibatches", batch.iteration))
+        if recompute_old_log_probs and g.objective != "nft":
+            batch = with_policy_log_probs(self.policy, batch, self.config.sampler,
+                                          first_epoch_minibatches(gen, n, g.num_minibatches))
         totals: dict[str, float] = {}
         num_steps = 0
         for _ in range(g.num_epochs):
             for index in torch.randperm(n, generator=gen).chunk(g.num_minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
+                part, share = (slice(None), 1.0) if self.data_shard is None else self.data_shard.part(len(index))
                 if g.objective == "nft":
-                    stats = self._nft_minibatch_loss(batch, index, gen)
+                    stats = self._nft_minibatch_loss(batch, index, gen, part, share)
                 else:
-                    stats = self._minibatch_loss(batch, index)
-                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), g.max_grad_norm))
+                    stats = self._minibatch_loss(batch, index[part], share)
+                if self.data_shard is not None:
+                    stats = self.data_shard.sum_over_ranks(stats, share)
+                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(list(trainable_parameters(self.policy)),
+                                                                          g.max_grad_norm))
                 stats["learning_rate"] = self._set_learning_rate()
+                if not self.step_guard.allows(stats["grad_norm"], batch.iteration):
+                    self.optimizer.zero_grad(set_to_none=True)  # NaN/inf never reaches the weights or AdamW
+                    continue
                 self.optimizer.step()
                 num_steps += 1
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v
         self.policy.eval()
-        out = {k: v / num_steps for k, v in totals.items()}
+        out = {k: v / max(1, num_steps) for k, v in totals.items()}
         out["train_s"] = time.perf_counter() - t0
         out["optimizer_steps"] = num_steps
+        out["skipped_steps"] = self.step_guard.skipped_steps
         return out
 
     def _set_learning_rate(self) -> float:
@@ -285,4 +329,6 @@ class GRPOTrainer:
         drawn = batch.drawn_rewards if batch.drawn_rewards is not None else batch.rewards
         stats["reward_mean"] = float(drawn.mean())
         stats["rollout_s"] = batch.rollout_s
+        for name, values in (batch.reward_components or {}).items():
+            stats[f"reward/{name}"] = float(np.mean(values))  # over every drawn sample, like reward_mean
         return stats

@@ -76,13 +76,62 @@ def cpu_smoke() -> TrainConfig:
     )
 
 
+def sd35m_lora() -> TrainConfig:
+    """Flow-GRPO's SD3.5-M recipe (../shared/REFERENCES.md): 10 SDE steps at noise level 0.7, groups of 24, clip
+    1e-4, advantage clip 5, KL beta 0.04, LoRA r=32 at lr 3e-4, CFG 4.5 (MODEL_DEFAULTS). For a GPU."""
+    return TrainConfig(
+        iterations=300, prompts_per_iteration=16, group_size=24, reward="minigeneval",
+        sampler=SamplerConfig(num_steps=10, noise_level=0.7, forward_dtype="bf16"),
+        grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.04, num_epochs=1, num_minibatches=4),
+        validate_every=10, validation_seeds=1)
+
+
+def qwen_image_lora() -> TrainConfig:
+    """Flow-GRPO's Qwen-Image recipe (../shared/REFERENCES.md): 10 steps, noise level 1.2 on a 2-step SDE window,
+    groups of 16, clip 1e-4, KL beta 0.04, LoRA at lr 3e-4, true CFG 4.5 (MODEL_DEFAULTS). For a GPU."""
+    base = sd35m_lora()
+    return dataclasses.replace(base, group_size=16,
+                               sampler=SamplerConfig(num_steps=10, noise_level=1.2, sde_window=(0, 2),
+                                                     forward_dtype="bf16"))
+
+
+def flux1_lora() -> TrainConfig:
+    """FLUX.1-dev: the SD3.5-M recipe with FLUX.1-dev's guidance embedding at 3.5 instead of true CFG (no FLUX
+    figures are cited in ../shared/REFERENCES.md; these are SD3.5-M's, unverified on FLUX). For a GPU."""
+    return sd35m_lora()
+
+
 PRESETS: dict[str, Callable[[], TrainConfig]] = {
     "cpu_tiny": cpu_tiny, "cpu_tiny_long": cpu_tiny_long, "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
-    "cpu_smoke": cpu_smoke,
+    "cpu_smoke": cpu_smoke, "sd35m_lora": sd35m_lora, "qwen_image_lora": qwen_image_lora, "flux1_lora": flux1_lora,
 }
+
+MODEL_DEFAULTS: dict[str, dict] = {
+    "sd35m_lora": {"resolution": 512, "lora_rank": 32, "guidance": 4.5, "base_dtype": "bf16"},
+    "qwen_image_lora": {"resolution": 512, "lora_rank": 64, "guidance": 4.5, "base_dtype": "bf16"},
+    "flux1_lora": {"resolution": 512, "lora_rank": 32, "guidance": 3.5, "base_dtype": "bf16"},
+}
+"""A GPU preset's ModelSpec defaults for `--model` (the command line overrides each)."""
 
 
 def get_preset(name: str) -> TrainConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name]()
+
+
+def model_fields_for(preset: str, model: str, **given) -> dict:
+    """The ModelSpec fields of a run on the diffusers pipeline folder `model`: the preset's MODEL_DEFAULTS, then
+    `given` (lora_rank, resolution, guidance, ...; None = unset). The folder's family and the resolution are
+    checked here (UnsupportedModelError / ValueError), before any weights load."""
+    from pathlib import Path
+
+    from workers.model.families.detect import detect_family
+    from workers.model.families.registry import family_for
+    from workers.model.families.spec import ModelSpec
+
+    fields = {**MODEL_DEFAULTS.get(preset, {}), **{k: v for k, v in given.items() if v is not None}}
+    path = Path(model).expanduser().resolve()
+    family = detect_family(path)
+    family_for(family).geometry(ModelSpec(path=str(path), family=family, **fields))
+    return fields

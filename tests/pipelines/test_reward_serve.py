@@ -1,0 +1,125 @@
+"""`spotlight reward-serve` and the remote client together: same scores as in process, batching, retries, timeouts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipelines.reward_cli import RewardServer
+from tests.paths import REPO_ROOT
+from workers.task import rewards
+from workers.task.rewards import get_reward, register_reward
+from workers.task.rewards_remote import RemoteRewardError, TOKEN_ENV
+
+IMAGES = np.random.default_rng(0).integers(0, 256, (7, 16, 16, 3), dtype=np.uint8)
+PROMPTS = [f"prompt {i}" for i in range(7)]
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    monkeypatch.setattr(rewards, "_REGISTRY", dict(rewards._REGISTRY))
+    monkeypatch.setattr(rewards, "_BUILT", {})
+
+
+def _serve(reward_fn, spec="test", port=0, token=None) -> RewardServer:
+    server = RewardServer(("127.0.0.1", port), reward_fn, spec, max_images=8, token=token)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _stop(server: RewardServer) -> None:
+    server.shutdown()
+    server.server_close()
+
+
+def test_remote_scores_equal_local_scores_in_batches_of_max_images(scratch_registry):
+    sizes = []
+    register_reward("recording", lambda images, prompts: sizes.append(len(images)) or rewards.jpeg_compressibility(
+        images, prompts))
+    server = _serve(get_reward("recording"))
+    remote = get_reward(f"http://127.0.0.1:{server.server_port}?max_images=3")
+    np.testing.assert_array_equal(remote(IMAGES, PROMPTS), rewards.jpeg_compressibility(IMAGES, PROMPTS))
+    assert sizes == [3, 3, 1]
+    assert remote.health() == {"status": "ok", "reward": "test", "protocol": 1}
+    _stop(server)
+
+
+def test_a_multi_reward_served_reports_its_components(scratch_registry):
+    from workers.task.rewards_remote import encode_request
+    import json
+    import urllib.request
+
+    server = _serve(get_reward("multi:jpeg_compressibility=0.5"), "multi")
+    body = encode_request(IMAGES[:2], PROMPTS[:2])
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/score", data=body, timeout=10) as answer:
+        reply = json.loads(answer.read())
+    np.testing.assert_allclose(reply["components"]["jpeg_compressibility"],
+                               rewards.jpeg_compressibility(IMAGES[:2], PROMPTS[:2]))
+    np.testing.assert_allclose(reply["rewards"], 0.5 * np.asarray(reply["components"]["jpeg_compressibility"]))
+    _stop(server)
+
+
+def test_the_client_rides_out_a_server_restart(scratch_registry):
+    server = _serve(rewards.jpeg_compressibility)
+    port = server.server_port
+    remote = get_reward(f"http://127.0.0.1:{port}?retries=6&backoff_s=0.1")
+    expected = remote(IMAGES, PROMPTS)
+    _stop(server)  # killed; it comes back on the same port while the client backs off
+    restarted = []
+    threading.Timer(0.4, lambda: restarted.append(_serve(rewards.jpeg_compressibility, port=port))).start()
+    np.testing.assert_array_equal(remote(IMAGES, PROMPTS), expected)
+    assert restarted
+    _stop(restarted[0])
+
+
+def test_a_slow_server_times_out_with_a_clear_error(scratch_registry):
+    register_reward("slow", lambda images, prompts: time.sleep(2.0) or np.zeros(len(images)))
+    server = _serve(get_reward("slow"))
+    started = time.monotonic()
+    with pytest.raises(RemoteRewardError, match="failed 2 attempts.*no answer within timeout_s=0.3"):
+        get_reward(f"http://127.0.0.1:{server.server_port}?timeout_s=0.3&retries=1&backoff_s=0")(IMAGES[:1], ["a"])
+    assert time.monotonic() - started < 1.9
+    _stop(server)
+
+
+def test_bad_requests_are_refused_at_once_with_the_servers_reason(scratch_registry):
+    server = _serve(get_reward("multi:jpeg_compressibility=1,normalize=zscore"))
+    with pytest.raises(RemoteRewardError, match=r"refused the request \(400\).*at least 2 images"):
+        get_reward(f"http://127.0.0.1:{server.server_port}?retries=5&backoff_s=10")(IMAGES[:1], ["a"])
+    _stop(server)
+
+
+def test_a_token_protected_server_refuses_clients_without_it(monkeypatch, scratch_registry):
+    server = _serve(rewards.jpeg_compressibility, token="s3cret")
+    url = f"http://127.0.0.1:{server.server_port}?retries=0"
+    with pytest.raises(RemoteRewardError, match="401") as err:
+        get_reward(url)(IMAGES[:1], ["a"])
+    assert "s3cret" not in str(err.value)
+    monkeypatch.setenv(TOKEN_ENV, "s3cret")
+    assert get_reward(url)(IMAGES[:1], ["a"]).shape == (1,)
+    _stop(server)
+
+
+def test_spotlight_reward_serve_serves_a_reward_from_the_command_line():
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines", "reward-serve", "--reward", "jpeg_compressibility",
+                             "--port", "0"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "on http://127.0.0.1:" in line, proc.stderr.read() if proc.poll() is not None else line
+        url = line.split(" on ")[1].split()[0]
+        np.testing.assert_array_equal(get_reward(url)(IMAGES, PROMPTS), rewards.jpeg_compressibility(IMAGES, PROMPTS))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_reward_serve_refuses_an_unknown_reward_before_listening():
+    done = subprocess.run([sys.executable, "-m", "pipelines", "reward-serve", "--reward", "pickscor"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "unknown reward 'pickscor'" in done.stderr and "clip" in done.stderr

@@ -1,0 +1,133 @@
+"""Diffusers pipelines as policies: tiny random-init Qwen-Image, SD3 and FLUX.1 pipelines, saved and loaded back
+through the path a user's checkpoint takes (no download)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from workers.algo.sampler import SamplerConfig, rollout
+from workers.model.families.detect import UnsupportedModelError, detect_family
+from workers.model.families.policy import load_model_policy
+from workers.model.families.tiny import build_tiny_pipeline
+from workers.model.spec import build_from_spec, load_any
+
+FAMILIES = ("qwen-image", "sd3", "flux")
+PROMPTS = ["two red circles", "a blue square above a green triangle"]
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipelines")
+    return {f: build_tiny_pipeline(f, root / f) for f in FAMILIES}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_saved_pipeline_loads_as_a_policy_whose_lora_starts_at_the_base(pipelines, family):
+    full = load_model_policy(pipelines[family], resolution=32, lora_rank=0)
+    lora = load_model_policy(pipelines[family], resolution=32, lora_rank=4)
+    assert detect_family(pipelines[family]) == family
+    # LoRA: only the adapter trains and syncs; it is a small share of the transformer.
+    assert all(".lora_" in k for k in lora.weights())
+    n_lora = sum(p.numel() for p in lora.trainable_parameters())
+    n_full = sum(p.numel() for p in full.trainable_parameters())
+    assert 0 < n_lora < n_full / 5
+    cond, mask = full.encode_prompts(PROMPTS)
+    x = torch.randn(2, *full.latent_shape)
+    sigma = full.sigmas(4)[1].expand(2)
+    with torch.no_grad():
+        v_full, v_lora = full.velocity(x, sigma, cond, mask), lora.velocity(x, sigma, *lora.encode_prompts(PROMPTS))
+    assert v_full.shape == x.shape
+    torch.testing.assert_close(v_lora, v_full)  # B = 0 at init: the LoRA policy is the base
+    images = full.decode(x)
+    assert images.shape == (2, 3, 32, 32) and images.min() >= -1 and images.max() <= 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_policy_rebuilt_from_its_spec_and_weights_samples_bit_identically(pipelines, family):
+    policy = load_model_policy(pipelines[family], resolution=32, lora_rank=4)
+    with torch.no_grad():  # move the adapter off its init so a lost weight would show
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    config = SamplerConfig(num_steps=4, noise_level=0.7, forward_dtype="fp32")
+    whole = rollout(policy, PROMPTS, [3, 4], config)
+    again = build_from_spec(json.loads(json.dumps(policy.spec())))
+    again.load_weights({k: v.clone() for k, v in policy.weights().items()})
+    replay = rollout(again, PROMPTS, [3, 4], config)
+    half = rollout(again, PROMPTS, [3, 4], config, stop_at=2)
+    resumed = rollout(again, PROMPTS, [3, 4], config, resume=half.state())
+    assert torch.equal(replay.latents, whole.latents) and torch.equal(replay.log_probs, whole.log_probs)
+    assert torch.equal(resumed.images, whole.images) and torch.equal(resumed.log_probs, whole.log_probs)
+    assert not torch.equal(rollout(policy, PROMPTS, [3, 5], config).images[1], whole.images[1])
+
+
+def test_the_ode_sampler_reproduces_diffusers_own_qwen_image_pipeline(pipelines):
+    """Same initial latents, ODE (Euler) steps: our sampler and QwenImagePipeline (true CFG 4) agree."""
+    from diffusers import QwenImagePipeline
+
+    policy = load_model_policy(pipelines["qwen-image"], resolution=32, guidance=4.0)
+    config = SamplerConfig(num_steps=4, noise_level=0.0, forward_dtype="fp32")
+    ours = rollout(policy, PROMPTS[:1], [7], config)
+    pipe = QwenImagePipeline.from_pretrained(pipelines["qwen-image"], local_files_only=True)
+    theirs = pipe(PROMPTS[0], negative_prompt=" ", true_cfg_scale=4.0, height=32, width=32, num_inference_steps=4,
+                  latents=ours.latents[0].clone(), output_type="latent").images
+    torch.testing.assert_close(ours.images, theirs.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_pulse_ships_the_lora_adapter_losslessly(pipelines, tmp_path):
+    from resources.stores import open_store
+    from workers.rollout.weights import PolicyHolder, publish_policy
+    from workers.pulse.weights_hash import weights_hash
+    from workers.trainer.checkpoint import bf16_weights
+
+    policy = load_model_policy(pipelines["qwen-image"], resolution=32, lora_rank=4)
+    store = open_store(str(tmp_path / "store"))
+    publisher = publish_policy(store, "lora", policy)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(1e-2 * torch.randn_like(p))
+    publisher.publish(1, bf16_weights(policy))
+    received = PolicyHolder(store).policy_at("lora", 1)
+    assert set(received.weights()) == set(policy.weights())
+    assert weights_hash({k: v.to(torch.bfloat16) for k, v in received.weights().items()}) == \
+        weights_hash(bf16_weights(policy))
+
+
+def test_folders_that_are_not_supported_pipelines_are_refused_before_any_weights_load(tmp_path):
+    (tmp_path / "sd15").mkdir()
+    (tmp_path / "sd15" / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    with pytest.raises(UnsupportedModelError, match="StableDiffusionPipeline.*QwenImagePipeline"):
+        load_any(tmp_path / "sd15", lora_rank=8)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UnsupportedModelError, match="no model_index.json"):
+        load_any(tmp_path / "empty", lora_rank=8)
+    with pytest.raises(UnsupportedModelError, match="no such folder"):
+        detect_family(tmp_path / "missing")
+
+
+def test_a_resolution_the_family_cannot_pack_is_refused(pipelines):
+    with pytest.raises(ValueError, match="multiple of"):
+        load_model_policy(pipelines["qwen-image"], resolution=30)
+
+
+def test_rewards_score_the_vae_decoded_images(pipelines):
+    from workers.task.render import decode_images
+
+    policy = load_model_policy(pipelines["sd3"], resolution=32)
+    images = decode_images(policy, torch.randn(3, *policy.latent_shape))
+    assert images.shape == (3, 32, 32, 3) and images.dtype == np.uint8
+
+
+def test_the_gpu_checks_code_path_runs_at_toy_size_and_pulse_is_lossless(tmp_path):
+    from workers.bench.model_check import run_model_check
+
+    figures = run_model_check(device="cpu", widths="tiny", resolution=32, batch_size=8, num_steps=2, lora_rank=4,
+                              workdir=str(tmp_path))
+    for mode in ("lora", "full"):
+        assert figures[mode]["samples_per_s"] > 0 and figures[mode]["grpo_update_s"] > 0
+        assert 0 <= figures[mode]["off_device_share"] < 1
+        assert figures[mode]["pulse"]["lossless"]
+    assert figures["lora"]["trainable_params_M"] < figures["full"]["trainable_params_M"]

@@ -1,0 +1,96 @@
+"""`spotlight bench model-check`: the prepared GPU check of issue 19 (docs/MODELS.md).
+
+It builds a Qwen-Image-shaped pipeline: the real transformer's widths (3072 wide, 24 heads of 128)
+with 1 and then 2 of its 60 blocks, random init, the real VAE's shape (16 latent channels), saved
+and loaded back as a user's folder is. At the given resolution it runs one LoRA iteration and one
+full fine-tuning iteration (rollout of a batch, reward, NFT update) and reports samples/s, update
+seconds, the share of rollout time outside the transformer's forward, peak device memory, the
+peak's growth per transformer block (2 blocks minus 1: what the 60-block model adds per block), and
+PULSE encode/apply GB/s on the trained weights. `--widths tiny` runs the same path at toy size on
+a CPU (what the tests do).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from workers.bench.rollout import bench_rollout
+
+
+def _peak_bytes(device: str) -> int | None:
+    return torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+
+
+def _one(path: Path, device: str, resolution: int, lora_rank: int, batch_size: int, num_steps: int) -> dict:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    fields = {"resolution": resolution, "lora_rank": lora_rank,
+              "base_dtype": "bf16" if device.startswith("cuda") else "fp32"}
+    figures = bench_rollout(batch_size=batch_size, num_steps=num_steps, repeats=1, model=str(path),
+                            model_fields=fields, reward="jpeg_compressibility", device=device)
+    figures["peak_memory_GB"] = None if _peak_bytes(device) is None else round(_peak_bytes(device) / 1e9, 3)
+    return figures
+
+
+def pulse_throughput(weights_before: dict, weights_after: dict) -> dict:
+    """PULSESync encode and apply GB/s (dense BF16 bytes per second) between two versions of the weights."""
+    from workers.pulse.apply import apply_patch
+    from workers.pulse.encode import encode_patch
+
+    prev = {k: v.detach().to(torch.bfloat16) for k, v in weights_before.items()}
+    cur = {k: v.detach().to(torch.bfloat16) for k, v in weights_after.items()}
+    dense = sum(t.numel() * 2 for t in cur.values())
+    t0 = time.perf_counter()
+    patch = encode_patch(prev, cur, base_version=0, version=1)
+    encode_s = time.perf_counter() - t0
+    receiver = {k: v.clone() for k, v in prev.items()}
+    t0 = time.perf_counter()
+    apply_patch(receiver, patch, base_version=0)
+    apply_s = time.perf_counter() - t0
+    exact = all(torch.equal(receiver[k], cur[k]) for k in cur)
+    return {"dense_GB": round(dense / 1e9, 4), "patch_MB": round(len(patch) / 1e6, 3),
+            "encode_GBps": round(dense / 1e9 / encode_s, 3), "apply_GBps": round(dense / 1e9 / apply_s, 3),
+            "lossless": exact}
+
+
+def _pulse_after_update(path: Path, resolution: int, lora_rank: int, device: str) -> dict:
+    """Weights before and after one optimizer step on a real gradient, through PULSE."""
+    from workers.algo.sampler import SamplerConfig
+    from workers.model.spec import load_any
+    from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+    from workers.trainer.presets import cpu_tiny
+
+    policy = load_any(path, resolution=resolution, lora_rank=lora_rank,
+                      base_dtype="bf16" if device.startswith("cuda") else "fp32").to(device)
+    preset = cpu_tiny()
+    config = TrainConfig(prompts_per_iteration=1, group_size=8, reward="jpeg_compressibility",
+                         sampler=SamplerConfig(num_steps=4, noise_level=0.0), grpo=preset.grpo)
+    trainer = GRPOTrainer(policy, config)
+    before = {k: v.detach().clone() for k, v in policy.weights().items()}
+    trainer.update(trainer.collect(0))
+    return pulse_throughput(before, policy.weights())
+
+
+def run_model_check(device: str = "cuda", widths: str = "real", resolution: int = 512, batch_size: int = 8,
+                    num_steps: int = 10, lora_rank: int = 64, workdir: str | None = None) -> dict:
+    from workers.model.families.tiny import build_tiny_pipeline
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch sees no CUDA device; run with --device cpu --widths tiny")
+    root = Path(workdir or tempfile.mkdtemp(prefix="spotlight-model-check-"))
+    figures: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+                     "widths": widths, "resolution": resolution, "batch_size": batch_size, "num_steps": num_steps}
+    paths = {n: build_tiny_pipeline("qwen-image", root / f"qwen-{widths}-{n}", widths=widths, num_layers=n)
+             for n in (1, 2)}
+    for mode, rank in (("lora", lora_rank), ("full", 0)):
+        one, two = (_one(paths[n], device, resolution, rank, batch_size, num_steps) for n in (1, 2))
+        figures[mode] = two
+        if two["peak_memory_GB"] is not None:
+            figures[mode]["peak_memory_per_block_GB"] = round(two["peak_memory_GB"] - one["peak_memory_GB"], 3)
+        figures[mode]["pulse"] = _pulse_after_update(paths[2], resolution, rank, device)
+    return figures

@@ -1,0 +1,1 @@
+"""Diffusers pipelines (Qwen-Image, SD3/3.5, FLUX.1) from a local folder as spotlight policies."""

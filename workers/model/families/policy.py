@@ -1,0 +1,239 @@
+"""A diffusers pipeline as a spotlight policy: the trainable transformer (full, or a peft LoRA on it) and the
+frozen rest (text encoder(s), VAE, scheduler), behind the interface the sampler and trainer use.
+
+The interface is the pixel policy's (workers/model/policy.py): `latent_shape`, `sigmas(num_steps)`,
+`encode_prompts(prompts) -> (cond, mask)`, `velocity(x, sigma, cond, mask)`, `decode(latents)`, and
+`weights()` / `load_weights()` / `trainable_parameters()` / `spec()` for what trains, syncs and
+checkpoints. A family (qwen_image.py, sd3.py, flux.py) supplies the parts that differ: prompt
+encoding, latent packing, the transformer's call and CFG, the VAE's scaling.
+
+Memory: the frozen parts are loaded lazily and shared (never deep-copied): a process that only
+trains on cached prompt embeddings never loads the VAE, and `drop_text_encoders()` frees the text
+encoder(s) once every prompt it needs is encoded. Prompt embeddings are cached per prompt (CPU).
+
+Example:
+    policy = load_model_policy("/models/Qwen-Image", lora_rank=64, resolution=512)
+    cond, mask = policy.encode_prompts(["a red circle"])
+    v = policy.velocity(x_N_seq_C, sigma_N, cond, mask)
+    images = policy.decode(latents)                     # (N, 3, 512, 512) in [-1, 1]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from workers.model.families.detect import detect_family
+from workers.model.families.family import Conditioning, Family
+from workers.model.families.registry import family_for
+from workers.model.families.spec import ModelSpec
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class FrozenParts:
+    """The pipeline without its transformer, loaded on first use; shared by deep copies (NFT's v_old, the KL
+    reference), so they never duplicate the text encoders or the VAE."""
+
+    def __init__(self, spec: ModelSpec, family: Family):
+        self.spec, self.family = spec, family
+        self._pipe = None
+        self.device = torch.device("cpu")
+        self.text_encoders_dropped = False
+        self.prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+        """Prompt -> its embeddings (CPU, unpadded): each prompt is encoded once per process."""
+
+    @property
+    def pipe(self):
+        if self._pipe is None:
+            self._pipe = self.family.load_pipeline(self.spec, _DTYPES[self.spec.base_dtype]).to(self.device)
+        return self._pipe
+
+    def to(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        if self._pipe is not None:
+            self._pipe.to(self.device)
+
+    def drop_text_encoders(self) -> None:
+        if self._pipe is not None:
+            for name in self.family.text_encoder_names:
+                setattr(self._pipe, name, None)
+        self.text_encoders_dropped = True
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+_SHARED: dict[tuple, FrozenParts] = {}
+
+
+def shared_frozen_parts(spec: ModelSpec, family: Family) -> FrozenParts:
+    """One FrozenParts per (folder, what shapes the frozen outputs) in this process: every phase's policy, the
+    NFT v_old copy and the KL reference share the text encoders, the VAE and the prompt embeddings."""
+    key = (spec.path, spec.base_dtype, spec.max_sequence_length, spec.resolution)
+    if key not in _SHARED:
+        _SHARED.clear()  # one model per process: a new one releases the last one's encoders and VAE
+        _SHARED[key] = FrozenParts(spec, family)
+    return _SHARED[key]
+
+
+class DiffusersPolicy(nn.Module):
+    def __init__(self, spec: ModelSpec, family: Family, transformer: nn.Module, frozen: FrozenParts | None = None):
+        super().__init__()
+        self.model_spec, self.family = spec, family
+        self.transformer = transformer
+        self.frozen = frozen or shared_frozen_parts(spec, family)
+        self._prompt_cache = self.frozen.prompt_cache
+        self._sigma_cache: dict[int, torch.Tensor] = {}
+        self.geometry = family.geometry(spec)
+
+    # -- what the sampler walks --------------------------------------------------------------------
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return self.geometry.latent_shape
+
+    def sigmas(self, num_steps: int, shift: float = 1.0) -> torch.Tensor:
+        """The family's own schedule (its scheduler config: static shift, or the resolution-dependent dynamic
+        shift); `shift` is the pixel policy's knob and is ignored here."""
+        if num_steps not in self._sigma_cache:
+            self._sigma_cache[num_steps] = self.family.sigmas(self.model_spec, self.geometry, num_steps)
+        return self._sigma_cache[num_steps]
+
+    # -- prompts -------------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str]) -> tuple[Conditioning, None]:
+        """The batch's conditioning (and the unconditional one under true CFG); each prompt is encoded once per
+        process with the pipeline's frozen text encoder(s)."""
+        needed = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
+        if self.model_spec.guidance > 1 and self.family.uses_true_cfg and self.model_spec.negative_prompt not in self._prompt_cache:
+            needed.append(self.model_spec.negative_prompt)
+        if needed:
+            if self.frozen.text_encoders_dropped:
+                raise RuntimeError(f"prompts {needed[:3]} are not cached and the text encoders were dropped; "
+                                   "encode every prompt before drop_text_encoders()")
+            with torch.no_grad():
+                encoded = self.family.encode(self.frozen.pipe, needed, self.model_spec, self.frozen.device)
+            self._prompt_cache.update({p: {k: v.cpu() for k, v in e.items()} for p, e in zip(needed, encoded)})
+        device = self.device
+        cond = self.family.collate([self._prompt_cache[p] for p in prompts], device)
+        uncond = None
+        if self.model_spec.guidance > 1 and self.family.uses_true_cfg:
+            uncond = self.family.collate([self._prompt_cache[self.model_spec.negative_prompt]] * len(prompts), device)
+        return Conditioning(cond, uncond), None
+
+    def cache_prompt_embeddings(self, embeddings: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Seed the cache with embeddings encoded elsewhere (a worker that never loads the text encoders)."""
+        self._prompt_cache.update(embeddings)
+
+    def prompt_embeddings(self, prompts: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        self.encode_prompts(prompts)
+        return {p: self._prompt_cache[p] for p in prompts}
+
+    def drop_text_encoders(self) -> None:
+        self.frozen.drop_text_encoders()
+
+    # -- the model -----------------------------------------------------------------------------------
+    def velocity(self, x: torch.Tensor, sigma_N: torch.Tensor, cond: Conditioning, mask=None) -> torch.Tensor:
+        """The flow-matching velocity (noise - data) at noise level sigma, with the family's guidance."""
+        spec = self.model_spec
+        v = self.family.forward(self.transformer, x, sigma_N, cond.cond, self.geometry, spec)
+        if cond.uncond is None:
+            return v
+        v_uncond = self.family.forward(self.transformer, x, sigma_N, cond.uncond, self.geometry, spec)
+        return self.family.combine_cfg(v, v_uncond, spec.guidance)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents (N, *latent_shape) -> images (N, 3, H, W) in [-1, 1], through the VAE."""
+        pipe = self.frozen.pipe
+        vae_dtype = next(pipe.vae.parameters()).dtype
+        images = self.family.decode(pipe, latents.to(self.frozen.device, vae_dtype), self.geometry)
+        return images.float().clamp(-1, 1)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    def to(self, *args, **kwargs):
+        super().to(*args, **kwargs)
+        self.frozen.to(self.device)
+        return self
+
+    # -- what trains, syncs and checkpoints ----------------------------------------------------------
+    @property
+    def is_lora(self) -> bool:
+        return self.model_spec.lora_rank > 0
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter's tensors under LoRA, else the transformer's whole state dict."""
+        state = self.transformer.state_dict()
+        if self.is_lora:
+            return {k: v for k, v in state.items() if ".lora_" in k}
+        return state
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        expected = set(self.weights())
+        if set(tensors) != expected:
+            missing, extra = sorted(expected - set(tensors))[:3], sorted(set(tensors) - expected)[:3]
+            raise ValueError(f"weights do not match this {self.model_spec.family} policy "
+                             f"(missing {missing}, unexpected {extra}): were they saved with another --lora-rank?")
+        self.transformer.load_state_dict(tensors, strict=not self.is_lora)
+
+    def trainable_parameters(self):
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+    def spec(self) -> dict:
+        return self.model_spec.to_json()
+
+
+def add_lora(transformer: nn.Module, spec: ModelSpec, targets: tuple[str, ...]) -> None:
+    """A peft LoRA on `targets` (B = 0 at init, so the policy starts equal to the base); only it trains."""
+    from peft import LoraConfig
+
+    transformer.requires_grad_(False)
+    present = {name.rsplit(".", 1)[-1] for name, _ in transformer.named_modules()} | \
+              {name for name, _ in transformer.named_modules()}
+    found = [t for t in targets if any(n == t or n.endswith("." + t) for n in present)]
+    if not found:
+        raise ValueError(f"none of the LoRA target modules {targets} exist in this transformer")
+    transformer.add_adapter(LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha or spec.lora_rank,
+                                       init_lora_weights=True, target_modules=found))
+    for name, param in transformer.named_parameters():
+        param.requires_grad_(".lora_" in name)
+        if ".lora_" in name:
+            param.data = param.data.float()
+
+
+def build_model_policy(spec: ModelSpec) -> DiffusersPolicy:
+    """The policy `spec` describes: the folder's transformer (FP32 masters, or a frozen base plus an FP32 LoRA)."""
+    family = family_for(spec.family)
+    dtype = torch.float32 if spec.lora_rank == 0 else _DTYPES[spec.base_dtype]
+    transformer = family.load_transformer(spec, dtype)
+    if spec.lora_rank:
+        add_lora(transformer, spec, family.lora_targets)
+    return DiffusersPolicy(spec, family, transformer).eval()
+
+
+def load_model_policy(path: str | Path, **fields) -> DiffusersPolicy:
+    """Load a local diffusers pipeline folder as a policy; bad folders fail before any weights load."""
+    path = Path(path).resolve()
+    family = detect_family(path)
+    spec = ModelSpec(path=str(path), family=family, **fields)
+    family_for(family).geometry(spec)  # a resolution the family cannot pack fails here, before weights load
+    return build_model_policy(spec)
+
+
+def save_model_policy(policy: DiffusersPolicy, out: str | Path) -> Path:
+    """The trained part, loadable by diffusers: a LoRA adapter (`transformer.load_lora_adapter(out / "lora")`) or
+    the whole fine-tuned transformer (`from_pretrained(out / "transformer")`), plus spec.json (its base folder)."""
+    import json
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if policy.is_lora:
+        policy.transformer.save_lora_adapter(out / "lora", safe_serialization=True)
+    else:
+        policy.transformer.save_pretrained(out / "transformer", safe_serialization=True)
+    (out / "spec.json").write_text(json.dumps(policy.spec(), indent=2))
+    return out

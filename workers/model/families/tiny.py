@@ -1,0 +1,159 @@
+"""Tiny random-init pipelines of each family, built from configs with no download, saved with save_pretrained.
+
+They have the real pipelines' classes and folder layout (model_index.json, transformer/, vae/, text
+encoder(s) and tokenizer(s), scheduler/), so `spotlight train --model DIR` loads them through exactly
+the path a user's checkpoint takes. The tokenizers are made locally with the `tokenizers` library: a
+word-level vocabulary of MiniGenEval's words plus the families' template words, wrapped as a
+`PreTrainedTokenizerFast`. `widths="real"` on Qwen-Image keeps the real model's transformer widths
+(3072 wide, 24 heads of 128) with fewer layers: the GPU check's model.
+
+Example:
+    path = build_tiny_pipeline("qwen-image", "/tmp/tiny-qwen")       # about 2 MB
+    policy = load_model_policy(path, resolution=32, lora_rank=4)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from workers.task.prompts import VOCAB
+
+TEMPLATE_WORDS = ("system user assistant describe the image by detailing color shape size texture quantity text "
+                  "spatial relationships of objects and background").split()
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "<s>", "</s>", "<pad>")
+
+
+def tiny_tokenizer(max_length: int, bos: str | None = None, eos: str | None = None, pad: str = "<|endoftext|>"):
+    """A word-level tokenizer: newlines and punctuation are tokens of their own (so Qwen-Image's template prefix
+    is 34 tokens, the number its pipeline drops), unknown words map to <unk>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab: dict[str, int] = {}
+    for token in (*SPECIALS, "\n", ",", ":", ".", *TEMPLATE_WORDS, *VOCAB):
+        for form in (token, token.capitalize()):
+            vocab.setdefault(form, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"),
+                                                 pre_tokenizers.Split(" ", "removed"), pre_tokenizers.Punctuation()])
+    if bos or eos:
+        single = " ".join(t for t in (bos, "$A", eos) if t)
+        tok.post_processor = processors.TemplateProcessing(
+            single=single, special_tokens=[(t, vocab[t]) for t in (bos, eos) if t])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token=pad, bos_token=bos,
+                                   eos_token=eos or "<|im_end|>", model_max_length=max_length,
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+
+
+def vocab_size() -> int:
+    return len(tiny_tokenizer(8))
+
+
+def _qwen_image(widths: str, num_layers: int = 2):
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, \
+        QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    n = vocab_size() + 8
+    text_config = {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                   "num_key_value_heads": 2, "rope_theta": 1000000.0, "vocab_size": n, "bos_token_id": 1, "eos_token_id": 2,
+                   "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}}
+    config = Qwen2_5_VLConfig(text_config=text_config, hidden_size=16, vocab_size=n,
+                              vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
+                                             "out_hidden_size": 16},
+                              vision_start_token_id=n - 5, vision_end_token_id=n - 4, vision_token_id=n - 3,
+                              image_token_id=n - 2, video_token_id=n - 1, bos_token_id=1, eos_token_id=2)
+    if widths == "real":  # Qwen-Image's transformer widths (3072 = 24 x 128), num_layers of its 60 blocks
+        transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=num_layers,
+                                                  attention_head_dim=128, num_attention_heads=24,
+                                                  joint_attention_dim=16, axes_dims_rope=(16, 56, 56))
+        vae = AutoencoderKLQwenImage(z_dim=16, latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
+    else:
+        transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                                                  attention_head_dim=16, num_attention_heads=3, joint_attention_dim=16,
+                                                  axes_dims_rope=(8, 4, 4))
+        vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+                                     temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
+                                                base_image_seq_len=256, max_image_seq_len=8192,
+                                                time_shift_type="exponential")
+    return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=Qwen2_5_VLForConditionalGeneration(config),
+                             tokenizer=tiny_tokenizer(1058), transformer=transformer)
+
+
+def _clip_pair(projection: bool):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    tok = tiny_tokenizer(77, bos="<s>", eos="</s>", pad="<pad>")
+    config = CLIPTextConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                            pad_token_id=tok.pad_token_id, hidden_size=32, intermediate_size=37, num_attention_heads=4,
+                            num_hidden_layers=2, vocab_size=len(tok), projection_dim=32, max_position_embeddings=77)
+    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config), tok
+
+
+def _t5(d_model: int):
+    from transformers import T5Config, T5EncoderModel
+
+    tok = tiny_tokenizer(512, eos="</s>", pad="<pad>")
+    config = T5Config(vocab_size=len(tok), d_model=d_model, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, decoder_start_token_id=0)
+    return T5EncoderModel(config), tok
+
+
+def _kl_vae(latent_channels: int):
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(8, 8), layers_per_block=1,
+                         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                         latent_channels=latent_channels, norm_num_groups=4, use_quant_conv=False,
+                         use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035, sample_size=32)
+
+
+def _sd3():
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    (clip_l, tok_l), (clip_g, tok_g) = _clip_pair(True), _clip_pair(True)
+    t5, tok_t5 = _t5(64)
+    transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
+                                        attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
+                                        joint_attention_dim=64, pooled_projection_dim=64, out_channels=4)
+    return StableDiffusion3Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=_kl_vae(4),
+                                    text_encoder=clip_l, tokenizer=tok_l, text_encoder_2=clip_g, tokenizer_2=tok_g,
+                                    text_encoder_3=t5, tokenizer_3=tok_t5, transformer=transformer)
+
+
+def _flux():
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    clip, tok = _clip_pair(False)
+    t5, tok_t5 = _t5(32)
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, out_channels=16, num_layers=1,
+                                         num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+                                         joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 4, 8),
+                                         guidance_embeds=True)
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096)
+    return FluxPipeline(scheduler=scheduler, vae=_kl_vae(4), text_encoder=clip, tokenizer=tok, text_encoder_2=t5,
+                        tokenizer_2=tok_t5, transformer=transformer)
+
+
+BUILDERS = {"qwen-image": _qwen_image, "sd3": _sd3, "flux": _flux}
+
+
+def build_tiny_pipeline(family: str, out: str | Path, seed: int = 0, widths: str = "tiny", num_layers: int = 2) -> Path:
+    """Build a random-init pipeline of `family` (deterministic in seed) and save it to `out`; returns the path.
+    num_layers: transformer blocks of the real-widths Qwen-Image (the GPU check's per-layer memory)."""
+    if family not in BUILDERS:
+        raise ValueError(f"unknown family {family!r}; tiny pipelines exist for {sorted(BUILDERS)}")
+    if widths not in ("tiny", "real") or (widths == "real" and family != "qwen-image"):
+        raise ValueError("widths='real' exists for qwen-image only; use widths='tiny'")
+    from workers.model.families.family import quiet_loading
+
+    quiet_loading()
+    torch.manual_seed(seed)
+    pipe = BUILDERS[family](widths, num_layers) if family == "qwen-image" else BUILDERS[family]()
+    out = Path(out)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

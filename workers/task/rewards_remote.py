@@ -1,0 +1,159 @@
+"""The remote reward protocol's client (and wire format): a reward model served on its own GPUs over HTTP + JSON.
+
+Protocol 1 (`spotlight reward-serve`, pipelines/reward_cli.py, is the server):
+- `POST {url}/score` with `{"prompts": [str], "images": [base64 PNG, RGB]}` answers
+  `{"rewards": [float]}` (one per image, in order; plus `"components"` for a multi-reward);
+  a 4xx answer is the caller's fault and is not retried, a 5xx or a dropped connection is.
+- `GET {url}/health` answers `{"status": "ok", "reward": SPEC, "protocol": 1}`.
+- With $SPOTLIGHT_REWARD_TOKEN set on both sides, requests carry `Authorization: Bearer <token>`;
+  credentials never go in the URL, which ends up in configs and logs.
+
+JSON only: nothing is ever unpickled. Standard library only (urllib).
+
+Example:
+    reward_fn = get_reward("http://rewards-node:8200?timeout_s=30&retries=4&max_images=16")
+    scores = reward_fn(images_NHW3, prompts)   # (N,) float64, one request per 16 images
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import urllib.parse
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from resources.reward_http import RemoteRewardError, get_json, post_with_retries
+from workers.task.reward_inputs import check_reward_batch
+
+PROTOCOL = 1
+TOKEN_ENV = "SPOTLIGHT_REWARD_TOKEN"
+
+
+@dataclass(frozen=True)
+class RemoteRewardConfig:
+    url: str
+    """http(s)://host:port[/prefix] of a `spotlight reward-serve` server."""
+    timeout_s: float = 120.0
+    """Seconds to wait for one request's answer (a big reward model on a big batch is slow)."""
+    retries: int = 3
+    """Further attempts after a failed one (connection refused or dropped, timeout, 5xx)."""
+    backoff_s: float = 1.0
+    """Wait before the first retry; doubles on each further retry."""
+    max_images: int = 16
+    """Images per request; a larger batch is split into several requests."""
+
+    def __post_init__(self):
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"remote reward url must be http(s)://host:port, got {self.url!r}")
+        if parts.username or parts.password:
+            raise ValueError(f"remote reward url must not hold credentials; set ${TOKEN_ENV} on client and server")
+        if parts.query or parts.fragment:
+            raise ValueError("remote reward url: options go in the spec's query (timeout_s, retries, backoff_s, "
+                             "max_images), not in RemoteRewardConfig.url")
+        if not self.timeout_s > 0 or self.retries < 0 or self.backoff_s < 0 or self.max_images < 1:
+            raise ValueError(f"remote reward: need timeout_s > 0, retries >= 0, backoff_s >= 0, max_images >= 1; got "
+                             f"{self.timeout_s}, {self.retries}, {self.backoff_s}, {self.max_images}")
+
+
+def parse_remote_spec(spec: str) -> RemoteRewardConfig:
+    """`http://host:port[/prefix][?timeout_s=..&retries=..&backoff_s=..&max_images=..]` -> config."""
+    parts = urllib.parse.urlsplit(spec)
+    options: dict[str, object] = {}
+    for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        kind = {"timeout_s": float, "backoff_s": float, "retries": int, "max_images": int}.get(key)
+        if kind is None:
+            raise ValueError(f"remote reward option {key!r}: choose from timeout_s, retries, backoff_s, max_images")
+        try:
+            options[key] = kind(value)
+        except ValueError:
+            raise ValueError(f"remote reward option {key}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
+    url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+    return RemoteRewardConfig(url=url, **options)
+
+
+def encode_png(image_HW3: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(image_HW3).save(buf, format="PNG", compress_level=1)  # lossless; level 1: speed over size
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def decode_png(text: str) -> np.ndarray:
+    """(H, W, 3) uint8 from base64 PNG; ValueError if it is not one (PIL's decompression-bomb limit applies)."""
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(text, validate=True)), formats=["PNG"]) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except (ValueError, OSError, Image.DecompressionBombError) as err:
+        raise ValueError(f"an image is not a base64 PNG: {err}") from None
+
+
+def encode_request(images_NHW3: np.ndarray, prompts: list[str]) -> bytes:
+    return json.dumps({"prompts": list(prompts), "images": [encode_png(img) for img in images_NHW3]}).encode()
+
+
+def decode_request(body: bytes, max_images: int) -> tuple[np.ndarray, list[str]]:
+    """The server's side: (images (N, H, W, 3) uint8, prompts), or ValueError saying what is wrong with the request."""
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"the request body is not JSON: {err}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("images"), list) \
+            or not isinstance(request.get("prompts"), list):
+        raise ValueError('the request must be {"prompts": [str], "images": [base64 PNG]}')
+    images, prompts = request["images"], request["prompts"]
+    if not 1 <= len(images) <= max_images or len(prompts) != len(images):
+        raise ValueError(f"{len(images)} images and {len(prompts)} prompts: send 1 to {max_images} of each, one prompt per image")
+    if not all(isinstance(p, str) for p in prompts) or not all(isinstance(i, str) for i in images):
+        raise ValueError("prompts and images must be strings")
+    decoded = [decode_png(i) for i in images]
+    if len({d.shape for d in decoded}) != 1:
+        raise ValueError(f"the images of one request must share a size, got {sorted({d.shape for d in decoded})}")
+    return np.stack(decoded), prompts
+
+
+def decode_rewards(body: bytes, num_images: int) -> np.ndarray:
+    """The client's side: the (num_images,) rewards, or RemoteRewardError if the answer is malformed."""
+    try:
+        rewards = json.loads(body).get("rewards")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+        raise RemoteRewardError(f"the reward server's answer is not a JSON object: {err}") from None
+    if not isinstance(rewards, list) or len(rewards) != num_images:
+        got = len(rewards) if isinstance(rewards, list) else type(rewards).__name__
+        raise RemoteRewardError(f"the reward server answered {got} rewards for {num_images} images")
+    if not all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) for r in rewards):
+        raise RemoteRewardError(f"the reward server answered non-finite or non-numeric rewards: {rewards[:8]}")
+    return np.asarray(rewards, dtype=np.float64)
+
+
+class RemoteReward:
+    """Scores through a reward server: batches of max_images per request, retried with exponential backoff."""
+
+    def __init__(self, config: RemoteRewardConfig):
+        self.config = config
+
+    def __call__(self, images_NHW3: np.ndarray, prompts: list[str]) -> np.ndarray:
+        check_reward_batch(images_NHW3, prompts)
+        step = self.config.max_images
+        chunks = [self._post(encode_request(images_NHW3[i:i + step], prompts[i:i + step]), len(prompts[i:i + step]))
+                  for i in range(0, len(prompts), step)]
+        return np.concatenate(chunks) if chunks else np.zeros(0)
+
+    def health(self) -> dict:
+        """The server's /health answer (one attempt); RemoteRewardError if it does not answer."""
+        return get_json(self.config.url + "/health", self.config.timeout_s, TOKEN_ENV)
+
+    def _post(self, body: bytes, num_images: int) -> np.ndarray:
+        c = self.config
+        answer = post_with_retries(c.url + "/score", body, timeout_s=c.timeout_s, retries=c.retries,
+                                   backoff_s=c.backoff_s, token_env=TOKEN_ENV)
+        return decode_rewards(answer, num_images)
+
+
+def remote_reward(arg: str) -> RemoteReward:
+    """The `remote:URL` / `http://...` spec's factory; makes no request until the first call."""
+    return RemoteReward(parse_remote_spec(arg))
