@@ -13,6 +13,7 @@ from workers.algo.sampler import SamplerConfig
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder
+from tests.hooks import stop_after
 
 SPEC = RolloutSpec("demo", "two red circles", 11, 0, SamplerConfig(num_steps=8, sde_window=(0, 4)))
 STATE_PREFIX = rollout_state_key("demo", "r0") + "/"
@@ -41,16 +42,6 @@ def _request(spec: RolloutSpec = SPEC) -> Request:
     return Request.from_dict(rollout_request("r0", 0, spec))
 
 
-def _stop_after(num_checks: int):
-    calls = {"n": 0}
-
-    def should_stop() -> bool:
-        calls["n"] += 1
-        return calls["n"] > num_checks
-
-    return should_stop
-
-
 def _reference_hash(store) -> str:
     ref = Request.from_dict(rollout_request("ref", 0, SPEC))
     return work_request(ref, 1, store, PolicyHolder(store), worker_id="ref", commit_every=8).result_hash
@@ -69,7 +60,7 @@ def test_two_holders_of_one_request_cannot_corrupt_each_others_state(rollout_sto
     # (steps 4 and 6) between A reading the committed state and A writing its own manifest for step 4.
     def worker_b() -> None:
         b = work_request(_request(), 2, rollout_store, PolicyHolder(rollout_store), worker_id="b", commit_every=2,
-                         hooks=StepHooks(should_stop=_stop_after(4)))
+                         hooks=StepHooks(should_stop=stop_after(4)))
         assert b.status == "preempted" and b.committed_step == 6
 
     store_a = InterleavingStore(rollout_store.root, nth=2, meanwhile=worker_b)
@@ -110,7 +101,7 @@ def _another_requests_state(store, key, manifest) -> str:
     store.delete_commit(key)
     other = RolloutSpec("demo", "two red circles", 12, 0, SPEC.sampler)
     work_request(_request(other), 9, store, PolicyHolder(store), worker_id="x", commit_every=2,
-                 hooks=StepHooks(should_stop=_stop_after(6)))  # commits step 6 of seed 12 under request id r0
+                 hooks=StepHooks(should_stop=stop_after(6)))  # commits step 6 of seed 12 under request id r0
     [other_key] = store.list_commits(STATE_PREFIX)
     return other_key
 
@@ -119,7 +110,7 @@ def _another_requests_state(store, key, manifest) -> str:
                                     _another_requests_state])
 def test_unreadable_or_inconsistent_state_falls_back_to_a_fresh_start(rollout_store, damage) -> None:
     first = work_request(_request(), 1, rollout_store, PolicyHolder(rollout_store), worker_id="w1", commit_every=2,
-                         hooks=StepHooks(should_stop=_stop_after(4)))
+                         hooks=StepHooks(should_stop=stop_after(4)))
     assert first.status == "preempted" and first.committed_step == 4
     [key] = rollout_store.list_commits(STATE_PREFIX)
     key = damage(rollout_store, key, rollout_store.read_manifest(key)) or key
@@ -134,9 +125,9 @@ def test_unreadable_or_inconsistent_state_falls_back_to_a_fresh_start(rollout_st
 
 def test_the_furthest_intact_state_wins_over_a_damaged_later_one(rollout_store) -> None:
     work_request(_request(), 1, rollout_store, PolicyHolder(rollout_store), worker_id="w1", commit_every=2,
-                 hooks=StepHooks(should_stop=_stop_after(2)))
+                 hooks=StepHooks(should_stop=stop_after(2)))
     work_request(_request(), 2, rollout_store, PolicyHolder(rollout_store), worker_id="w2", commit_every=2,
-                 hooks=StepHooks(should_stop=_stop_after(4)))
+                 hooks=StepHooks(should_stop=stop_after(4)))
     later = max(rollout_store.list_commits(STATE_PREFIX), key=lambda k: rollout_store.read_manifest(k).metadata["step"])
     _delete_object(rollout_store, later, rollout_store.read_manifest(later))
     again = work_request(_request(), 3, rollout_store, PolicyHolder(rollout_store), worker_id="w3", commit_every=2)

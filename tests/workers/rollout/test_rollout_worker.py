@@ -20,6 +20,7 @@ from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder
 from workers.algo.sampler import SamplerConfig
 from tests.paths import REPO_ROOT
+from tests.hooks import stop_after
 
 REPO = REPO_ROOT
 SPEC = RolloutSpec("demo", "two red circles", 11, 0, SamplerConfig(num_steps=8, sde_window=(0, 4)))
@@ -27,16 +28,6 @@ SPEC = RolloutSpec("demo", "two red circles", 11, 0, SamplerConfig(num_steps=8, 
 
 def _request(rid: str = "r0", spec: RolloutSpec = SPEC) -> Request:
     return Request.from_dict(rollout_request(rid, 0, spec))
-
-
-def _stop_after(num_checks: int):
-    calls = {"n": 0}
-
-    def should_stop() -> bool:
-        calls["n"] += 1
-        return calls["n"] > num_checks
-
-    return should_stop
 
 
 def test_an_uninterrupted_request_commits_its_trajectory_reward_and_hash(rollout_store) -> None:
@@ -49,18 +40,18 @@ def test_an_uninterrupted_request_commits_its_trajectory_reward_and_hash(rollout
     assert rollout_store.list_keys(rollout_state_key("demo", "r0") + "/") == []  # in-flight state cleaned up
 
 
-@pytest.mark.parametrize("stop_after,commit_every", [(1, 4), (3, 2), (5, 100), (7, 3)])
-def test_a_request_stopped_midway_and_resumed_on_another_worker_is_bit_identical(rollout_store, stop_after, commit_every) -> None:
+@pytest.mark.parametrize("checks,commit_every", [(1, 4), (3, 2), (5, 100), (7, 3)])
+def test_a_request_stopped_midway_and_resumed_on_another_worker_is_bit_identical(rollout_store, checks, commit_every) -> None:
     reference = work_request(_request("ref"), 1, rollout_store, PolicyHolder(rollout_store), worker_id="w0", commit_every=8)
     first = work_request(_request("r1"), 1, rollout_store, PolicyHolder(rollout_store), worker_id="w1",
-                         commit_every=commit_every, hooks=StepHooks(should_stop=_stop_after(stop_after)))
-    assert first.status == "preempted" and first.step == first.committed_step == stop_after
+                         commit_every=commit_every, hooks=StepHooks(should_stop=stop_after(checks)))
+    assert first.status == "preempted" and first.step == first.committed_step == checks
     second = work_request(_request("r1"), 2, rollout_store, PolicyHolder(rollout_store), worker_id="w2", commit_every=commit_every)
-    assert second.resumed_from_step == stop_after and second.step == 8
+    assert second.resumed_from_step == checks and second.step == 8
     assert second.result_hash == reference.result_hash
     history = rollout_store.read_manifest(second.result_key).metadata["attempts"]
     assert [(a["worker_id"], a["resumed_from_step"], a["committed_step"]) for a in history] == [
-        ("w1", 0, stop_after), ("w2", stop_after, 8)]
+        ("w1", 0, checks), ("w2", checks, 8)]
 
 
 def test_a_worker_killed_without_notice_loses_only_the_steps_since_its_last_commit(rollout_store) -> None:
@@ -92,7 +83,7 @@ def test_a_worker_whose_lease_was_lost_stops_without_committing(rollout_store) -
 
 def test_state_left_by_a_different_request_under_the_same_id_is_never_resumed(rollout_store) -> None:
     work_request(_request(), 1, rollout_store, PolicyHolder(rollout_store), worker_id="w1", commit_every=2,
-                 hooks=StepHooks(should_stop=_stop_after(2)))
+                 hooks=StepHooks(should_stop=stop_after(2)))
     other = RolloutSpec("demo", "two red circles", 12, 0, SPEC.sampler)
     out = work_request(_request("r0", other), 2, rollout_store, PolicyHolder(rollout_store), worker_id="w2", commit_every=2)
     reference = work_request(_request("ref", other), 1, rollout_store, PolicyHolder(rollout_store), worker_id="w0", commit_every=8)
