@@ -310,6 +310,15 @@ class Ledger:
     def record_exploration(self, record: ExplorationRecord) -> None:
         self._upsert("exploration", [record])
 
+    def record_seed_groups(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Rows of `seed_groups` (column -> value; absent nullable columns are NULL); a redone iteration replaces its rows."""
+        rows, names = list(rows), tuple(self._layouts["seed_groups"].column_types)
+        unknown = sorted({key for row in rows for key in row} - set(names))
+        if unknown:
+            raise ValueError(f"seed_groups has no columns {unknown}; its columns are {list(names)}")
+        if rows:
+            self._record_rows("seed_groups", names, [[row.get(n) for n in names] for row in rows])
+
     def record_train_step(self, record: TrainStepRecord) -> None:
         self._upsert("train_steps", [record])
 
@@ -361,8 +370,6 @@ class Ledger:
             count = con.execute(f"UPDATE {table} SET {assignments} WHERE {key_column} = ?", [*values.values(), key]).fetchone()[0]
         if count == 0:
             raise ValueError(f"cannot end {table[:-1]} {key!r}: it was never started in this ledger")
-
-
 
 
 _OPEN_LEDGERS: "weakref.WeakSet[Ledger]" = weakref.WeakSet()

@@ -12,6 +12,9 @@ History:
         (version, kind, replica)); exploration gains the bandit's view of an iteration:
         seeds per prompt, cache level, critical-path overhead, variance gain over random
         seeds, Kendall tau / Spearman rho of stale vs fresh rewards, random fallback.
+    v3  `seed_groups`: per prompt of each rollout, whether exploration or the default
+        (random) seeds chose its seeds, and the reward variance of the group trained on
+        against the random-seed baseline; the view `exploration_payoff` sums it per iteration.
 Views are derived data: they are dropped and re-created by every upgrade.
 """
 
@@ -21,7 +24,7 @@ from typing import Callable
 
 import duckdb
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PHASES = ("sync", "rollout", "train", "explore", "validate")
 
 
@@ -105,8 +108,18 @@ ALTER TABLE exploration ADD COLUMN spearman_rho DOUBLE;
 ALTER TABLE exploration ADD COLUMN fallback_random BOOLEAN;
 """
 
+# Variances are within-group (population) reward variances of the group the trainer keeps (the
+# max-variance group_size subset of a wider draw); `stale_*` ones are of exploration's cheap rewards on v(k-1).
+_V3_CHANGES = """
+CREATE TABLE seed_groups (
+    iteration INTEGER NOT NULL, prompt_index INTEGER NOT NULL, prompt VARCHAR NOT NULL, planner VARCHAR NOT NULL,
+    source VARCHAR NOT NULL, seeds VARCHAR NOT NULL, num_drawn INTEGER NOT NULL, num_trained INTEGER NOT NULL,
+    trained_variance DOUBLE NOT NULL, drawn_variance DOUBLE NOT NULL, baseline_variance DOUBLE,
+    stale_variance DOUBLE, stale_default_variance DOUBLE, PRIMARY KEY (iteration, prompt_index));
+"""
+
 # Version -> SQL that upgrades a ledger from version-1 (or from empty for 0).
-MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES}
+MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES, 3: _V3_CHANGES}
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION + 1))
 
 _NOW = "(current_timestamp AT TIME ZONE 'UTC')"
@@ -176,6 +189,26 @@ VIEWS: dict[str, str] = {
                sum(steps_lost) AS steps_lost, sum(seconds_lost) AS seconds_lost,
                CASE WHEN sum(n) > 0 THEN sum(steps_lost) / sum(n) END AS steps_lost_per_preemption
         FROM per_worker GROUP BY instance_type, gpu_type ORDER BY instance_type, gpu_type""",
+    # Did exploration pay for itself? Per rollout iteration: its explored prompts' variance against random seeds'
+    # (the same iteration's default-seed prompts, and the running baseline the bandit judges against), the same
+    # comparison on exploration's stale, cheap rewards of the same prompts, and what exploring cost (iteration - 1).
+    "exploration_payoff": """
+        WITH per_iteration AS (
+            SELECT iteration, any_value(planner) AS planner,
+                   count(*) FILTER (WHERE source = 'explored') AS explored_prompts,
+                   count(*) FILTER (WHERE source = 'random') AS random_prompts,
+                   avg(trained_variance) FILTER (WHERE source = 'explored') AS explored_variance,
+                   avg(trained_variance) FILTER (WHERE source = 'random') AS random_variance,
+                   any_value(baseline_variance) AS baseline_variance,
+                   avg(stale_variance) FILTER (WHERE source = 'explored') AS explored_stale_variance,
+                   avg(stale_default_variance) FILTER (WHERE source = 'explored') AS random_stale_variance
+            FROM seed_groups GROUP BY iteration)
+        SELECT g.*, g.explored_variance / nullif(g.baseline_variance, 0) AS variance_ratio,
+               g.explored_variance > g.baseline_variance AS paid_off, e.arm, e.time_used_s AS explore_s, c.usd AS explore_usd
+        FROM per_iteration g
+        LEFT JOIN exploration e ON e.iteration = g.iteration - 1
+        LEFT JOIN cost_per_phase c ON c.iteration = g.iteration - 1 AND c.phase = 'explore'
+        ORDER BY g.iteration""",
     # Held-out score per validated iteration, with time and money spent so far.
     "validation_curve": f"""
         SELECT v.iteration, v.weights_version, v.score,

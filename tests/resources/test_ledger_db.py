@@ -94,7 +94,7 @@ def test_opening_a_v0_ledger_migrates_it_and_keeps_every_row(tmp_path: Path) -> 
 def test_a_ledger_from_a_newer_spotlight_is_refused_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "ledger.duckdb"
     Ledger(path).query("INSERT INTO schema_version VALUES (99, '2030-01-01', 'future')")
-    with pytest.raises(LedgerSchemaError, match=r"schema v99, newer than this spotlight understands \(v2\)"):
+    with pytest.raises(LedgerSchemaError, match=rf"schema v99, newer than this spotlight understands \(v{SCHEMA_VERSION}\)"):
         Ledger(path)
 
 

@@ -6,7 +6,9 @@ For every arm the bandit learns two things from what happened:
 
 - its **time cost**: worker-seconds per explored prompt (`observe_time`);
 - its **gain**: the reward variance of the planned groups in the real rollout over that of
-  random seeds (`observe_gain`, one observation per iteration whose plan it made).
+  random seeds (`observe_gain`, one observation per iteration whose plan it made). The
+  baseline is what the run gets without exploration: with a wider draw on, the variance of
+  the max-variance subset the trainer keeps of it (`workers/explore/state.py` review_rollout).
 
 `choose` returns the arm with the best upper confidence bound among those whose predicted
 exploration time fits the budget (the predicted training time, `predict_budget_s`):

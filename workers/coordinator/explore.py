@@ -121,22 +121,39 @@ def explore_requests(config: TrainConfig, run: str, iteration: int, arm: Arm) ->
 def review_iteration(store: TensorStore, run: str, config: TrainConfig, iteration: int,
                      explore_config: ExploreConfig) -> Review:
     """Judge the plan iteration `iteration` sampled with on its committed rollout results; update the state."""
+    plan = load_seed_plan(store, run, iteration)
+    state = load_state(store, run, explore_config, config.group_size)
+    review = review_rollout(state, explore_config, iteration, plan, real_rewards(store, run, plan),
+                            group_size=config.group_size)
+    save_state(store, run, state)
+    return review
+
+
+def real_rewards(store: TensorStore, run: str, plan: SeedPlan) -> list[list[float]]:
+    """real[i][j]: the committed rollout reward of plan.seeds[i][j] (LookupError for one not committed)."""
     from workers.coordinator.rollout import request_id
 
-    plan = load_seed_plan(store, run, iteration)
-    real = []
+    k, real = plan.iteration, []
     for i, group in enumerate(plan.seeds):
         rewards = []
         for j, seed in enumerate(group):
-            manifest = store.read_manifest(rollout_key(run, iteration, request_id(iteration, i, j)))
+            manifest = store.read_manifest(rollout_key(run, k, request_id(k, i, j)))
             if manifest is None or manifest.metadata.get("seed") != seed:
-                raise LookupError(f"iteration {iteration}: no committed rollout of prompt {i} with planned seed {seed}")
+                raise LookupError(f"iteration {k}: no committed rollout of prompt {i} with planned seed {seed}")
             rewards.append(float(manifest.metadata["reward"]))
         real.append(rewards)
-    state = load_state(store, run, explore_config, config.group_size)
-    review = review_rollout(state, explore_config, iteration, plan, real)
-    save_state(store, run, state)
-    return review
+    return real
+
+
+def seed_groups(store: TensorStore, run: str, config: TrainConfig, iteration: int, review: Review) -> list[dict]:
+    """The ledger's `seed_groups` rows of iteration's rollout, as `review` judged it (workers/explore/payoff.py)."""
+    from workers.explore.payoff import seed_group_rows
+    from workers.trainer.grpo_trainer import default_seeds
+
+    plan = load_seed_plan(store, run, iteration)
+    made = iteration > 0 and store.read_manifest(exploration_key(run, iteration - 1)) is not None
+    return seed_group_rows(plan, real_rewards(store, run, plan), review, config.group_size,
+                           default_seeds(config, iteration), explored_results(store, run, iteration - 1) if made else {})
 
 
 def start_exploration(store: TensorStore, queue, run: str, config: TrainConfig, iteration: int,

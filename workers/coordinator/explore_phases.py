@@ -33,10 +33,11 @@ def explore_config(ctx: RunContext):
 def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Judge the plan iteration k sampled with, then enqueue iteration k+1's exploration on weights v(k)."""
     from resources.ledger_records import ExplorationRecord
-    from workers.coordinator.explore import review_iteration, start_exploration, with_review
+    from workers.coordinator.explore import review_iteration, seed_groups, start_exploration, with_review
 
     config = explore_config(ctx)
     review = review_iteration(ctx.store, ctx.run, ctx.train, k, config)
+    ctx.ledger.record_seed_groups(seed_groups(ctx.store, ctx.run, ctx.train, k, review))
     previous = ctx.ledger.query("SELECT * FROM exploration WHERE iteration = ?", [k - 1]).as_dicts()
     if previous:
         ctx.ledger.record_exploration(with_review(ExplorationRecord(**previous[0]), review))

@@ -149,6 +149,9 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
         plot = line_plot_png({"held-out": ([r[0] for r in curve], [r[1] for r in curve])}, "validation",
                              "weights version", "strict score")
         out.pictures = {"curve": (plot, "held-out score so far"), "samples": (grid, "held-out prompts, first fixed seed")}
+        from workers.coordinator.samples import heldout_pictures  # captioned grids, base vs v(k)
+
+        out.pictures.update(heldout_pictures(ctx.report_dir, k, result.images[::seeds], result.prompts[::seeds]))
     return out
 
 
@@ -170,7 +173,9 @@ def report_phase(ctx: RunContext, k: int) -> PhaseResult:
         written = write_report(ctx.ledger, ctx.store, ctx.run, ctx.report_dir)
         out.paths = {"report": str(written.index)}
         out.pictures = {"rewards": (written.plots["reward"], "reward per iteration"),
-                        "cost": (written.plots["cost"], "cost per iteration")}
+                        "cost": (written.plots["cost"], "cost per iteration"),
+                        "heldout_by_category": (written.plots["categories"], "held-out score per category"),
+                        "exploration_payoff": (written.plots["payoff"], "explored vs random seeds' reward variance")}
     return out
 
 

@@ -2,6 +2,7 @@
 
 Example:
     png = image_grid_png(images_NHW3, columns=8)
+    png = captioned_grid_png(images_NHW3, ["three red circles\ncount.0 ✓ shape.0 ✗", ...], columns=4)
     png = line_plot_png({"held-out": (versions, scores)}, "validation", "weights version", "strict score")
 """
 
@@ -28,6 +29,23 @@ def image_grid_png(images_NHW3: np.ndarray, columns: int = 8, scale: int = 3) ->
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def captioned_grid_png(images_NHW3: np.ndarray, captions: Sequence[str], columns: int = 4) -> bytes:
+    """Images in rows of `columns`, each with its caption above it (a prompt and its criteria, say)."""
+    if len(images_NHW3) != len(captions) or not len(captions):
+        raise ValueError(f"captioned_grid_png needs one caption per image, got {len(images_NHW3)} images, "
+                         f"{len(captions)} captions")
+    columns = max(1, min(columns, len(captions)))
+    rows = -(-len(captions) // columns)
+    lines = max(c.count("\n") + 1 for c in captions)
+    fig, axes = figure(rows, columns, figsize=(2.3 * columns, rows * (2.4 + 0.2 * lines)))
+    for i, ax in enumerate(np.asarray(axes).flat):
+        ax.axis("off")
+        if i < len(captions):
+            ax.imshow(images_NHW3[i], interpolation="nearest")
+            ax.set_title(captions[i], fontsize=7)
+    return to_png(fig)
 
 
 def line_plot_png(series: dict[str, tuple[Sequence[float], Sequence[float]]], title: str, xlabel: str,
@@ -62,13 +80,14 @@ def bar_plot_png(labels: Sequence[str], stacks: dict[str, Sequence[float]], titl
     return to_png(fig)
 
 
-def figure():
+def figure(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6, 3.2)):
     import matplotlib
 
     matplotlib.use("Agg")  # no display on workers, CI or the Dagster daemon
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(6, 3.2), dpi=100)
+    return plt.subplots(nrows, ncols, figsize=figsize, dpi=100, squeeze=False) if nrows * ncols > 1 else \
+        plt.subplots(figsize=figsize, dpi=100)
 
 
 def to_png(fig) -> bytes:

@@ -7,7 +7,12 @@
     <run-dir>/report/preemptions.png       preemption timeline: worker processes per slot, preemptions
     <run-dir>/report/sync.png              bytes per weights version, dense vs PULSE
     <run-dir>/report/exploration.png       rank consistency (Kendall tau, Spearman rho) and variance gain of each plan
-    <run-dir>/report/grids/it-*-{rollouts,validation}.png   written by the rollout / validate phases
+    <run-dir>/report/payoff.png            did exploration pay: explored vs random seeds' reward variance per iteration
+    <run-dir>/report/categories.png        held-out score per category (counting, binding, position) per version
+    <run-dir>/report/heldout_samples.png   latest validated weights: held-out samples captioned with pass/fail
+    <run-dir>/report/before_after.png      base weights vs latest validated ones, same prompts and seeds
+                                           (these two and their .json captions: the validate phase, samples.py)
+    <run-dir>/report/grids/it-*-{rollouts,validation,heldout}.png   written by the rollout / validate phases
 
 Example:
     written = write_report(ledger, store, "demo", Path("runs/demo/report"))
@@ -34,7 +39,8 @@ def write_report(ledger: Ledger, store, run: str, out_dir: Path) -> WrittenRepor
     """(Re)write every plot and index.html from the ledger; returns the page and the plots' PNG bytes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = {"reward": _reward_plot(ledger), "validation": _validation_plot(ledger), "cost": _cost_plot(ledger),
-             "preemptions": _preemption_plot(ledger), "sync": _sync_plot(ledger), "exploration": _exploration_plot(ledger)}
+             "preemptions": _preemption_plot(ledger), "sync": _sync_plot(ledger), "exploration": _exploration_plot(ledger),
+             "payoff": _payoff_plot(ledger), "categories": _category_plot(ledger)}
     for name, png in plots.items():
         (out_dir / f"{name}.png").write_bytes(png)
     index = out_dir / "index.html"
@@ -135,6 +141,56 @@ def _exploration_plot(ledger: Ledger) -> bytes:
     return line_plot_png(series, title, "iteration (plan made)", "value")
 
 
+def _payoff_plot(ledger: Ledger) -> bytes:
+    """Per rollout iteration: the reward variance of the groups trained on, explored seeds' vs random seeds'
+    (the same iteration's default-seed prompts, and the running baseline the bandit judges gains against)."""
+    rows = ledger.query("SELECT iteration, explored_variance, random_variance, baseline_variance, "
+                        "explored_stale_variance, random_stale_variance FROM exploration_payoff ORDER BY iteration").rows
+    names = ("explored seeds", "random seeds (same iteration)", "random baseline", "explored, stale rewards",
+             "default seeds, stale rewards")
+    series = {name: ([r[0] for r in rows if r[i] is not None], [r[i] for r in rows if r[i] is not None])
+              for i, name in enumerate(names, start=1)}
+    paid, explored = ledger.query("SELECT count(*) FILTER (WHERE paid_off), count(explored_variance) "
+                                  "FROM exploration_payoff").rows[0]
+    title = f"exploration payoff: {paid} of {explored} explored rollouts beat random seeds" if explored else \
+        "exploration payoff (no explored rollout in this run)"
+    return line_plot_png({n: xy for n, xy in series.items() if xy[0]} or {"none": ([], [])}, title, "iteration",
+                         "reward variance")
+
+
+def _category_plot(ledger: Ledger) -> bytes:
+    rows = ledger.query("""
+        SELECT v.weights_version, substr(s.criterion, 10) AS category, s.score
+        FROM validation_scores s JOIN validation v USING (iteration)
+        WHERE s.criterion LIKE 'category.%' ORDER BY category, v.weights_version""").rows
+    series: dict[str, tuple[list, list]] = {}
+    for version, category, score in rows:
+        xs, ys = series.setdefault(category, ([], []))
+        xs.append(version)
+        ys.append(score)
+    return line_plot_png(series or {"none": ([], [])}, "held-out strict score per category", "weights version", "score")
+
+
+def _figure(src: str, caption: str, lines: tuple[str, ...] | list[str] = ()) -> str:
+    items = "".join(f"<li>{html.escape(line).replace(chr(10), '<br>')}</li>" for line in lines)
+    return (f'<figure><img src="{src}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}'
+            f'{"<ol>" + items + "</ol>" if items else ""}</figcaption></figure>')
+
+
+def _samples_html(out_dir: Path) -> str:
+    """The latest captioned held-out grid and before/after pair, their captions listed under them."""
+    import json
+
+    parts = []
+    for name, title in (("heldout_samples", "Held-out samples, pass/fail per criterion"),
+                        ("before_after", "Before / after: base weights vs the latest validated ones")):
+        if (out_dir / f"{name}.png").is_file() and (out_dir / f"{name}.json").is_file():
+            meta = json.loads((out_dir / f"{name}.json").read_text())
+            caption = f"{name}: weights v{meta['weights_version']}"
+            parts.append(f"<h2>{title}</h2>" + _figure(f"{name}.png", caption, meta["captions"]))
+    return "".join(parts)
+
+
 def _page(ledger: Ledger, run: str, out_dir: Path, plots: list[str]) -> str:
     rows = summary_rows(ledger)
     columns = ["iteration", "status", "reward_mean", "heldout_score", "usd_spot", "usd_reserved", "preemptions", "patch_bytes"]
@@ -148,7 +204,8 @@ def _page(ledger: Ledger, run: str, out_dir: Path, plots: list[str]) -> str:
             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:2px 6px;text-align:right}figure{display:inline-block;margin:8px}img{image-rendering:pixelated}</style>"
             f"</head><body><h1>spotlight run <code>{html.escape(run)}</code></h1><table><tr>{head}</tr>{body}</table>"
-            f"<h2>Curves, cost, preemptions, sync, exploration</h2>{images}<h2>Samples</h2>{grid_html}</body></html>")
+            f"{_samples_html(out_dir)}<h2>Curves, cost, preemptions, sync, exploration</h2>{images}"
+            f"<h2>Samples</h2>{grid_html}</body></html>")
 
 
 def _fmt(value) -> str:

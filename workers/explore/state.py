@@ -13,9 +13,14 @@ averaged), measures the planned groups' reward variance against random seeds' (t
 bandit's gain for the arm that made the plan), and decides whether the next plan falls
 back to random seeds: it does while the mean tau is below `min_kendall_tau`.
 
+Every variance is that of the group the trainer actually trains on: with a wider draw
+(TrainConfig.rollouts_per_prompt > group_size) a random group is cut to its max-variance
+subset (`keep_max_variance`), so the baseline is what the run would get without
+exploration, and an explored plan only gains what it adds over the wider draw.
+
 Example:
     state = ExplorationState.new(ExploreConfig(), group_size=8)
-    review = review_rollout(state, ExploreConfig(), 5, plan, real_rewards)   # updates state
+    review = review_rollout(state, ExploreConfig(), 5, plan, real_rewards, group_size=8)   # updates state
     review.kendall_tau, review.variance_gain, state.fallback
 """
 
@@ -27,6 +32,7 @@ import numpy as np
 
 from workers.algo.bandit import Arm, BanditConfig, UCBBandit, predict_budget_s
 from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, pairwise_concordance, spearman_rho
+from workers.algo.selection import select_max_variance
 from workers.explore.seed_plan import SeedPlan
 
 _TINY_VARIANCE = 1e-9
@@ -129,7 +135,7 @@ class Review:
     concordance: float | None
     """Mean pairwise concordance (the ledger's rank_consistency)."""
     planned_variance: float
-    """Mean within-group variance of the real rewards, over all the iteration's prompts."""
+    """Mean within-group variance of the real rewards of the groups trained on, over all the iteration's prompts."""
     random_variance: float | None
     """The random-seed baseline after this review."""
     variance_gain: float | None
@@ -137,24 +143,31 @@ class Review:
     fallback: bool
     """Whether the next plan falls back to random seeds."""
     per_prompt_tau: list[float] = field(default_factory=list)
+    trained_variance: list[float] = field(default_factory=list)
+    """Per prompt: within-group variance of the real rewards of the group trained on (the kept subset of a wider draw)."""
+    explored_prompts: list[bool] = field(default_factory=list)
+    """Per prompt: whether exploration chose its seeds (False: default, i.e. random, seeds)."""
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def review_rollout(state: ExplorationState, config: ExploreConfig, iteration: int, plan: SeedPlan,
-                   real_rewards: list[list[float]]) -> Review:
-    """Judge `plan` on the real rewards of its seeds (real_rewards[i][j] for plan.seeds[i][j]); update the state."""
+                   real_rewards: list[list[float]], group_size: int | None = None) -> Review:
+    """Judge `plan` on the real rewards of its seeds (real_rewards[i][j] for plan.seeds[i][j]); update the state.
+    group_size: the size of the groups trained on (a larger group, a wider draw, is cut to its max-variance
+    subset as the trainer does); None: every group is trained whole."""
     if len(real_rewards) != len(plan.seeds) or any(len(r) != len(s) for r, s in zip(real_rewards, plan.seeds)):
         raise ValueError(f"iteration {iteration}: real rewards do not match the plan's seeds")
     explored = plan.explored_rewards or [None] * len(plan.seeds)
     pairs = [(e, r) for e, r in zip(explored, real_rewards) if e is not None]
     xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
     tau = mean_over_groups(kendall_tau_b, xs, ys)
-    variances = [float(np.var(r)) for r in real_rewards]
+    variances = [trained_variance(r, group_size) for r in real_rewards]
     planned = float(np.mean(variances))
     # Groups that kept their default seeds are random-seed groups: they refresh the baseline.
-    random_groups = [v for v, e in zip(variances, explored) if not plan.explored or e is None]
+    is_explored = [plan.explored and e is not None for e in explored]
+    random_groups = [v for v, x in zip(variances, is_explored) if not x]
     first = iteration not in state.reviewed
     if first and random_groups:
         value, w = float(np.mean(random_groups)), config.baseline_decay
@@ -169,7 +182,16 @@ def review_rollout(state: ExplorationState, config: ExploreConfig, iteration: in
         state.reviewed.append(iteration)
     return Review(iteration, plan.planner, tau, mean_over_groups(spearman_rho, xs, ys),
                   mean_over_groups(pairwise_concordance, xs, ys), planned, state.random_variance, gain, state.fallback,
-                  [kendall_tau_b(x, y) for x, y in zip(xs, ys)])
+                  [kendall_tau_b(x, y) for x, y in zip(xs, ys)], variances, is_explored)
+
+
+def trained_variance(rewards: list[float], group_size: int | None) -> float:
+    """Reward variance of the group the trainer keeps: the max-variance `group_size` subset of a wider draw
+    (`workers.trainer.grpo_trainer.keep_max_variance`), else the whole group."""
+    if group_size is None or len(rewards) <= group_size:
+        return float(np.var(rewards))
+    kept = select_max_variance(list(range(len(rewards))), rewards, group_size)
+    return float(np.var([rewards[i] for i in kept]))
 
 
 def _gain(planned: float, baseline: float | None, cap: float) -> float | None:
