@@ -127,6 +127,12 @@ def reward_serve_command(
     server = RewardServer((host, port), reward_fn, reward, max_images, int(max_request_mb * (1 << 20)),
                           os.environ.get(TOKEN_ENV) or None)
     typer.echo(f"spotlight reward-serve: {reward} on http://{host}:{server.server_port} (POST /score, GET /health)")
+    import signal
+
+    def stop(signum, frame):  # SIGTERM (docker stop, SkyPilot, a supervisor) ends the server as Ctrl-C does,
+        raise KeyboardInterrupt  # even where the parent left SIGTERM ignored
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
