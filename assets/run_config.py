@@ -27,6 +27,8 @@ class RunConfigResource(ConfigurableResource):
     reward: Optional[str] = Field(default=None, description="Reward name overriding the preset's (workers/task/rewards.py).")
     seed: Optional[int] = Field(default=None, ge=0, description="Run seed overriding the preset's (prompts and request seeds).")
     checkpoint: Optional[str] = Field(default=None, description="Policy folder to start from (default: the shipped base).")
+    device: str = Field(default="cpu", description="Where the trainer, in-process sampling and validation run: cpu, "
+                        "cuda or cuda:N.")
     model: Optional[str] = Field(default=None, description="A diffusers pipeline folder to post-train instead (Qwen-Image, "
                                  "SD3/3.5, FLUX.1; absolute path, loaded locally).")
     lora_rank: Optional[int] = Field(default=None, ge=0, description="With model: LoRA rank (0 = full fine-tuning).")
@@ -60,6 +62,13 @@ class RunConfigResource(ConfigurableResource):
         if reward is not None:
             get_reward(reward)  # a name, kind:ARG (clip:PATH, multi:...) or a reward server URL; the error lists them
         return reward
+
+    @field_validator("device")
+    @classmethod
+    def _device_present(cls, device: str) -> str:
+        from workers.coordinator.context import check_device
+
+        return check_device(device)
 
     @model_validator(mode="after")
     def _config_builds(self) -> "RunConfigResource":

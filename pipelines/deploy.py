@@ -14,6 +14,7 @@ preset, reward, store scheme, queue scheme or rollout mode fails with the allowe
 | SPOTLIGHT_QUEUE | {run dir}/queue.db | required, redis:// or rediss:// (TLS) host:port/db (password: SPOTLIGHT_REDIS_PASSWORD or the file named by SPOTLIGHT_REDIS_PASSWORD_FILE) |
 | SPOTLIGHT_LEDGER | {run dir}/ledger.duckdb | same |
 | SPOTLIGHT_ROLLOUTS | inprocess | workers (spot workers from sky/spot_workers.yaml pull from the queue) |
+| SPOTLIGHT_DEVICE | cpu | the trainer's device on the reserved node (cuda) |
 | SPOTLIGHT_MODEL / _LORA_RANK / _RESOLUTION / _GUIDANCE | unset (the pixel policy) | a diffusers pipeline folder on every node (docs/MODELS.md) |
 """
 
@@ -38,7 +39,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
                     preset: str = "cpu_tiny", iterations: Optional[int] = None, reward: Optional[str] = None,
                     store: Optional[str] = None, queue: Optional[str] = None, ledger: Optional[str] = None,
                     rollouts: Optional[str] = None, checkpoint: Optional[str] = None,
-                    workers: Optional[dict] = None, model: Optional[dict] = None) -> dict:
+                    workers: Optional[dict] = None, model: Optional[dict] = None, device: str = "cpu") -> dict:
     """The resource dict of a deployment (pydantic validates each resource as it is built)."""
     if deployment not in DEPLOYMENTS:
         raise DeploymentError(f"unknown deployment {deployment!r}; choose one of {DEPLOYMENTS}")
@@ -55,7 +56,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
     try:
         return {
             "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations,
-                                        reward=reward, checkpoint=checkpoint, **(model or {})),
+                                        reward=reward, checkpoint=checkpoint, device=device, **(model or {})),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
             "ledger": LedgerResource(path=ledger or str(run_dir / "ledger.duckdb")),
@@ -75,7 +76,8 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
         run=env.get("SPOTLIGHT_RUN"), preset=env.get("SPOTLIGHT_PRESET", "cpu_tiny"),
         iterations=int(iterations) if iterations else None, reward=env.get("SPOTLIGHT_REWARD"),
         store=env.get("SPOTLIGHT_STORE"), queue=env.get("SPOTLIGHT_QUEUE"), ledger=env.get("SPOTLIGHT_LEDGER"),
-        rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env))
+        rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env),
+        device=env.get("SPOTLIGHT_DEVICE", "cpu"))
 
 
 def _model_env(env: Mapping[str, str]) -> dict:

@@ -54,6 +54,8 @@ class RunSpec:
     lora_rank: Optional[int] = None
     resolution: Optional[int] = None
     guidance: Optional[float] = None
+    device: str = "cpu"
+    """The trainer's device (in-process sampling and validation too); the local workers stay on the CPU."""
     num_workers: int = DEFAULT_WORKERS
     preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
 
@@ -110,7 +112,7 @@ class RunSpec:
                                store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint,
                                model=None if self.model is None else
                                {"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
-                                "guidance": self.guidance})
+                                "guidance": self.guidance}, device=self.device)
 
 
 class BudgetReachedError(RuntimeError):

@@ -28,6 +28,7 @@ def run_command(
     lora_rank: Optional[int] = typer.Option(None, help="With --model: LoRA rank (0 = full fine-tuning)."),
     resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
     guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
+    device: Optional[str] = typer.Option(None, help="The trainer's device: cpu (default), cuda or cuda:N."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."),
 ) -> None:
@@ -41,7 +42,7 @@ def run_command(
     console = Console(stderr=True)
     asked = {"preset": preset, "iterations": iterations, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
              "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour,
-             "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance}
+             "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance, "device": device}
     try:
         if max_usd is not None and not max_usd > 0:
             raise ValueError(f"--max-usd must be a positive number of dollars, got {max_usd:g}")

@@ -40,7 +40,8 @@ def _tasks(store: str, port: int, run_dir: Path, password: str):
         return task
 
     reserved = load("reserved.yaml", {"SPOTLIGHT_STORE": store, "PRESET": "cpu_smoke", "ITERATIONS": "2",
-                                      "RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port)})
+                                      "RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port),
+                                      "TRAINER_DEVICE": "cpu"})
     spot = load("spot_workers.yaml", {"SPOTLIGHT_QUEUE": f"redis://127.0.0.1:{port}/0", "SPOTLIGHT_STORE": store,
                                       "DEVICE": "cpu", "USD_PER_HOUR": "0.25"})
     return reserved, spot

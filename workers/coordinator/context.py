@@ -81,6 +81,8 @@ class RunContext:
     sampling: Sampling = field(default_factory=Sampling)
     checkpoint: str | None = None
     """Policy folder of weights version 0 (None: the shipped base), or a diffusers pipeline folder (--model)."""
+    device: str = "cpu"
+    """Where the trainer (and in-process sampling and validation) runs: cpu, cuda or cuda:N."""
     model: dict | None = None
     """ModelSpec fields for a diffusers pipeline folder (lora_rank, resolution, guidance, ...); None for the pixel
     policy. Checkpoints and anchors record the whole spec, so later phases rebuild the model from those."""
@@ -116,7 +118,8 @@ class RunContext:
 
     @classmethod
     def local(cls, run_dir: Path, run: str, preset: str, train: TrainConfig, *, checkpoint: str | None = None,
-              reserved_usd_per_hour: float = 0.10, report: bool = True, model: dict | None = None) -> "RunContext":
+              reserved_usd_per_hour: float = 0.10, report: bool = True, model: dict | None = None,
+              device: str = "cpu") -> "RunContext":
         """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
         rewritten on validated iterations, and only the last iteration's rollout results kept (each is about
         15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses."""
@@ -125,6 +128,21 @@ class RunContext:
         run_dir = run_dir.resolve()
         store_url = str(run_dir / "store")
         return cls(run, preset, train, open_store(store_url), Ledger(run_dir / "ledger.duckdb"),
-                   run_dir / "report" if report else None, store_url, checkpoint=checkpoint, model=model,
+                   run_dir / "report" if report else None, store_url, checkpoint=checkpoint, model=model, device=device,
                    reserved_usd_per_hour=reserved_usd_per_hour, report_every=train.validate_every,
                    keep_rollout_iterations=1)
+
+
+def check_device(device: str) -> str:
+    """`cpu`, `cuda` or `cuda:N`, and present on this machine; ValueError (saying what to pass) otherwise."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count <= int(index or 0):
+            raise ValueError(f"device {device!r}: this machine has {count} CUDA device(s) (torch {torch.__version__}); "
+                             "pass --device cpu, or install a CUDA build of torch")
+    return device

@@ -107,7 +107,7 @@ def train_phase(ctx: RunContext, k: int) -> PhaseResult:
 
     requests = iteration_requests(ctx.train, ctx.run, k, weights_version=k, plan=load_seed_plan(ctx.store, ctx.run, k))
     with books.phase(ctx.ledger, k, "train") as window:
-        stats = train_iteration(ctx.store, ctx.run, ctx.train, k, requests)
+        stats = train_iteration(ctx.store, ctx.run, ctx.train, k, requests, ctx.device)
     ctx.ledger.record_train_step(TrainStepRecord(
         iteration=k, step=0, loss=stats.get("loss"), kl=stats.get("kl"), reward_mean=stats["reward_mean"],
         reward_std=stats["reward_std"], zero_std_ratio=stats["zero_std_ratio"], clip_fraction=stats.get("clip_frac"),
@@ -126,7 +126,7 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     from workers.task.prompts import split_prompts
     from workers.trainer.checkpoint import load_checkpoint
 
-    policy, _ = load_checkpoint(ctx.store, ctx.run, k)
+    policy, _ = load_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
     with books.phase(ctx.ledger, k, "validate"):
         result = evaluate(policy, split_prompts()["heldout"], seeds, keep_images=ctx.draws(k))

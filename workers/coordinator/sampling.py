@@ -39,7 +39,7 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
     if workers.mode == "inprocess":
         from workers.coordinator.rollout import collect_in_process
 
-        collect_in_process(store, run, config, iteration, requests)
+        collect_in_process(store, run, config, iteration, requests, device=ctx.device)
         return summary
     if queue_url is None:
         raise ValueError(f"rollout mode {workers.mode!r} needs a queue: configure the queue resource")

@@ -14,12 +14,12 @@ from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 
 
 def train_iteration(store: TensorStore, run: str, config: TrainConfig, iteration: int,
-                    requests: list[PlannedRequest]) -> dict[str, float]:
+                    requests: list[PlannedRequest], device: str = "cpu") -> dict[str, float]:
     """Update weights version `iteration` into `iteration + 1` on the iteration's committed results;
     returns the batch's reward statistics and the update's loss statistics."""
-    policy, optimizer_state = load_checkpoint(store, run, iteration)
+    policy, optimizer_state = load_checkpoint(store, run, iteration, device)
     # The KL reference is the run's starting policy, as in `spotlight train`.
-    reference = load_checkpoint(store, run, 0)[0] if config.grpo.kl_beta > 0 else None
+    reference = load_checkpoint(store, run, 0, device)[0] if config.grpo.kl_beta > 0 else None
     trainer = GRPOTrainer(policy, config, reference=reference)
     restore_optimizer(trainer.optimizer, optimizer_state)
     batch = load_batch(store, run, config, iteration, requests)

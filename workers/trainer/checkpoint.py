@@ -54,7 +54,7 @@ def split_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerState:
     for index, values in sd["state"].items():
         for name, value in values.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"opt.{index}.{name}"] = value.detach().contiguous()
+                tensors[f"opt.{index}.{name}"] = value.detach().cpu().contiguous()
             else:
                 scalars.setdefault(str(index), {})[name] = value
     groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in sd["param_groups"]]
@@ -64,7 +64,7 @@ def split_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerState:
 def save_checkpoint(store: TensorStore, run: str, version: int, policy: Policy,
                     optimizer: torch.optim.Optimizer | None = None) -> int:
     """Publish the trainer's state after update `version`; returns the bytes written."""
-    tensors = {f"policy.{k}": v.detach().contiguous() for k, v in policy.weights().items()}
+    tensors = {f"policy.{k}": v.detach().cpu().contiguous() for k, v in policy.weights().items()}
     meta: dict[str, Any] = {"format": FORMAT, "version": version,
                             "policy_config": _plain(policy.spec()), "optimizer": None}
     if optimizer is not None:
@@ -75,8 +75,10 @@ def save_checkpoint(store: TensorStore, run: str, version: int, policy: Policy,
     return sum(e.size_bytes for e in result.manifest.objects.values())
 
 
-def load_checkpoint(store: TensorStore, run: str, version: int) -> tuple[Policy, OptimizerState | None]:
-    """The policy at `version` (FP32, eval mode) and its optimizer state (None for the base)."""
+def load_checkpoint(store: TensorStore, run: str, version: int,
+                    device: str = "cpu") -> tuple[Policy, OptimizerState | None]:
+    """The policy at `version` (FP32, eval mode, on `device`) and its optimizer state (None for the base;
+    `restore_optimizer` moves it to the parameters' device)."""
     key = weights_key(run, version)
     manifest = store.read_manifest(key)
     if manifest is None:
@@ -91,7 +93,7 @@ def load_checkpoint(store: TensorStore, run: str, version: int) -> tuple[Policy,
     opt = None
     if meta.get("optimizer") is not None:
         opt = OptimizerState({k: v for k, v in tensors.items() if k.startswith("opt.")}, meta["optimizer"])
-    return policy.eval(), opt
+    return policy.to(device).eval(), opt
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, state: OptimizerState | None) -> None:
@@ -102,7 +104,7 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, state: OptimizerState | 
 
 def bf16_weights(policy: Policy) -> dict[str, torch.Tensor]:
     """The BF16 weights a PULSE chain carries (the forward pass's view of the FP32 masters)."""
-    return {k: v.detach().to(torch.bfloat16) for k, v in policy.weights().items()}
+    return {k: v.detach().to(torch.bfloat16).cpu() for k, v in policy.weights().items()}
 
 
 def _plain(value: Any) -> Any:

@@ -216,7 +216,8 @@ class GRPOTrainer:
         for t in steps:
             emb, mask = self.policy.encode_prompts(prompts)
             lp, mean, std = step_log_prob(self.policy, traj.latents, t, emb, mask, c, index)
-            loss, stats = clipped_policy_loss(lp, traj.log_probs[t][index], batch.advantages[index], g.clip_range)
+            loss, stats = clipped_policy_loss(lp, traj.log_probs[t][index].to(lp.device),
+                                              batch.advantages[index].to(lp.device), g.clip_range)
             if self.reference is not None:
                 with torch.no_grad():
                     ref_emb, ref_mask = self.reference.encode_prompts(prompts)
