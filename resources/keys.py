@@ -11,7 +11,7 @@ manifests.
 | `patch_key(run, v)` | `runs/{run}/patches/v{v:06d}` | PULSE patch v-1 -> v (changed BF16 values) plus the weights hash of v | trainer |
 | `weights_key(run, v)` | `runs/{run}/weights/v{v:06d}` | trainer checkpoint after update v: FP32 master weights and optimizer state, for `--resume` | trainer |
 | `rollout_key(run, it, rid)` | `runs/{run}/rollouts/it-{it:06d}/{rid}` | final result of one request: trajectory (latents, log-probs), reward, image; committed exclusively so a duplicate is harmless | rollout worker |
-| `rollout_state_key(run, rid)` | `runs/{run}/rollout_state/{rid}` | latest in-flight state of one request (latents, step index, log-probs so far), overwritten every c steps | rollout worker |
+| `rollout_state_key(run, rid)` | `runs/{run}/rollout_state/{rid}` | a folder of in-flight states of one request (latents, step index, log-probs so far): each attempt commits every c steps under its own `attempt-{n}-{token}` key (workers/rollout/resume.py), and finishing deletes them all | rollout worker |
 | `seed_plan_key(run, it)` | `runs/{run}/seed_plans/it-{it:06d}` | ranked seeds per prompt for iteration it, chosen by exploration on stale weights | coordinator (explore phase) |
 | `bandit_state_key(run)` | `runs/{run}/bandit` | UCB bandit arm statistics, overwritten each iteration | coordinator |
 | `exploration_key(run, it)` | `runs/{run}/exploration/it-{it:06d}` | the exploration session that ran beside iteration it's training: arm, budget, request ids | coordinator (explore phase) |
