@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def pad_stack(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Ten
     return out.to(device), mask.to(device)
 
 
-class Family:
+class Family(ABC):
     name: str = ""
     pipeline_class: str = ""
     transformer_class: str = ""
@@ -101,8 +102,9 @@ class Family:
         return cls.from_pretrained(spec.path, transformer=None, torch_dtype=dtype, local_files_only=True)
 
     # -- geometry and schedule -----------------------------------------------------------------------
+    @abstractmethod
     def vae_scale_factor(self, spec: ModelSpec) -> int:
-        raise NotImplementedError
+        """Supplied by each family."""
 
     def latent_channels(self, spec: ModelSpec) -> int:
         return int(read_config(spec.path, "vae")["latent_channels"])
@@ -133,20 +135,24 @@ class Family:
         return scheduler.sigmas.detach().float().cpu()
 
     # -- per family ----------------------------------------------------------------------------------
+    @abstractmethod
     def encode(self, pipe, prompts: list[str], spec: ModelSpec, device) -> list[dict[str, torch.Tensor]]:
-        raise NotImplementedError
+        """Supplied by each family."""
 
+    @abstractmethod
     def collate(self, items: list[dict[str, torch.Tensor]], device) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """Supplied by each family."""
 
+    @abstractmethod
     def forward(self, transformer, x, sigma_N, cond: dict, geometry: Geometry, spec: ModelSpec) -> torch.Tensor:
-        raise NotImplementedError
+        """Supplied by each family."""
 
     def combine_cfg(self, v_cond: torch.Tensor, v_uncond: torch.Tensor, scale: float) -> torch.Tensor:
         return v_uncond + scale * (v_cond - v_uncond)
 
+    @abstractmethod
     def decode(self, pipe, latents: torch.Tensor, geometry: Geometry) -> torch.Tensor:
-        raise NotImplementedError
+        """Supplied by each family."""
 
 
 def dynamic_shift_mu(config, image_seq_len: int) -> float:
