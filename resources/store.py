@@ -15,6 +15,14 @@ expired lease leaves two holders), so a request's in-flight state is committed u
 key per attempt (workers/rollout/resume.py), and readers that can afford to lose the
 state treat any StoreError or ValueError on read as "no usable state".
 
+Reads are verified and, for big objects, streamed: `load_tensors` of an object of at least
+`stream_threshold_bytes` (anchors, checkpoints) checksums a file (the local store's own,
+or a temporary download) in chunks and loads the tensors from it, so the object's bytes are
+never held in memory beside its tensors; `load_to_file` streams any committed object into a
+file. A read whose bytes do not match the manifest is retried `read_attempts` times (a
+short or damaged answer from the network) before ChecksumMismatchError. Faults and what the
+store does about them: docs/FAULTS.md ("Store faults").
+
 Backends: resources/store_local.py and resources/store_s3.py; `open_store` (resources/stores.py)
 picks one by URL.
 
@@ -27,17 +35,26 @@ Example:
 from __future__ import annotations
 
 import abc
+import contextlib
+import logging
+import os
+import tempfile
+import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from resources.keys import MANIFEST_NAME, check_key
 from resources.manifest import Manifest, ObjectEntry, check_metadata, checksum, manifest_key, object_key
-from resources.tensors import tensors_from_bytes, tensors_to_bytes
+from resources.tensors import tensors_from_bytes, tensors_from_file, tensors_to_bytes
 
 if TYPE_CHECKING:
     import torch
 
 TENSORS_NAME = "tensors.safetensors"
+_CHUNK_BYTES = 8 * 1024 * 1024
+log = logging.getLogger("spotlight.store")
+T = TypeVar("T")
 
 
 class StoreError(Exception):
@@ -56,6 +73,15 @@ class ChecksumMismatchError(StoreError):
     """An object's bytes differ from its manifest: modified after commit or corrupted."""
 
 
+class StoreFullError(StoreError):
+    """A write found no space (disk full, quota, file-size limit); nothing partial was left behind."""
+
+    def __init__(self, errno: int, message: str) -> None:
+        super().__init__(message)
+        self.errno = errno
+        """The OS error number (ENOSPC, EDQUOT or EFBIG)."""
+
+
 @dataclass(frozen=True)
 class PublishResult:
     """Outcome of `publish`: the manifest committed now, and whether it is this call's."""
@@ -70,6 +96,12 @@ class PublishResult:
 
 class TensorStore(abc.ABC):
     """A key -> bytes store with tensor dicts and checksummed publish-then-commit."""
+
+    read_attempts: int = 1
+    """Reads of one object before its bytes are declared not to match the manifest (a network
+    backend re-reads: the first answer may have been short or damaged in transit)."""
+    stream_threshold_bytes: int = 64 * 1024 * 1024
+    """`load_tensors` of an object at least this large goes through a file, not a bytes copy."""
 
     @property
     @abc.abstractmethod
@@ -103,6 +135,20 @@ class TensorStore(abc.ABC):
     def get_sized(self, key: str, size_bytes: int) -> bytes:
         """Read an object whose size is known (backends may use ranged parallel reads)."""
         return self.get_bytes(key)
+
+    def read_to_file(self, key: str, path: Path) -> None:
+        """Write one object's bytes to the file `path` (created or replaced); backends stream it.
+        ObjectNotFoundError if the object does not exist."""
+        path.write_bytes(self.get_bytes(key))
+
+    @contextlib.contextmanager
+    def object_file(self, key: str) -> Iterator[Path]:
+        """A file holding the object's bytes while the block runs: a temporary download here, the
+        backend's own file where it has one (never write to it)."""
+        with tempfile.TemporaryDirectory(prefix="spotlight-read-") as folder:
+            path = Path(folder) / "object"
+            self.read_to_file(key, path)
+            yield path
 
     def delete_keys(self, keys: Iterable[str]) -> None:
         """Delete many objects (backends may batch)."""
@@ -154,7 +200,11 @@ class TensorStore(abc.ABC):
         self.put_bytes(manifest_key(commit_key), manifest.to_bytes())
         if previous is not None:
             keep = {e.key for e in entries.values()}
-            self.delete_keys(e.key for e in previous.objects.values() if e.key not in keep)
+            try:
+                self.delete_keys(e.key for e in previous.objects.values() if e.key not in keep)
+            except StoreError as err:
+                # Committed already: the leftovers are unreferenced, and delete_commit removes them.
+                log.warning("commit %s landed but its superseded objects were not deleted: %s", self._where(commit_key), err)
         return PublishResult(manifest, won=True, identical=True)
 
     def _commit_exclusive(self, manifest: Manifest) -> PublishResult:
@@ -184,6 +234,32 @@ class TensorStore(abc.ABC):
 
     def load_bytes(self, commit_key: str, name: str) -> bytes:
         """Read one object of a committed manifest, verifying its size and checksum."""
+        return self._read_committed(commit_key, name, lambda entry: self._read_verified(entry, name))
+
+    def load_to_file(self, commit_key: str, name: str, path: str | os.PathLike[str]) -> ObjectEntry:
+        """Stream one object of a committed manifest into the file `path`, never whole in memory.
+
+        The bytes go to a hidden file beside `path`, are verified (size and checksum), and only
+        then renamed to `path`: `path` holds the committed bytes or is left as it was.
+        Returns the manifest entry that was read.
+        """
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
+
+        def read(entry: ObjectEntry) -> ObjectEntry:
+            try:
+                for attempt in range(1, self.read_attempts + 1):
+                    self.read_to_file(entry.key, partial)
+                    if self._matches(entry, name, partial, attempt):
+                        os.replace(partial, target)
+                        return entry
+            finally:
+                partial.unlink(missing_ok=True)
+            raise AssertionError("unreachable: the last attempt returns or raises")
+
+        return self._read_committed(commit_key, name, read)
+
+    def _read_committed(self, commit_key: str, name: str, read: Callable[[ObjectEntry], T]) -> T:
         manifest = self._require_manifest(commit_key)
         for _ in range(3):
             entry = manifest.objects.get(name)
@@ -192,7 +268,7 @@ class TensorStore(abc.ABC):
                     f"commit {self._where(commit_key)} has no object {name!r}; it has {sorted(manifest.objects)}"
                 )
             try:
-                return self._verified(entry, self.get_sized(entry.key, entry.size_bytes), name)
+                return read(entry)
             except ObjectNotFoundError:
                 # The commit may have been replaced between reading its manifest and its object.
                 newer = self._require_manifest(commit_key)
@@ -213,11 +289,45 @@ class TensorStore(abc.ABC):
             raise ObjectNotFoundError(
                 f"commit {self._where(manifest.commit_key)} has no object {name!r}; it has {sorted(manifest.objects)}"
             )
-        return self._verified(entry, self.get_sized(entry.key, entry.size_bytes), name)
+        return self._read_verified(entry, name)
 
     def load_tensors(self, commit_key: str, name: str = TENSORS_NAME) -> dict[str, "torch.Tensor"]:
-        """Read and verify a committed tensor dict."""
-        return tensors_from_bytes(self.load_bytes(commit_key, name))
+        """Read and verify a committed tensor dict; a big one streams through a file (module docstring)."""
+        return self._read_committed(commit_key, name, lambda entry: self._tensors_verified(entry, name))
+
+    def _tensors_verified(self, entry: ObjectEntry, name: str) -> dict[str, "torch.Tensor"]:
+        if entry.size_bytes < self.stream_threshold_bytes:
+            return tensors_from_bytes(self._read_verified(entry, name))
+        for attempt in range(1, self.read_attempts + 1):
+            with self.object_file(entry.key) as path:
+                if self._matches(entry, name, path, attempt):
+                    return tensors_from_file(path)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _read_verified(self, entry: ObjectEntry, name: str) -> bytes:
+        """The object's bytes, re-read up to `read_attempts` times while they do not match the manifest."""
+        for attempt in range(1, self.read_attempts + 1):
+            data = self.get_sized(entry.key, entry.size_bytes)
+            if self._matches(entry, name, data, attempt):
+                return data
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _matches(self, entry: ObjectEntry, name: str, data: bytes | Path, attempt: int) -> bool:
+        """True when `data` (bytes, or a file) is the entry's; False to read again; on the last
+        attempt ChecksumMismatchError."""
+        size, digest = _file_checksum(data) if isinstance(data, Path) else (len(data), checksum(data))
+        if size == entry.size_bytes and digest == entry.xxh3_128:
+            return True
+        if attempt < self.read_attempts:
+            log.warning("read of %s returned %d bytes with xxh3-128 %s, not the manifest's; reading it again",
+                        self._where(entry.key), size, digest)
+            return False
+        raise ChecksumMismatchError(
+            f"object {name!r} at {self._where(entry.key)} does not match its manifest: "
+            f"expected {entry.size_bytes} bytes with xxh3-128 {entry.xxh3_128}, "
+            f"read {size} bytes with xxh3-128 {digest}{_times(attempt)}. It was modified after commit "
+            "or corrupted; refusing to use it. Re-publish the commit."
+        )
 
     def list_commits(self, prefix: str = "") -> list[str]:
         """Commit keys under `prefix` that have a committed manifest, sorted."""
@@ -235,16 +345,21 @@ class TensorStore(abc.ABC):
             raise NotCommittedError(f"nothing is committed at {self._where(commit_key)} (no {MANIFEST_NAME})")
         return manifest
 
-    def _verified(self, entry: ObjectEntry, data: bytes, name: str) -> bytes:
-        actual = checksum(data)
-        if len(data) != entry.size_bytes or actual != entry.xxh3_128:
-            raise ChecksumMismatchError(
-                f"object {name!r} at {self._where(entry.key)} does not match its manifest: "
-                f"expected {entry.size_bytes} bytes with xxh3-128 {entry.xxh3_128}, "
-                f"read {len(data)} bytes with xxh3-128 {actual}. It was modified after commit "
-                "or corrupted; refusing to use it. Re-publish the commit."
-            )
-        return data
-
     def _where(self, key: str) -> str:
         return f"{self.url.rstrip('/')}/{key}"
+
+
+def _file_checksum(path: Path) -> tuple[int, str]:
+    """(size, xxh3-128 hex) of a file, read in chunks: the same digest as `checksum` of its bytes."""
+    import xxhash
+
+    digest, size = xxhash.xxh3_128(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _times(attempts: int) -> str:
+    return f" (read {attempts} times)" if attempts > 1 else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
@@ -37,3 +38,15 @@ def tensors_from_bytes(data: bytes) -> dict[str, "torch.Tensor"]:
         return load(data)
     except SafetensorError as err:
         raise ValueError(f"bytes are not a safetensors tensor dict ({len(data)} bytes): {err}") from err
+
+
+def tensors_from_file(path: str | os.PathLike[str]) -> dict[str, "torch.Tensor"]:
+    """Load a safetensors file into CPU tensors that own their memory (pread, not mmap: the file
+    may be a temporary download that is deleted next)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path, backend="pread")
+    except SafetensorError as err:
+        raise ValueError(f"{path} is not a safetensors tensor dict: {err}") from err

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 import torch
@@ -25,6 +22,7 @@ from resources.store import (
 from resources.store_local import LocalTensorStore
 from resources.store_s3 import S3TensorStore
 from resources.stores import open_store
+from tests.resources.s3_faults import S3FaultProxy
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -205,87 +203,24 @@ def test_large_object_is_uploaded_in_parts_and_verified(s3_server) -> None:
     assert store.load_bytes("big/1", "blob") == payload
 
 
-class FlakyProxy:
-    """A tiny HTTP proxy in front of moto that answers the first `fail_first` requests 503."""
-
-    def __init__(self, upstream: str, fail_first: int) -> None:
-        self.upstream = urlparse(upstream)
-        self.remaining = fail_first
-        self.failed = 0
-        self.forwarded = 0
-        self.lock = threading.Lock()
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _handle(self) -> None:
-                proxy.handle(self)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
-        body = h.rfile.read(int(h.headers.get("Content-Length", 0) or 0))
-        with self.lock:
-            fail = self.remaining > 0
-            self.remaining -= fail
-            self.failed += fail
-            self.forwarded += not fail
-        if fail:
-            error = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
-            h.send_response(503)
-            h.send_header("Content-Length", str(len(error)))
-            h.end_headers()
-            h.wfile.write(error)
-            return
-        conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=30)
-        headers = {k: v for k, v in h.headers.items() if k.lower() not in ("connection", "expect")}
-        conn.request(h.command, h.path, body=body or None, headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        h.send_response(response.status)
-        for name, value in response.getheaders():
-            if name.lower() not in ("connection", "transfer-encoding", "content-length"):
-                h.send_header(name, value)
-        length = response.getheader("Content-Length") if h.command == "HEAD" else str(len(data))
-        h.send_header("Content-Length", length or "0")
-        h.end_headers()
-        if h.command != "HEAD":
-            h.wfile.write(data)
-        conn.close()
-
-    def __enter__(self) -> "FlakyProxy":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_transient_5xx_is_absorbed_by_the_retry(s3_server) -> None:
-    with FlakyProxy(s3_server.url, fail_first=2) as proxy:
+    with S3FaultProxy(s3_server.url) as proxy:
+        proxy.inject("503", times=2)
         store = S3TensorStore(s3_server.bucket, "p", endpoint_url=proxy.url)
         store.publish("retry/1", {"x": b"survives"})
         assert store.load_bytes("retry/1", "x") == b"survives"
-    assert proxy.failed == 2
+    assert proxy.injected["503"] == 2
 
 
 def test_persistent_5xx_fails_with_a_store_error_after_retries(s3_server) -> None:
     from resources.store_s3 import S3Config
 
-    with FlakyProxy(s3_server.url, fail_first=1000) as proxy:
+    with S3FaultProxy(s3_server.url) as proxy:
+        proxy.inject("503", times=None)
         store = S3TensorStore(s3_server.bucket, "p", endpoint_url=proxy.url, config=S3Config(max_attempts=2))
-        with pytest.raises(StoreError, match="S3 write of s3://.*/p/k failed"):
+        with pytest.raises(StoreError, match="S3 write of s3://.*/p/k failed after 2 attempts"):
             store.put_bytes("k", b"x")
-    assert proxy.failed == 2 and proxy.forwarded == 0
+    assert proxy.injected["503"] == 2 and proxy.forwarded == 0
 
 
 def test_s3_store_takes_its_endpoint_from_the_environment(s3_server) -> None:
