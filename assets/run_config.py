@@ -22,7 +22,7 @@ class RunConfigResource(ConfigurableResource):
     """The run every iteration asset works on."""
 
     run: str = Field(default="demo", description="Run name: the store prefix runs/{run}/ and the ledger's run_id.")
-    preset: str = Field(default="cpu_tiny", description="Training preset (workers/trainer/presets.py).")
+    preset: str = Field(default="cpu_tiny_spot", description="Training preset (workers/trainer/presets.py).")
     iterations: Optional[int] = Field(default=None, ge=1, description="Training iterations (default: the preset's).")
     reward: Optional[str] = Field(default=None, description="Reward name overriding the preset's (workers/task/rewards.py).")
     seed: Optional[int] = Field(default=None, ge=0, description="Run seed overriding the preset's (prompts and request seeds).")

@@ -175,6 +175,28 @@ def bench_pulse(
     show(figures, as_json, format_pulse_report)
 
 
+@bench_app.command("pulse-modes")
+def bench_pulse_modes(
+    model: Optional[Path] = typer.Option(None, help="A diffusers pipeline folder (default: Qwen-Image at the real "
+                                                     "widths with --layers blocks, random init)."),
+    lora_rank: int = typer.Option(32, help="LoRA rank."),
+    steps: int = typer.Option(3, help="Trainer updates, each synced three ways."),
+    layers: int = typer.Option(1, help="Without --model: transformer blocks of the real-widths Qwen-Image."),
+    resolution: int = typer.Option(64, help="Image side in pixels of the training rollouts."),
+    lr: float = typer.Option(3e-4, help="Learning rate (Flow-GRPO's LoRA lr)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """PULSE on LoRA three ways: adapter patches, merged-weight patches and dense; bytes, changed share,
+    encode/apply seconds and the receiver's hash per step."""
+    from workers.bench.pulse_modes import report_text, run_pulse_modes
+
+    try:
+        figures = run_pulse_modes(None if model is None else str(model), lora_rank, steps, layers, resolution, lr)
+    except ValueError as err:  # UnsupportedModelError too
+        raise typer.BadParameter(str(err)) from None
+    show(figures, as_json, report_text)
+
+
 @bench_app.command("loco")
 def bench_loco(
     as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
@@ -238,6 +260,35 @@ def bench_exploration(
 
     figures = run_exploration_bench(bench, checkpoint, progress=progress)
     show(figures, as_json, format_exploration_report)
+
+
+@bench_app.command("chaos")
+def bench_chaos(
+    iterations: int = typer.Option(20, help="Iterations of the soak (one batch of rollout requests each)."),
+    workers: int = typer.Option(2, help="Spot worker processes (all preemptible)."),
+    preemptions_per_hour: float = typer.Option(240.0, "--preemptions-per-hour", help="Poisson preemption rate per worker-hour."),
+    requests: int = typer.Option(8, help="Rollout requests per iteration."),
+    queue: str = typer.Option("sqlite", help="sqlite, or redis (a redis-server of the bench's own, AOF on)."),
+    redis_restart_every_s: float = typer.Option(0.0, "--redis-restart-every-s", help="With --queue redis: restart the server this often (0: never)."),
+    seed: int = typer.Option(0, help="Seed of the preemption trace."),
+    quick: bool = typer.Option(False, "--quick", help="Two short iterations at a high rate: a smoke run of about a minute."),
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+) -> None:
+    """Soak under preemption: lost, duplicated and fault-free-hash mismatches over many iterations on local workers."""
+    from workers.bench.chaos import ChaosBench, format_chaos_report, run_chaos_bench
+
+    changes = {"queue": queue, "redis_restart_every_s": redis_restart_every_s}
+    try:
+        bench = ChaosBench.quick(**changes) if quick else ChaosBench(
+            num_iterations=iterations, num_workers=workers, preemptions_per_hour=preemptions_per_hour,
+            requests_per_iteration=requests, seed=seed, **changes)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    try:
+        figures = run_chaos_bench(bench, progress=lambda line: typer.echo(line, err=True))
+    except ValueError as err:  # no redis-server for --queue redis
+        raise typer.BadParameter(str(err)) from None
+    show(figures, as_json, format_chaos_report)
 
 
 @bench_app.command("coordinator")

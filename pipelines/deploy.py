@@ -36,7 +36,8 @@ class DeploymentError(ValueError):
 
 
 def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/dagster", run: Optional[str] = None,
-                    preset: str = "cpu_tiny", iterations: Optional[int] = None, reward: Optional[str] = None,
+                    preset: str = "cpu_tiny_spot", iterations: Optional[int] = None, seed: Optional[int] = None,
+                    reward: Optional[str] = None,
                     store: Optional[str] = None, queue: Optional[str] = None, ledger: Optional[str] = None,
                     rollouts: Optional[str] = None, checkpoint: Optional[str] = None,
                     workers: Optional[dict] = None, model: Optional[dict] = None, device: str = "cpu") -> dict:
@@ -55,7 +56,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
     default_mode = "workers" if deployment == "cloud" else "inprocess"
     try:
         return {
-            "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations,
+            "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations, seed=seed,
                                         reward=reward, checkpoint=checkpoint, device=device, **(model or {})),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
@@ -73,7 +74,7 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
         raise DeploymentError(f"SPOTLIGHT_ITERATIONS must be a positive integer, got {iterations!r}")
     return build_resources(
         deployment=env.get("SPOTLIGHT_DEPLOYMENT", "local"), run_dir=env.get("SPOTLIGHT_RUN_DIR", "runs/dagster"),
-        run=env.get("SPOTLIGHT_RUN"), preset=env.get("SPOTLIGHT_PRESET", "cpu_tiny"),
+        run=env.get("SPOTLIGHT_RUN"), preset=env.get("SPOTLIGHT_PRESET", "cpu_tiny_spot"),
         iterations=int(iterations) if iterations else None, reward=env.get("SPOTLIGHT_REWARD"),
         store=env.get("SPOTLIGHT_STORE"), queue=env.get("SPOTLIGHT_QUEUE"), ledger=env.get("SPOTLIGHT_LEDGER"),
         rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env),

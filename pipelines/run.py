@@ -9,7 +9,7 @@ Paths are stored absolute (relative ones mean relative to the directory `spotlig
 in), so worker processes and a later `--resume` from elsewhere find the same files.
 
 Example:
-    spec = RunSpec.resolve(Path("runs/demo"), resume=False, preset="cpu_tiny", iterations=None, ...)
+    spec = RunSpec.resolve(Path("runs/demo"), resume=False, preset="cpu_tiny_spot", iterations=None, ...)
     execute(spec, console)
 """
 
@@ -40,8 +40,10 @@ class RunSpec:
 
     run_dir: str
     """The run folder, absolute (a relative one is resolved against the current directory)."""
-    preset: str = "cpu_tiny"
+    preset: str = "cpu_tiny_spot"
     iterations: Optional[int] = None
+    seed: Optional[int] = None
+    """Run seed (prompt schedule and request seeds); None = the preset's."""
     reward: Optional[str] = None
     store: Optional[str] = None
     """Tensor store URL; a local path is made absolute. None = RUN_DIR/store."""
@@ -108,7 +110,8 @@ class RunSpec:
         from pipelines.deploy import build_resources
 
         mode = "workers" if self.rollouts == "local_cluster" else self.rollouts
-        return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, reward=self.reward,
+        return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, seed=self.seed,
+                               reward=self.reward,
                                store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint,
                                model=None if self.model is None else
                                {"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,

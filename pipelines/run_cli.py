@@ -13,7 +13,8 @@ from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
 
 def run_command(
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: the preset's)."),
-    preset: Optional[str] = typer.Option(None, help="Training preset (workers/trainer/presets.py; default cpu_tiny)."),
+    preset: Optional[str] = typer.Option(None, help="Training preset (workers/trainer/presets.py; default cpu_tiny_spot)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Run seed: the prompt schedule and every request's seed (default: the preset's, 0)."),
     reward: Optional[str] = typer.Option(None, help="Reward overriding the preset's: a name (minigeneval, minigeneval_strict, jpeg_compressibility), clip:PATH, multi:a=1,b=0.1, or a reward server's http:// URL (docs/MODELS.md)."),
     store: Optional[str] = typer.Option(None, help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."),
     queue: Optional[str] = typer.Option(None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."),
@@ -23,8 +24,7 @@ def run_command(
     workers: Optional[int] = typer.Option(None, "--workers", help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS})."),
     preemptions_per_hour: Optional[float] = typer.Option(None, help=f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default {DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none)."),
     checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
-    model: Optional[str] = typer.Option(None, help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, "
-                                        "FLUX.1), loaded locally by the trainer and every worker (docs/MODELS.md)."),
+    model: Optional[str] = typer.Option(None, help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer and every worker (docs/MODELS.md)."),
     lora_rank: Optional[int] = typer.Option(None, help="With --model: LoRA rank (0 = full fine-tuning)."),
     resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
     guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
@@ -40,7 +40,7 @@ def run_command(
     from pipelines.run import RunSpec, execute
 
     console = Console(stderr=True)
-    asked = {"preset": preset, "iterations": iterations, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
+    asked = {"preset": preset, "iterations": iterations, "seed": seed, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
              "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour,
              "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance, "device": device}
     try:

@@ -69,21 +69,25 @@ def simulate_command(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     from workers.sim.report import PAPER_CLAIMS, plot, sweep, table as md_table
+    from workers.sim.summary import against_paper, summary_markdown
 
     started = time.perf_counter()
     rows = sweep(base, times, mk, lc, spot_gpus=counts, policies=names, target=target, prices=table, out_dir=out,
                  seeds=seed_list)
     elapsed = time.perf_counter() - started
+    summary = summary_markdown(rows)
     if out is not None:
-        (out / "table.md").write_text(md_table(rows) + f"\n\n{PAPER_CLAIMS}\n")
+        (out / "table.md").write_text(f"{summary}\n\nEvery run:\n\n{md_table(rows)}\n\n{PAPER_CLAIMS}\n")
         plot(rows, out / "simulate.png")
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True, default=str))
         typer.echo(json.dumps({"summary": True, "runs": len(rows), "wall_s": round(elapsed, 2), "market": mk.name,
-                               "curve": lc.source, "model": times.model, "iterations": iterations}, sort_keys=True))
+                               "curve": lc.source, "model": times.model, "iterations": iterations,
+                               "run_wall_s": [round(r["sim_wall_s"], 2) for r in rows],
+                               "against_paper": against_paper(rows)}, sort_keys=True, default=str))
         return
-    typer.echo(md_table(rows))
+    typer.echo(md_table(rows) if len(seed_list) == 1 else summary)
     typer.echo(f"\nmarket: {mk.name}; curve: {lc.source}\n{PAPER_CLAIMS}\n{len(rows)} runs in {elapsed:.1f} s")
 
 

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue as queue_mod
@@ -92,8 +93,13 @@ class ClusterConfig:
     """How long to wait for workers to import torch and report ready."""
     log_dir: str | None = None
     """Folder for each worker's stderr (None: inherit this process's stderr)."""
+    nice: int = 0
+    """Niceness added to each worker process (0-19). Workers on the trainer's own machine (a local run) at a
+    higher niceness take only the CPU the trainer leaves, as spot explorers take only idle GPUs."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"ClusterConfig.nice must be in [0, 19], got {self.nice}")
         # Workers are other processes: a relative path would be read against their working directory.
         for name in ("queue_url", "store_url", "log_dir"):
             if getattr(self, name) is not None:
@@ -245,6 +251,9 @@ class LocalCluster:
             stderr = open(Path(cfg.log_dir) / f"{worker_id}.stderr", "w")
         env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads_per_worker)}
         popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        if cfg.nice:
+            with contextlib.suppress(OSError):  # the child exited already: its exit is handled like any other
+                os.setpriority(os.PRIO_PROCESS, popen.pid, os.getpriority(os.PRIO_PROCESS, 0) + cfg.nice)
         if stderr is not None:
             stderr.close()  # the child holds its own descriptor
         at = time.time()

@@ -16,6 +16,7 @@ manifests.
 | `bandit_state_key(run)` | `runs/{run}/bandit` | UCB bandit arm statistics, overwritten each iteration | coordinator |
 | `exploration_key(run, it)` | `runs/{run}/exploration/it-{it:06d}` | the exploration session that ran beside iteration it's training: arm, budget, request ids | coordinator (explore phase) |
 | `explore_result_key(run, it, rid)` | `runs/{run}/explore/it-{it:06d}/{rid}` | explored (stale, cheap) rewards of one prompt's candidate seeds; committed exclusively | rollout worker |
+| `prompt_embeddings_key(run, prompt)` | `runs/{run}/prompt_embeddings/{blake2b-20 of the prompt}` | one prompt's text-encoder outputs (safetensors: the family's `embedding_names`, e.g. `prompt_embeds`, `pooled`), with the prompt and the encoder settings in the manifest: workers read them instead of loading the text encoders | coordinator (sync phase) |
 
 Listing helpers: `rollouts_prefix(run, it)` lists one iteration's results,
 `run_prefix(run)` everything of a run. Iterations are zero-padded like the Dagster
@@ -28,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # Names that become one key segment: no slashes, no leading dot (hidden/temporary files
@@ -135,3 +137,15 @@ def exploration_key(run: str, iteration: int) -> str:
 def explore_result_key(run: str, iteration: int, request_id: str) -> str:
     """Explored rewards of one exploration request of iteration `iteration`; committed exclusively."""
     return f"{run_prefix(run)}explore/{iteration_label(iteration)}/{check_name(request_id, 'request id')}"
+
+
+def prompt_embeddings_prefix(run: str) -> str:
+    """Prefix under which a run's cached prompt embeddings are committed, one commit per prompt."""
+    return f"{run_prefix(run)}prompt_embeddings/"
+
+
+def prompt_embeddings_key(run: str, prompt: str) -> str:
+    """One prompt's cached text-encoder outputs; the segment is a digest, since prompts are free text."""
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
+    return prompt_embeddings_prefix(run) + hashlib.blake2b(prompt.encode(), digest_size=20).hexdigest()

@@ -67,6 +67,10 @@ class QueueConfig:
     Preemptions count as deliveries, so keep this above the preemptions one request may see."""
     connect_timeout_s: float = 3.0
     """How long to wait for the queue (the Redis server, or the SQLite file lock) before failing."""
+    reconnect_s: float = 30.0
+    """How long an operation on a Redis queue that was reachable keeps retrying a lost connection (a server
+    restart, a network blip) with capped exponential backoff, before QueueUnavailableError names the address.
+    Keep it above the server's restart time (loading its AOF) and below the lease length."""
     max_lease_s: float = 24 * 3600.0
     """Longest lease a claim or heartbeat may ask for."""
     stall_s: float = 600.0
@@ -80,6 +84,7 @@ class QueueConfig:
         if isinstance(self.max_deliveries, bool) or not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
             raise ValueError(f"QueueConfig.max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
         finite_positive(self.connect_timeout_s, "QueueConfig.connect_timeout_s")
+        finite_positive(self.reconnect_s, "QueueConfig.reconnect_s")
         finite_positive(self.max_lease_s, "QueueConfig.max_lease_s")
         finite_positive(self.stall_s, "QueueConfig.stall_s")
         finite_positive(self.stall_warn_s, "QueueConfig.stall_warn_s")
@@ -117,6 +122,12 @@ class RequestQueue(abc.ABC):
     def ack(self, lease: Lease | str, result_key: str) -> bool:
         """Record the request (a lease or a request id) as done with its result key. True if this
         call completed it; False if it was already done or cancelled (a duplicate is harmless)."""
+
+    @abc.abstractmethod
+    def purge_finished(self, before_iteration: int) -> int:
+        """Forget the done requests of iterations < `before_iteration`; returns how many. Their ids become
+        unknown (`states` says 'unknown', `results` omits them, a re-put queues them afresh), so call it only
+        for iterations whose results are consumed and whose requests nobody puts again."""
 
     @abc.abstractmethod
     def cancel_iteration(self, iteration: int, kind: str | None = None) -> int:

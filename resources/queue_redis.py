@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
+import time
+import uuid
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -23,8 +26,6 @@ from resources.queue_records import (
     check_worker_id,
 )
 
-HORIZON_MS = 30 * 24 * 3600 * 1000
-"""XAUTOCLAIM threshold shared by every process (see queue_redis_lua); leases must be shorter."""
 _PREFIX = "spotlight:{queue}"  # one hash tag: all keys in one slot, so the scripts also run on a cluster
 _CHUNK = 500
 EVENTS_MAXLEN = 1_000_000
@@ -34,15 +35,18 @@ EVENTS_MAXLEN = 1_000_000
 class RedisQueue(RequestQueue):
     """Requests are entries of one stream per kind, read through the consumer group `workers`.
 
-    claim = XAUTOCLAIM of an expired entry, else XREADGROUP of a new one (highest priority
-    stream first); heartbeat = XCLAIM of our own entry, resetting its idle time; ack = XACK
-    + XDEL and a result key in a hash. Each operation is one Lua script, so it is atomic and
-    one round trip. Lease times use the server's clock, so worker clocks may disagree.
+    claim = XCLAIM of the lease that ran out first (a sorted set of lease ends), else
+    XREADGROUP of a new entry (highest priority stream first); heartbeat = a new lease end;
+    ack = XACK + XDEL and a result key in a hash. Each operation is one Lua script, so it is
+    atomic and one round trip. Lease times use the server's clock (`TIME` in the scripts),
+    so worker clocks may disagree by any amount.
+
+    A lost connection (a Redis restart) is retried with capped exponential backoff for up
+    to `config.reconnect_s`; then QueueUnavailableError names the address. Run the server
+    with `appendonly yes` so that a restart keeps the queue.
     """
 
     def __init__(self, address: RedisAddress, config: QueueConfig = QueueConfig()) -> None:
-        if config.max_lease_s * 1000 >= HORIZON_MS:
-            raise ValueError(f"QueueConfig.max_lease_s must be below {HORIZON_MS // 1000} s for RedisQueue")
         self.address = address
         self.config = config
         self._redis = redis.Redis(
@@ -61,14 +65,15 @@ class RedisQueue(RequestQueue):
         )
         self._keys = [f"{_PREFIX}:stream:{kind}" for kind in KINDS_BY_PRIORITY] + [
             f"{_PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")
-        ]
+        ] + [f"{_PREFIX}:leases:{kind}" for kind in KINDS_BY_PRIORITY] + [f"{_PREFIX}:{name}" for name in ("acks", "done")]
         self._events_key = f"{_PREFIX}:worker_events"
         self._info_key = f"{_PREFIX}:run_info"
         self._scripts = {
             name: self._redis.register_script(getattr(lua, name))
-            for name in ("PUT", "CLAIM", "EXTEND", "ACK", "CANCEL", "STATS", "STATES")
+            for name in ("PUT", "CLAIM", "EXTEND", "ACK", "CANCEL", "STATS", "STATES", "PURGE", "ADOPT")
         }
         self._create_groups()
+        self._run("ADOPT", [])
 
     @property
     def url(self) -> str:
@@ -110,8 +115,32 @@ class RedisQueue(RequestQueue):
                         raise
 
     def _run(self, name: str, args: list[Any]) -> Any:
-        with self._errors(name.lower()):
-            return self._scripts[name](keys=self._keys, args=args)
+        return self._retrying(name.lower(), lambda: self._scripts[name](keys=self._keys, args=args))
+
+    def _retrying(self, op: str, work: Callable[[], Any]) -> Any:
+        """One round trip; a lost connection is retried until `config.reconnect_s` has passed (a restarting
+        server). A retried script may have run once already: put, heartbeat and ack are idempotent (an ack
+        carries its lease's token), and a claim whose reply was lost only leaves a lease that runs out."""
+        deadline = time.monotonic() + self.config.reconnect_s
+        delay_s = 0.05
+        while True:
+            try:
+                with self._errors(op):
+                    return work()
+            except QueueUnavailableError as err:
+                cause = err.__cause__
+                lost = isinstance(cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)) and not \
+                    isinstance(cause, redis.exceptions.AuthenticationError)
+                if not lost:
+                    raise
+                if time.monotonic() + delay_s > deadline:
+                    where = f"{self.address.host}:{self.address.port}/{self.address.db}"
+                    raise QueueUnavailableError(
+                        f"the Redis queue at {where} stayed unreachable for {self.config.reconnect_s:g} s during {op} "
+                        f"(QueueConfig.reconnect_s): {cause}. Check that redis-server is running there and reachable "
+                        "from this machine") from cause
+            time.sleep(delay_s * random.uniform(0.5, 1.0))  # jitter: reconnecting workers do not arrive in step
+            delay_s = min(2 * delay_s, 1.0)
 
     def put(self, requests: Iterable[Request | Mapping[str, Any]]) -> int:
         rows = [Request.from_dict(r) for r in requests]
@@ -126,7 +155,7 @@ class RedisQueue(RequestQueue):
     def claim(self, worker_id: str, lease_s: float) -> Lease | None:
         check_worker_id(worker_id)
         lease_s = check_lease_s(lease_s, self.config.max_lease_s)
-        found = self._run("CLAIM", [worker_id, _ms(lease_s), HORIZON_MS, self.config.max_deliveries])
+        found = self._run("CLAIM", [worker_id, _ms(lease_s), self.config.max_deliveries])
         if not found:
             return None
         entry, body, deliveries = found
@@ -139,12 +168,22 @@ class RedisQueue(RequestQueue):
         return self._extend(lease, 0)
 
     def _extend(self, lease: Lease, lease_ms: int) -> bool:
-        args = [lease.request.kind, lease.token, lease.worker_id, lease.attempts, lease_ms, HORIZON_MS]
+        args = [lease.request.kind, lease.token, lease.worker_id, lease.attempts, lease_ms, lease.request_id]
         return self._run("EXTEND", args) == 1
 
     def ack(self, lease: Lease | str, result_key: str) -> bool:
         request_id = lease.request_id if isinstance(lease, Lease) else lease
-        return self._run("ACK", [request_id, check_result_key(result_key)]) == 1
+        # One token per call, sent again by a retry: a retried ack whose reply was lost is still this call's.
+        return self._run("ACK", [request_id, check_result_key(result_key), uuid.uuid4().hex]) == 1
+
+    def purge_finished(self, before_iteration: int) -> int:
+        """Forget the acked requests of iterations < `before_iteration`; returns how many (see SqliteQueue's)."""
+        if isinstance(before_iteration, bool) or not isinstance(before_iteration, int):
+            raise ValueError(f"before_iteration must be an int, got {before_iteration!r}")
+        purged = 0
+        while (n := int(self._run("PURGE", [before_iteration, _CHUNK]))) > 0:
+            purged += n
+        return purged
 
     def cancel_iteration(self, iteration: int, kind: str | None = None) -> int:
         if kind is not None and kind not in KINDS_BY_PRIORITY:
@@ -152,14 +191,14 @@ class RedisQueue(RequestQueue):
         return int(self._run("CANCEL", [int(iteration), kind or ""]))
 
     def stats(self) -> QueueStats:
-        return QueueStats(*(int(n) for n in self._run("STATS", [HORIZON_MS])))
+        return QueueStats(*(int(n) for n in self._run("STATS", [])))
 
     def states(self, request_ids: Iterable[str]) -> dict[str, str]:
         ids = list(request_ids)
         out: dict[str, str] = {}
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
-            out.update(zip(chunk, self._run("STATES", [HORIZON_MS, *chunk])))
+            out.update(zip(chunk, self._run("STATES", chunk)))
         return out
 
     def results(self, request_ids: Iterable[str]) -> dict[str, str]:
@@ -167,8 +206,7 @@ class RedisQueue(RequestQueue):
         out: dict[str, str] = {}
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
-            with self._errors("results"):
-                keys = self._redis.hmget(self._keys[5], chunk)
+            keys = self._retrying("results", lambda: self._redis.hmget(self._keys[5], chunk))
             out.update((rid, key) for rid, key in zip(chunk, keys) if key is not None)
         return out
 

@@ -1,26 +1,37 @@
 """Lua scripts of RedisQueue: each queue operation is one atomic script on the server.
 
-KEYS (the same eight for every script, all in one hash slot):
-  1-3  streams of rollout, validate, explore requests (consumer group `workers`)
-  4    hash  request id -> 'open' | 'done' | 'cancelled' | 'dead:<dead-letter entry id>'
-  5    hash  request id -> '<kind>|<stream entry id>|<iteration>' for open requests only
-  6    hash  request id -> result key, for done requests
-  7    stream of dead letters (fields id, body, attempts)
-  8    hash  counters ('cancelled')
+KEYS (the same thirteen for every script, all in one hash slot):
+  1-3   streams of rollout, validate, explore requests (consumer group `workers`)
+  4     hash  request id -> 'open' | 'done' | 'cancelled' | 'dead:<dead-letter entry id>'
+  5     hash  request id -> '<kind>|<stream entry id>|<iteration>' for open requests only
+  6     hash  request id -> result key, for done requests
+  7     stream of dead letters (fields id, body, attempts, iteration)
+  8     hash  counters ('cancelled')
+  9-11  sorted sets of the leases of each kind: request id, scored by the lease's end (server ms)
+  12    hash  request id -> token of the ack that completed it (a retried ack is recognised)
+  13    sorted set of done request ids, scored by iteration (what `purge_finished` forgets)
 
-Leases of any length on one XAUTOCLAIM threshold: every entry a worker holds gets its idle
-time set to HORIZON - lease (XCLAIM ... IDLE, JUSTID so the delivery count is unchanged),
-so `XAUTOCLAIM min-idle = HORIZON` finds exactly the entries whose lease ran out. A
-heartbeat sets the idle time again; a release sets it to HORIZON (expired now).
+One clock judges every lease: the server's (`TIME` inside the scripts), so worker clocks
+may disagree by any amount. The stream's pending list keeps who holds an entry and its
+delivery count; the lease sets say when each lease ends. A claim takes the lease that ran
+out first (one sorted-set lookup), else the next new entry (XREADGROUP `>`), highest
+priority first: its cost does not grow with the queue or the number of leases out. A
+heartbeat moves the lease's end; a release sets it to now (claimable at once).
 """
 
 from __future__ import annotations
 
 _COMMON = """
 local GROUP = 'workers'
-local function stream_of(kind)
-  if kind == 'rollout' then return KEYS[1] elseif kind == 'validate' then return KEYS[2] end
-  return KEYS[3]
+local function index_of(kind)
+  if kind == 'rollout' then return 1 elseif kind == 'validate' then return 2 end
+  return 3
+end
+local function stream_of(kind) return KEYS[index_of(kind)] end
+local function leases_of(kind) return KEYS[8 + index_of(kind)] end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function parse_open(value)
   return string.match(value, '^([^|]+)|([^|]+)|(%d+)$')
@@ -53,42 +64,47 @@ return added
 """
 
 CLAIM = _COMMON + """
--- ARGV: consumer, lease ms, horizon ms, max deliveries -> {entry id, body, deliveries} or nil
-local consumer, lease_ms = ARGV[1], tonumber(ARGV[2])
-local horizon, max_deliveries = tonumber(ARGV[3]), tonumber(ARGV[4])
-local function hold(stream, entry)
-  redis.call('XCLAIM', stream, GROUP, consumer, 0, entry, 'IDLE', horizon - lease_ms, 'JUSTID')
-end
-local function bury(stream, entry, fields, attempts)
-  local id = field(fields, 'id')
-  drop_entry(stream, entry)
-  local dead = redis.call('XADD', KEYS[7], '*', 'id', id, 'body', field(fields, 'body'), 'attempts', attempts)
+-- ARGV: consumer, lease ms, max deliveries -> {entry id, body, deliveries} or nil
+local consumer, lease_ms, max_deliveries = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_ms()
+local function bury(s, id, entry, fields, attempts, iteration)
+  drop_entry(KEYS[s], entry)
+  redis.call('ZREM', KEYS[8 + s], id)
+  local dead = redis.call('XADD', KEYS[7], '*', 'id', id, 'body', field(fields, 'body'), 'attempts', attempts,
+                          'iteration', iteration)
   redis.call('HSET', KEYS[4], id, 'dead:' .. dead)
   redis.call('HDEL', KEYS[5], id)
 end
 for s = 1, 3 do
-  local stream = KEYS[s]
-  -- Expired leases first: they are older than any new entry of the same priority.
-  local cursor = '0-0'
-  repeat
-    local found = redis.call('XAUTOCLAIM', stream, GROUP, consumer, horizon, cursor, 'COUNT', 1)
-    cursor = found[1]
-    for _, e in ipairs(found[2]) do
-      if type(e) == 'table' and type(e[2]) == 'table' then
-        local deliveries = pel_row(stream, e[1])[4]  -- XAUTOCLAIM counted this delivery already
-        if deliveries > max_deliveries then
-          bury(stream, e[1], e[2], deliveries - 1)
-        else
-          hold(stream, e[1])
-          return {e[1], field(e[2], 'body'), deliveries}
-        end
+  local stream, leases = KEYS[s], KEYS[8 + s]
+  -- Expired leases first (the one that ran out first): they are older than any new entry of the same priority.
+  while true do
+    local due = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 1)[1]
+    if not due then break end
+    local open = redis.call('HGET', KEYS[5], due)
+    local claimed = {}
+    local kind, entry, iteration
+    if open then
+      kind, entry, iteration = parse_open(open)
+      claimed = redis.call('XCLAIM', stream, GROUP, consumer, 0, entry)  -- counts one more delivery
+    end
+    local e = claimed[1]
+    if type(e) ~= 'table' or type(e[2]) ~= 'table' then
+      redis.call('ZREM', leases, due)  -- no longer open: nothing to hand out
+    else
+      local deliveries = pel_row(stream, entry)[4]
+      if deliveries > max_deliveries then
+        bury(s, due, entry, e[2], deliveries - 1, iteration)
+      else
+        redis.call('ZADD', leases, now + lease_ms, due)
+        return {entry, field(e[2], 'body'), deliveries}
       end
     end
-  until cursor == '0-0'
+  end
   local fresh = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', 1, 'STREAMS', stream, '>')
   if fresh then
     local e = fresh[1][2][1]
-    hold(stream, e[1])
+    redis.call('ZADD', leases, now + lease_ms, field(e[2], 'id'))
     return {e[1], field(e[2], 'body'), 1}
   end
 end
@@ -96,28 +112,40 @@ return nil
 """
 
 EXTEND = _COMMON + """
--- ARGV: kind, entry id, consumer, deliveries of the lease, lease ms, horizon ms -> 1 if still ours
+-- ARGV: kind, entry id, consumer, deliveries of the lease, lease ms, request id -> 1 if still ours
 local stream = stream_of(ARGV[1])
 local row = pel_row(stream, ARGV[2])
 if not row or row[2] ~= ARGV[3] or row[4] ~= tonumber(ARGV[4]) then return 0 end
-redis.call('XCLAIM', stream, GROUP, ARGV[3], 0, ARGV[2], 'IDLE', tonumber(ARGV[6]) - tonumber(ARGV[5]), 'JUSTID')
+redis.call('ZADD', leases_of(ARGV[1]), now_ms() + tonumber(ARGV[5]), ARGV[6])
 return 1
 """
 
 ACK = _COMMON + """
--- ARGV: request id, result key -> 1 if this call completed the request
+-- ARGV: request id, result key, this call's token -> 1 if this call (perhaps retried) completed it
 local id = ARGV[1]
 local state = redis.call('HGET', KEYS[4], id)
-if not state or state == 'done' or state == 'cancelled' then return 0 end
+if state == 'done' then
+  if ARGV[3] ~= '' and redis.call('HGET', KEYS[12], id) == ARGV[3] then return 1 end  -- our ack, sent again
+  return 0
+end
+if not state or state == 'cancelled' then return 0 end
+local iteration
 if state == 'open' then
-  local kind, entry = parse_open(redis.call('HGET', KEYS[5], id))
+  local kind, entry, it = parse_open(redis.call('HGET', KEYS[5], id))
   drop_entry(stream_of(kind), entry)
+  redis.call('ZREM', leases_of(kind), id)
   redis.call('HDEL', KEYS[5], id)
+  iteration = it
 else
-  redis.call('XDEL', KEYS[7], string.sub(state, 6))  -- 'dead:<entry>': a late result still counts
+  local dead = string.sub(state, 6)  -- 'dead:<entry>': a late result still counts
+  local rows = redis.call('XRANGE', KEYS[7], dead, dead)
+  iteration = rows[1] and field(rows[1][2], 'iteration') or '0'
+  redis.call('XDEL', KEYS[7], dead)
 end
 redis.call('HSET', KEYS[4], id, 'done')
 redis.call('HSET', KEYS[6], id, ARGV[2])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[12], id, ARGV[3]) end
+redis.call('ZADD', KEYS[13], tonumber(iteration), id)
 return 1
 """
 
@@ -129,6 +157,7 @@ for i = 1, #open, 2 do
   local kind, entry, iteration = parse_open(open[i + 1])
   if iteration == ARGV[1] and (ARGV[2] == '' or ARGV[2] == kind) then
     drop_entry(stream_of(kind), entry)
+    redis.call('ZREM', leases_of(kind), open[i])
     redis.call('HDEL', KEYS[5], open[i])
     redis.call('HSET', KEYS[4], open[i], 'cancelled')
     n = n + 1
@@ -139,36 +168,60 @@ return n
 """
 
 STATS = _COMMON + """
--- ARGV: horizon ms -> {pending, leased, done, dead, cancelled}
-local held, expired = 0, 0
-for s = 1, 3 do
-  local summary = redis.call('XPENDING', KEYS[s], GROUP)
-  if summary[1] > 0 then
-    held = held + summary[1]
-    expired = expired + #redis.call('XPENDING', KEYS[s], GROUP, 'IDLE', ARGV[1], '-', '+', summary[1])
-  end
-end
-local leased = held - expired
+-- ARGV: none -> {pending, leased, done, dead, cancelled}
+local now = now_ms()
+local leased = 0
+for s = 1, 3 do leased = leased + redis.call('ZCOUNT', KEYS[8 + s], '(' .. now, '+inf') end
 local cancelled = tonumber(redis.call('HGET', KEYS[8], 'cancelled') or '0')
 return {redis.call('HLEN', KEYS[5]) - leased, leased, redis.call('HLEN', KEYS[6]), redis.call('XLEN', KEYS[7]), cancelled}
 """
 
 STATES = _COMMON + """
--- ARGV: horizon ms, request ids... -> one state per id
-local horizon = tonumber(ARGV[1])
+-- ARGV: request ids... -> one state per id
+local now = now_ms()
 local out = {}
-for i = 2, #ARGV do
+for i = 1, #ARGV do
   local state = redis.call('HGET', KEYS[4], ARGV[i])
   if not state then
     state = 'unknown'
   elseif state == 'open' then
-    local kind, entry = parse_open(redis.call('HGET', KEYS[5], ARGV[i]))
-    local row = pel_row(stream_of(kind), entry)
-    if row and row[3] < horizon then state = 'leased' else state = 'pending' end
+    local kind = parse_open(redis.call('HGET', KEYS[5], ARGV[i]))
+    local ends = redis.call('ZSCORE', leases_of(kind), ARGV[i])
+    if ends and tonumber(ends) > now then state = 'leased' else state = 'pending' end
   elseif string.sub(state, 1, 5) == 'dead:' then
     state = 'dead'
   end
   out[#out + 1] = state
 end
 return out
+"""
+
+PURGE = _COMMON + """
+-- ARGV: before iteration, at most this many -> how many done requests were forgotten
+local ids = redis.call('ZRANGEBYSCORE', KEYS[13], '-inf', '(' .. ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('HDEL', KEYS[6], id)
+  redis.call('HDEL', KEYS[12], id)
+  redis.call('ZREM', KEYS[13], id)
+end
+return #ids
+"""
+
+ADOPT = _COMMON + """
+-- Leases held by a version of this queue without lease sets (idle-time leases): give each a lease
+-- set entry that has run out, so a claim can hand the request out again. -> how many adopted
+local n = 0
+for s = 1, 3 do
+  local rows = redis.call('XPENDING', KEYS[s], GROUP, '-', '+', 10000)
+  for _, row in ipairs(rows) do
+    local entry = redis.call('XRANGE', KEYS[s], row[1], row[1])[1]
+    local id = entry and field(entry[2], 'id')
+    if id and redis.call('ZSCORE', KEYS[8 + s], id) == false then
+      redis.call('ZADD', KEYS[8 + s], 0, id)
+      n = n + 1
+    end
+  end
+end
+return n
 """

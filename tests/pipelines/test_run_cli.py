@@ -70,7 +70,9 @@ def test_the_default_run_samples_on_a_preempted_local_cluster(tmp_path):
     from pipelines.run import RunSpec
 
     spec = RunSpec.resolve(tmp_path / "r", resume=False)
-    assert (spec.rollouts, spec.preset) == ("local_cluster", "cpu_tiny")
+    assert (spec.rollouts, spec.preset) == ("local_cluster", "cpu_tiny_spot")
+    config = spec.resources()["run_config"].train_config()
+    assert config.seeds_per_request == config.group_size and config.rollouts_per_prompt is None  # whole groups, explored seeds
     assert spec.num_workers >= 2 and spec.preemptions_per_hour > 0
     assert spec.resources()["rollout_workers"].mode == "workers"  # the run-long cluster pulls from the queue
 

@@ -53,6 +53,27 @@ def iteration_requests(config: TrainConfig, run: str, iteration: int, weights_ve
             for i, (prompt, seeds) in enumerate(zip(plan.prompts, plan.seeds)) for j, seed in enumerate(seeds)]
 
 
+def queue_batches(requests: list[PlannedRequest], seeds_per_request: int) -> list[tuple[str, RolloutSpec]]:
+    """The queue requests that sample `requests`: (queue request id, spec). With seeds_per_request > 1, each
+    prompt's samples are cut, in order, into batched requests of that many (`RolloutSpec.batched`; id
+    `it3-p2-s0x8`), each committing one result per sample under the sample's own request id."""
+    out: list[tuple[str, RolloutSpec]] = []
+    run: list[PlannedRequest] = []
+
+    def flush() -> None:
+        if run:
+            rid = run[0].request_id if len(run) == 1 else f"{run[0].request_id}x{len(run)}"
+            out.append((rid, RolloutSpec.batched([r.spec for r in run], [r.request_id for r in run])))
+            run.clear()
+
+    for req in requests:
+        if run and (req.prompt_index != run[0].prompt_index or len(run) == seeds_per_request):
+            flush()
+        run.append(req)
+    flush()
+    return out
+
+
 def publish_batch(store: TensorStore, run: str, iteration: int, requests: list[PlannedRequest],
                   batch: Rollouts, worker_id: str) -> int:
     """Commit every request's result from an in-process batch; returns how many this call committed."""

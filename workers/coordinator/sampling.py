@@ -44,14 +44,20 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
     if queue_url is None:
         raise ValueError(f"rollout mode {workers.mode!r} needs a queue: configure the queue resource")
     from resources.queues import open_queue
+    from workers.coordinator.rollout import queue_batches
     from workers.rollout.state import rollout_request
 
-    ids = [r.request_id for r in requests]
+    batches = queue_batches(requests, config.seeds_per_request)
+    ids = [rid for rid, _ in batches]
     with open_queue(queue_url, ctx.queue_config) as queue:
-        queue.put([rollout_request(r.request_id, iteration, r.spec) for r in requests])
+        queue.put([rollout_request(rid, iteration, spec) for rid, spec in batches])
         if workers.mode == "local_cluster":
             _run_local_cluster(workers, store.url, queue_url, ledger, queue, ids, iteration, summary)
         outcome = queue.wait_until_done(ids, timeout_s=workers.timeout_s)
+        if outcome.complete and iteration >= 2:
+            # Iteration k-2 is consumed (its rollouts trained on, its exploration planned k-1): forget its done
+            # requests, so the queue holds at most two iterations of them however long the run.
+            queue.purge_finished(before_iteration=iteration - 1)
     if workers.mode == "workers":
         # Workers outside this phase (the run-long cluster of `spotlight run`) record their
         # preemptions in the ledger: count those that hit while the phase waited.

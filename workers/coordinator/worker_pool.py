@@ -23,6 +23,10 @@ from workers.coordinator.context import RunContext
 
 POOL_LIFETIME_S = 6 * 3600
 """Longest a pool runs (and the length of its preemption trace)."""
+POOL_NICE = 10
+"""The pool's workers share the trainer's machine: at this niceness they explore on the CPU time the trainer
+leaves (on a cluster, the idle spot GPUs) instead of slowing its update. While the trainer waits for the
+rollout, nothing competes and niceness changes nothing."""
 
 
 def slot_name(index: int, session: int) -> str:
@@ -51,7 +55,8 @@ def worker_pool(ctx: RunContext, num_workers: int, preemptions_per_hour: float, 
     slots = [WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=sampling.spot_usd_per_hour)
              for i in range(num_workers)]
     config = ClusterConfig(ctx.queue_url, ctx.store_url, commit_every=sampling.commit_every, lease_s=sampling.lease_s,
-                           restart_delay_s=sampling.restart_delay_s, log_dir=None if log_dir is None else str(log_dir))
+                           restart_delay_s=sampling.restart_delay_s, log_dir=None if log_dir is None else str(log_dir),
+                           nice=POOL_NICE)
     trace = poisson_trace([s.name for s in slots], rate_per_hour=preemptions_per_hour, duration_s=POOL_LIFETIME_S,
                           notice_share=sampling.notice_share, seed=session)
     stop = threading.Event()

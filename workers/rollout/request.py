@@ -79,16 +79,18 @@ def work_request(request: Request, attempt: int, store: TensorStore, holder: Pol
         raise ValueError(f"commit_every must be >= 1, got {commit_every}")
     spec = RolloutSpec.from_payload(request.payload)
     rid = request.request_id
-    result_key = rollout_key(spec.run, request.iteration, rid)
-    done = store.read_manifest(result_key)
-    if done is not None:
+    result_keys = [rollout_key(spec.run, request.iteration, sid) for sid in (spec.sample_ids or (rid,))]
+    result_key = result_keys[0]
+    committed = [store.read_manifest(key) for key in result_keys]
+    done = committed[0] if all(m is not None for m in committed) else None
+    if done is not None:  # every sample's result (a batch's samples are committed one by one)
         if committed_states(store, spec.run, rid):  # left by a holder whose lease had expired
             store.delete_commit(rollout_state_key(spec.run, rid))
         step = spec.sampler.num_steps
         return RequestOutcome(rid, "already_done", step, step, step, result_key, done.metadata.get("result_hash"), False)
     from workers.algo.sampler import sample_shape
 
-    policy = holder.policy_at(spec.run, spec.weights_version)
+    policy = holder.policy_for(spec)  # ValueError for a resolution or guidance it cannot serve
     flight = resume_or_start(store, spec, rid, sample_shape(policy), hooks.report)
     step = _Stepper(policy, spec)
     state_key = attempt_state_key(spec.run, rid, attempt)
@@ -112,7 +114,7 @@ def work_request(request: Request, attempt: int, store: TensorStore, holder: Pol
             hooks.after_step(flight)
         if not flight.done and flight.step % commit_every == 0:
             _commit(store, state_key, flight, me, outcome, hooks)
-    _publish_result(store, policy, flight, me, outcome, spec, hooks)
+    _publish_result(store, policy, flight, me, outcome, spec, result_keys, hooks)
     return outcome
 
 
@@ -125,7 +127,7 @@ class _Stepper:
 
         self.policy, self.spec = policy, spec
         self.device = next(policy.parameters()).device
-        self.cond = policy.encode_prompts([spec.prompt])
+        self.cond = policy.encode_prompts([spec.prompt] * len(spec.seeds))
         self.sigmas = sampler_sigmas(policy, spec.sampler).to(self.device)
 
     def advance(self, flight: InFlight, delay_s: float) -> float:
@@ -134,8 +136,8 @@ class _Stepper:
 
         started = time.perf_counter()
         t = flight.step
-        x, lp = denoise_step(self.policy, flight.latents[t].to(self.device), t, [self.spec.seed], self.spec.sampler,
-                             self.cond, self.sigmas)
+        x, lp = denoise_step(self.policy, flight.latents[t].to(self.device), t, list(self.spec.seeds),
+                             self.spec.sampler, self.cond, self.sigmas)
         flight.latents[t + 1] = x.cpu()
         if lp is not None:
             flight.log_probs[t] = lp.cpu()
@@ -159,25 +161,34 @@ def _commit(store: TensorStore, key: str, flight: InFlight, me: dict, outcome: R
 
 
 def _publish_result(store: TensorStore, policy, flight: InFlight, me: dict, outcome: RequestOutcome,
-                    spec: RolloutSpec, hooks: StepHooks) -> None:
+                    spec: RolloutSpec, result_keys: list[str], hooks: StepHooks) -> None:
+    """Score every sample and commit each one's result exclusively under its own key (one key for a request
+    of one sample); then drop the request's in-flight state."""
     from workers.task.render import decode_images
     from workers.task.rewards import get_reward
 
-    image_u8 = decode_images(policy, flight.latents[flight.step])  # (1, H, W, 3); a family's VAE decodes latents
-    reward = float(get_reward(spec.reward)(image_u8, [spec.prompt])[0])
+    batch = len(spec.seeds)
+    images_u8 = decode_images(policy, flight.latents[flight.step])  # (B, H, W, 3); a family's VAE decodes latents
+    rewards = [float(r) for r in get_reward(spec.reward)(images_u8, [spec.prompt] * batch)]
     import torch
 
-    info = {**me, "steps_done": flight.step - outcome.resumed_from_step, "compute_s": outcome.compute_s,
+    info = {**me, "steps_done": flight.step - outcome.resumed_from_step, "compute_s": outcome.compute_s / batch,
             "attempts": flight.attempts + [{**me, "committed_step": flight.step}], "finished_at": time.time()}
-    tensors, meta = result_commit(flight, torch.from_numpy(image_u8[0]), reward, info)
-    published = store.publish_tensors(outcome.result_key, tensors, meta, exclusive=True)
+    hashes, won = [], []
+    for n, key in enumerate(result_keys):
+        tensors, meta = result_commit(flight, torch.from_numpy(images_u8[n]), rewards[n], info, sample=n)
+        published = store.publish_tensors(key, tensors, meta, exclusive=True)
+        committed = published.manifest.metadata.get("result_hash")
+        hashes.append(committed)
+        won.append(published.won)
+        if not published.won and committed != meta["result_hash"]:
+            # Determinism is what resumption relies on: say loudly when it breaks.
+            hooks.report("hash_mismatch", request_id=outcome.request_id, result_key=key, committed=committed,
+                         ours=meta["result_hash"])
     store.delete_commit(rollout_state_key(spec.run, outcome.request_id))  # every attempt's state
     outcome.status, outcome.committed_step = "done", flight.step
-    outcome.won = published.won
-    outcome.result_hash = published.manifest.metadata.get("result_hash")
-    if not published.won and outcome.result_hash != meta["result_hash"]:
-        # Determinism is what resumption relies on: say loudly when it breaks.
-        hooks.report("hash_mismatch", request_id=outcome.request_id, committed=outcome.result_hash, ours=meta["result_hash"])
-    hooks.report("done", request_id=outcome.request_id, result_key=outcome.result_key, result_hash=outcome.result_hash,
-                 won=published.won, reward=reward, steps_done=flight.step - outcome.resumed_from_step,
-                 compute_s=outcome.compute_s)
+    outcome.won = won[0]
+    outcome.result_hash = hashes[0]
+    fields = {"result_hash": hashes[0], "reward": rewards[0]} if batch == 1 else {"result_hashes": hashes, "rewards": rewards}
+    hooks.report("done", request_id=outcome.request_id, result_key=outcome.result_key, won=won[0],
+                 steps_done=flight.step - outcome.resumed_from_step, compute_s=outcome.compute_s, **fields)

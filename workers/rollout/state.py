@@ -1,9 +1,13 @@
 """What a rollout request asks for, and the formats a rollout worker commits: in-flight state and results.
 
 A rollout request's payload names the run, the prompt, the seed, the weights version,
-the sampler config and the reward. The worker samples it alone (batch of one, so the
-result does not depend on which other requests a worker happens to hold) and commits
-two kinds of objects to the tensor store:
+the sampler config (its steps among them) and the reward, and optionally the resolution
+and the guidance (absent: the run's ModelSpec; one worker's policy serves several). The
+worker samples it alone (so the result does not depend on which other requests a worker
+happens to hold); a batched request carries more
+seeds of the same prompt (`batch_seeds`, `TrainConfig.seeds_per_request`), sampled as one
+fixed batch, and commits one result per sample. The worker commits two kinds of objects
+to the tensor store:
 
 - in-flight state (under `rollout_state_key`, one commit key per attempt: see
   workers/rollout/resume.py): the latents of every step so far, the log-probs so far and
@@ -38,7 +42,12 @@ from workers.algo.sampler import SamplerConfig
 
 STATE_FORMAT = "spotlight-rollout-state/1"
 RESULT_FORMAT = "spotlight-rollout-result/1"
-_PAYLOAD_FIELDS = {"run", "prompt", "seed", "weights_version", "sampler", "reward"}
+_PAYLOAD_FIELDS = {"run", "prompt", "seed", "weights_version", "sampler", "reward", "batch_seeds", "sample_ids",
+                   "resolution", "guidance"}
+MAX_RESOLUTION = 8192
+"""Largest image side a request may ask for, in pixels."""
+MAX_BATCH = 256
+"""Most samples one rollout request may carry (a whole group of a prompt is the intended use)."""
 
 
 @dataclass(frozen=True)
@@ -57,13 +66,63 @@ class RolloutSpec:
     """Steps, noise level, SDE window and forward dtype."""
     reward: str = "minigeneval"
     """Name in the reward registry (workers/task/rewards.py)."""
+    batch_seeds: tuple[int, ...] = ()
+    """More samples of the same prompt, sampled in one batch with `seed` (a batched request; empty for one
+    sample). The batch is fixed by the request, so its result never depends on what else a worker holds."""
+    sample_ids: tuple[str, ...] = ()
+    """A batched request's per-sample request ids, one per seed of `seeds`: each sample's result is committed
+    under its own `rollout_key`, as if it had been a request of its own (empty for one sample)."""
+    resolution: int | None = None
+    """Image side in pixels; None = the run's ModelSpec. The worker refuses one its family cannot pack
+    (a multiple of the VAE factor x patch size), before sampling."""
+    guidance: float | None = None
+    """CFG scale (true CFG, or FLUX.1-dev's guidance embedding); None = the run's ModelSpec."""
 
     def __post_init__(self) -> None:
+        from resources.keys import check_name
         from workers.task.request_fields import check_request_fields
 
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+        for seed in self.seeds:
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+                raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        if len(self.seeds) > MAX_BATCH:
+            raise ValueError(f"a rollout request carries at most {MAX_BATCH} seeds, got {len(self.seeds)}")
+        if self.batch_seeds and len(self.sample_ids) != len(self.seeds):
+            raise ValueError(f"a batched rollout request needs one sample id per seed: {len(self.seeds)} seeds, "
+                             f"{len(self.sample_ids)} sample ids")
+        if not self.batch_seeds and self.sample_ids:
+            raise ValueError("sample_ids are only for a batched rollout request (one with batch_seeds)")
+        if len(set(self.sample_ids)) != len(self.sample_ids):
+            raise ValueError("a batched rollout request's sample ids must be distinct")
+        for sample_id in self.sample_ids:
+            check_name(sample_id, "sample id")
+        if self.resolution is not None and (isinstance(self.resolution, bool) or not isinstance(self.resolution, int)
+                                            or not 1 <= self.resolution <= MAX_RESOLUTION):
+            raise ValueError(f"resolution must be an int in [1, {MAX_RESOLUTION}] (pixels) or absent, "
+                             f"got {self.resolution!r}")
+        if self.guidance is not None and (isinstance(self.guidance, bool) or not isinstance(self.guidance, (int, float))
+                                          or not math.isfinite(self.guidance) or self.guidance < 0):
+            raise ValueError(f"guidance must be a finite number >= 0 or absent, got {self.guidance!r}")
         check_request_fields(self.run, self.prompt, self.weights_version, self.reward)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Every seed the request samples, in batch order."""
+        return (self.seed, *self.batch_seeds)
+
+    def sample(self, n: int) -> "RolloutSpec":
+        """Sample n of a batched request as a request of its own (the spec its result is committed for)."""
+        return dataclasses.replace(self, seed=self.seeds[n], batch_seeds=(), sample_ids=())
+
+    @classmethod
+    def batched(cls, specs: "list[RolloutSpec]", sample_ids: list[str]) -> "RolloutSpec":
+        """One request sampling `specs` (one seed each, same everything else) as a batch."""
+        first = specs[0]
+        if any(dataclasses.replace(s, seed=first.seed) != first or s.batch_seeds for s in specs):
+            raise ValueError("a batched rollout request's samples must differ only in their seed")
+        if len(specs) == 1:
+            return first
+        return dataclasses.replace(first, batch_seeds=tuple(s.seed for s in specs[1:]), sample_ids=tuple(sample_ids))
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> "RolloutSpec":
@@ -75,16 +134,24 @@ class RolloutSpec:
         if missing or extra:
             raise ValueError(f"rollout payload: missing fields {missing}, unknown fields {extra}; allowed {sorted(_PAYLOAD_FIELDS)}")
         config = SamplerConfig.from_json(payload.get("sampler"), "rollout payload")
+        batch_seeds, sample_ids = payload.get("batch_seeds", []), payload.get("sample_ids", [])
+        if not isinstance(batch_seeds, list) or not isinstance(sample_ids, list):
+            raise ValueError("rollout payload: batch_seeds and sample_ids must be lists")
         return cls(payload["run"], payload["prompt"], payload["seed"], payload["weights_version"],
-                   config, payload.get("reward", "minigeneval"))
+                   config, payload.get("reward", "minigeneval"), tuple(batch_seeds), tuple(sample_ids),
+                   payload.get("resolution"), payload.get("guidance"))
 
     def to_payload(self) -> dict[str, Any]:
         """Plain JSON payload for the queue (the inverse of `from_payload`)."""
         sampler = dataclasses.asdict(self.sampler)
         if sampler["sde_window"] is not None:
             sampler["sde_window"] = list(sampler["sde_window"])
-        return {"run": self.run, "prompt": self.prompt, "seed": self.seed, "weights_version": self.weights_version,
-                "sampler": sampler, "reward": self.reward}
+        payload = {"run": self.run, "prompt": self.prompt, "seed": self.seed, "weights_version": self.weights_version,
+                   "sampler": sampler, "reward": self.reward}
+        if self.batch_seeds:  # absent for one sample: its payload and fingerprint are what they always were
+            payload.update(batch_seeds=list(self.batch_seeds), sample_ids=list(self.sample_ids))
+        payload.update({k: v for k, v in (("resolution", self.resolution), ("guidance", self.guidance)) if v is not None})
+        return payload
 
     @property
     def fingerprint(self) -> str:
@@ -106,9 +173,9 @@ class InFlight:
     step: int
     """Denoising steps completed."""
     latents: torch.Tensor
-    """(num_steps + 1, 1, C, H, W) fp32: x before each step; rows after `step` are NaN."""
+    """(num_steps + 1, B, C, H, W) fp32, B the request's seeds: x before each step; rows after `step` are NaN."""
     log_probs: torch.Tensor
-    """(num_steps, 1) fp32: filled for SDE steps < step, NaN elsewhere."""
+    """(num_steps, B) fp32: filled for SDE steps < step, NaN elsewhere."""
     attempts: list[dict[str, Any]] = field(default_factory=list)
     """History of earlier attempts: worker_id, attempt, resumed_from_step, committed_step."""
 
@@ -116,10 +183,10 @@ class InFlight:
     def fresh(cls, spec: RolloutSpec, image_shape: tuple[int, int, int]) -> "InFlight":
         from workers.algo.sde import batch_noise
 
-        n = spec.sampler.num_steps
-        latents = torch.full((n + 1, 1, *image_shape), float("nan"))
-        latents[0] = batch_noise([spec.seed], 0, image_shape)
-        return cls(spec, 0, latents, torch.full((n, 1), float("nan")))
+        n, b = spec.sampler.num_steps, len(spec.seeds)
+        latents = torch.full((n + 1, b, *image_shape), float("nan"))
+        latents[0] = batch_noise(list(spec.seeds), 0, image_shape)
+        return cls(spec, 0, latents, torch.full((n, b), float("nan")))
 
     def to_commit(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Tensors and manifest metadata of the state commit (only the latents computed so far)."""
@@ -136,16 +203,16 @@ class InFlight:
             raise ValueError(f"rollout state has format {meta.get('format')!r}, expected {STATE_FORMAT!r}")
         if meta.get("fingerprint") != spec.fingerprint:
             raise ValueError("rollout state belongs to a different request (fingerprint mismatch)")
-        n, step, attempts = spec.sampler.num_steps, meta.get("step"), meta.get("attempts", [])
+        n, b, step, attempts = spec.sampler.num_steps, len(spec.seeds), meta.get("step"), meta.get("attempts", [])
         lat, lp = tensors.get("latents"), tensors.get("log_probs")
         if not isinstance(step, int) or not 0 <= step <= n or lat is None or lp is None:
             raise ValueError(f"rollout state is malformed (step {step!r}, tensors {sorted(tensors)})")
         if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
             raise ValueError("rollout state is malformed (attempts is not a list of records)")
-        if (tuple(lat.shape) != (step + 1, 1, *image_shape) or tuple(lp.shape) != (n, 1)
+        if (tuple(lat.shape) != (step + 1, b, *image_shape) or tuple(lp.shape) != (n, b)
                 or lat.dtype != torch.float32 or lp.dtype != torch.float32):
             raise ValueError(f"rollout state tensors have shapes {tuple(lat.shape)}, {tuple(lp.shape)} for step {step} of {n}")
-        latents = torch.full((n + 1, 1, *image_shape), float("nan"))
+        latents = torch.full((n + 1, b, *image_shape), float("nan"))
         latents[: step + 1] = lat
         return cls(spec, step, latents, lp.clone(), list(attempts))
 
@@ -164,15 +231,18 @@ def trajectory_hash(latents: torch.Tensor, log_probs: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
-def result_commit(flight: InFlight, image_HW3: torch.Tensor, reward: float, info: Mapping[str, Any]) -> tuple[dict, dict]:
-    """Tensors and metadata of a finished request's result commit."""
+def result_commit(flight: InFlight, image_HW3: torch.Tensor, reward: float, info: Mapping[str, Any],
+                  sample: int = 0) -> tuple[dict, dict]:
+    """Tensors and metadata of the result commit of sample `sample` of a finished request (a batched request
+    commits one result per sample, each exactly what a request of that sample alone would commit)."""
     if not flight.done:
         raise ValueError(f"request is at step {flight.step} of {flight.spec.sampler.num_steps}: not finished")
     if not math.isfinite(reward):
         raise ValueError(f"reward must be finite, got {reward}")
-    latents, log_probs = flight.latents[:, 0].contiguous(), flight.log_probs[:, 0].contiguous()
+    spec = flight.spec.sample(sample) if flight.spec.batch_seeds else flight.spec
+    latents, log_probs = flight.latents[:, sample].contiguous(), flight.log_probs[:, sample].contiguous()
     tensors = {"latents": latents, "log_probs": log_probs, "image": image_HW3}
-    meta = {"format": RESULT_FORMAT, "fingerprint": flight.spec.fingerprint, "prompt": flight.spec.prompt,
-            "seed": flight.spec.seed, "weights_version": flight.spec.weights_version, "reward": float(reward),
+    meta = {"format": RESULT_FORMAT, "fingerprint": spec.fingerprint, "prompt": spec.prompt,
+            "seed": spec.seed, "weights_version": spec.weights_version, "reward": float(reward),
             "result_hash": trajectory_hash(latents, log_probs), **dict(info)}
     return tensors, meta

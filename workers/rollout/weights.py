@@ -6,9 +6,15 @@ only the PULSE patches in between. Every reached version is checked against the 
 weights hash (`sync_weights`). The model runs on FP32 copies of the BF16 weights, as the
 trainer's forward pass under BF16 autocast sees them.
 
+A diffusers policy reads the run's cached prompt embeddings from the store
+(workers/model/families/prompt_store.py), so a worker loads its text encoder(s) only for a
+prompt the coordinator did not cache. `policy_for(spec)` serves a request's own resolution
+and guidance from the same weights.
+
 Example:
     holder = PolicyHolder(store)
     policy = holder.policy_at("demo", 7)        # anchor 0 + patches 1..7 on first use
+    policy = holder.policy_for(rollout_spec)    # the same weights at the request's resolution and guidance
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 
 from resources.store import TensorStore
 from resources.store_chain import StoreChain
+from workers.model.families.prompt_store import attach_prompt_store
 from workers.model.policy import Policy
 from workers.model.spec import build_from_spec
 from workers.pulse import ChainConfig, sync_weights
@@ -34,6 +41,7 @@ class PolicyHolder:
         self.version: int | None = None
         self.policy: Policy | None = None
         self._bf16: dict[str, torch.Tensor] = {}
+        self._views: dict[tuple, Policy] = {}
         self.last_sync_s = 0.0
 
     def policy_at(self, run: str, version: int) -> Policy:
@@ -51,6 +59,8 @@ class PolicyHolder:
         meta = chain.anchor_metadata(anchors[-1])
         if self.policy is None:
             self.policy = _build_from(meta, run).to(self.device).eval()
+            self._views = {}
+            attach_prompt_store(self.policy, self.store, run)
         config = ChainConfig(anchor_every=int(meta.get("anchor_every", 10)))
         current = self.version if self.version is not None and self.version <= version else None
         sync_weights(self._bf16, current, version, chain, config)
@@ -60,6 +70,26 @@ class PolicyHolder:
         self.version = version
         self.last_sync_s = time.perf_counter() - started
         return self.policy
+
+    def policy_for(self, spec) -> Policy:
+        """The policy at a RolloutSpec's version, resolution and guidance (None: the run's ModelSpec). ValueError,
+        before any sampling, for a field the policy cannot serve (a resolution the family cannot pack; either
+        field on the pixel policy, which has one size and no guidance)."""
+        policy = self.policy_at(spec.run, spec.weights_version)
+        if spec.resolution is None and spec.guidance is None:
+            return policy
+        key = (spec.resolution, spec.guidance)
+        if key not in self._views:
+            if not hasattr(policy, "at"):
+                if spec.guidance is None and spec.resolution == policy.config.image_size:
+                    return policy
+                raise ValueError(f"rollout request: run {spec.run!r} trains the pixel policy, which samples at one size "
+                                 f"with no guidance; drop resolution={spec.resolution} / guidance={spec.guidance}")
+            try:
+                self._views[key] = policy.at(resolution=spec.resolution, guidance=spec.guidance)
+            except ValueError as err:
+                raise ValueError(f"rollout request: {err}") from None
+        return self._views[key]
 
 
 def _build_from(meta: dict, run: str) -> Policy:

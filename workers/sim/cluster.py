@@ -9,20 +9,24 @@ expiry, priorities, cancellation and at-least-once delivery are the real queue's
 A preemption with notice commits the request's state at the current step and releases the
 lease (policy.commits), or gives the request back with nothing kept. Without notice the
 work since the last commit (every `commit_every` steps) is lost and the request waits for
-its lease to expire. The group's other GPUs re-form (elastic or from scratch); the slot's
-replacement starts `restart_delay_s` after its process ends.
+its lease to expire (workers renew a lease every third of it, as `LeaseKeeper` does). The
+group's other GPUs re-form (elastic or from scratch); the preempted process ends `exit_s`
+later (default: when the notice runs out) and the slot's replacement starts
+`restart_delay_s` after that. A replayed run gives each worker id its own measured
+start-up, restart and exit times (`WorkerTimes`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import simpy
 
 from resources.queue_records import Lease
 from workers.sim.books import SimBooks
 from workers.sim.config import Policy, SimConfig
-from workers.sim.inputs import ServiceTimes
+from workers.sim.inputs import ServiceTimes, WorkerTimes
 from workers.sp.degree import amdahl_latency_s, choose_sp_degree
 
 
@@ -57,14 +61,18 @@ class Work:
 
     finished: dict[str, tuple[str, int, float, float]] = field(default_factory=dict)
     """request id -> (worker id, attempts, enqueued_at, finished_at)."""
+    compute_s: dict[str, float] = field(default_factory=dict)
+    """request id -> seconds of the attempt that finished it (what a worker reports as its compute time)."""
     busy_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
 
 
 class SimCluster:
     def __init__(self, env: simpy.Environment, queues: dict, books: SimBooks, times: ServiceTimes, config: SimConfig,
-                 slots: list[Slot], usd_per_gpu_hour: float, price_source: str) -> None:
+                 slots: list[Slot], usd_per_gpu_hour: float, price_source: str,
+                 worker_times: Mapping[str, WorkerTimes] | None = None) -> None:
         self.env, self.queues, self.books, self.times, self.config = env, queues, books, times, config
+        self.worker_times = dict(worker_times or {})
         self.policy: Policy = config.policy
         self.slots = {s.name: s for s in slots}
         self.usd, self.price_source = usd_per_gpu_hour, price_source
@@ -98,13 +106,21 @@ class SimCluster:
 
     def start_all(self) -> None:
         for slot in self.slots.values():
-            self._start(slot, self.times.startup_s)
+            slot.state = "down"
+            self.env.process(self._start_after(slot, self._measured(slot.worker_id, "restart_delay_s", 0.0)))
 
-    def _start(self, slot: Slot, startup_s: float) -> None:
+    def _measured(self, worker_id: str, name: str, default: float) -> float:
+        value = getattr(self.worker_times.get(worker_id), name, None)
+        return default if value is None else value
+
+    def _start_after(self, slot: Slot, delay_s: float):
+        if delay_s > 0:
+            yield self.env.timeout(delay_s)
+        startup = self.times.startup_s if slot.generation == 0 else self._replacement_startup_s(slot)
         self.books.worker_start(slot.worker_id, role="rollout", spot=self.policy.spot, usd_per_hour=self.usd,
                                 gpu_type=self.times.gpu_type, t=self.env.now, source=self.price_source)
         slot.state = "starting"
-        slot.process = self.env.process(self._boot(slot, startup_s))
+        slot.process = self.env.process(self._boot(slot, self._measured(slot.worker_id, "startup_s", startup)))
 
     def _boot(self, slot: Slot, startup_s: float):
         try:
@@ -134,18 +150,16 @@ class SimCluster:
                 slot.process.interrupt("preempted")
             self._idle_preemption(worker_id, notice_s)
         slot.state, slot.group = "down", None
-        end = now + notice_s
+        exit_s = notice_s if self.times.exit_s is None else min(self.times.exit_s, notice_s or self.times.exit_s)
+        end = now + self._measured(worker_id, "exit_s", exit_s)
         self.books.worker_end(worker_id, "preempted", end)
-        self.env.process(self._replace(slot, end + self.times.restart_delay_s))
+        slot.generation += 1
+        restart_s = self._measured(slot.worker_id, "restart_delay_s", self.times.restart_delay_s)
+        self.env.process(self._start_after(slot, end - now + restart_s))
 
     def _idle_preemption(self, worker_id: str, notice_s: float) -> None:
         self.books.add("preemptions", worker_id=worker_id, preempted_at=self.env.now, notice_s=notice_s, request_id=None,
                        steps_lost=0, seconds_lost=0.0, state_committed=False)
-
-    def _replace(self, slot: Slot, at: float):
-        yield self.env.timeout(at - self.env.now)
-        slot.generation += 1
-        self._start(slot, self._replacement_startup_s(slot))
 
     # --- SP groups -----------------------------------------------------------------------
 
@@ -208,13 +222,14 @@ class SimCluster:
         payload = lease.request.payload
         steps, rid = int(payload["steps"]), lease.request_id
         step_s = float(payload["step_s"]) * self.latency_s(group.degree) / self.times.sample_s
+        claim_s = float(payload.get("claim_s", self.times.claim_s))
         start_step = self.committed.get(rid, 0) if self.policy.commits else 0
         t0 = self.env.now
-        total = self.times.claim_s + (steps - start_step) * step_s
+        total = claim_s + (steps - start_step) * step_s
         done_s, beat = 0.0, self.env.now
         try:
             while done_s < total:
-                chunk = min(total - done_s, self.config.lease_s / 2)
+                chunk = min(total - done_s, self.config.lease_s / 3)
                 yield self.env.timeout(chunk)
                 done_s += chunk
                 if done_s < total:
@@ -224,7 +239,7 @@ class SimCluster:
                     beat = self.env.now
         except simpy.Interrupt as stop:
             _, victim, notice_s, outcome = stop.cause
-            elapsed = max(0.0, self.env.now - t0 - self.times.claim_s)
+            elapsed = max(0.0, self.env.now - t0 - claim_s)
             reached = min(steps, start_step + int(elapsed / step_s))
             self._interrupted(group, queue, lease, key, (victim, notice_s, outcome), start_step, reached, step_s, beat, t0)
             raise
@@ -232,6 +247,7 @@ class SimCluster:
         self._attempt(lease, group, t0, "done", start_step, steps)
         if queue.ack(lease, f"sim/{rid}"):
             self.work.finished[rid] = (group.worker_id, lease.attempts, self.enqueued_at.get(rid, t0), self.env.now)
+            self.work.compute_s[rid] = self.env.now - t0
             if self.on_done is not None:
                 self.on_done(rid, lease.request.kind)
 
@@ -267,3 +283,8 @@ class SimCluster:
 
     def live_groups(self) -> int:
         return len({id(s.group) for s in self.slots.values() if s.group is not None})
+
+    def alive_workers(self) -> int:
+        """Worker processes alive now (an SP group is one; starting and idle GPUs count one each), as the real
+        coordinator counts the ledger's open rollout workers to size exploration."""
+        return self.live_groups() + sum(s.state in ("starting", "free") for s in self.slots.values())

@@ -15,11 +15,12 @@ Example:
 
 from __future__ import annotations
 
+import os
 import random
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import simpy
 
@@ -34,23 +35,13 @@ from workers.explore.state import ExploreConfig
 from workers.sim.books import SimBooks
 from workers.sim.cluster import SimCluster, Slot
 from workers.sim.config import SimConfig
-from workers.sim.inputs import LearningCurve, ServiceTimes
+from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, WorkerTimes
 from workers.sim.market import Market
 
 EPOCH_S = 1_767_225_600.0
 """2026-01-01T00:00:00Z: second 0 of a simulated run in its ledger."""
 VARIANCE_GAIN = 1.26
 """Reward-variance gain of a planned group over random seeds: `spotlight bench exploration --seed 0` (docs/BENCHMARKS.md)."""
-
-
-@dataclass(frozen=True)
-class Segments:
-    """The reserved node's work in one iteration (seconds); a real run's ledger gives them per iteration."""
-
-    sync_s: float
-    train_s: float
-    validate_s: float
-    gaps_s: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -62,10 +53,10 @@ class Setup:
     """None: from the price table for times.gpu_type."""
     slots: Sequence[str] | None = None
     """Rollout slot names (None: g0, g1, ...)."""
-    segments: Sequence[Segments] | None = None
-    """Per-iteration reserved-node seconds (None: derived from the service times)."""
-    warmup_s: float = 0.0
-    """Workers start this long before iteration 0 (a real run's pool starts first)."""
+    iterations: Sequence[IterationTimes] | None = None
+    """Per-iteration measured times (None: derived from the service times)."""
+    workers: Mapping[str, WorkerTimes] = field(default_factory=dict)
+    """Per-worker measured start-up, restart and exit times, by worker id (`g3.1`); others use the service times."""
     epoch_s: float = EPOCH_S
 
 
@@ -93,7 +84,8 @@ class SimCoordinator:
         spot_rate, spot_source = self._price(prices, spot=policy.spot, given=setup.spot_usd_per_gpu_hour if policy.spot
                                              else setup.reserved_usd_per_gpu_hour)
         self.reserved_rate, self.reserved_source = self._price(prices, spot=False, given=setup.reserved_usd_per_gpu_hour)
-        self.cluster = SimCluster(self.env, self.queues, self.books, times, config, slots, spot_rate, spot_source)
+        self.cluster = SimCluster(self.env, self.queues, self.books, times, config, slots, spot_rate, spot_source,
+                                  worker_times=setup.workers)
         self.cluster.on_done = self._on_done
         self.events = events if policy.spot else []
         self.bandit = ExploreConfig().new_bandit(config.group_size) if policy.explore else None
@@ -122,16 +114,17 @@ class SimCoordinator:
         self.cluster.preempt(event.worker, event.notice_s)
 
     def _driver(self):
-        yield self.env.timeout(self.setup.warmup_s)
         for k in range(self.config.iterations + 1):
             yield from self._iteration(k)
 
-    def segments(self, k: int) -> Segments:
-        if self.setup.segments is not None:
-            return self.setup.segments[min(k, len(self.setup.segments) - 1)]
-        t = self.times
-        train_s = t.update_s_per_sample * self.config.samples_per_iteration / self.config.num_trainer_gpus
-        return Segments(t.sync_s, train_s, t.validate_s, t.gaps_s)
+    def segments(self, k: int) -> IterationTimes:
+        if self.setup.iterations is not None:
+            return self.setup.iterations[min(k, len(self.setup.iterations) - 1)]
+        t, cfg = self.times, self.config
+        train_s = t.update_s_per_sample * cfg.samples_per_iteration / cfg.num_trainer_gpus
+        validates = k % cfg.validate_every == 0 or k == cfg.iterations
+        return IterationTimes(t.sync_s, train_s, t.validate_s if validates else None, t.gaps_s,
+                              before_s=t.between_s if k > 0 else 0.0)
 
     def _phase(self, k: int, name: str, seconds: float):
         start = self.env.now
@@ -139,36 +132,39 @@ class SimCoordinator:
         self.books.phase(k, name, start, self.env.now)
 
     def _iteration(self, k: int):
-        seg, start, last = self.segments(k), self.env.now, k == self.config.iterations
-        reserved = f"reserved-it-{k:06d}"
+        seg, last = self.segments(k), k == self.config.iterations
+        gaps = seg.gaps_s
+        yield self.env.timeout(seg.before_s)
+        start, reserved = self.env.now, f"reserved-it-{k:06d}"
         self.books.worker_start(reserved, role="trainer", spot=False, num_gpus=self.config.num_trainer_gpus,
                                 usd_per_hour=self.reserved_rate * self.config.num_trainer_gpus,
                                 gpu_type=self.times.gpu_type, t=start, source=self.reserved_source)
+        yield self.env.timeout(gaps[0])
         yield from self._phase(k, "sync", seg.sync_s)
+        yield self.env.timeout(gaps[1])
         if last:
-            yield self.env.timeout(seg.gaps_s[0])
-            yield from self._validate(k, seg)
-        else:
-            yield self.env.timeout(seg.gaps_s[0])
-            yield from self._rollout(k)
-            yield self.env.timeout(seg.gaps_s[1])
-            explore_start = self.env.now
-            arm = self._start_exploration(k) if self.bandit is not None else None
-            yield self.env.timeout(seg.gaps_s[2])
-            if k % self.config.validate_every == 0:
+            if seg.validate_s is not None:
                 yield from self._validate(k, seg)
-            yield self.env.timeout(seg.gaps_s[3])
+        else:
+            yield from self._rollout(k, seg)
+            yield self.env.timeout(gaps[2])
+            explore_start = self.env.now
+            exploring = self._start_exploration(k, seg) if self.bandit is not None and seg.explore else None
+            yield self.env.timeout(gaps[3])
+            if seg.validate_s is not None:
+                yield from self._validate(k, seg)
+            yield self.env.timeout(gaps[4])
             yield from self._phase(k, "train", seg.train_s)
             self.train_history.append(seg.train_s)
             self._advance_progress()
-            if arm is not None:
-                yield self.env.timeout(seg.gaps_s[4])
-                self._end_exploration(k, arm, explore_start)
-        yield self.env.timeout(seg.gaps_s[5])
+            if exploring is not None:
+                yield self.env.timeout(gaps[5])
+                self._end_exploration(k, exploring, explore_start, seg.train_s)
+        yield self.env.timeout(gaps[6])
         self.books.worker_end(reserved, "finished", self.env.now)
         self.books.iteration(k, start, self.env.now)
 
-    def _validate(self, k: int, seg: Segments):
+    def _validate(self, k: int, seg: IterationTimes):
         yield from self._phase(k, "validate", seg.validate_s)
         self.books.add("validation", iteration=k, weights_version=k, score=self.curve.score(self.progress),
                        num_prompts=self.config.prompts_per_iteration, recorded_at=self.env.now)
@@ -187,18 +183,18 @@ class SimCoordinator:
                 queue.put(mine)
         self.cluster.notify_all()
 
-    def _rollout(self, k: int):
+    def _rollout(self, k: int, seg: IterationTimes):
         start, t = self.env.now, self.times
-        yield self.env.timeout(t.enqueue_s)
+        yield self.env.timeout(_given(seg.enqueue_s, t.enqueue_s))
         cfg = self.config
-        requests = [{"request_id": f"it{k}-p{p}-s{s}", "iteration": k, "kind": "rollout",
-                     "payload": {"steps": t.num_steps, "step_s": t.step_s}}
+        payload = {"steps": t.num_steps, "step_s": _given(seg.step_s, t.step_s), "claim_s": _given(seg.claim_s, t.claim_s)}
+        requests = [{"request_id": f"it{k}-p{p}-s{s}", "iteration": k, "kind": "rollout", "payload": payload}
                     for p in range(cfg.prompts_per_iteration) for s in range(cfg.group_size)]
         self.pending["rollout"] = len(requests)
         self.rollout_done = self.env.event()
         self._put(requests)
         yield self.rollout_done
-        yield self.env.timeout(t.collect_s)
+        yield self.env.timeout(_given(seg.collect_s, t.collect_s))
         self.books.phase(k, "rollout", start, self.env.now)
         self._record_requests(requests, k, None)
 
@@ -217,40 +213,62 @@ class SimCoordinator:
                            seed=i, weights_version=k, worker_id=worker, attempts=attempts, enqueued_at=enq,
                            finished_at=fin, arm=arm, status="done" if fin is not None else "cancelled")
 
-    def _start_exploration(self, k: int):
+    def _start_exploration(self, k: int, seg: IterationTimes):
+        """The real bandit's arm within the predicted training time, sized to the workers alive now; no arm that
+        fits means random seeds (the phase still runs, as the real one does)."""
         budget = predict_budget_s(self.train_history)
-        choice = self.bandit.choose(budget, self.config.prompts_per_iteration, max(1, self.cluster.live_groups()))
-        if choice.arm is None:
-            return None
-        level = CACHE_LEVELS[choice.arm.cache_level].nominal_cost
-        step_s = self.times.explore_request_s / self.times.num_steps if self.times.explore_request_s else \
-            self.times.step_s * choice.arm.seeds_per_prompt * level
-        requests = [{"request_id": f"explore-it{k}-p{p}", "iteration": k, "kind": "explore",
-                     "payload": {"steps": self.times.num_steps, "step_s": step_s}}
-                    for p in range(self.config.prompts_per_iteration)]
-        self._put(requests)
-        return choice, requests, budget
+        workers = max(1, self.cluster.alive_workers())
+        choice = self.bandit.choose(budget, self.config.prompts_per_iteration, workers)
+        requests = []
+        if choice.arm is not None:
+            level = CACHE_LEVELS[choice.arm.cache_level].nominal_cost
+            measured = _given(seg.explore_request_s, self.times.explore_request_s)
+            step_s = measured / self.times.num_steps if measured else self.times.step_s * choice.arm.seeds_per_prompt * level
+            payload = {"steps": self.times.num_steps, "step_s": step_s, "claim_s": _given(seg.claim_s, self.times.claim_s)}
+            requests = [{"request_id": f"explore-it{k}-p{p}", "iteration": k, "kind": "explore", "payload": payload}
+                        for p in range(self.config.prompts_per_iteration)]
+            self._put(requests)
+        return choice, requests, budget, workers
 
-    def _end_exploration(self, k: int, started, explore_start: float) -> None:
-        choice, requests, budget = started
+    def _end_exploration(self, k: int, started, explore_start: float, train_s: float) -> None:
+        """Cancel what is left and time the arm as the real coordinator does: the finished requests' compute
+        seconds, or (none finished) the training time on every worker for one prompt."""
+        choice, requests, budget, workers = started
         for queue in self.queues.values():
             queue.cancel_iteration(k, "explore")
-        finished = self.cluster.work.finished
-        done = [finished[r["request_id"]] for r in requests if r["request_id"] in finished]
-        used = sum(fin - enq for _, _, enq, fin in done)
+        self.books.phase(k, "explore", explore_start, self.env.now)
+        if choice.arm is None:
+            self.books.add("exploration", iteration=k, arm="none", budget_s=budget or 0.0, time_used_s=0.0, num_requests=0,
+                           seeds_per_prompt=None, cache_level=None, overhead_s=0.0, variance_gain=None, ucb_score=None,
+                           fallback_random=False)
+            return
+        done = [r["request_id"] for r in requests if r["request_id"] in self.cluster.work.finished]
+        used = sum(self.cluster.work.compute_s[rid] for rid in done)
         if done:
-            self.bandit.observe_time(choice.arm, sum(fin - enq for _, _, enq, fin in done), len(done))
+            self.bandit.observe_time(choice.arm, used, len(done))
+        elif train_s:
+            self.bandit.observe_time(choice.arm, train_s * workers, 1)
         self.explored_share = len(done) / len(requests)
         gain = self.rng.gauss(VARIANCE_GAIN * (choice.arm.seeds_per_prompt / (2 * self.config.group_size)) ** 0.25, 0.15)
         if done:
             self.bandit.observe_gain(choice.arm, gain)
-        self.books.phase(k, "explore", explore_start, self.env.now)
-        self.books.add("exploration", iteration=k, arm=choice.arm.name, budget_s=budget or 0.0, time_used_s=used,
+        self.books.add("exploration", iteration=k, arm=choice.arm.name, budget_s=budget or 0.0, time_used_s=used / workers,
                        num_requests=len(requests), seeds_per_prompt=choice.arm.seeds_per_prompt,
                        cache_level=choice.arm.cache_level, overhead_s=0.0, variance_gain=gain if done else None,
                        ucb_score=None if choice.ucb is None or choice.ucb == float("inf") else choice.ucb,
                        fallback_random=not done)
         self._record_requests(requests, k, choice.arm.name)
+
+
+def _scratch_dir() -> str | None:
+    """Where the simulated queues live: a RAM-backed folder when the OS has one. The queue commits a transaction
+    per claim, heartbeat and ack (about 300k for 100 iterations on 64 GPUs); on disk that was half the wall time."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def _given(measured: float | None, default: float) -> float:
+    return default if measured is None else measured
 
 
 def simulate(config: SimConfig, times: ServiceTimes, market: Market, curve: LearningCurve, *,
@@ -260,7 +278,7 @@ def simulate(config: SimConfig, times: ServiceTimes, market: Market, curve: Lear
     from workers.sim.metrics import run_metrics
 
     prices = prices or load_prices()
-    with tempfile.TemporaryDirectory(prefix="spotlight-sim-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="spotlight-sim-", dir=_scratch_dir()) as tmp:
         work = Path(tmp)
         names = list(setup.slots or [f"g{i}" for i in range(config.num_spot_gpus)])
         horizon_s = 3600.0 * 24 * 30

@@ -23,6 +23,11 @@ from typing import Mapping
 from resources.ledger_db import query_ledger
 
 
+GAPS = ("start->sync", "sync->rollout", "rollout->explore", "explore->validate", "validate->train",
+        "train->explore end", "->iteration end")
+"""The coordinator's hand-overs within an iteration, in order (ServiceTimes.gaps_s, IterationTimes.gaps_s)."""
+
+
 @dataclass(frozen=True)
 class ServiceTimes:
     """How long each piece of work takes, for one model on one GPU type."""
@@ -46,9 +51,11 @@ class ServiceTimes:
     """Rollout phase start to the first claim (the coordinator's put, the workers' poll)."""
     collect_s: float = 0.2
     """Last result to the rollout phase's end (the coordinator's wait poll, result read-back)."""
-    gaps_s: tuple[float, ...] = (1.0, 1.0, 0.5, 0.5, 0.5, 0.5)
-    """Coordinator hand-overs: sync->rollout, rollout->explore, explore->validate, validate->train,
-    train->explore end, ->iteration end."""
+    gaps_s: tuple[float, ...] = (0.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5)
+    """Coordinator hand-overs (GAPS): iteration start->sync, sync->rollout, rollout->explore, explore->validate,
+    validate->train, train->explore end, ->iteration end."""
+    between_s: float = 0.0
+    """From one iteration's end to the next one's start (the report phase, the driver)."""
     startup_s: float = 120.0
     """A new worker process: start to ready (image pull, imports, model load from the store)."""
     model_load_s: float = 120.0
@@ -59,6 +66,8 @@ class ServiceTimes:
     """A replacement GPU copying the weights from a live peer on its node (intra-node, elastic SP)."""
     restart_delay_s: float = 180.0
     """A preempted spot slot until its replacement process starts (a new spot VM)."""
+    exit_s: float | None = None
+    """A preemption to its process's end (None: when the notice runs out, as a cloud reclaims the VM; at once for a kill)."""
     sp_parallel_fraction: float = 0.9
     """Amdahl fraction of a sample's time that splits over an SP group (workers/sp/degree.py)."""
     sp_comm_s: float = 0.02
@@ -74,8 +83,9 @@ class ServiceTimes:
         for name in ("step_s", "update_s_per_sample"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ServiceTimes.{name} must be > 0 seconds, got {getattr(self, name)!r}")
-        if len(self.gaps_s) != 6:
-            raise ValueError(f"ServiceTimes.gaps_s must give 6 hand-over times, got {len(self.gaps_s)}")
+        if len(self.gaps_s) != len(GAPS):
+            raise ValueError(f"ServiceTimes.gaps_s must give {len(GAPS)} hand-over times ({', '.join(GAPS)}), "
+                             f"got {len(self.gaps_s)}")
         if self.num_steps < 1 or self.min_sp_degree < 1:
             raise ValueError(f"ServiceTimes.num_steps and min_sp_degree must be >= 1, got {self.num_steps}, {self.min_sp_degree}")
 
@@ -83,6 +93,45 @@ class ServiceTimes:
     def sample_s(self) -> float:
         """One rollout sample on one GPU."""
         return self.step_s * self.num_steps
+
+
+@dataclass(frozen=True)
+class IterationTimes:
+    """One iteration as a replayed run measured it: the reserved node's timeline, and the rollout service times
+    (None: the ServiceTimes' figure). What the simulator predicts from them is the rollout phase."""
+
+    sync_s: float
+    train_s: float
+    validate_s: float | None
+    """None: the iteration does not validate."""
+    gaps_s: tuple[float, ...]
+    """The coordinator's hand-overs (GAPS)."""
+    before_s: float = 0.0
+    """From the previous iteration's end (for iteration 0: the first worker's start) to this one's start."""
+    explore: bool = True
+    """The iteration explores (when the policy does); False where the real one did not."""
+    step_s: float | None = None
+    claim_s: float | None = None
+    enqueue_s: float | None = None
+    collect_s: float | None = None
+    explore_request_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.gaps_s) != len(GAPS):
+            raise ValueError(f"IterationTimes.gaps_s must give {len(GAPS)} hand-over times, got {len(self.gaps_s)}")
+
+
+@dataclass(frozen=True)
+class WorkerTimes:
+    """One worker process's life as a replayed run measured it, by worker id (None: the ServiceTimes' figure)."""
+
+    restart_delay_s: float | None = None
+    """Its slot's previous process's end to its start (a first process: the first worker's start to its start)."""
+    startup_s: float | None = None
+    """Its start to ready. A replay takes its first claim: an upper bound, exact whenever work was waiting
+    (a worker that never claimed is ready only at its end)."""
+    exit_s: float | None = None
+    """Its preemption to its process's end."""
 
 
 _VERL_OMNI = "verl-project/verl-omni docs/algo/performance.md: 0.51 images/GPU/s full-model Qwen-Image on 4xH200"

@@ -1,11 +1,15 @@
 """A real run's ledger as simulator inputs (service times, workers, preemption trace), and the sim-vs-real check.
 
-What comes from the real ledger: per-step seconds, claim and hand-over latencies, worker
-start-up and restart delays (attempts, phases, workers); the reserved node's phase times
-per iteration (sync, validate, train and the gaps between them, as measured); the workload
-(prompts, group size, steps); prices; and the preemption trace (slot, time, notice). What
-the simulator then predicts: the rollout phase (queue, pulls, preemptions, re-deliveries),
-worker lifetimes, hence each iteration's wall time, critical path, cost and preemptions.
+What comes from the real ledger, per iteration (`IterationTimes`): the reserved node's
+timeline (the time before the iteration, sync, validate, train, whether it explored, and
+the seven hand-overs between them, as recorded) and the rollout service times of that
+iteration (mean seconds per denoising step, per claim, per exploration request; the
+hand-over into the first claim and out of the last result), so the load of that moment is
+in them. Per worker process (`WorkerTimes`): its restart delay, start-up (to its first
+claim) and exit after a preemption. Run-wide: the workload (prompts, group size, steps),
+prices and the preemption trace (slot, time, notice). What the simulator then predicts:
+the rollout phases (queue, pulls, preemptions, lease expiry, re-deliveries, commits), the
+workers' lifetimes, hence each iteration's wall time, critical path, cost and preemptions.
 
 Example:
     replay = replay_inputs("runs/demo/ledger.duckdb")
@@ -15,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,8 +28,8 @@ from pathlib import Path
 from resources.ledger_db import query_ledger
 from resources.preemption import PreemptionEvent
 from workers.sim.config import SimConfig, get_policy
-from workers.sim.engine import Segments, Setup
-from workers.sim.inputs import LearningCurve, ServiceTimes
+from workers.sim.engine import Setup
+from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, WorkerTimes
 from workers.sim.market import Market
 
 COMPARED = ("wall_s", "critical_path_s", "usd_total", "preemptions")
@@ -51,54 +56,88 @@ def _median(values: list[float], default: float) -> float:
     return statistics.median(values) if values else default
 
 
-def _segments(path: Path) -> list[Segments]:
+def _phase_windows(path: Path) -> tuple[dict[int, dict], dict[int, dict]]:
     its = {r["iteration"]: r for r in _rows(path, "SELECT iteration, started_at, ended_at FROM iterations ORDER BY 1")}
     phases: dict[int, dict] = {}
     for r in _rows(path, "SELECT iteration, phase, started_at, ended_at FROM phases"):
         phases.setdefault(r["iteration"], {})[r["phase"]] = (r["started_at"], r["ended_at"])
-    out = []
+    return its, phases
+
+
+def _timeline(it: dict, p: dict, before_s: float) -> IterationTimes:
+    """The reserved node's side of one iteration: phases and the hand-overs between them (GAPS), as recorded."""
+    sync, val = p["sync"], p.get("validate")
+    if "rollout" not in p:  # the final iteration: sync, validate
+        after = val or (sync[1], sync[1])
+        return IterationTimes(_s(*sync), 0.0, _s(*val) if val else None,
+                              (_s(it["started_at"], sync[0]), _s(sync[1], after[0]), 0, 0, 0, 0, _s(after[1], it["ended_at"])),
+                              before_s=before_s, explore=False)
+    rollout, train = p["rollout"], p["train"]
+    explore = p.get("explore")
+    explore_start = explore[0] if explore else rollout[1]
+    explore_end = explore[1] if explore else train[1]
+    # Without validation the explore->validate and validate->train hand-overs are one (put in the first).
+    before_train = val[0] if val else train[0]
+    gaps = (_s(it["started_at"], sync[0]), _s(sync[1], rollout[0]), _s(rollout[1], explore_start),
+            _s(explore_start, before_train), _s(val[1], train[0]) if val else 0.0, max(0.0, _s(train[1], explore_end)),
+            _s(max(explore_end, train[1]), it["ended_at"]))
+    return IterationTimes(_s(*sync), _s(*train), _s(*val) if val else None, gaps, before_s=before_s,
+                          explore=explore is not None)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
+    """Each iteration's timeline, and its rollout service times: mean seconds per denoising step and per claim
+    (the load of that moment is in them), the hand-over into the first claim (its least over the run: a phase
+    that waited for a worker to come up would count that wait twice) and out of the last result."""
+    its, phases = _phase_windows(path)
+    attempts = _rows(path, "SELECT a.worker_id, a.started_at, a.ended_at, a.steps_done, a.outcome, r.kind, r.iteration "
+                           "FROM attempts a JOIN requests r USING (request_id) ORDER BY a.worker_id, a.started_at")
+    by_iteration: dict[int, list[dict]] = {}
+    for a in attempts:
+        by_iteration.setdefault(a["iteration"], []).append(a)
+    firsts = [_s(phases[k]["rollout"][0], min(a["started_at"] for a in rows if a["kind"] == "rollout"))
+              for k, rows in by_iteration.items() if "rollout" in phases.get(k, {})
+              and any(a["kind"] == "rollout" for a in rows)]
+    enqueue_s = min(firsts) if firsts else None
+    out, previous_end = [], t0
     for k, it in sorted(its.items()):
-        p = phases[k]
-        sync = _s(it["started_at"], p["sync"][1])
-        val = p.get("validate")
-        if "rollout" not in p:  # the last iteration: sync, validate
-            out.append(Segments(sync, 0.0, _s(*val), (_s(p["sync"][1], val[0]), 0, 0, 0, 0, _s(val[1], it["ended_at"]))))
-            continue
-        explore = p.get("explore", (p["rollout"][1], p["train"][1]))
-        after_explore = val[0] if val else p["train"][0]
-        g3 = _s(val[1] if val else after_explore, p["train"][0])
-        out.append(Segments(sync, _s(*p["train"]), _s(*val) if val else 0.0,
-                            (_s(p["sync"][1], p["rollout"][0]), _s(p["rollout"][1], explore[0]), _s(explore[0], after_explore),
-                             g3, max(0.0, _s(p["train"][1], explore[1])), _s(max(explore[1], p["train"][1]), it["ended_at"]))))
+        timeline = _timeline(it, phases[k], _s(previous_end, it["started_at"]))
+        previous_end = it["ended_at"]
+        rows = by_iteration.get(k, [])
+        done = [a for a in rows if a["kind"] == "rollout" and a["outcome"] == "done" and a["steps_done"]]
+        gaps = [_s(a["ended_at"], b["started_at"]) for a, b in zip(rows, rows[1:])
+                if a["worker_id"] == b["worker_id"] and 0 <= _s(a["ended_at"], b["started_at"]) < 1.0]
+        explore = [_s(a["started_at"], a["ended_at"]) for a in rows if a["kind"] == "explore" and a["outcome"] == "done"]
+        step_s = (sum(_s(a["started_at"], a["ended_at"]) for a in done) / sum(a["steps_done"] for a in done)) if done else None
+        last = max((a["ended_at"] for a in rows if a["kind"] == "rollout"), default=None)
+        collect_s = _s(last, phases[k]["rollout"][1]) if last is not None and "rollout" in phases[k] else None
+        out.append(dataclasses.replace(timeline, step_s=step_s, claim_s=_mean(gaps), enqueue_s=enqueue_s,
+                                       collect_s=None if collect_s is None else max(0.0, collect_s),
+                                       explore_request_s=_mean(explore)))
     return out
 
 
-def _worker_times(path: Path, slots: dict[str, list[dict]]) -> tuple[float, float]:
+def _worker_times(path: Path, slots: dict[str, list[dict]], t0: datetime) -> dict[str, WorkerTimes]:
+    """Each worker process's restart delay (its slot's previous end, or t0, to its start), start-up (to its first
+    claim; never ready if it never claimed) and exit (its preemption to its end)."""
     first = {r["worker_id"]: r["t"] for r in _rows(path, "SELECT worker_id, min(started_at) AS t FROM attempts GROUP BY 1")}
-    startups, delays = [], []
+    preempted = {r["worker_id"]: r["t"] for r in _rows(path, "SELECT worker_id, min(preempted_at) AS t FROM preemptions "
+                                                             "GROUP BY 1")}
+    out = {}
     for workers in slots.values():
-        for prev, nxt in zip(workers, workers[1:]):
-            delays.append(_s(prev["ended_at"], nxt["started_at"]))
-            if nxt["worker_id"] in first:
-                startups.append(_s(nxt["started_at"], first[nxt["worker_id"]]))
-    return (min(startups) if startups else 5.0), _median(delays, 3.0)
-
-
-def _request_times(path: Path) -> dict[str, float]:
-    attempts = _rows(path, "SELECT a.worker_id, a.started_at, a.ended_at, a.steps_done, r.kind FROM attempts a "
-                           "JOIN requests r USING (request_id) WHERE a.outcome = 'done' ORDER BY a.worker_id, a.started_at")
-    rollout = [a for a in attempts if a["kind"] == "rollout" and a["steps_done"]]
-    gaps = [_s(a["ended_at"], b["started_at"]) for a, b in zip(rollout, rollout[1:])
-            if a["worker_id"] == b["worker_id"] and 0 <= _s(a["ended_at"], b["started_at"]) < 1.0]
-    phases = _rows(path, "SELECT p.started_at, p.ended_at, min(a.started_at) AS first, max(a.ended_at) AS last FROM phases p "
-                         "JOIN requests r ON r.iteration = p.iteration AND r.kind = 'rollout' JOIN attempts a USING (request_id) "
-                         "WHERE p.phase = 'rollout' GROUP BY ALL")
-    return {"step_s": _median([_s(a["started_at"], a["ended_at"]) / a["steps_done"] for a in rollout], 0.01),
-            "num_steps": max([a["steps_done"] for a in rollout], default=4),
-            "claim_s": _median(gaps, 0.01),
-            "enqueue_s": _median([_s(p["started_at"], p["first"]) for p in phases], 0.05),
-            "collect_s": _median([_s(p["last"], p["ended_at"]) for p in phases], 0.05),
-            "explore_request_s": _median([_s(a["started_at"], a["ended_at"]) for a in attempts if a["kind"] == "explore"], 0.05)}
+        previous_end = t0
+        for w in workers:
+            ended = w["ended_at"] or w["started_at"]
+            ready = first.get(w["worker_id"], ended)
+            out[w["worker_id"]] = WorkerTimes(
+                restart_delay_s=max(0.0, _s(previous_end, w["started_at"])), startup_s=max(0.0, _s(w["started_at"], ready)),
+                exit_s=_s(preempted[w["worker_id"]], ended) if w["worker_id"] in preempted and w["ended_at"] else None)
+            previous_end = ended
+    return out
 
 
 def replay_inputs(path: str | Path) -> Replay:
@@ -112,49 +151,57 @@ def replay_inputs(path: str | Path) -> Replay:
     for w in rollout:
         slots.setdefault(w["worker_id"].split(".")[0], []).append(w)
     t0 = rollout[0]["started_at"]
-    startup_s, restart_s = _worker_times(path, slots)
-    req = _request_times(path)
-    times = ServiceTimes(model="measured", gpu_type="local", step_s=req["step_s"], num_steps=int(req["num_steps"]),
-                         claim_s=req["claim_s"], enqueue_s=req["enqueue_s"], collect_s=req["collect_s"],
-                         startup_s=startup_s, restart_delay_s=restart_s, explore_request_s=req["explore_request_s"],
+    per_worker = _worker_times(path, slots, t0)
+    per_iteration = _iteration_times(path, t0)
+    runs = _rows(path, "SELECT max(steps_done + resumed_from_step) AS n FROM attempts a JOIN requests r USING (request_id) "
+                       "WHERE r.kind = 'rollout' AND a.outcome = 'done'")
+    typical = lambda name, default: _median([getattr(i, name) for i in per_iteration  # noqa: E731
+                                            if getattr(i, name) is not None], default)
+    restarts = [w.restart_delay_s for ws in slots.values() for w in (per_worker[x["worker_id"]] for x in ws[1:])]
+    times = ServiceTimes(model="measured", gpu_type="local", step_s=typical("step_s", 0.01), num_steps=int(runs[0]["n"] or 4),
+                         claim_s=typical("claim_s", 0.01), enqueue_s=typical("enqueue_s", 0.05),
+                         collect_s=typical("collect_s", 0.05), startup_s=_median([w.startup_s for w in per_worker.values()], 5.0),
+                         restart_delay_s=_median(restarts, 3.0), explore_request_s=typical("explore_request_s", 0.05),
                          sources={"*": f"measured from {path}"})
     trace = tuple(PreemptionEvent(round(_s(t0, p["preempted_at"]), 6), p["worker_id"].split(".")[0], p["notice_s"])
                   for p in _rows(path, "SELECT worker_id, preempted_at, notice_s FROM preemptions ORDER BY 2"))
-    shape = _rows(path, "SELECT count(DISTINCT prompt) AS p, count(*) AS n, max(iteration) AS k FROM requests "
+    shape = _rows(path, "SELECT count(DISTINCT prompt) AS p, count(*) AS n FROM requests "
                         "WHERE kind = 'rollout' AND iteration = 0")[0]
     iterations = _rows(path, "SELECT max(iteration) AS k FROM iterations")[0]["k"]
     config = SimConfig(get_policy("spotlight"), num_spot_gpus=len(slots), num_trainer_gpus=1, gpus_per_node=1,
                        iterations=int(iterations), prompts_per_iteration=int(shape["p"]),
-                       group_size=int(shape["n"]) // int(shape["p"]), commit_every=2, lease_s=10.0, validate_every=1)
+                       group_size=int(shape["n"]) // int(shape["p"]), commit_every=2, lease_s=10.0)
     trainer = [w for w in workers if w["role"] == "trainer"]
     setup = Setup(spot_usd_per_gpu_hour=rollout[0]["usd_per_hour"],
                   reserved_usd_per_gpu_hour=trainer[0]["usd_per_hour"] if trainer else 0.0, slots=sorted(slots),
-                  segments=_segments(path), warmup_s=_s(t0, _rows(path, "SELECT min(started_at) AS t FROM iterations")[0]["t"]),
+                  iterations=per_iteration, workers=per_worker,
                   epoch_s=t0.timestamp() if t0.tzinfo else (t0 - datetime(1970, 1, 1)).total_seconds())
     curve = LearningCurve((0.0, 1.0), (0.0, 0.0), "replay: scores are not compared")
     return Replay(config, times, Market(f"trace of {path}", trace=trace), curve, setup)
 
 
 def per_iteration(path: Path) -> list[dict]:
+    """Each iteration's COMPARED figures and its rollout phase's seconds (the part the simulator predicts)."""
     return _rows(path, "SELECT c.iteration, c.wall_s, c.critical_path_s, c.usd_total, "
                        "(SELECT count(*) FROM preemptions p, iterations i WHERE i.iteration = c.iteration "
-                       " AND p.preempted_at >= i.started_at AND p.preempted_at < i.ended_at) AS preemptions "
+                       " AND p.preempted_at >= i.started_at AND p.preempted_at < i.ended_at) AS preemptions, "
+                       "(SELECT coalesce(sum(date_diff('microsecond', f.started_at, f.ended_at)) / 1e6, 0) FROM phases f "
+                       " WHERE f.iteration = c.iteration AND f.phase = 'rollout') AS rollout_s "
                        "FROM cost_per_iteration c ORDER BY 1")
 
 
 def compare(real: str | Path, simulated: str | Path) -> dict[str, float]:
-    """Mean relative error per iteration of each COMPARED figure; preemptions over the whole run
-    (|difference of totals| / max(real total, 1)): with 1-3 per iteration, an event at an iteration's boundary
-    lands on either side of it, and one event is a 33-100 % error per iteration."""
+    """Mean over iterations of each COMPARED figure's relative error, |sim - real| / |real|; for the preemption
+    count |sim - real| / max(real, 1) (an iteration without any is off by one per extra event). `rollout_s`
+    is the same error of the rollout phases, over the iterations that have one."""
     a, b = per_iteration(Path(real)), per_iteration(Path(simulated))
     if len(a) != len(b):
         raise ValueError(f"the real run has {len(a)} iterations, the simulated one {len(b)}")
     out = {}
     for name in COMPARED:
-        if name == "preemptions":
-            total = sum(x[name] for x in a)
-            out[name] = abs(sum(y[name] for y in b) - total) / max(total, 1)
-            continue
-        errs = [abs(y[name] - x[name]) / (abs(x[name]) or 1e-9) for x, y in zip(a, b)]
+        floor = 1.0 if name == "preemptions" else 1e-9
+        errs = [abs(y[name] - x[name]) / max(abs(x[name]), floor) for x, y in zip(a, b)]
         out[name] = sum(errs) / len(errs)
+    rollouts = [abs(y["rollout_s"] - x["rollout_s"]) / x["rollout_s"] for x, y in zip(a, b) if x["rollout_s"] > 0]
+    out["rollout_s"] = sum(rollouts) / len(rollouts) if rollouts else 0.0
     return out

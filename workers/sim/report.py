@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,8 +32,10 @@ def sweep(base: SimConfig, times, market, curve, *, spot_gpus: Sequence[int], po
             for seed in seeds:
                 config = replace(base, policy=get_policy(name), num_spot_gpus=n, seed=seed)
                 folder = None if out_dir is None else out_dir / f"{name}-{n}-seed{seed}"
+                started = time.perf_counter()
                 result = simulate(config, times, market, curve, prices=prices, out_dir=folder, target=target)
                 rows.append({"policy": name, "spot_gpus": n, "seed": seed, **result.metrics,
+                             "sim_wall_s": time.perf_counter() - started,
                              "ledger": str(result.ledger_path) if folder else None})
     return rows
 

@@ -54,8 +54,14 @@ class TrainConfig:
     """Fixed seeds per held-out prompt."""
     train_categories: tuple[str, ...] | None = None
     """Train only on prompts of these categories (e.g. the held-out split's); None = all."""
+    seeds_per_request: int = 1
+    """Queue workers: samples of one prompt per rollout request, sampled as one batch (a prompt's seeds are
+    cut into requests of this many, in order). 1 = one request per sample. What is sampled is the same;
+    batching pays where a forward of one sample leaves the device idle (docs/QUEUE.md)."""
 
     def __post_init__(self):
+        if not 1 <= self.seeds_per_request <= 256:
+            raise ValueError(f"seeds_per_request must be in [1, 256], got {self.seeds_per_request}")
         if self.iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
         if self.group_size < 2:

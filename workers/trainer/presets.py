@@ -48,6 +48,16 @@ def cpu_tiny_long() -> TrainConfig:
                                grpo=dataclasses.replace(base.grpo, nft_timesteps=6))
 
 
+def cpu_tiny_spot() -> TrainConfig:
+    """`spotlight run`'s default (`make demo`): `spotlight train`'s recipe (cpu_tiny_long) with SPOTLIGHT's
+    split of the work. The high-contrast seeds come from exploration on the stale weights beside training
+    (the bandit's seeds per prompt x cache level), not from a wider draw on the critical path; each rollout
+    request samples a prompt's whole group as one batch; the held-out split is scored every 10 iterations.
+    How it learns and where its time goes: docs/BENCHMARKS.md ("make demo")."""
+    base = cpu_tiny_long()
+    return dataclasses.replace(base, iterations=30, rollouts_per_prompt=None, seeds_per_request=8, validate_every=10)
+
+
 def cpu_tiny_flow_grpo() -> TrainConfig:
     """Flow-GRPO's recipe on the same budget: SDE rollouts (noise level 0.7) on a 4-step window,
     PPO-clip on the step log-probs. Kept for comparison (docs/RECIPE.md)."""
@@ -102,7 +112,8 @@ def flux1_lora() -> TrainConfig:
 
 
 PRESETS: dict[str, Callable[[], TrainConfig]] = {
-    "cpu_tiny": cpu_tiny, "cpu_tiny_long": cpu_tiny_long, "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
+    "cpu_tiny": cpu_tiny, "cpu_tiny_long": cpu_tiny_long, "cpu_tiny_spot": cpu_tiny_spot,
+    "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
     "cpu_smoke": cpu_smoke, "sd35m_lora": sd35m_lora, "qwen_image_lora": qwen_image_lora, "flux1_lora": flux1_lora,
 }
 

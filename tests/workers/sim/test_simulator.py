@@ -26,7 +26,7 @@ def test_simulated_ledger_answers_the_same_views_as_a_real_one(tmp_path):
     assert costs == [(k, True, True) for k in range(4)]
     assert query_ledger(db, "SELECT count(*) FROM validation_curve").rows == [(4,)]
     assert query_ledger(db, "SELECT sum(preemptions) FROM preemption_summary").rows[0][0] == result.metrics["preemptions"] > 0
-    explored = query_ledger(db, "SELECT count(*) FROM exploration").rows[0][0]
+    explored = query_ledger(db, "SELECT count(*) FROM exploration WHERE arm <> 'none'").rows[0][0]
     assert 1 <= explored <= 3  # the real bandit chose an arm whenever one fitted the predicted training time
 
 
@@ -59,3 +59,21 @@ def test_simulate_refuses_bad_input_with_one_line_saying_what_to_fix(args, messa
     done = CliRunner().invoke(app, ["simulate", *args])
     assert done.exit_code != 0
     assert message in " ".join(done.output.split())
+
+
+def test_summary_sets_spotlight_beside_the_best_baseline_of_each_seed_with_its_spread():
+    from workers.sim.summary import against_paper, summary_markdown
+
+    def row(policy, n, seed, usd, hours, samples):
+        return {"policy": policy, "spot_gpus": n, "seed": seed, "usd_total": usd, "wall_h": 1.0, "hours_to_target": hours,
+                "preemptions": 0, "rollout_gpu_utilisation": 0.5, "rollout_samples_per_s": samples,
+                "samples_per_hour": samples}
+
+    rows = [row(p, n, seed, usd * (1 + seed), hours, samples * n)
+            for n in (8, 64) for seed in (0, 1)
+            for p, usd, hours, samples in (("roll", 10, 2.0, 1.0), ("naive_spot", 6, None, 1.0), ("spotlight", 3, 1.0, 0.5))]
+    paper = against_paper(rows)
+    assert paper["cost_ratio"][8] == {"mean": 2.0, "min": 2.0, "max": 2.0, "n": 2}  # 6 / 3: naive spot is the cheaper
+    assert paper["target_ratio"][64]["mean"] == 2.0  # naive spot never reached the target: roll's 2 h against 1 h
+    assert paper["scaling"]["spotlight"]["rollout_samples_per_s"]["mean"] == 8.0
+    assert "not reached (0/2)" in summary_markdown(rows)

@@ -93,13 +93,24 @@ class Family(ABC):
         return cls.from_pretrained(spec.path, subfolder="transformer", torch_dtype=dtype, local_files_only=True,
                                    low_cpu_mem_usage=False)
 
-    def load_pipeline(self, spec: ModelSpec, dtype: torch.dtype):
-        """Every component but the transformer (the policy holds that)."""
+    def load_text_pipeline(self, spec: ModelSpec, dtype: torch.dtype):
+        """The pipeline with its text encoder(s) and tokenizer(s) only (no transformer, no VAE): what encodes prompts."""
         import diffusers
 
         cls = getattr(diffusers, self.pipeline_class)
         quiet_loading()
-        return cls.from_pretrained(spec.path, transformer=None, torch_dtype=dtype, local_files_only=True)
+        return cls.from_pretrained(spec.path, transformer=None, vae=None, torch_dtype=dtype, local_files_only=True)
+
+    def load_vae(self, spec: ModelSpec, dtype: torch.dtype) -> torch.nn.Module:
+        """The folder's VAE alone (its class from model_index.json): what decodes latents to images."""
+        import diffusers
+
+        library, name = json.loads((Path(spec.path) / "model_index.json").read_text())["vae"]
+        cls = getattr(diffusers, name, None)
+        if library != "diffusers" or cls is None:
+            raise ValueError(f"{spec.path}: model_index.json names the VAE {library}.{name}, not a diffusers class")
+        quiet_loading()
+        return cls.from_pretrained(spec.path, subfolder="vae", torch_dtype=dtype, local_files_only=True)
 
     # -- geometry and schedule -----------------------------------------------------------------------
     @abstractmethod
@@ -135,9 +146,13 @@ class Family(ABC):
         return scheduler.sigmas.detach().float().cpu()
 
     # -- per family ----------------------------------------------------------------------------------
+    embedding_names: tuple[str, ...] = ("prompt_embeds",)
+    """The tensors `encode` returns per prompt (what the store's prompt cache holds)."""
+
     @abstractmethod
     def encode(self, pipe, prompts: list[str], spec: ModelSpec, device) -> list[dict[str, torch.Tensor]]:
-        """Supplied by each family."""
+        """Supplied by each family: one dict of `embedding_names` tensors (FP32, unpadded) per prompt, from the
+        text pipeline's own encode code."""
 
     @abstractmethod
     def collate(self, items: list[dict[str, torch.Tensor]], device) -> dict[str, torch.Tensor]:
@@ -151,8 +166,8 @@ class Family(ABC):
         return v_uncond + scale * (v_cond - v_uncond)
 
     @abstractmethod
-    def decode(self, pipe, latents: torch.Tensor, geometry: Geometry) -> torch.Tensor:
-        """Supplied by each family."""
+    def decode(self, vae, latents: torch.Tensor, geometry: Geometry) -> torch.Tensor:
+        """Supplied by each family: latents -> images with the folder's VAE."""
 
 
 def dynamic_shift_mu(config, image_seq_len: int) -> float:

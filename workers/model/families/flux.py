@@ -17,6 +17,7 @@ class Flux(Family):
                     "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
                     "ff_context.net.2")
     uses_true_cfg = False
+    embedding_names = ("prompt_embeds", "pooled")
 
     def vae_scale_factor(self, spec) -> int:
         return 2 ** (len(read_config(spec.path, "vae")["block_out_channels"]) - 1)
@@ -50,7 +51,7 @@ class Flux(Family):
             return_dict=False,
         )[0]
 
-    def decode(self, pipe, latents, geometry):
-        cfg = pipe.vae.config
+    def decode(self, vae, latents, geometry):
+        cfg = vae.config
         x = unpack_2x2(latents, geometry.latent_h, geometry.latent_w)
-        return pipe.vae.decode(x / cfg.scaling_factor + cfg.shift_factor, return_dict=False)[0]
+        return vae.decode(x / cfg.scaling_factor + cfg.shift_factor, return_dict=False)[0]

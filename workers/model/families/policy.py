@@ -7,9 +7,15 @@ The interface is the pixel policy's (workers/model/policy.py): `latent_shape`, `
 checkpoints. A family (qwen_image.py, sd3.py, flux.py) supplies the parts that differ: prompt
 encoding, latent packing, the transformer's call and CFG, the VAE's scaling.
 
-Memory: the frozen parts are loaded lazily and shared (never deep-copied): a process that only
-trains on cached prompt embeddings never loads the VAE, and `drop_text_encoders()` frees the text
-encoder(s) once every prompt it needs is encoded. Prompt embeddings are cached per prompt (CPU).
+Memory: the frozen parts are loaded lazily and shared (never deep-copied): the text encoder(s) load
+only for a prompt that is neither cached in this process nor in the store's prompt cache
+(workers/model/families/prompt_store.py), so a rollout worker fed from the store loads only the
+transformer and the VAE; a process that only trains on cached prompt embeddings never loads the VAE;
+`drop_text_encoders()` frees the text encoder(s) once every prompt it needs is encoded.
+
+A request may ask for another resolution or guidance than the run's: `policy.at(resolution=..., guidance=...)`
+is a view that shares the transformer and the frozen parts (ValueError for a resolution the family cannot
+pack, before any compute).
 
 Example:
     policy = load_model_policy("/models/Qwen-Image", lora_rank=64, resolution=512)
@@ -34,32 +40,63 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class FrozenParts:
-    """The pipeline without its transformer, loaded on first use; shared by deep copies (NFT's v_old, the KL
-    reference), so they never duplicate the text encoders or the VAE."""
+    """The pipeline without its transformer, each part loaded on first use: the text encoder(s) only when a prompt
+    is neither cached here nor in the store's prompt cache (`prompt_source`), the VAE only to decode. Shared by deep
+    copies (NFT's v_old, the KL reference), so they never duplicate the text encoders or the VAE."""
 
     def __init__(self, spec: ModelSpec, family: Family):
         self.spec, self.family = spec, family
-        self._pipe = None
+        self._text_pipe = None
+        self._vae = None
         self.device = torch.device("cpu")
         self.text_encoders_dropped = False
         self.prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
         """Prompt -> its embeddings (CPU, unpadded): each prompt is encoded once per process."""
+        self.prompt_source = None
+        """Where embeddings encoded elsewhere are read from first (`prompt_store.StorePromptSource`), or None."""
+        self.loaded: list[str] = []
+        """What this process loaded, in order ("text_encoders", "vae"): a worker fed from the store never
+        lists "text_encoders"."""
 
     @property
-    def pipe(self):
-        if self._pipe is None:
-            self._pipe = self.family.load_pipeline(self.spec, _DTYPES[self.spec.base_dtype]).to(self.device)
-        return self._pipe
+    def text_pipe(self):
+        if self._text_pipe is None:
+            self._text_pipe = self.family.load_text_pipeline(self.spec, _DTYPES[self.spec.base_dtype]).to(self.device)
+            self.loaded.append("text_encoders")
+        return self._text_pipe
+
+    @property
+    def vae(self) -> nn.Module:
+        if self._vae is None:
+            self._vae = self.family.load_vae(self.spec, _DTYPES[self.spec.base_dtype]).to(self.device).eval()
+            self.loaded.append("vae")
+        return self._vae
 
     def to(self, device: torch.device) -> None:
         self.device = torch.device(device)
-        if self._pipe is not None:
-            self._pipe.to(self.device)
+        for part in (self._text_pipe, self._vae):
+            if part is not None:
+                part.to(self.device)
+
+    def embeddings(self, prompts: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        """Each prompt's embeddings: from this process's cache, else the prompt source, else encoded here.
+        One prompt per encoder call, so an embedding never depends on what it was batched with and a worker
+        that encodes a prompt itself gets the bits the coordinator stored."""
+        needed = [p for p in dict.fromkeys(prompts) if p not in self.prompt_cache]
+        if needed and self.prompt_source is not None:
+            self.prompt_cache.update(self.prompt_source.read(needed, self.spec))
+            needed = [p for p in needed if p not in self.prompt_cache]
+        if needed and self.text_encoders_dropped:
+            raise RuntimeError(f"prompts {needed[:3]} are not cached and the text encoders were dropped; "
+                               "encode every prompt before drop_text_encoders()")
+        with torch.no_grad():
+            for prompt in needed:
+                (encoded,) = self.family.encode(self.text_pipe, [prompt], self.spec, self.device)
+                self.prompt_cache[prompt] = {k: v.cpu() for k, v in encoded.items()}
+        return {p: self.prompt_cache[p] for p in prompts}
 
     def drop_text_encoders(self) -> None:
-        if self._pipe is not None:
-            for name in self.family.text_encoder_names:
-                setattr(self._pipe, name, None)
+        self._text_pipe = None
         self.text_encoders_dropped = True
 
     def __deepcopy__(self, memo):
@@ -101,25 +138,28 @@ class DiffusersPolicy(nn.Module):
             self._sigma_cache[num_steps] = self.family.sigmas(self.model_spec, self.geometry, num_steps)
         return self._sigma_cache[num_steps]
 
+    def at(self, resolution: int | None = None, guidance: float | None = None) -> "DiffusersPolicy":
+        """This policy at another resolution and/or guidance (None keeps the spec's): a view sharing the
+        transformer, its weights and the frozen parts. ValueError, before any compute, for a resolution that is
+        not a multiple of the family's latent stride (VAE factor x patch size)."""
+        import dataclasses
+
+        changes = {name: value for name, value in (("resolution", resolution), ("guidance", guidance))
+                   if value is not None and value != getattr(self.model_spec, name)}
+        if not changes:
+            return self
+        spec = dataclasses.replace(self.model_spec, **changes)
+        return DiffusersPolicy(spec, self.family, self.transformer, self.frozen).train(self.training)
+
     # -- prompts -------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> tuple[Conditioning, None]:
-        """The batch's conditioning (and the unconditional one under true CFG); each prompt is encoded once per
-        process with the pipeline's frozen text encoder(s)."""
-        needed = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
-        if self.model_spec.guidance > 1 and self.family.uses_true_cfg and self.model_spec.negative_prompt not in self._prompt_cache:
-            needed.append(self.model_spec.negative_prompt)
-        if needed:
-            if self.frozen.text_encoders_dropped:
-                raise RuntimeError(f"prompts {needed[:3]} are not cached and the text encoders were dropped; "
-                                   "encode every prompt before drop_text_encoders()")
-            with torch.no_grad():
-                encoded = self.family.encode(self.frozen.pipe, needed, self.model_spec, self.frozen.device)
-            self._prompt_cache.update({p: {k: v.cpu() for k, v in e.items()} for p, e in zip(needed, encoded)})
-        device = self.device
-        cond = self.family.collate([self._prompt_cache[p] for p in prompts], device)
-        uncond = None
-        if self.model_spec.guidance > 1 and self.family.uses_true_cfg:
-            uncond = self.family.collate([self._prompt_cache[self.model_spec.negative_prompt]] * len(prompts), device)
+        """The batch's conditioning (and the unconditional one under true CFG): each prompt's embeddings come from
+        the store's prompt cache when there is one, else the pipeline's frozen text encoder(s), once per process."""
+        negative = self.model_spec.negative_prompt
+        cfg = self.model_spec.guidance > 1 and self.family.uses_true_cfg
+        found = self.frozen.embeddings([*prompts, negative] if cfg else list(prompts))
+        cond = self.family.collate([found[p] for p in prompts], self.device)
+        uncond = self.family.collate([found[negative]] * len(prompts), self.device) if cfg else None
         return Conditioning(cond, uncond), None
 
     def cache_prompt_embeddings(self, embeddings: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -127,8 +167,7 @@ class DiffusersPolicy(nn.Module):
         self._prompt_cache.update(embeddings)
 
     def prompt_embeddings(self, prompts: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-        self.encode_prompts(prompts)
-        return {p: self._prompt_cache[p] for p in prompts}
+        return self.frozen.embeddings(prompts)
 
     def drop_text_encoders(self) -> None:
         self.frozen.drop_text_encoders()
@@ -146,9 +185,9 @@ class DiffusersPolicy(nn.Module):
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents (N, *latent_shape) -> images (N, 3, H, W) in [-1, 1], through the VAE."""
-        pipe = self.frozen.pipe
-        vae_dtype = next(pipe.vae.parameters()).dtype
-        images = self.family.decode(pipe, latents.to(self.frozen.device, vae_dtype), self.geometry)
+        vae = self.frozen.vae
+        vae_dtype = next(vae.parameters()).dtype
+        images = self.family.decode(vae, latents.to(self.frozen.device, vae_dtype), self.geometry)
         return images.float().clamp(-1, 1)
 
     @property

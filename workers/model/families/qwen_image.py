@@ -52,9 +52,9 @@ class QwenImage(Family):
         combined = v_uncond + scale * (v_cond - v_uncond)
         return combined * (torch.norm(v_cond, dim=-1, keepdim=True) / torch.norm(combined, dim=-1, keepdim=True))
 
-    def decode(self, pipe, latents, geometry):
+    def decode(self, vae, latents, geometry):
         x = unpack_2x2(latents, geometry.latent_h, geometry.latent_w)[:, :, None]  # (N, C, 1, h, w): one frame
-        cfg = pipe.vae.config
+        cfg = vae.config
         mean = torch.tensor(cfg.latents_mean, device=x.device, dtype=x.dtype).view(1, cfg.z_dim, 1, 1, 1)
         std = torch.tensor(cfg.latents_std, device=x.device, dtype=x.dtype).view(1, cfg.z_dim, 1, 1, 1)
-        return pipe.vae.decode(x * std + mean, return_dict=False)[0][:, :, 0]
+        return vae.decode(x * std + mean, return_dict=False)[0][:, :, 0]

@@ -17,6 +17,7 @@ class StableDiffusion3(Family):
     lora_targets = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
                     "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v")
     packed = False
+    embedding_names = ("prompt_embeds", "pooled")
 
     def vae_scale_factor(self, spec) -> int:
         return 2 ** (len(read_config(spec.path, "vae")["block_out_channels"]) - 1)
@@ -40,6 +41,6 @@ class StableDiffusion3(Family):
             return_dict=False,
         )[0]
 
-    def decode(self, pipe, latents, geometry):
-        cfg = pipe.vae.config
-        return pipe.vae.decode(latents / cfg.scaling_factor + cfg.shift_factor, return_dict=False)[0]
+    def decode(self, vae, latents, geometry):
+        cfg = vae.config
+        return vae.decode(latents / cfg.scaling_factor + cfg.shift_factor, return_dict=False)[0]
