@@ -168,9 +168,11 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
     """Torch threads of this process (trainer and validation): with a local cluster, the cores its workers
     (one thread each) leave, at least one; None = torch's default (also when OMP_NUM_THREADS is set).
 
-    Workers sample while the trainer waits, but explore while it trains, and OpenMP threads spin when
-    the cores are oversubscribed: on 2 cores next to 2 workers, two iterations took twice as long with a
-    2-thread trainer as with a 1-thread one (docs/PIPELINE.md)."""
+    The workers sample while the trainer waits and explore while it trains, at a higher niceness
+    (workers/coordinator/worker_pool.py), so the trainer's thread keeps its core. A trainer taking every core
+    (OMP_NUM_THREADS=2 beside 2 workers) trained faster (10 s per cpu_tiny_spot update against 14 s) but left
+    exploration too little CPU: 4.7 of 8 prompts explored per iteration against 7.9, explored seeds' variance
+    gain 1.2x against 1.9x, and a smaller held-out gain (docs/BENCHMARKS.md, "make demo")."""
     if spec.rollouts != "local_cluster" or os.environ.get("OMP_NUM_THREADS"):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -77,6 +77,17 @@ def test_the_default_run_samples_on_a_preempted_local_cluster(tmp_path):
     assert spec.resources()["rollout_workers"].mode == "workers"  # the run-long cluster pulls from the queue
 
 
+def test_the_run_seed_reaches_the_prompt_schedule_and_is_kept_for_resume(tmp_path):
+    from pipelines.run import RunSpec
+
+    spec = RunSpec.resolve(tmp_path / "r", resume=False, seed=3)
+    assert spec.resources()["run_config"].train_config().seed == 3
+    spec.save()
+    assert RunSpec.resolve(tmp_path / "r", resume=True).seed == 3
+    with pytest.raises(ValueError, match="--seed 4"):
+        RunSpec.resolve(tmp_path / "r", resume=True, seed=4)
+
+
 def test_overwrite_checks_every_flag_before_deleting_the_old_run(tmp_path):
     old = tmp_path / "r"
     old.mkdir()

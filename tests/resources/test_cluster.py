@@ -45,6 +45,18 @@ def test_bad_cluster_settings_are_refused_before_anything_starts() -> None:
         LocalCluster(ClusterConfig("q.db", "store"), [WorkerSlot("w0"), WorkerSlot("w0")])
     with pytest.raises(ValueError, match="usd_per_hour"):
         WorkerSlot("w0", usd_per_hour=-1)
+    with pytest.raises(ValueError, match="nice"):
+        ClusterConfig("q.db", "store", nice=20)
+
+
+def test_workers_run_at_the_configured_niceness(tmp_path) -> None:
+    """Beside a trainer on the same machine, the pool's workers must yield the CPU to it."""
+    import os
+
+    config = ClusterConfig(str(tmp_path / "q.db"), str(tmp_path / "store"), nice=7)
+    with LocalCluster(config, [WorkerSlot("w0")]) as cluster:
+        pids = [p.popen.pid for p in cluster._live.values()]
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [os.getpriority(os.PRIO_PROCESS, 0) + 7]
 
 
 def test_a_slot_without_a_price_is_priced_from_the_table_by_gpu_and_capacity() -> None:

@@ -16,7 +16,8 @@ from workers.trainer.grpo_trainer import TrainConfig
 
 
 def cpu_tiny() -> TrainConfig:
-    """The pipeline's default (`spotlight run`, `make demo`): the shipped 2.5M-parameter base on 2 CPU cores, 20 iterations.
+    """The pipeline's default until 2026-12-02 (now cpu_tiny_spot): the shipped 2.5M-parameter base on 2 CPU cores,
+    20 iterations.
 
     The NFT objective (advantage-weighted flow matching, DiffusionNFT's adaptive x0-space
     weighting) on deterministic ODE rollouts, the sampler validation uses. Why, and what

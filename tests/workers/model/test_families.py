@@ -12,17 +12,11 @@ import torch
 from workers.algo.sampler import SamplerConfig, rollout
 from workers.model.families.detect import UnsupportedModelError, detect_family
 from workers.model.families.policy import load_model_policy
-from workers.model.families.tiny import build_tiny_pipeline
 from workers.model.spec import build_from_spec, load_any
 
 FAMILIES = ("qwen-image", "sd3", "flux")
 PROMPTS = ["two red circles", "a blue square above a green triangle"]
 
-
-@pytest.fixture(scope="module")
-def pipelines(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipelines")
-    return {f: build_tiny_pipeline(f, root / f) for f in FAMILIES}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -18,7 +18,6 @@ from workers.model.families import policy as family_policy
 from workers.model.families.policy import load_model_policy
 from workers.model.families.prompt_store import attach_prompt_store, publish_prompt_embeddings, \
     publish_run_prompt_embeddings
-from workers.model.families.tiny import build_tiny_pipeline
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import publish_policy
 from tests.paths import REPO_ROOT
@@ -26,11 +25,6 @@ from tests.paths import REPO_ROOT
 FAMILIES = ("qwen-image", "sd3", "flux")
 PROMPTS = ["two red circles", "a blue square above a green triangle"]
 
-
-@pytest.fixture(scope="module")
-def pipelines(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipelines")
-    return {f: build_tiny_pipeline(f, root / f) for f in FAMILIES}
 
 
 def _fresh_process_policy(path, **fields):
