@@ -87,7 +87,7 @@ class SqliteQueue(RequestQueue):
             self._db = sqlite3.connect(
                 self.path, timeout=config.connect_timeout_s, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._set_wal(config.connect_timeout_s)
             # NORMAL in WAL mode survives a process crash; only an OS crash may lose the last commits.
             self._db.execute("PRAGMA synchronous=NORMAL")
             with self._write() as db:
@@ -95,6 +95,19 @@ class SqliteQueue(RequestQueue):
                     db.execute(statement)
         except (OSError, sqlite3.Error) as err:
             raise QueueUnavailableError(f"cannot open the SQLite queue {self.path}: {err}") from err
+
+    def _set_wal(self, timeout_s: float) -> None:
+        """Switch to WAL. Two processes opening a new queue file at once can make the switch fail with "database
+        is locked" at once, without SQLite's busy wait: retry it until `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     @property
     def url(self) -> str:

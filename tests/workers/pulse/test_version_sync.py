@@ -21,6 +21,11 @@ class CountingStore(LocalTensorStore):
         self.reads[commit_key] += 1
         return super().load_bytes(commit_key, name)
 
+    def load_tensors(self, commit_key: str, name: str = "tensors.safetensors"):
+        # load_tensors reads its object itself (a big one streams through a file), not through load_bytes.
+        self.reads[commit_key] += 1
+        return super().load_tensors(commit_key, name)
+
 
 def _train_a_little(policy, version: int) -> None:
     with torch.no_grad():

@@ -56,6 +56,7 @@ def test_simulated_run_matches_a_real_run_with_preemptions_within_15_percent(rea
     assert sum(r["preemptions"] for r, _ in detail) >= 1, "the real run saw no preemption: nothing was checked"
     assert all(r["rollout_s"] > 0 for r, _ in detail[:-1])
     assert all(errors[name] <= 0.15 for name in COMPARED), (errors, detail)
+    assert rollout_error(detail) <= 0.15, detail
     # The trace was replayed: every real preemption happened in the simulated run too (same slots, same times).
     assert sum(r["preemptions"] for r, _ in detail) == sum(s["preemptions"] for _, s in detail), detail
 
@@ -65,4 +66,12 @@ def test_the_reality_check_fails_when_the_rollout_step_time_is_off_by_2x(real_ru
     from workers.sim.measure import COMPARED
 
     errors, detail = replayed(real_run, tmp_path, slower_steps=slower_steps)
-    assert max(errors[name] for name in COMPARED) > 0.15, (errors, detail)
+    # On an idle machine the rollout is a small share of an iteration, so a wrong step time may move the
+    # iteration's totals by less than 15 %; the rollout phase itself is then off, which the check also compares.
+    assert max(max(errors[name] for name in COMPARED), rollout_error(detail)) > 0.15, (errors, detail)
+
+
+def rollout_error(detail: list) -> float:
+    """Mean relative error of the simulated rollout phase's seconds, over the iterations that rolled out."""
+    pairs = [(r["rollout_s"], s["rollout_s"]) for r, s in detail if r["rollout_s"] > 0]
+    return sum(abs(sim - real) / real for real, sim in pairs) / max(len(pairs), 1)
