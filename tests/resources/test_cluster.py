@@ -49,6 +49,7 @@ def test_bad_cluster_settings_are_refused_before_anything_starts() -> None:
         ClusterConfig("q.db", "store", nice=20)
 
 
+@pytest.mark.slow
 def test_workers_run_at_the_configured_niceness(tmp_path) -> None:
     """Beside a trainer on the same machine, the pool's workers must yield the CPU to it."""
     import os

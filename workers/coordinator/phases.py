@@ -55,7 +55,8 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
     with books.phase(ctx.ledger, k, "sync"):
         out = publish_version(ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint,
                               model=ctx.model)
-        if ctx.sampling.mode != "inprocess":  # workers read iteration k's and k+1's (explore) prompt embeddings
+        if ctx.model is not None and ctx.sampling.mode != "inprocess":
+            # Workers read iteration k's and k+1's (explore) prompt embeddings; the pixel policy has none to cache.
             from workers.model.families.prompt_store import publish_run_prompt_embeddings
             from workers.task.prompts import iteration_prompts
 

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -58,19 +59,11 @@ def queue_batches(requests: list[PlannedRequest], seeds_per_request: int) -> lis
     prompt's samples are cut, in order, into batched requests of that many (`RolloutSpec.batched`; id
     `it3-p2-s0x8`), each committing one result per sample under the sample's own request id."""
     out: list[tuple[str, RolloutSpec]] = []
-    run: list[PlannedRequest] = []
-
-    def flush() -> None:
-        if run:
-            rid = run[0].request_id if len(run) == 1 else f"{run[0].request_id}x{len(run)}"
-            out.append((rid, RolloutSpec.batched([r.spec for r in run], [r.request_id for r in run])))
-            run.clear()
-
-    for req in requests:
-        if run and (req.prompt_index != run[0].prompt_index or len(run) == seeds_per_request):
-            flush()
-        run.append(req)
-    flush()
+    for _, group in itertools.groupby(requests, key=lambda r: r.prompt_index):
+        group = list(group)
+        for chunk in (group[n:n + seeds_per_request] for n in range(0, len(group), seeds_per_request)):
+            rid = chunk[0].request_id if len(chunk) == 1 else f"{chunk[0].request_id}x{len(chunk)}"
+            out.append((rid, RolloutSpec.batched([r.spec for r in chunk], [r.request_id for r in chunk])))
     return out
 
 
