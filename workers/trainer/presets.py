@@ -80,7 +80,7 @@ def cpu_smoke() -> TrainConfig:
         iterations=2,
         prompts_per_iteration=2,
         group_size=4,
-        sampler=SamplerConfig(num_steps=4, noise_level=0.7),
+        sampler=SamplerConfig(num_steps=4, noise_level=0.7, forward_dtype="fp32"),
         grpo=GRPOConfig(num_minibatches=1),
         validate_every=1,
         validation_seeds=1,
