@@ -76,10 +76,15 @@ def produce(kind: str, workdir: Path) -> object:
     return train_digest(done.stdout) if kind == "train" else ledger_digest(workdir / "run" / "ledger.duckdb")
 
 
-BIT_EXACT_COLUMNS = {("requests", 7), ("syncs", 6)}
+def _column(table: str, name: str) -> tuple[str, int]:
+    """(table, index) of a column in LEDGER_TABLES' SELECT list."""
+    return table, LEDGER_TABLES[table].removeprefix("SELECT ").split(" FROM ")[0].split(", ").index(name)
+
+
+BIT_EXACT_COLUMNS = {_column("requests", "result_hash"), _column("syncs", "weights_hash")}
 """Columns that hash float bits (a rollout's bytes, the weights): another CPU's kernels change the last bit of a
 float (measured: AVX2 against AVX512 kernels on one machine change every hash), so they are not compared."""
-PATCH_BYTES = ("syncs", 4)
+PATCH_BYTES = _column("syncs", "patch_bytes")
 """A PULSE patch's size counts the BF16 values that changed: off by a few dozen of a million across kernels."""
 VALIDATION_TOL = 0.07
 """Held-out scores are means of thresholded checks (a shape's colour, count, position) over 64 images, 16 per
