@@ -1,10 +1,11 @@
 """`spotlight bench pulse-modes`: PULSE's three ways to sync a LoRA-trained policy, measured side by side on real
 trainer updates.
 
-- **lora**: PULSESync patches of the adapter's BF16 tensors (what `spotlight train --lora-rank R` ships); the
+- **lora**: PULSESync patches of the adapter's BF16 tensors (`spotlight train --lora-rank R`'s default); the
   receiver runs the base plus the adapter.
 - **merged**: PULSESync patches of the merged transformer, BF16(W_base + scale * B @ A) per LoRA target weight
-  (peft's `get_delta_weight`); the receiver runs a plain transformer with no adapter. Only target weights can
+  (peft's `get_delta_weight`, through `workers.model.families.lora.merged_weights`: what `spotlight train
+  --sync-mode merged` ships); the receiver runs a plain transformer with no adapter. Only target weights can
   change, and a change below the base's BF16 spacing is invisible.
 - **dense**: the merged transformer's whole BF16 state dict as safetensors, every step (what a sync without
   PULSE sends).
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from resources.tensors import tensors_from_bytes, tensors_to_bytes
+from workers.model.families.lora import merged_weights
 from workers.pulse import apply_patch, encode_patch, read_patch_header, weights_hash
 
 MODES = ("lora", "merged", "dense")
@@ -37,28 +39,6 @@ MODES = ("lora", "merged", "dense")
 
 def bf16(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to(torch.bfloat16).clone() for k, v in tensors.items()}
-
-
-def merged_bf16(transformer: torch.nn.Module) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """The transformer as a receiver without the adapter holds it: BF16 weights with the active LoRA merged into
-    each target weight (plain module names, no `.base_layer`), and the names of those target weights."""
-    from peft.tuners.lora import LoraLayer
-
-    merged, targets = {}, set()
-    layers = {name: m for name, m in transformer.named_modules() if isinstance(m, LoraLayer)}
-    with torch.no_grad():
-        for key, tensor in transformer.state_dict().items():
-            if ".lora_" in key:
-                continue
-            plain = key.replace(".base_layer.", ".")
-            owner = key.split(".base_layer.")[0] if ".base_layer." in key else None
-            if owner in layers and key.endswith(".base_layer.weight"):
-                layer = layers[owner]
-                delta = sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
-                tensor = tensor.float() + delta  # FP32 sum, one rounding to BF16: what peft's merge does in FP32
-                targets.add(plain)
-            merged[plain] = tensor.detach().to(torch.bfloat16).clone()
-    return merged, targets
 
 
 def changed_share(prev: dict[str, torch.Tensor], cur: dict[str, torch.Tensor], names=None) -> float:
@@ -121,7 +101,7 @@ def run_pulse_modes(model: str | None = None, lora_rank: int = 32, steps: int = 
         path, described = Path(model), str(model)
     policy, trainer = _trainer(path, lora_rank, resolution, lr, sampler_steps)
     sent = {"lora": bf16(policy.weights())}
-    sent["merged"], targets = merged_bf16(policy.transformer)
+    sent["merged"], targets = merged_weights(policy.transformer)
     receivers = {"lora": bf16(sent["lora"]), "merged": bf16(sent["merged"]), "dense": bf16(sent["merged"])}
     per_step = []
     for step in range(1, steps + 1):
@@ -129,7 +109,7 @@ def run_pulse_modes(model: str | None = None, lora_rank: int = 32, steps: int = 
         stats = trainer.update(trainer.collect(step - 1))
         train_s = time.perf_counter() - t0
         lora_now = bf16(policy.weights())
-        merged_now, _ = merged_bf16(policy.transformer)
+        merged_now, _ = merged_weights(policy.transformer)
         row = {"step": step, "train_s": round(train_s, 2), "loss": stats.get("loss"),
                "lora": {**patch_sync(receivers["lora"], sent["lora"], lora_now, step),
                         "changed_fraction": changed_share(sent["lora"], lora_now)},

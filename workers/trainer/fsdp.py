@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workers.trainer.frozen import shares_transformer
+
 BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
 """The diffusers transformers' ModuleLists of blocks (Qwen-Image and SD3: the first; FLUX.1: both)."""
 
@@ -164,8 +166,9 @@ def check_batch_split(num_samples: int, num_minibatches: int, world_size: int) -
 
 
 def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig()):
-    """Shard a fresh GRPOTrainer's policy (and its NFT v_old and KL reference, which never train) over `mesh`,
-    rebuild its optimizer on the shards, and make its updates data-parallel. Returns the trainer.
+    """Shard a fresh GRPOTrainer's policy (and its NFT v_old and KL reference, which never train; under LoRA they
+    are adapter views of the policy's own transformer, sharded with it) over `mesh`, rebuild its optimizer on the
+    shards, and make its updates data-parallel. Returns the trainer.
 
     Call it after constructing the trainer (its copies are made from the whole policy) and before the first
     update: the optimizer is rebuilt, so it must hold no state yet. Every rank then calls `update` on the same
@@ -177,7 +180,7 @@ def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig()):
     world_size = mesh.size()
     check_batch_split(c.prompts_per_iteration * c.group_size, c.grpo.num_minibatches, world_size)
     for policy in (trainer.policy, trainer.sampling_policy, trainer.reference):
-        if policy is not None:
+        if policy is not None and not shares_transformer(policy, trainer.policy):  # LoRA views: sharded with it
             shard_policy(policy, mesh, config)
     trainer.optimizer = trainer.build_optimizer()
     device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")

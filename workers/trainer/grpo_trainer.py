@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from workers.task.prompts import CATEGORIES, iteration_prompts
 from workers.task.render import decode_images
 from workers.task.rewards import get_reward, score_with_components
 from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, rollout, sampler_sigmas, step_log_prob
+from workers.trainer.frozen import V_OLD_ADAPTER, frozen_policy, refresh
 from workers.trainer.old_log_probs import first_epoch_minibatches, with_policy_log_probs
 from workers.trainer.step_guard import StepGuard
 
@@ -153,12 +153,14 @@ class GRPOTrainer:
         """Skips optimizer steps whose gradient is non-finite; fails the update after a run of them."""
         self.reward_fn = get_reward(config.reward)
         g = config.grpo
+        self.sampling_policy = frozen_policy(policy, V_OLD_ADAPTER) if g.objective == "nft" else None
+        """NFT's v_old: the weights the current batch was sampled with (under LoRA, a second adapter on the same
+        transformer; workers/trainer/frozen.py)."""
         self.reference = None
-        self.sampling_policy = copy.deepcopy(policy).requires_grad_(False) if g.objective == "nft" else None
-        """NFT's v_old: the weights the current batch was sampled with."""
+        """The KL reference (kl_beta > 0): `reference` when given, else under LoRA the base (adapters disabled),
+        else a frozen copy of the policy as it is now."""
         if g.kl_beta > 0:
-            self.reference = reference if reference is not None else copy.deepcopy(policy)
-            self.reference.requires_grad_(False)
+            self.reference = frozen_policy(policy, None) if reference is None else reference.requires_grad_(False)
         self.optimizer = self.build_optimizer()
         self.data_shard = None
         """This rank's part of each minibatch under data parallelism (workers/trainer/fsdp.py); None = one process."""
@@ -197,7 +199,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         self.policy.eval()
         if self.sampling_policy is not None:
-            self.sampling_policy.load_state_dict(self.policy.state_dict())
+            refresh(self.sampling_policy, self.policy)
         traj = rollout(self.policy, all_prompts, [s for g in groups for s in g], c.sampler)
         images = decode_images(self.policy, traj.images)
         scores, components = score_with_components(self.reward_fn, images, all_prompts)

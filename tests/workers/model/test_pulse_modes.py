@@ -9,7 +9,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from workers.bench.pulse_modes import merged_bf16, run_pulse_modes
+from workers.bench.pulse_modes import run_pulse_modes
+from workers.model.families.lora import merged_weights
 from workers.model.families.policy import load_model_policy
 from workers.model.families.tiny import build_tiny_pipeline
 
@@ -36,7 +37,7 @@ def test_the_merged_weights_are_what_diffusers_fuse_lora_gives(qwen_path):
     with torch.no_grad():
         for p in policy.trainable_parameters():
             p.add_(0.1 * torch.randn_like(p))
-    ours, targets = merged_bf16(policy.transformer)
+    ours, targets = merged_weights(policy.transformer)
     policy.transformer.fuse_lora(lora_scale=1.0)
     fused = {k.replace(".base_layer.", "."): v for k, v in policy.transformer.state_dict().items() if ".lora_" not in k}
     assert targets and set(ours) == set(fused)

@@ -43,7 +43,8 @@ CASES = {
     # 6 samples in 2 minibatches of 3: rank 0 takes 2, rank 1 takes 1, so a wrong loss share shows.
     "pixel_flow_grpo_uneven_split": Case("pixel", "flow_grpo", prompts=3, group_size=2),
     "qwen_lora_nft_checkpointed": Case("qwen-image", "nft", checkpointing=True),
-    "qwen_lora_flow_grpo": Case("qwen-image", "flow_grpo"),
+    # Under LoRA, v_old (NFT) and the KL reference are adapter swaps on the sharded transformer.
+    "qwen_lora_flow_grpo_with_kl": Case("qwen-image", "flow_grpo", kl_beta=0.1),
 }
 
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from workers.model.families.detect import detect_family
 from workers.model.families.family import Conditioning, Family
+from workers.model.families.lora import TRAINED_ADAPTER, adapter_of, add_lora
 from workers.model.families.registry import family_for
 from workers.model.families.spec import ModelSpec
 
@@ -205,10 +206,11 @@ class DiffusersPolicy(nn.Module):
         return self.model_spec.lora_rank > 0
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The LoRA adapter's tensors under LoRA, else the transformer's whole state dict."""
+        """The trained LoRA adapter's tensors under LoRA (not a frozen adapter beside it, such as NFT's v_old), else
+        the transformer's whole state dict."""
         state = self.transformer.state_dict()
         if self.is_lora:
-            return {k: v for k, v in state.items() if ".lora_" in k}
+            return {k: v for k, v in state.items() if adapter_of(k) == TRAINED_ADAPTER}
         return state
 
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -224,24 +226,6 @@ class DiffusersPolicy(nn.Module):
 
     def spec(self) -> dict:
         return self.model_spec.to_json()
-
-
-def add_lora(transformer: nn.Module, spec: ModelSpec, targets: tuple[str, ...]) -> None:
-    """A peft LoRA on `targets` (B = 0 at init, so the policy starts equal to the base); only it trains."""
-    from peft import LoraConfig
-
-    transformer.requires_grad_(False)
-    present = {name.rsplit(".", 1)[-1] for name, _ in transformer.named_modules()} | \
-              {name for name, _ in transformer.named_modules()}
-    found = [t for t in targets if any(n == t or n.endswith("." + t) for n in present)]
-    if not found:
-        raise ValueError(f"none of the LoRA target modules {targets} exist in this transformer")
-    transformer.add_adapter(LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha or spec.lora_rank,
-                                       init_lora_weights=True, target_modules=found))
-    for name, param in transformer.named_parameters():
-        param.requires_grad_(".lora_" in name)
-        if ".lora_" in name:
-            param.data = param.data.float()
 
 
 def build_model_policy(spec: ModelSpec) -> DiffusersPolicy:
