@@ -55,7 +55,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
                                   "named by SPOTLIGHT_REDIS_PASSWORD_FILE")
     default_mode = "workers" if deployment == "cloud" else "inprocess"
     try:
-        return {
+        resources = {
             "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations, seed=seed,
                                         reward=reward, checkpoint=checkpoint, device=device, **(model or {})),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
@@ -63,8 +63,13 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
             "ledger": LedgerResource(path=ledger or str(run_dir / "ledger.duckdb")),
             "rollout_workers": RolloutWorkersResource(mode=rollouts or default_mode, **(workers or {})),
         }
+        if resources["rollout_workers"].mode != "inprocess":  # queue workers score one request at a time
+            from workers.task.rewards import check_per_request_reward
+
+            check_per_request_reward(resources["run_config"].train_config().reward, "a rollout worker")
     except ValueError as err:  # pydantic's ValidationError is a ValueError: keep only what the user must fix
         raise DeploymentError(_short(err)) from None
+    return resources
 
 
 def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:

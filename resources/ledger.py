@@ -334,13 +334,15 @@ class Ledger:
         num_prompts: int,
         criteria: Mapping[str, float] | None = None,
         at: Timestamp = None,
+        reward: str | None = None,
     ) -> None:
-        """Record a held-out score and its per-criterion breakdown (long table `validation_scores`)."""
+        """Record a held-out score, the reward spec that scored it and its breakdown (table `validation_scores`)."""
         if num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
         scores = [[iteration, str(name), float(value)] for name, value in sorted((criteria or {}).items())]
         with self._connection() as con, transaction(con):
-            con.execute("INSERT OR REPLACE INTO validation VALUES (?, ?, ?, ?, ?)", [iteration, weights_version, score, num_prompts, to_utc(at)])
+            con.execute("INSERT OR REPLACE INTO validation (iteration, weights_version, score, num_prompts, recorded_at, "
+                        "reward) VALUES (?, ?, ?, ?, ?, ?)", [iteration, weights_version, score, num_prompts, to_utc(at), reward])
             con.execute("DELETE FROM validation_scores WHERE iteration = ?", [iteration])
             if scores:
                 con.executemany("INSERT INTO validation_scores VALUES (?, ?, ?)", scores)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -85,6 +86,9 @@ class RequestRecord:
     """When its result was committed."""
     arm: str | None = None
     """Exploration arm (explore requests only)."""
+    reward_components: str | None = None
+    """A multi-reward's raw value of each component, a JSON object {name: value} (`components_json`); None for
+    a single reward."""
 
     def __post_init__(self) -> None:
         check_choice(self.kind, REQUEST_KINDS, "RequestRecord.kind")
@@ -93,6 +97,22 @@ class RequestRecord:
             raise ValueError(f"RequestRecord.attempts must be >= 1, got {self.attempts}")
         if self.reward is not None and not math.isfinite(self.reward):
             raise ValueError(f"RequestRecord.reward must be finite, got {self.reward}")
+        if self.reward_components is not None:
+            components_json(json.loads(self.reward_components))  # a JSON object of finite numbers, or ValueError
+
+
+def components_json(components: Mapping[str, float] | None) -> str | None:
+    """A multi-reward's components as the JSON text of `requests.reward_components` (None for none); ValueError
+    for a value that is not a finite number."""
+    if not components:
+        return None
+    if not isinstance(components, Mapping):
+        raise ValueError(f"reward components must be a JSON object of numbers, got {components!r:.80}")
+    bad = sorted(str(k) for k, v in components.items()
+                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
+    if bad:
+        raise ValueError(f"reward components {bad} are not finite numbers")
+    return json.dumps({str(k): float(v) for k, v in components.items()}, sort_keys=True)
 
 
 @dataclass(frozen=True)

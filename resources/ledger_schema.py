@@ -15,6 +15,10 @@ History:
     v3  `seed_groups`: per prompt of each rollout, whether exploration or the default
         (random) seeds chose its seeds, and the reward variance of the group trained on
         against the random-seed baseline; the view `exploration_payoff` sums it per iteration.
+    v4  `requests.reward_components` (a multi-reward's raw component values, JSON) with the view
+        `reward_components` (their means per iteration and request kind); `validation.reward` (the
+        reward that scored the held-out images; earlier rows were all MiniGenEval's detector,
+        `minigeneval_strict`).
 Views are derived data: they are dropped and re-created by every upgrade.
 """
 
@@ -24,7 +28,7 @@ from typing import Callable
 
 import duckdb
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 PHASES = ("sync", "rollout", "train", "explore", "validate")
 
 
@@ -118,8 +122,15 @@ CREATE TABLE seed_groups (
     stale_variance DOUBLE, stale_default_variance DOUBLE, PRIMARY KEY (iteration, prompt_index));
 """
 
+# Every validation before v4 was the MiniGenEval detector's strict score, which is the reward minigeneval_strict.
+_V4_CHANGES = """
+ALTER TABLE requests ADD COLUMN reward_components JSON;
+ALTER TABLE validation ADD COLUMN reward VARCHAR;
+UPDATE validation SET reward = 'minigeneval_strict';
+"""
+
 # Version -> SQL that upgrades a ledger from version-1 (or from empty for 0).
-MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES, 3: _V3_CHANGES}
+MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES, 3: _V3_CHANGES, 4: _V4_CHANGES}
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION + 1))
 
 _NOW = "(current_timestamp AT TIME ZONE 'UTC')"
@@ -209,9 +220,17 @@ VIEWS: dict[str, str] = {
         LEFT JOIN exploration e ON e.iteration = g.iteration - 1
         LEFT JOIN cost_per_phase c ON c.iteration = g.iteration - 1 AND c.phase = 'explore'
         ORDER BY g.iteration""",
+    # A multi-reward's components: the mean of each over an iteration's requests of one kind (rollout: what the
+    # train phase reports as reward/<name>).
+    "reward_components": """
+        SELECT r.iteration, r.kind, j.key AS component, avg(CAST(j.value AS DOUBLE)) AS mean,
+               count(*) AS num_requests
+        FROM requests r, json_each(r.reward_components) j
+        WHERE r.status = 'done'
+        GROUP BY ALL ORDER BY r.iteration, r.kind, component""",
     # Held-out score per validated iteration, with time and money spent so far.
     "validation_curve": f"""
-        SELECT v.iteration, v.weights_version, v.score,
+        SELECT v.iteration, v.weights_version, v.reward, v.score,
                max(v.score) OVER (ORDER BY v.iteration) AS best_score,
                v.score - lag(v.score) OVER (ORDER BY v.iteration) AS delta,
                {_SECONDS.format(a='(SELECT min(started_at) FROM runs)', b='v.recorded_at')} AS elapsed_s,

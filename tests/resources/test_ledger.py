@@ -20,6 +20,7 @@ from resources.ledger_records import (
     RequestRecord,
     SyncRecord,
     TrainStepRecord,
+    components_json,
 )
 from resources.prices import load_prices
 from tests.paths import REPO_ROOT
@@ -60,7 +61,8 @@ def fill_two_iterations(ledger: Ledger) -> None:
         ledger.record_train_steps([TrainStepRecord(iteration, s, loss=0.1, kl=0.01, reward_mean=0.4 + 0.1 * iteration,
                                                    reward_std=0.2, zero_std_ratio=0.25) for s in range(2)])
         ledger.record_validation(iteration, weights_version=iteration + 1, score=(0.40, 0.55)[iteration], num_prompts=8,
-                                 criteria={"counting": (0.2, 0.4)[iteration], "color": (0.6, 0.7)[iteration]}, at=at(base + 60))
+                                 criteria={"counting": (0.2, 0.4)[iteration], "color": (0.6, 0.7)[iteration]}, at=at(base + 60),
+                                 reward="minigeneval_strict")
     ledger.end_worker("spot-b", reason="preempted", at=at(30))
     ledger.record_preemption(PreemptionRecord("spot-b", at(30), notice_s=120, steps_lost=2, state_committed=True, request_id="r-1"))
     ledger.end_worker("spot-c", reason="preempted", at=at(90))
@@ -68,7 +70,8 @@ def fill_two_iterations(ledger: Ledger) -> None:
     ledger.record_requests([
         RequestRecord(f"r-{i}", i // 8, "rollout", f"prompt {i % 4}", seed=i, weights_version=i // 8,
                       worker_id="spot-a", attempts=2 if i in (1, 9) else 1, result_hash=f"h{i}", reward=0.5,
-                      enqueued_at=at(6 + 60 * (i // 8)), finished_at=at(20 + 60 * (i // 8)))
+                      enqueued_at=at(6 + 60 * (i // 8)), finished_at=at(20 + 60 * (i // 8)),
+                      reward_components=components_json({"pickscore": 20.0 + i / 16, "minigeneval": 0.5}))
         for i in range(16)
     ])
     ledger.record_attempt(AttemptRecord("r-1", 1, "spot-b", at(10), at(30), "preempted", steps_done=2))
@@ -138,6 +141,21 @@ def test_validation_curve_tracks_best_score_elapsed_time_and_spend(filled: Ledge
     assert second["cumulative_usd"] == pytest.approx(4 + 1.5 + 1 / 3 + 5.5)
     scores = rows(filled, "SELECT criterion, score FROM validation_scores WHERE iteration = 1 ORDER BY criterion")
     assert scores == [{"criterion": "color", "score": 0.7}, {"criterion": "counting", "score": 0.4}]
+
+
+def test_validation_rows_say_which_reward_scored_them(filled: Ledger) -> None:
+    assert {r["reward"] for r in rows(filled, "SELECT reward FROM validation_curve")} == {"minigeneval_strict"}
+
+
+def test_reward_components_are_averaged_per_iteration_and_request_kind(filled: Ledger) -> None:
+    means = rows(filled, "SELECT iteration, component, mean, num_requests FROM reward_components "
+                         "WHERE kind = 'rollout' ORDER BY iteration, component")
+    assert [(r["iteration"], r["component"], r["num_requests"]) for r in means] == [
+        (0, "minigeneval", 8), (0, "pickscore", 8), (1, "minigeneval", 8), (1, "pickscore", 8)]
+    assert means[1]["mean"] == pytest.approx(20 + sum(range(8)) / 8 / 16)
+    assert means[3]["mean"] == pytest.approx(20 + sum(range(8, 16)) / 8 / 16)
+    with pytest.raises(ValueError, match="not finite"):
+        RequestRecord("r-x", 0, "rollout", "p", 1, 0, None, 1, reward_components='{"pickscore": NaN}')
 
 
 def test_rerecording_rows_replaces_them_instead_of_duplicating(filled: Ledger) -> None:

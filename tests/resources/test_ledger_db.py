@@ -80,7 +80,10 @@ def test_opening_a_v0_ledger_migrates_it_and_keeps_every_row(tmp_path: Path) -> 
     assert rows(ledger, "SELECT max(version) AS v FROM schema_version")[0]["v"] == SCHEMA_VERSION
     assert rows(ledger, "SELECT request_id, prompt, reward, status FROM requests") == [
         {"request_id": "r0", "prompt": "a red cube", "reward": 0.5, "status": "done"}]
-    assert rows(ledger, "SELECT iteration, score FROM validation") == [{"iteration": 0, "score": 0.42}]
+    # Every validation before v4 was MiniGenEval's detector (its strict score): the migration says so.
+    assert rows(ledger, "SELECT iteration, score, reward FROM validation") == [
+        {"iteration": 0, "score": 0.42, "reward": "minigeneval_strict"}]
+    assert rows(ledger, "SELECT reward_components FROM requests") == [{"reward_components": None}]
     assert rows(ledger, "SELECT criterion, score FROM validation_scores ORDER BY criterion") == [
         {"criterion": "color", "score": 0.75}, {"criterion": "counting", "score": 0.25}]
     assert rows(ledger, "SELECT usd_total FROM cost_per_iteration")[0]["usd_total"] == pytest.approx(1.0)

@@ -140,7 +140,7 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
         result = evaluate(policy, split_prompts()["heldout"], seeds, keep_images=ctx.draws(k))
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
     ctx.ledger.record_validation(k, weights_version=k, score=result.score, num_prompts=len(set(result.prompts)),
-                                 criteria=criteria)
+                                 criteria=criteria, reward="minigeneval_strict")
     base = books.base_validation_score(ctx.ledger)
     guard = None if base is None else base - ctx.max_validation_drop
     meta = {"weights_version": k, "score": result.score, "partial": result.partial, "base_score": base, "guard": guard,

@@ -24,7 +24,7 @@ import torch
 from resources.keys import rollout_key
 from resources.store import TensorStore
 from workers.task.render import to_uint8
-from workers.rollout.state import InFlight, RolloutSpec, result_commit
+from workers.rollout.state import InFlight, RolloutSpec, result_commit, result_components
 from workers.algo.sampler import Trajectory
 from workers.explore.seed_plan import SeedPlan
 from workers.trainer.grpo_trainer import Rollouts, TrainConfig, keep_max_variance
@@ -79,7 +79,9 @@ def publish_batch(store: TensorStore, run: str, iteration: int, requests: list[P
         flight = InFlight(req.spec, traj.step, traj.latents[:, n:n + 1].clone(), traj.log_probs[:, n:n + 1].clone())
         info = {"worker_id": worker_id, "attempt": 1, "resumed_from_step": 0, "steps_done": traj.step,
                 "compute_s": batch.rollout_s / len(requests), "finished_at": time.time()}
-        tensors, meta = result_commit(flight, torch.from_numpy(images[n]), float(batch.rewards[n]), info)
+        parts = {name: float(values[n]) for name, values in (batch.reward_components or {}).items()}
+        tensors, meta = result_commit(flight, torch.from_numpy(images[n]), float(batch.rewards[n]), info,
+                                      components=parts)
         won += store.publish_tensors(rollout_key(run, iteration, req.request_id), tensors, meta, exclusive=True).won
     return won
 
@@ -112,8 +114,9 @@ def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int
     group_ids = torch.tensor([r.prompt_index for r in requests])
     advantages = config.grpo.advantages(rewards, group_ids)
     rollout_s = sum(float(m.get("compute_s", 0.0)) for _, m in results)
-    return keep_max_variance(Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s),
-                             config.group_size, config.grpo)
+    components = result_components([m for _, m in results])  # a multi-reward's parts: the train phase's reward/<name>
+    return keep_max_variance(Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s,
+                                      reward_components=components), config.group_size, config.grpo)
 
 
 def collect_in_process(store: TensorStore, run: str, config: TrainConfig, iteration: int,
@@ -137,7 +140,7 @@ def request_records(requests: list[PlannedRequest], results: list[tuple[dict, di
     """One ledger `requests` row per request with a committed result (non-finite rewards marked failed)."""
     import math
 
-    from resources.ledger_records import RequestRecord
+    from resources.ledger_records import RequestRecord, components_json
 
     rows = []
     for req, (_, meta) in zip(requests, results):
@@ -147,5 +150,6 @@ def request_records(requests: list[PlannedRequest], results: list[tuple[dict, di
             request_id=req.request_id, iteration=iteration, kind="rollout", prompt=req.spec.prompt, seed=req.spec.seed,
             weights_version=req.spec.weights_version, worker_id=meta.get("worker_id"), attempts=int(meta.get("attempt", 1)),
             status="done" if finite else "failed", result_hash=meta.get("result_hash"), reward=reward if finite else None,
-            enqueued_at=enqueued_at, finished_at=meta.get("finished_at")))
+            enqueued_at=enqueued_at, finished_at=meta.get("finished_at"),
+            reward_components=components_json(meta.get("reward_components"))))
     return rows

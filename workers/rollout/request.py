@@ -26,6 +26,7 @@ from resources.store import TensorStore
 from workers.rollout.resume import attempt_state_key, committed_states, resume_or_start
 from workers.rollout.state import InFlight, RolloutSpec, result_commit
 from workers.rollout.weights import PolicyHolder
+from workers.task.rewards import check_per_request_reward
 
 Report = Callable[..., None]
 
@@ -78,6 +79,7 @@ def work_request(request: Request, attempt: int, store: TensorStore, holder: Pol
     if commit_every < 1:
         raise ValueError(f"commit_every must be >= 1, got {commit_every}")
     spec = RolloutSpec.from_payload(request.payload)
+    check_per_request_reward(spec.reward, "a rollout worker")  # a z-scored multi-reward: refused before compute
     rid = request.request_id
     result_keys = [rollout_key(spec.run, request.iteration, sid) for sid in (spec.sample_ids or (rid,))]
     result_key = result_keys[0]
@@ -165,18 +167,20 @@ def _publish_result(store: TensorStore, policy, flight: InFlight, me: dict, outc
     """Score every sample and commit each one's result exclusively under its own key (one key for a request
     of one sample); then drop the request's in-flight state."""
     from workers.task.render import decode_images
-    from workers.task.rewards import get_reward
+    from workers.task.rewards import get_reward, score_with_components
 
     batch = len(spec.seeds)
     images_u8 = decode_images(policy, flight.latents[flight.step])  # (B, H, W, 3); a family's VAE decodes latents
-    rewards = [float(r) for r in get_reward(spec.reward)(images_u8, [spec.prompt] * batch)]
+    totals, parts = score_with_components(get_reward(spec.reward), images_u8, [spec.prompt] * batch)
+    rewards = [float(r) for r in totals]
     import torch
 
     info = {**me, "steps_done": flight.step - outcome.resumed_from_step, "compute_s": outcome.compute_s / batch,
             "attempts": flight.attempts + [{**me, "committed_step": flight.step}], "finished_at": time.time()}
     hashes, won = [], []
     for n, key in enumerate(result_keys):
-        tensors, meta = result_commit(flight, torch.from_numpy(images_u8[n]), rewards[n], info, sample=n)
+        tensors, meta = result_commit(flight, torch.from_numpy(images_u8[n]), rewards[n], info, sample=n,
+                                      components={name: float(values[n]) for name, values in parts.items()})
         published = store.publish_tensors(key, tensors, meta, exclusive=True)
         committed = published.manifest.metadata.get("result_hash")
         hashes.append(committed)

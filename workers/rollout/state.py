@@ -15,7 +15,8 @@ to the tensor store:
   later attempt on any worker resumes from it; the counter-based noise makes the resumed
   result bit-identical to an uninterrupted one.
 - the result (`rollout_key`): the whole trajectory (latents of every step, log-probs),
-  the final image, the reward and the trajectory's xxh3-128 hash; committed exclusively.
+  the final image, the reward and the trajectory's xxh3-128 hash, and for a multi-reward each
+  component's raw value (`reward_components`); committed exclusively.
 
 Both carry the request's fingerprint, so state left by a different request under the
 same id is never resumed.
@@ -35,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 import xxhash
 
@@ -232,17 +234,35 @@ def trajectory_hash(latents: torch.Tensor, log_probs: torch.Tensor) -> str:
 
 
 def result_commit(flight: InFlight, image_HW3: torch.Tensor, reward: float, info: Mapping[str, Any],
-                  sample: int = 0) -> tuple[dict, dict]:
+                  sample: int = 0, components: Mapping[str, float] | None = None) -> tuple[dict, dict]:
     """Tensors and metadata of the result commit of sample `sample` of a finished request (a batched request
-    commits one result per sample, each exactly what a request of that sample alone would commit)."""
+    commits one result per sample, each exactly what a request of that sample alone would commit).
+    `components`: a multi-reward's raw value of each component for this sample (metadata `reward_components`)."""
     if not flight.done:
         raise ValueError(f"request is at step {flight.step} of {flight.spec.sampler.num_steps}: not finished")
     if not math.isfinite(reward):
         raise ValueError(f"reward must be finite, got {reward}")
+    bad = sorted(name for name, value in (components or {}).items() if not math.isfinite(value))
+    if bad:
+        raise ValueError(f"reward components {bad} are not finite")
     spec = flight.spec.sample(sample) if flight.spec.batch_seeds else flight.spec
     latents, log_probs = flight.latents[:, sample].contiguous(), flight.log_probs[:, sample].contiguous()
     tensors = {"latents": latents, "log_probs": log_probs, "image": image_HW3}
     meta = {"format": RESULT_FORMAT, "fingerprint": spec.fingerprint, "prompt": spec.prompt,
             "seed": spec.seed, "weights_version": spec.weights_version, "reward": float(reward),
             "result_hash": trajectory_hash(latents, log_probs), **dict(info)}
+    if components:  # absent for a single reward: those results' metadata is what it always was
+        meta["reward_components"] = {name: float(value) for name, value in components.items()}
     return tensors, meta
+
+
+def result_components(metadata: list[Mapping[str, Any]]) -> dict[str, np.ndarray] | None:
+    """Each reward component's values over committed results, in their order ({name: (N,) float64}); None when
+    the results carry no components, or not every result carries the same ones (results of another reward)."""
+    parts = [m.get("reward_components") for m in metadata]
+    if not parts or not isinstance(parts[0], dict) or not parts[0]:
+        return None
+    names = list(parts[0])
+    if any(not isinstance(p, dict) or set(p) != set(names) for p in parts):
+        return None
+    return {name: np.array([float(p[name]) for p in parts], dtype=np.float64) for name in names}

@@ -107,6 +107,19 @@ def score_with_components(reward_fn: RewardFn, images_NHW3: np.ndarray,
     return total, parts
 
 
+def check_per_request_reward(spec: str, where: str) -> None:
+    """ValueError, saying what to use instead, when the reward `spec` names cannot score one request's images on
+    their own: a z-scored multi-reward, whose totals depend on which images are scored together. `where` says who
+    scores (e.g. "a rollout worker")."""
+    if getattr(get_reward(spec), "batch_dependent", False):
+        raise ValueError(
+            f"reward {spec!r} uses normalize=zscore: it z-scores each component over the images scored together, "
+            f"and {where} scores one request's samples (one prompt's group, or a single image), not the iteration's "
+            "batch, so each total would depend on how the requests were cut. Use normalize=none with queue workers, "
+            "or sample in-process (spotlight train, spotlight run --rollouts inprocess), where the trainer scores "
+            "the whole iteration at once")
+
+
 def minigeneval_partial(images_NHW3: np.ndarray, prompts: list[str]) -> np.ndarray:
     """Share of the prompt's criteria the image satisfies (dense: the default training reward)."""
     return np.array([s.partial for s in score_images(images_NHW3, prompts)], dtype=np.float64)

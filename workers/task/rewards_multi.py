@@ -4,9 +4,10 @@ A plain weighted sum lets the reward with the largest spread set the advantages,
 stall (flow_grpo #142: two rewards that each rise alone; summed, the harder one barely moves).
 `normalize=zscore` rescales each component to mean 0, std 1 over the scored batch before
 weighting, so a weight says how much a component counts whatever its units. The z-score depends
-on what is scored together: the trainer scores a whole iteration at once; a queue worker scores
-one image per request, where a z-score is undefined and the call fails (score components there and
-`combine` them over the batch).
+on what is scored together (`batch_dependent`): the trainer scores a whole iteration at once, but a
+queue worker scores one request (one prompt's samples, or a single image), so queue workers refuse a
+z-scored reward (`workers.task.rewards.check_per_request_reward`), and so does validation, where
+z-scored totals average to 0 by construction.
 
 Spec forms (`get_reward`):
     multi:minigeneval=1.0,jpeg_compressibility=0.1                  # SPEC=WEIGHT, comma-separated
@@ -110,6 +111,12 @@ class MultiReward:
     def __init__(self, config: MultiRewardConfig, resolve: Callable[[str], Callable]):
         self.config = config
         self.parts = [(name, resolve(spec), weight) for name, spec, weight in config.components]  # fails now if unknown
+
+    @property
+    def batch_dependent(self) -> bool:
+        """True when an image's total depends on the other images scored with it (normalize=zscore, here or in
+        a component that is itself a multi-reward)."""
+        return self.config.normalize == "zscore" or any(getattr(fn, "batch_dependent", False) for _, fn, _ in self.parts)
 
     def load(self) -> None:
         """Load every component that loads a model (see ClipReward.load)."""
