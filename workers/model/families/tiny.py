@@ -51,7 +51,7 @@ def vocab_size() -> int:
     return len(tiny_tokenizer(8))
 
 
-def _qwen_image(widths: str, num_layers: int = 2):
+def _qwen_image(widths: str, num_layers: int = 2, num_heads: int = 3):
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, \
         QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -72,7 +72,7 @@ def _qwen_image(widths: str, num_layers: int = 2):
         vae = AutoencoderKLQwenImage(z_dim=16, latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
     else:
         transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
-                                                  attention_head_dim=16, num_attention_heads=3, joint_attention_dim=16,
+                                                  attention_head_dim=16, num_attention_heads=num_heads, joint_attention_dim=16,
                                                   axes_dims_rope=(8, 4, 4))
         vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
                                      temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
@@ -142,18 +142,22 @@ def _flux():
 BUILDERS = {"qwen-image": _qwen_image, "sd3": _sd3, "flux": _flux}
 
 
-def build_tiny_pipeline(family: str, out: str | Path, seed: int = 0, widths: str = "tiny", num_layers: int = 2) -> Path:
+def build_tiny_pipeline(family: str, out: str | Path, seed: int = 0, widths: str = "tiny", num_layers: int = 2,
+                        num_heads: int = 3) -> Path:
     """Build a random-init pipeline of `family` (deterministic in seed) and save it to `out`; returns the path.
-    num_layers: transformer blocks of the real-widths Qwen-Image (the GPU check's per-layer memory)."""
+    num_layers: transformer blocks of the real-widths Qwen-Image (the GPU check's per-layer memory).
+    num_heads: attention heads of the tiny Qwen-Image (of 16 channels each; an SP group of 2 needs an even count)."""
     if family not in BUILDERS:
         raise ValueError(f"unknown family {family!r}; tiny pipelines exist for {sorted(BUILDERS)}")
     if widths not in ("tiny", "real") or (widths == "real" and family != "qwen-image"):
         raise ValueError("widths='real' exists for qwen-image only; use widths='tiny'")
+    if num_heads != 3 and (family != "qwen-image" or widths != "tiny"):
+        raise ValueError("num_heads applies to the tiny-widths qwen-image only")
     from workers.model.families.family import quiet_loading
 
     quiet_loading()
     torch.manual_seed(seed)
-    pipe = BUILDERS[family](widths, num_layers) if family == "qwen-image" else BUILDERS[family]()
+    pipe = BUILDERS[family](widths, num_layers, num_heads) if family == "qwen-image" else BUILDERS[family]()
     out = Path(out)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
