@@ -39,6 +39,11 @@ class RunConfigResource(ConfigurableResource):
                                         "grids every this many iterations and on the final one (default: the preset's "
                                         "validate_every, at most 5; each rewrite costs about a second on 2 CPU cores).")
     max_validation_drop: float = Field(default=0.25, ge=0, description="Validation check fails when the held-out score falls more than this below the base's.")
+    validation_reward: Optional[str] = Field(default=None, description="Reward that scores the held-out images "
+                                             "(default: MiniGenEval's detector for the pixel policy, the run's reward "
+                                             "with model; workers/task/validation.py).")
+    validation_prompts: Optional[str] = Field(default=None, description="A text file of held-out prompts, one a line "
+                                              "(default: MiniGenEval's held-out split).")
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of the reserved node (trainer + coordinator).")
 
     @field_validator("run")
@@ -77,7 +82,16 @@ class RunConfigResource(ConfigurableResource):
     def _config_builds(self) -> "RunConfigResource":
         self.train_config()  # any invalid combination fails at load, not mid-run
         self.model_spec_fields()
+        self.validation_config()
         return self
+
+    def validation_config(self):
+        """The validation reward and held-out prompts (workers.task.validation.ValidationConfig, the prompts file
+        read now), checked against the run's reward and policy."""
+        from workers.task.validation import validation_from_options
+
+        return validation_from_options(self.validation_reward, self.validation_prompts, self.train_config().reward,
+                                       model=self.model is not None)
 
     def model_spec_fields(self) -> Optional[dict]:
         """ModelSpec fields of a run on a diffusers pipeline (None for the pixel policy); the folder and the

@@ -16,6 +16,7 @@ preset, reward, store scheme, queue scheme or rollout mode fails with the allowe
 | SPOTLIGHT_ROLLOUTS | inprocess | workers (spot workers from sky/spot_workers.yaml pull from the queue) |
 | SPOTLIGHT_DEVICE | cpu | the trainer's device on the reserved node (cuda) |
 | SPOTLIGHT_MODEL / _LORA_RANK / _RESOLUTION / _GUIDANCE | unset (the pixel policy) | a diffusers pipeline folder on every node (docs/MODELS.md) |
+| SPOTLIGHT_VALIDATION_REWARD / _PROMPTS | unset (the detector, or with a model the run's reward; MiniGenEval's held-out prompts) | a reward spec; a prompts file on the reserved node |
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
                     reward: Optional[str] = None,
                     store: Optional[str] = None, queue: Optional[str] = None, ledger: Optional[str] = None,
                     rollouts: Optional[str] = None, checkpoint: Optional[str] = None,
-                    workers: Optional[dict] = None, model: Optional[dict] = None, device: str = "cpu") -> dict:
+                    workers: Optional[dict] = None, model: Optional[dict] = None, device: str = "cpu",
+                    validation: Optional[dict] = None) -> dict:
     """The resource dict of a deployment (pydantic validates each resource as it is built)."""
     if deployment not in DEPLOYMENTS:
         raise DeploymentError(f"unknown deployment {deployment!r}; choose one of {DEPLOYMENTS}")
@@ -57,7 +59,8 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
     try:
         resources = {
             "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations, seed=seed,
-                                        reward=reward, checkpoint=checkpoint, device=device, **(model or {})),
+                                        reward=reward, checkpoint=checkpoint, device=device, **(model or {}),
+                                        **(validation or {})),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
             "ledger": LedgerResource(path=ledger or str(run_dir / "ledger.duckdb")),
@@ -83,7 +86,9 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
         iterations=int(iterations) if iterations else None, reward=env.get("SPOTLIGHT_REWARD"),
         store=env.get("SPOTLIGHT_STORE"), queue=env.get("SPOTLIGHT_QUEUE"), ledger=env.get("SPOTLIGHT_LEDGER"),
         rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env),
-        device=env.get("SPOTLIGHT_DEVICE", "cpu"))
+        device=env.get("SPOTLIGHT_DEVICE", "cpu"),
+        validation={f"validation_{name}": env[f"SPOTLIGHT_VALIDATION_{name.upper()}"] for name in ("reward", "prompts")
+                    if env.get(f"SPOTLIGHT_VALIDATION_{name.upper()}")})
 
 
 def _model_env(env: Mapping[str, str]) -> dict:

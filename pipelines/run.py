@@ -60,6 +60,10 @@ class RunSpec:
     """The trainer's device (in-process sampling and validation too); the local workers stay on the CPU."""
     num_workers: int = DEFAULT_WORKERS
     preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
+    validation_reward: Optional[str] = None
+    """Reward that scores the held-out images; None = the detector (pixel policy) or the run's reward (--model)."""
+    validation_prompts: Optional[str] = None
+    """A file of held-out prompts, one a line (absolute); None = MiniGenEval's held-out split."""
 
     def __post_init__(self) -> None:
         # Worker processes and a --resume from another directory must find the same files.
@@ -67,7 +71,7 @@ class RunSpec:
         for name in ("store", "queue"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, absolute_url(getattr(self, name)))
-        for name in ("checkpoint", "model"):
+        for name in ("checkpoint", "model", "validation_prompts"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, str(Path(getattr(self, name)).expanduser().resolve()))
         if self.rollouts not in ROLLOUT_MODES:
@@ -115,7 +119,9 @@ class RunSpec:
                                store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint,
                                model=None if self.model is None else
                                {"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
-                                "guidance": self.guidance}, device=self.device)
+                                "guidance": self.guidance}, device=self.device,
+                               validation={"validation_reward": self.validation_reward,
+                                           "validation_prompts": self.validation_prompts})
 
 
 class BudgetReachedError(RuntimeError):

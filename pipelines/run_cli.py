@@ -29,6 +29,8 @@ def run_command(
     resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
     guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
     device: Optional[str] = typer.Option(None, help="The trainer's device: cpu (default), cuda or cuda:N."),
+    validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector for the pixel policy; with --model the run's reward)."),
+    validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the pixel policy reads only MiniGenEval prompts)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."),
 ) -> None:
@@ -37,21 +39,15 @@ def run_command(
 
     from rich.console import Console
 
-    from pipelines.run import RunSpec, execute
+    from pipelines.run import execute
 
     console = Console(stderr=True)
     asked = {"preset": preset, "iterations": iterations, "seed": seed, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
              "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour,
-             "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance, "device": device}
-    try:
-        if max_usd is not None and not max_usd > 0:
-            raise ValueError(f"--max-usd must be a positive number of dollars, got {max_usd:g}")
-        if overwrite:
-            _check_overwrite(run_dir, resume=resume, store=store, queue=queue)
-        spec = RunSpec.resolve(run_dir, resume=resume, replace=overwrite, **asked)
-        spec.resources()  # every name and URL checked before any compute (and before --overwrite deletes)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+             "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance, "device": device,
+             "validation_reward": validation_reward,
+             "validation_prompts": None if validation_prompts is None else str(validation_prompts)}
+    spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
     _check_reachable(spec)
     if overwrite and run_dir.exists():
         import shutil
@@ -71,6 +67,22 @@ def run_command(
         console.print(f"continue it with: spotlight run --run-dir {spec.run_dir} --resume")
         raise typer.Exit(1) from None
     _print_summary(console, result, time.perf_counter() - started)
+
+
+def _resolve_spec(run_dir: Path, resume: bool, overwrite: bool, max_usd: Optional[float], asked: dict):
+    """The run's RunSpec with every name and URL checked, before any compute (and before --overwrite deletes)."""
+    from pipelines.run import RunSpec
+
+    try:
+        if max_usd is not None and not max_usd > 0:
+            raise ValueError(f"--max-usd must be a positive number of dollars, got {max_usd:g}")
+        if overwrite:
+            _check_overwrite(run_dir, resume=resume, store=asked["store"], queue=asked["queue"])
+        spec = RunSpec.resolve(run_dir, resume=resume, replace=overwrite, **asked)
+        spec.resources()
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    return spec
 
 
 def _check_reachable(spec) -> None:

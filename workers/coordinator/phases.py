@@ -126,41 +126,53 @@ def train_phase(ctx: RunContext, k: int) -> PhaseResult:
 
 
 def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
-    """Held-out prompts, fixed seeds, ODE sampling: the GenEval-style score of weights version k (on schedule)."""
+    """Held-out prompts, fixed seeds, ODE sampling: the score of weights version k (on schedule), by MiniGenEval's
+    detector (the pixel policy's default) or by a reward (a --model run's reward, or --validation-reward)."""
+    from workers.task.validation import resolve_validation
+
+    plan = resolve_validation(ctx.validation, ctx.train.reward, model=ctx.model is not None)
+    named = None if plan.detector else plan.reward  # the detector's records keep their fields
     if not ctx.validates(k):
         return PhaseResult({"validated": False, "validate_every": ctx.train.validate_every},
-                           checks={GUARD_CHECK: (True, {"validated": False})}, record=validation_record(None))
-    from workers.task.evaluate import evaluate
-    from workers.task.prompts import split_prompts
+                           checks={GUARD_CHECK: (True, {"validated": False})}, record=validation_record(None, named))
     from workers.trainer.checkpoint import load_checkpoint
 
     policy, _ = load_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
     with books.phase(ctx.ledger, k, "validate"):
-        result = evaluate(policy, split_prompts()["heldout"], seeds, keep_images=ctx.draws(k))
+        result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=ctx.draws(k))
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
     ctx.ledger.record_validation(k, weights_version=k, score=result.score, num_prompts=len(set(result.prompts)),
-                                 criteria=criteria, reward="minigeneval_strict")
+                                 criteria=criteria, reward=plan.reward)
     base = books.base_validation_score(ctx.ledger)
     guard = None if base is None else base - ctx.max_validation_drop
-    meta = {"weights_version": k, "score": result.score, "partial": result.partial, "base_score": base, "guard": guard,
-            **{f"category/{c}": v for c, v in result.per_category.items()}, **phase_cost(ctx, k, "validate")}
+    meta = {"weights_version": k, "reward": plan.reward, "score": result.score, "partial": result.partial,
+            "base_score": base, "guard": guard, **{f"category/{c}": v for c, v in result.per_category.items()},
+            **({} if plan.detector else result.per_criterion), **phase_cost(ctx, k, "validate")}
     out = PhaseResult(meta, checks={GUARD_CHECK: (guard is None or result.score >= guard,
                                                   {"score": result.score, "guard": guard})},
-                      record=validation_record(result))
+                      record=validation_record(result, named))
     if ctx.draws(k):
-        from workers.coordinator.plots import image_grid_png, line_plot_png
-
-        grid = image_grid_png(result.images[::seeds], columns=8)
-        write_grid(ctx, f"{iteration_label(k)}-validation.png", grid)
-        curve = ctx.ledger.query("SELECT weights_version, score FROM validation ORDER BY weights_version").rows
-        plot = line_plot_png({"held-out": ([r[0] for r in curve], [r[1] for r in curve])}, "validation",
-                             "weights version", "strict score")
-        out.pictures = {"curve": (plot, "held-out score so far"), "samples": (grid, "held-out prompts, first fixed seed")}
-        from workers.coordinator.samples import heldout_pictures  # captioned grids, base vs v(k)
-
-        out.pictures.update(heldout_pictures(ctx.report_dir, k, result.images[::seeds], result.prompts[::seeds]))
+        out.pictures = validation_pictures(ctx, k, result, seeds, named)
     return out
+
+
+def validation_pictures(ctx: RunContext, k: int, result, seeds: int, reward: str | None) -> dict:
+    """The held-out score so far, a grid of the first fixed seed's images, and the captioned held-out grids (the
+    detector's pass/fail per criterion, or the reward's value of each image when `reward` scored them)."""
+    from workers.coordinator.plots import image_grid_png, line_plot_png
+    from workers.coordinator.samples import heldout_pictures  # captioned grids, base vs v(k)
+
+    first_seed = result.images[::seeds] if reward is None else result.images[::seeds][:16]  # big images: 16 at most
+    grid = image_grid_png(first_seed, columns=8)
+    write_grid(ctx, f"{iteration_label(k)}-validation.png", grid)
+    curve = ctx.ledger.query("SELECT weights_version, score FROM validation ORDER BY weights_version").rows
+    plot = line_plot_png({"held-out": ([r[0] for r in curve], [r[1] for r in curve])}, "validation",
+                         "weights version", "strict score" if reward is None else reward[:40])
+    pictures = {"curve": (plot, "held-out score so far"), "samples": (grid, "held-out prompts, first fixed seed")}
+    pictures.update(heldout_pictures(ctx.report_dir, k, result.images[::seeds], result.prompts[::seeds],
+                                     scores=result.scores[::seeds], reward=reward))
+    return pictures
 
 
 def report_phase(ctx: RunContext, k: int) -> PhaseResult:
@@ -187,17 +199,20 @@ def report_phase(ctx: RunContext, k: int) -> PhaseResult:
     return out
 
 
-def validation_record(result) -> dict:
-    """`spotlight train`'s validation fields of one iteration (all None when it was not validated)."""
+def validation_record(result, reward: str | None = None) -> dict:
+    """`spotlight train`'s validation fields of one iteration (all None when it was not validated); with `reward`
+    (a reward, not MiniGenEval's detector, scored it) also `validation_reward`."""
+    named = {} if reward is None else {"validation_reward": reward}
     if result is None:
         return {"validation_score": None, "validation_partial": None, "validation_per_category": None,
-                "validation_per_criterion": None, "validation_num_prompts": None}
+                "validation_per_criterion": None, "validation_num_prompts": None, **named}
     return {
         "validation_score": round(result.score, 6),
-        "validation_partial": round(result.partial, 6),
+        "validation_partial": None if result.partial is None else round(result.partial, 6),
         "validation_per_category": {c: round(v, 6) for c, v in result.per_category.items()},
         "validation_per_criterion": {c: round(v, 6) for c, v in result.per_criterion.items()},
         "validation_num_prompts": len(set(result.prompts)),
+        **named,
     }
 
 

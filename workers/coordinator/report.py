@@ -52,7 +52,7 @@ def summary_rows(ledger: Ledger) -> list[dict]:
     """One row per iteration: reward, held-out score, cost split, wall time (also the CLI's summary table)."""
     return ledger.query("""
         SELECT i.iteration, i.status, t.reward_mean, t.zero_std_ratio, v.score AS heldout_score,
-               c.wall_s, c.usd_total, c.usd_spot, c.usd_reserved,
+               v.reward AS heldout_reward, c.wall_s, c.usd_total, c.usd_spot, c.usd_reserved,
                (SELECT count(*) FROM preemptions p WHERE p.preempted_at >= i.started_at AND p.preempted_at < coalesce(i.ended_at, now())) AS preemptions,
                s.dense_bytes, s.patch_bytes
         FROM iterations i
@@ -70,10 +70,22 @@ def _reward_plot(ledger: Ledger) -> bytes:
                          "training reward", "iteration", "reward")
 
 
+def validation_rewards(ledger: Ledger) -> list[str]:
+    """The rewards that scored the held-out images, in the order they first did (NULL: an unnamed score)."""
+    rows = ledger.query("SELECT coalesce(reward, 'unnamed') AS reward, min(iteration) AS first FROM validation "
+                        "GROUP BY ALL ORDER BY first").rows
+    return [r[0] for r in rows]
+
+
+def _reward_label(rewards: list[str]) -> str:
+    label = ", ".join(rewards) or "none yet"
+    return label if len(label) <= 60 else label[:57] + "..."
+
+
 def _validation_plot(ledger: Ledger) -> bytes:
     rows = ledger.query("SELECT weights_version, score FROM validation ORDER BY weights_version").rows
-    return line_plot_png({"held-out strict": ([r[0] for r in rows], [r[1] for r in rows])},
-                         "validation", "weights version", "score")
+    return line_plot_png({"held-out": ([r[0] for r in rows], [r[1] for r in rows])},
+                         f"validation ({_reward_label(validation_rewards(ledger))})", "weights version", "score")
 
 
 def _cost_plot(ledger: Ledger) -> bytes:
@@ -168,7 +180,8 @@ def _category_plot(ledger: Ledger) -> bytes:
         xs, ys = series.setdefault(category, ([], []))
         xs.append(version)
         ys.append(score)
-    return line_plot_png(series or {"none": ([], [])}, "held-out strict score per category", "weights version", "score")
+    return line_plot_png(series or {"none": ([], [])}, f"held-out score per category ({_reward_label(validation_rewards(ledger))})",
+                         "weights version", "score")
 
 
 def _figure(src: str, caption: str, lines: tuple[str, ...] | list[str] = ()) -> str:
@@ -203,9 +216,22 @@ def _page(ledger: Ledger, run: str, out_dir: Path, plots: list[str]) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>spotlight run {html.escape(run)}</title>"
             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:2px 6px;text-align:right}figure{display:inline-block;margin:8px}img{image-rendering:pixelated}</style>"
-            f"</head><body><h1>spotlight run <code>{html.escape(run)}</code></h1><table><tr>{head}</tr>{body}</table>"
+            f"</head><body><h1>spotlight run <code>{html.escape(run)}</code></h1>{_heldout_html(ledger)}"
+            f"<table><tr>{head}</tr>{body}</table>"
             f"{_samples_html(out_dir)}<h2>Curves, cost, preemptions, sync, exploration</h2>{images}"
             f"<h2>Samples</h2>{grid_html}</body></html>")
+
+
+def _heldout_html(ledger: Ledger) -> str:
+    """Which reward scored the held-out score (heldout_score), on how many prompts, with how many fixed seeds."""
+    rows = ledger.query("SELECT coalesce(reward, 'unnamed') AS reward, max(num_prompts) AS prompts, count(*) AS n "
+                        "FROM validation GROUP BY ALL ORDER BY min(iteration)").rows
+    if not rows:
+        return "<p>Held-out score: no validation yet.</p>"
+    parts = [f"<code>{html.escape(reward)}</code>" + (" (MiniGenEval's detector: the strict GenEval score)"
+                                                      if reward == "minigeneval_strict" else " (mean over every image)")
+             + f" on {prompts} held-out prompts, {n} validation(s)" for reward, prompts, n in rows]
+    return f"<p>Held-out score (heldout_score) scored by {'; '.join(parts)}, fixed seeds.</p>"
 
 
 def _fmt(value) -> str:

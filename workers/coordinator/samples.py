@@ -1,8 +1,10 @@
-"""Held-out samples a person reads: captioned grids (the prompt, pass/fail per criterion) and base vs latest weights.
+"""Held-out samples a person reads: captioned grids (the prompt, pass/fail per criterion or the reward's value) and
+base vs latest weights.
 
-The validate phase of a drawn iteration k calls `heldout_pictures`: a few held-out prompts per
-category, at the first fixed validation seed, are scored again by MiniGenEval's detector for
-their per-criterion verdicts. It writes, in the report folder:
+The validate phase of a drawn iteration k calls `heldout_pictures`. Scored by MiniGenEval's
+detector, a few held-out prompts per category, at the first fixed validation seed, are scored
+again for their per-criterion verdicts; scored by a reward (a diffusers pipeline's run), the
+first few held-out prompts are captioned with the reward's value. It writes, in the report folder:
 
     heldout_samples.png / .json        weights v(k): each image captioned with its prompt and criteria
     before_after.png / .json           the same prompts and seeds on the base weights v0 and on v(k)
@@ -13,6 +15,7 @@ The .json files hold the captions, so the report page can print them under the p
 
 Example:
     pictures = heldout_pictures(report_dir, k, result.images[::seeds], result.prompts[::seeds])
+    pictures = heldout_pictures(report_dir, k, images, prompts, scores=result.scores[::seeds], reward="clip:/m")
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import numpy as np
 
 SHOWN_PER_CATEGORY = 2
 """Held-out prompts shown per category (counting, color_binding, counting_binding, position)."""
+SHOWN_REWARD_PROMPTS = 8
+"""Held-out prompts shown when a reward scored them (the first ones)."""
 PASS, FAIL = "✓", "✗"
 
 
@@ -56,23 +61,33 @@ def verdicts(images_NHW3: np.ndarray, prompts: list[str]) -> list[str]:
     return out
 
 
-def heldout_pictures(report_dir: Path, k: int, images_NHW3: np.ndarray, prompts: list[str]) -> dict[str, tuple[bytes, str]]:
+def reward_marks(scores: list[float], reward: str) -> list[str]:
+    """Per image, the reward's value as a caption line ("clip:/models/Pick... 21.37")."""
+    label = reward if len(reward) <= 40 else reward[:37] + "..."
+    return [f"{label} {score:.4g}" for score in scores]
+
+
+def heldout_pictures(report_dir: Path, k: int, images_NHW3: np.ndarray, prompts: list[str],
+                     scores: list[float] | None = None, reward: str | None = None) -> dict[str, tuple[bytes, str]]:
     """Write the captioned grid of v(k) and (for k > 0, when v0's samples were kept) the before/after grid;
-    returns them as PhaseResult pictures (name -> (PNG, caption))."""
+    returns them as PhaseResult pictures (name -> (PNG, caption)). Captions: the detector's pass/fail per
+    criterion, or with `reward` each image's value in `scores`."""
     from resources.keys import iteration_label
     from workers.coordinator.plots import captioned_grid_png
 
-    shown = shown_indices(prompts)
+    shown = shown_indices(prompts) if reward is None else list(range(min(len(prompts), SHOWN_REWARD_PROMPTS)))
     images, names = images_NHW3[shown], [prompts[i] for i in shown]
-    marks = verdicts(images, names)
+    marks = verdicts(images, names) if reward is None else reward_marks([scores[i] for i in shown], reward)
     captions = [f"{p}\n{m}" for p, m in zip(names, marks)]
     grid = captioned_grid_png(images, captions, columns=4)
     (report_dir / "grids").mkdir(parents=True, exist_ok=True)
     (report_dir / "samples").mkdir(parents=True, exist_ok=True)
     (report_dir / "grids" / f"{iteration_label(k)}-heldout.png").write_bytes(grid)
     _write(report_dir, "heldout_samples", grid, {"weights_version": k, "captions": captions})
-    np.savez_compressed(report_dir / "samples" / f"heldout-v{k}.npz", images=images, prompts=np.array(names))
-    out = {"heldout_samples": (grid, f"weights v{k}: held-out prompts, first fixed seed, pass/fail per criterion")}
+    np.savez_compressed(report_dir / "samples" / f"heldout-v{k}.npz", images=images, prompts=np.array(names),
+                        marks=np.array(marks))
+    scored_by = "pass/fail per criterion" if reward is None else f"scored by {reward}"
+    out = {"heldout_samples": (grid, f"weights v{k}: held-out prompts, first fixed seed, {scored_by}")}
     before = report_dir / "samples" / "heldout-v0.npz"
     if k > 0 and before.is_file():
         pair = before_after_png(np.load(before), images, names, marks, k)
@@ -90,7 +105,8 @@ def before_after_png(base, images_NHW3: np.ndarray, prompts: list[str], marks: l
 
     if [str(p) for p in base["prompts"]] != prompts:
         return None
-    before_marks = verdicts(base["images"], prompts)
+    # v0's own captions (older reports kept none: the detector's verdicts are computed again).
+    before_marks = [str(m) for m in base["marks"]] if "marks" in base else verdicts(base["images"], prompts)
     captions = [f"{p}\nv0: {m}" for p, m in zip(prompts, before_marks)] + [f"v{k}: {m}" for m in marks]
     return captioned_grid_png(np.concatenate([base["images"], images_NHW3]), captions, columns=len(prompts)), captions
 

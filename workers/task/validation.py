@@ -1,0 +1,147 @@
+"""What the validate phase scores: which reward, on which held-out prompts, with fixed seeds.
+
+The pixel MiniGenEval policy is scored as it always was: MiniGenEval's detector (the strict
+GenEval score, with per-criterion and per-category breakdowns, `minigeneval_strict`) on
+MiniGenEval's held-out split. A run on a diffusers pipeline (`--model`) is scored by default
+with the run's own reward, averaged over the held-out prompts x fixed seeds: a PickScore run
+reports its held-out PickScore. Either may name another reward (`--validation-reward`) or its
+own prompts (`--validation-prompts FILE`, one prompt a line). A z-scored multi-reward cannot
+validate (its totals average to 0 over whatever is scored), and the pixel policy (or the
+detector) only reads MiniGenEval prompts; both are refused before any compute.
+
+Example:
+    config = ValidationConfig(reward="clip:/models/PickScore_v1", prompts=read_prompts_file("heldout.txt"))
+    plan = resolve_validation(config, train_reward="clip:/models/PickScore_v1", model=True)
+    result = plan.evaluate(policy, seeds_per_prompt=2, sampler=train.sampler)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DETECTOR_REWARD = "minigeneval_strict"
+"""The reward whose mean is MiniGenEval's detector score: validating with it keeps the detector's breakdowns."""
+MAX_PROMPTS = 100_000
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """A run's choice of validation reward and held-out prompts (None: the defaults above)."""
+
+    reward: str | None = None
+    """Reward spec that scores the held-out images; None = the detector for the pixel policy, the run's reward
+    for a diffusers pipeline."""
+    prompts: tuple[str, ...] | None = None
+    """Held-out prompts; None = MiniGenEval's held-out split."""
+
+    def __post_init__(self) -> None:
+        if self.reward is not None:
+            check_validation_reward(self.reward)
+        if self.prompts is not None:
+            check_prompts(self.prompts, "validation prompts")
+
+
+@dataclass(frozen=True)
+class ValidationPlan:
+    """What one validate phase does: `reward` scores `prompts` x fixed seeds."""
+
+    reward: str
+    prompts: tuple[str, ...]
+    detector: bool
+    """True: MiniGenEval's detector (GenEval's strict score and its breakdowns), sampled as it always was;
+    False: the mean of `reward`, sampled with the run's sampler as an ODE."""
+
+    def evaluate(self, policy, seeds_per_prompt: int, sampler, keep_images: bool = False):
+        """Score `policy` on the plan's prompts x `seeds_per_prompt` fixed seeds (workers/task/evaluate.py)."""
+        from workers.task.evaluate import evaluate, evaluate_reward
+
+        if self.detector:
+            return evaluate(policy, list(self.prompts), seeds_per_prompt, keep_images=keep_images)
+        return evaluate_reward(policy, list(self.prompts), self.reward, seeds_per_prompt, sampler,
+                               keep_images=keep_images)
+
+
+def resolve_validation(config: ValidationConfig | None, train_reward: str, model: bool) -> ValidationPlan:
+    """The reward and prompts a run validates with; ValueError, saying what to pass, when they cannot go together
+    (prompts the pixel policy or the detector cannot read; a reward that cannot score one image on its own)."""
+    from workers.task.prompts import split_prompts
+
+    config = config or ValidationConfig()
+    reward = config.reward or (train_reward if model else DETECTOR_REWARD)
+    check_validation_reward(reward, given=config.reward is not None)
+    prompts = config.prompts or tuple(split_prompts()["heldout"])
+    detector = reward == DETECTOR_REWARD
+    if not model:
+        check_minigeneval_prompts(prompts, "the pixel policy reads only those (its text encoder knows MiniGenEval's "
+                                  "words); give MiniGenEval prompts")
+    elif detector:
+        check_minigeneval_prompts(prompts, "MiniGenEval's detector (validation reward minigeneval_strict) reads only "
+                                  "those; pass a --validation-reward that scores any prompt (e.g. "
+                                  "clip:/models/PickScore_v1)")
+    return ValidationPlan(reward, prompts, detector)
+
+
+def validation_from_options(reward: str | None, prompts_file: str | Path | None, train_reward: str,
+                            model: bool) -> ValidationConfig:
+    """The ValidationConfig of `--validation-reward` / `--validation-prompts` (the file read now), checked against
+    the run's reward and policy (the defaults too); ValueError saying what to change, before any compute."""
+    prompts = None if prompts_file is None else read_prompts_file(prompts_file)
+    config = ValidationConfig(reward=reward, prompts=prompts)
+    resolve_validation(config, train_reward, model)
+    return config
+
+
+def check_validation_reward(spec: str, given: bool = True) -> None:
+    """ValueError for an unknown spec, or one whose per-image value depends on what is scored with it."""
+    from workers.task.rewards import get_reward
+
+    if getattr(get_reward(spec), "batch_dependent", False):
+        source = "--validation-reward" if given else "the run's reward (the validation default for --model)"
+        raise ValueError(f"{source} {spec!r} uses normalize=zscore: z-scored totals average to 0 over the held-out "
+                         "images whatever the policy does; pass --validation-reward with one reward or a "
+                         "multi-reward with normalize=none")
+
+
+def check_prompts(prompts, where: str) -> None:
+    """ValueError unless `prompts` is a non-empty tuple of distinct, non-blank strings."""
+    if not isinstance(prompts, tuple) or not prompts or len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"{where}: give between 1 and {MAX_PROMPTS} prompts")
+    for n, prompt in enumerate(prompts, start=1):
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{where}: prompt {n} is empty or not text ({prompt!r:.60})")
+    seen: dict[str, int] = {}
+    for n, prompt in enumerate(prompts, start=1):
+        if prompt in seen:
+            raise ValueError(f"{where}: prompt {n} repeats prompt {seen[prompt]} ({prompt!r:.60}); each held-out "
+                             "prompt counts once (the fixed seeds give it several images)")
+        seen[prompt] = n
+
+
+def check_minigeneval_prompts(prompts, why: str) -> None:
+    """ValueError naming the first prompt MiniGenEval's grammar does not read, and `why` that matters."""
+    from workers.task.prompts import parse_prompt
+
+    for n, prompt in enumerate(prompts, start=1):
+        try:
+            parse_prompt(prompt)
+        except ValueError as err:
+            raise ValueError(f"validation prompt {n} ({prompt!r:.60}) is not a MiniGenEval prompt ({err}), and "
+                             f"{why}") from None
+
+
+def read_prompts_file(path: str | Path) -> tuple[str, ...]:
+    """The prompts of a UTF-8 text file, one a line (blank lines and lines starting with # are skipped);
+    ValueError naming the file and what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--validation-prompts {path}: no such file; give a text file with one prompt a line")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--validation-prompts {path}: cannot read it as UTF-8 text ({err})") from None
+    prompts = tuple(line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
+    if not prompts:
+        raise ValueError(f"--validation-prompts {path}: holds no prompt (one a line; # starts a comment)")
+    check_prompts(prompts, f"--validation-prompts {path}")
+    return prompts
