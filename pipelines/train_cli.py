@@ -26,6 +26,8 @@ def train_command(
     resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels (default: the preset's, else 512)."),
     guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
     reward: Optional[str] = typer.Option(None, help="Reward name (default: the preset's)."),
+    validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector; with --model the run's reward)."),
+    validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split)."),
     device: str = typer.Option("cpu", help="Where training, sampling and validation run: cpu, cuda or cuda:N."),
     seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
@@ -39,6 +41,7 @@ def train_command(
     """Synchronous GRPO post-training on MiniGenEval, in this process (the pipeline's phases, sampled in-process)."""
     config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance)
+    validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
     _check_device(device)
     if usd_per_hour < 0:
         raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
@@ -54,10 +57,19 @@ def train_command(
     run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
     try:
         _train(run_dir, preset, config, model or checkpoint, usd_per_hour, as_json, keep=out is not None,
-               model_fields=model_fields, device=device)
+               model_fields=model_fields, device=device, validation=validation)
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: str, model: bool):
+    from workers.task.validation import validation_from_options
+
+    try:
+        return validation_from_options(reward, prompts, train_reward, model)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
 
 
 def _check_device(device: str) -> None:
@@ -108,7 +120,7 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt, reward=None)
 
 
 def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_per_hour: float, as_json: bool,
-           keep: bool, model_fields: Optional[dict] = None, device: str = "cpu") -> None:
+           keep: bool, model_fields: Optional[dict] = None, device: str = "cpu", validation=None) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
@@ -119,7 +131,8 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext.local(run_dir, run_name_for(run_dir) if keep else "train", preset, config,
                            checkpoint=None if checkpoint is None else str(checkpoint.resolve()),
-                           reserved_usd_per_hour=usd_per_hour, report=keep, model=model_fields, device=device)
+                           reserved_usd_per_hour=usd_per_hour, report=keep, model=model_fields, device=device,
+                           validation=validation)
     console = Console(stderr=True)
     succeeded = False
     try:
