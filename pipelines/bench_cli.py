@@ -227,22 +227,31 @@ def bench_preemption(
 @bench_app.command("exploration")
 def bench_exploration(
     as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
-    quick: bool = typer.Option(False, "--quick", help="One seed, two tiny iterations: a smoke run in under two minutes."),
-    seed: Optional[list[int]] = typer.Option(None, "--seed", help="Run seeds (repeat the option; default 0 1 2)."),
-    iterations: Optional[int] = typer.Option(None, help="Training iterations per run (default 6)."),
-    validate_every: Optional[int] = typer.Option(None, help="Held-out validation every this many iterations (default 3)."),
-    target_gain: Optional[float] = typer.Option(None, help="Target = base held-out score + this (default 0.03)."),
-    workers: Optional[int] = typer.Option(None, help="Rollout worker processes, one thread each: they sample the rollouts and explore beside the trainer (default 1)."),
-    strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these runs (repeat: random, explore, best_of_n)."),
+    quick: bool = typer.Option(False, "--quick", help="One seed, two tiny iterations: a smoke run in a minute or two."),
+    seed: Optional[list[int]] = typer.Option(None, "--seed", help="Run seeds (repeat the option; default 0-7)."),
+    iterations: Optional[int] = typer.Option(None, help="Training iterations per learning run (default: the preset's)."),
+    validate_every: Optional[int] = typer.Option(None, help="Held-out validation every this many iterations (default 5)."),
+    target_gain: Optional[float] = typer.Option(None, help="Headline target = base held-out score + this (default 0.08)."),
+    explore_samples: Optional[float] = typer.Option(None, help="Exploration budget per iteration, in full-sampler samples (default 128)."),
+    wider_draw: Optional[int] = typer.Option(None, help="The wider draw's seeds per prompt, as a multiple of the group size (default 2)."),
+    timing_iterations: Optional[int] = typer.Option(None, help="Iterations of each strategy's pipeline run timing the critical path (default 3; 0: none)."),
+    workers: Optional[int] = typer.Option(None, help="Rollout worker processes of the timing runs, one thread each (default 2)."),
+    jobs: Optional[int] = typer.Option(None, help="Learning runs at once, one process and one thread each (default 1)."),
+    strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these strategies (repeat: random, explore, wider_draw)."),
+    out: Optional[Path] = typer.Option(None, help="Folder for the learning runs' records; a rerun reuses the ones it holds."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
 ) -> None:
-    """Seed exploration on stale weights vs random seeds vs best-of-N: time to a held-out target, reward std, overhead, rank consistency."""
+    """Seed exploration on stale weights vs random seeds vs the wider draw: iterations and critical-path seconds to a
+    held-out target over run seeds, with bootstrap intervals; exploration's overhead and rank consistency."""
     import dataclasses
 
-    from workers.bench.exploration import ExplorationBench, format_exploration_report, run_exploration_bench
+    from workers.bench.exploration import ExplorationBench, progress_to_stderr, run_exploration_bench
+    from workers.bench.exploration_summary import format_exploration_report
 
     changes = {k: v for k, v in {"seeds": tuple(seed) if seed else None, "iterations": iterations,
-                                 "validate_every": validate_every, "target_gain": target_gain, "num_workers": workers,
+                                 "validate_every": validate_every, "target_gain": target_gain,
+                                 "explore_samples": explore_samples, "wider_draw": wider_draw,
+                                 "timing_iterations": timing_iterations, "num_workers": workers, "jobs": jobs,
                                  "strategies": tuple(strategy) if strategy else None}.items() if v is not None}
     try:
         bench = dataclasses.replace(ExplorationBench.quick() if quick else ExplorationBench(), **changes)
@@ -250,15 +259,10 @@ def bench_exploration(
         raise typer.BadParameter(str(err)) from None
     if checkpoint is not None and not (checkpoint / "policy.json").exists():
         raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
-
-    def progress(record: dict) -> None:
-        if "stage" in record:
-            typer.echo(record["stage"], err=True)
-        elif record.get("validation_score") is not None:
-            typer.echo(f"seed {record['seed']} {record['strategy']:>9} it {record['iteration']:>2}  "
-                       f"critical {record['critical_s']:7.1f}s  held-out {record['validation_score']:.3f}", err=True)
-
-    figures = run_exploration_bench(bench, checkpoint, progress=progress)
+    if out is not None and out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"--out {out} is a file; give a folder for the run records")
+    figures = run_exploration_bench(bench, None if checkpoint is None else checkpoint.resolve(),
+                                    None if out is None else out.resolve(), progress=progress_to_stderr, verbose=True)
     show(figures, as_json, format_exploration_report)
 
 

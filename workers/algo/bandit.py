@@ -139,11 +139,14 @@ class UCBBandit:
         """Work of exploring one prompt with `arm`, in full-sampler samples."""
         return arm.seeds_per_prompt * self.cost_weights.get(arm.cache_level, 1.0)
 
-    def seconds_per_prompt(self, arm: Arm) -> float | None:
-        """The arm's own timing, else the timed arms' seconds per unit of work times its work; None if nothing is timed."""
+    def seconds_per_prompt(self, arm: Arm, unit_cost: float | None = None) -> float | None:
+        """The arm's own timing, else the cost of a unit of work (`unit_cost` when known in advance, else the timed
+        arms' seconds per unit) times its work; None if nothing is known."""
         own = self.stats[arm.name].seconds_per_prompt
         if own is not None:
             return own
+        if unit_cost is not None:
+            return unit_cost * self.work_units(arm)
         timed = [(self.stats[a.name].seconds_per_prompt, self.work_units(a)) for a in self.arms
                  if self.stats[a.name].seconds_per_prompt is not None]
         if not timed:
@@ -151,8 +154,8 @@ class UCBBandit:
         per_unit = sum(s for s, _ in timed) / sum(u for _, u in timed)
         return per_unit * self.work_units(arm)
 
-    def predicted_s(self, arm: Arm, num_prompts: int, num_workers: int) -> float | None:
-        per_prompt = self.seconds_per_prompt(arm)
+    def predicted_s(self, arm: Arm, num_prompts: int, num_workers: int, unit_cost: float | None = None) -> float | None:
+        per_prompt = self.seconds_per_prompt(arm, unit_cost)
         return None if per_prompt is None else per_prompt * num_prompts / num_workers
 
     def ucb(self, arm: Arm) -> float:
@@ -162,13 +165,15 @@ class UCBBandit:
         total = sum(st.pulls for st in self.stats.values())
         return s.mean_gain + self.config.ucb_c * math.sqrt(math.log(1 + total) / s.pulls)
 
-    def choose(self, budget_s: float | None, num_prompts: int, num_workers: int = 1) -> Choice:
-        """The feasible arm with the best upper bound (ties: the cheaper, then the listed order)."""
+    def choose(self, budget_s: float | None, num_prompts: int, num_workers: int = 1,
+               unit_cost: float | None = None) -> Choice:
+        """The feasible arm with the best upper bound (ties: the cheaper, then the listed order). `unit_cost`: the
+        cost of one unit of work when it is known in advance (1.0 for a budget counted in samples)."""
         if num_prompts < 1 or num_workers < 1:
             raise ValueError(f"num_prompts and num_workers must be >= 1, got {num_prompts}, {num_workers}")
         if budget_s is not None and not budget_s >= 0:
             raise ValueError(f"budget_s must be >= 0 or None, got {budget_s}")
-        predicted = {a.name: self.predicted_s(a, num_prompts, num_workers) for a in self.arms}
+        predicted = {a.name: self.predicted_s(a, num_prompts, num_workers, unit_cost) for a in self.arms}
         if budget_s is None or all(p is None for p in predicted.values()):
             arm = min(self.arms, key=self.work_units)
             why = "no training time measured yet" if budget_s is None else "nothing timed yet"

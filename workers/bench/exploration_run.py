@@ -1,4 +1,4 @@
-"""`spotlight bench exploration`, part 2: one training run under one seed strategy, on the pipeline's own phases.
+"""`spotlight bench exploration`, the seconds factor: a strategy's critical-path seconds per iteration on the pipeline.
 
 Each run is a real pipeline run in a scratch folder: the coordinator's phases
 (workers/coordinator/driver.py) in this process, a pool of rollout worker processes
@@ -10,13 +10,15 @@ Strategies, all on the same preset, prompts and workers:
   M candidates per prompt of iteration k+1 on the stale v(k) with the arm the bandit
   picks; when the update ends, what is left is cancelled and the plan made from what
   finished; the monitor judges it on the next rollout;
-- `best_of_n`: DanceGRPO-style best-of-N on the critical path: N = n x G seeds per prompt
-  at full quality on the current weights, the G of largest reward variance trained.
+- `wider_draw`: the contrast on the critical path: n x G seeds per prompt at full quality
+  on the current weights, the G of largest reward variance trained.
 
 The critical path of an iteration is what the trainer waits for, in wall seconds: sync,
 rollout, train, and the coordinator's exploration work (the review and enqueue before
 training, the cancel and plan after it); validation and the report are measurement and
-are left out.
+are left out. How many iterations each strategy needs is measured apart, deterministically
+(workers/bench/exploration_learning.py): here the workers' timing decides what exploration
+finishes, so a run is not a function of its seed.
 
 Example:
     record = run_strategy("explore", seed=0, config=config, explore_config=explore_config, checkpoint=base,
@@ -38,7 +40,7 @@ from workers.coordinator.driver import FINAL_PHASES, ITERATION_PHASES
 from workers.coordinator.phases import PhaseResult
 from workers.trainer.grpo_trainer import TrainConfig
 
-STRATEGIES = ("random", "explore", "best_of_n")
+from workers.bench.exploration_learning import STRATEGIES
 CRITICAL_PHASES = ("weight_patch", "rollouts", "exploration", "policy_update", "seed_plan")
 """The phases the trainer waits for (validation and the report are measurement)."""
 clock = time.perf_counter
@@ -63,22 +65,22 @@ def audit_ranking(policy, config: TrainConfig, iteration: int, results: dict, nu
     return out
 
 
-def strategy_config(strategy: str, seed: int, config: TrainConfig, validate_every: int, best_of_n: int) -> TrainConfig:
-    """The run's TrainConfig: best-of-N draws n x G per prompt (the trainer's wide draw), the others G."""
+def strategy_config(strategy: str, seed: int, config: TrainConfig, validate_every: int, wider_draw: int) -> TrainConfig:
+    """The run's TrainConfig: wider_draw draws n x G per prompt (the trainer's wide draw), the others G."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
-    wide = best_of_n * config.group_size if strategy == "best_of_n" else None
+    wide = wider_draw * config.group_size if strategy == "wider_draw" else None
     return dataclasses.replace(config, seed=seed, validate_every=validate_every, rollouts_per_prompt=wide)
 
 
 def run_strategy(strategy: str, seed: int, config: TrainConfig, explore_config, *, checkpoint, num_workers: int,
-                 validate_every: int, best_of_n: int = 2, audit_prompts: int = 1,
+                 validate_every: int, wider_draw: int = 2, audit_prompts: int = 1,
                  progress: Callable[[dict], None] | None = None) -> dict:
     """One training run from the checkpoint on the pipeline's phases; per-iteration figures and the validation
     curve on critical-path seconds."""
     from workers.coordinator.worker_pool import worker_pool
 
-    config = strategy_config(strategy, seed, config, validate_every, best_of_n)
+    config = strategy_config(strategy, seed, config, validate_every, wider_draw)
     with tempfile.TemporaryDirectory(prefix=f"spotlight-bench-{strategy}-") as tmp:
         run_dir = Path(tmp)
         local = RunContext.local(run_dir, f"bench-{strategy}-{seed}", "bench", config, checkpoint=str(checkpoint),

@@ -50,16 +50,28 @@ class Sampling:
     log_dir: str | None = None
     explore: bool = True
     """workers: explore the next iteration's seeds beside training (False: every plan is the default one)."""
+    explore_samples: float | None = None
+    """inprocess: explore the next iteration's seeds in this process, on the stale weights, with a budget of this
+    many full-sampler samples per iteration: what a spot pool would sample while the trainer trains, made
+    deterministic (workers/coordinator/explore_inprocess.py). None: in-process runs do not explore."""
 
     def __post_init__(self) -> None:
         if self.mode not in SAMPLING_MODES:
             raise ValueError(f"unknown rollout mode {self.mode!r}; choose one of {SAMPLING_MODES}")
+        if self.explore_samples is not None and (self.mode != "inprocess" or not self.explore_samples > 0):
+            raise ValueError(f"explore_samples (a budget in samples, > 0) is for in-process rollouts; got "
+                             f"{self.explore_samples} with mode {self.mode!r} (queue workers explore on their own time)")
 
     @property
     def explores(self) -> bool:
         """Exploration needs workers that outlive the rollout phase: queue workers (spotlight run's run-long
         cluster, SkyPilot spot jobs). In-process rollouts have none, and a per-phase cluster is gone by training."""
         return self.mode == "workers" and self.explore
+
+    @property
+    def explores_in_process(self) -> bool:
+        """In-process rollouts with an exploration budget in samples (`explore_samples`)."""
+        return self.mode == "inprocess" and self.explore_samples is not None
 
 
 @dataclass

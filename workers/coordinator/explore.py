@@ -161,7 +161,7 @@ def start_exploration(store: TensorStore, queue, run: str, config: TrainConfig, 
     """Choose the arm and enqueue iteration+1's exploration requests (a session already started is reused)."""
     key = exploration_key(run, iteration)
     if store.read_manifest(key) is not None:  # a redone iteration: the same requests, same arm
-        session = _load_session(store, run, iteration)
+        session = load_session(store, run, iteration)
     else:
         state = load_state(store, run, explore_config, config.group_size)
         choice = state.bandit.choose(state.budget_s(), config.prompts_per_iteration, explore_config.num_workers)
@@ -171,7 +171,7 @@ def start_exploration(store: TensorStore, queue, run: str, config: TrainConfig, 
             requests = explore_requests(config, run, iteration, choice.arm)
             session.request_ids = [r["request_id"] for r in requests]
             session.prompt_indices = list(range(len(requests)))
-        store.publish(key, {SESSION_NAME: json.dumps(asdict(session), sort_keys=True).encode()})
+        publish_session(store, run, session)
     if session.arm is not None:
         queue.put(explore_requests(config, run, iteration, session.arm_spec))  # ids already known are skipped
     return session
@@ -181,7 +181,7 @@ def finish_exploration(store: TensorStore, queue, run: str, config: TrainConfig,
                        explore_config: ExploreConfig, train_s: float | None = None) -> Finished:
     """Training has ended: cancel what is left, plan iteration+1 from what finished, publish the plan."""
     started = time.perf_counter()
-    session = _load_session(store, run, iteration)
+    session = load_session(store, run, iteration)
     state = load_state(store, run, explore_config, config.group_size)
     if train_s is not None:
         state.record_train_s(iteration, train_s)
@@ -205,6 +205,11 @@ def finish_exploration(store: TensorStore, queue, run: str, config: TrainConfig,
                     finished_at, worker_ids)
 
 
+def publish_session(store: TensorStore, run: str, session: Session) -> None:
+    """Commit the session: the finishing step (maybe another process) and later reviews read it."""
+    store.publish(exploration_key(run, session.iteration), {SESSION_NAME: json.dumps(asdict(session), sort_keys=True).encode()})
+
+
 def _committed_results(store: TensorStore, run: str, session: Session, done) -> dict[int, dict]:
     """Prompt index -> result metadata of the session's requests in `done` that committed a result."""
     out = {}
@@ -218,7 +223,7 @@ def _committed_results(store: TensorStore, run: str, session: Session, done) -> 
 def explored_results(store: TensorStore, run: str, iteration: int) -> dict[int, tuple[list[int], list[float]]]:
     """Prompt index -> (candidate seeds, explored rewards) of every request of iteration's exploration that
     committed a result (also those finished after the plan was made)."""
-    session = _load_session(store, run, iteration)
+    session = load_session(store, run, iteration)
     return {i: ([int(s) for s in meta["seeds"]], [float(r) for r in meta["rewards"]])
             for i, meta in _committed_results(store, run, session, set(session.request_ids)).items()}
 
@@ -236,7 +241,7 @@ def next_plan(config: TrainConfig, iteration: int, arm: str | None, state: Explo
     return plan_from_exploration(config, iteration, results, f"explore:{arm}")
 
 
-def _load_session(store: TensorStore, run: str, iteration: int) -> Session:
+def load_session(store: TensorStore, run: str, iteration: int) -> Session:
     key = exploration_key(run, iteration)
     if store.read_manifest(key) is None:
         raise LookupError(f"run {run!r} has no exploration session for iteration {iteration} ({store.url}/{key}): "

@@ -45,6 +45,9 @@ def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
             "spearman_rho": review.spearman_rho, "rank_consistency": review.concordance,
             "variance_gain": review.variance_gain, "planned_variance": review.planned_variance,
             "random_variance": review.random_variance, "next_plan_falls_back": review.fallback}
+    if ctx.sampling.explores_in_process:
+        return PhaseResult({"enabled": True, "for_iteration": k + 1, "in_process": True,
+                            "budget_samples": ctx.sampling.explore_samples, **meta})
     if not ctx.sampling.explores:
         why = "exploration is switched off" if ctx.sampling.mode == "workers" else (
             f"rollouts are {ctx.sampling.mode!r}: no worker lives through training to explore (use spotlight run "
@@ -62,16 +65,14 @@ def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Training has ended: cancel what exploration left and publish iteration k+1's seed plan."""
     from workers.explore.seed_plan import default_seed_plan, publish_seed_plan
 
-    if not ctx.sampling.explores:
+    if not ctx.sampling.explores and not ctx.sampling.explores_in_process:
         plan = default_seed_plan(ctx.train, k + 1)
         publish_seed_plan(ctx.store, ctx.run, plan)
         return PhaseResult({"for_iteration": k + 1, "planner": plan.planner}, tables={"plan": plan_table(plan)})
-    from workers.coordinator.explore import exploration_record, explore_request_records, finish_exploration
+    from workers.coordinator.explore import exploration_record, explore_request_records
 
     train_s = books.phase_cost(ctx.ledger, k, "train")["wall_s"]
-    with _queue(ctx) as queue:
-        finished = finish_exploration(ctx.store, queue, ctx.run, ctx.train, k, explore_config(ctx), train_s=train_s)
-    ctx.ledger.record_phase(k, "explore", finished.session.started_at, time.time())
+    finished = _finish(ctx, k, train_s)
     record = exploration_record(finished)
     ctx.ledger.record_exploration(record)
     ctx.ledger.record_requests(explore_request_records(finished, ctx.train, ctx.run))
@@ -83,6 +84,21 @@ def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
     if ctx.draws(k):
         out.pictures = {"consistency": (consistency_png(ctx), "rank consistency of stale, cheap rewards with real ones")}
     return out
+
+
+def _finish(ctx: RunContext, k: int, train_s: float):
+    """Iteration k+1's plan from exploration: cancel and collect the pool's (its window is the explore phase), or
+    explore here on the sample budget (off any critical path: no phase window)."""
+    from workers.coordinator.explore import finish_exploration
+    from workers.coordinator.explore_inprocess import explore_in_process
+
+    if ctx.sampling.explores_in_process:
+        return explore_in_process(ctx.store, ctx.run, ctx.train, k, explore_config(ctx), ctx.sampling.explore_samples,
+                                  ctx.device)
+    with _queue(ctx) as queue:
+        finished = finish_exploration(ctx.store, queue, ctx.run, ctx.train, k, explore_config(ctx), train_s=train_s)
+    ctx.ledger.record_phase(k, "explore", finished.session.started_at, time.time())
+    return finished
 
 
 def plan_table(plan) -> str:

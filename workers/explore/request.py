@@ -210,10 +210,17 @@ def work_explore_request(request, store, holder, *, worker_id: str, attempt: int
     started = time.perf_counter()
     rewards = explore_rewards(policy, spec)
     compute_s = time.perf_counter() - started
+    commit_explore_result(store, key, spec, rewards, compute_s=compute_s, worker_id=worker_id, attempt=attempt)
+    report("done", request_id=request.request_id, kind="explore", result_key=key, compute_s=compute_s)
+    return ExploreOutcome(request.request_id, "done", key, rewards, compute_s)
+
+
+def commit_explore_result(store, key: str, spec: ExploreSpec, rewards: list[float], *, compute_s: float,
+                          worker_id: str, attempt: int = 1) -> None:
+    """Commit a request's explored rewards at `key`, exclusively (a second attempt's commit loses, harmlessly).
+    `compute_s` is what the explorer spent, in its budget's unit (worker-seconds, or samples in process)."""
     body = {"seeds": list(spec.seeds), "rewards": rewards}
     meta = {"format": EXPLORE_FORMAT, "fingerprint": spec.fingerprint, "prompt": spec.prompt, "seeds": list(spec.seeds),
             "rewards": rewards, "cache_level": spec.cache_level, "weights_version": spec.weights_version,
             "worker_id": worker_id, "attempt": attempt, "compute_s": compute_s, "finished_at": time.time()}
     store.publish(key, {RESULT_NAME: json.dumps(body).encode()}, meta, exclusive=True)
-    report("done", request_id=request.request_id, kind="explore", result_key=key, compute_s=compute_s)
-    return ExploreOutcome(request.request_id, "done", key, rewards, compute_s)

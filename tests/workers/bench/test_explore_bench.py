@@ -15,26 +15,39 @@ ROOT = REPO_ROOT
 
 
 @pytest.mark.slow
-def test_quick_bench_compares_the_three_strategies_and_reports_the_headline_figures() -> None:
+def test_quick_bench_compares_the_three_strategies_and_reports_the_headline_figures(tmp_path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([str(Path(sys.executable).parent / "spotlight"), "bench", "exploration", "--quick", "--json"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    command = [str(Path(sys.executable).parent / "spotlight"), "bench", "exploration", "--quick", "--json",
+               "--out", str(tmp_path / "records"), "--jobs", "2"]
+    out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     figures = json.loads(out.stdout)
-    assert set(figures["strategies"]) == {"random", "explore", "best_of_n"}
-    for strategy in figures["strategies"].values():
-        assert {"reached_target", "iterations_to_target", "critical_s_to_target", "reward_std", "zero_std_ratio"} <= set(strategy)
-    for key in ("time_to_target_speedup", "exploration_overhead_pct", "kendall_tau", "spearman_rho", "kendall_tau_audit",
-                "variance_gain", "arms_chosen", "static"):
+    learning = figures["learning"]
+    assert set(learning["strategies"]) == {"random", "explore", "wider_draw"}
+    for strategy in learning["strategies"].values():
+        assert len(strategy["mean_curve"]) == len(learning["versions"]) == 3  # versions 0, 1, 2
+        assert {"final_gain", "reached_target", "per_seed_iterations_to_target", "reward_std"} <= set(strategy)
+    assert {"random_over_explore", "wider_draw_over_explore"} <= set(learning["targets"]["+0.08"])
+    for key in ("time_to_target_speedup", "time_to_target_speedup_interval", "timing", "static"):
         assert key in figures, key
-    explore_runs = [r for r in figures["runs"] if r["strategy"] == "explore"]
-    assert explore_runs and all(row["planner"] for r in explore_runs for row in r["iterations"])
-    assert explore_runs[0]["iterations"][1]["planner"].startswith(("explore:", "random:"))
-    assert 0 <= figures["exploration_overhead_pct"] < 100 and figures["kendall_tau"]["n"] >= 1
+    assert learning["exploration"]["arms_chosen"] and learning["exploration"]["samples_used"] <= 16
+    assert set(figures["timing"]) == {"random", "explore", "wider_draw"}
+    assert 0 <= figures["timing"]["explore"]["exploration_overhead_pct"] < 100
     assert set(figures["static"]["levels"]) == {"fbcache", "half_steps", "quarter_steps"}
+    # Each learning run's record is kept, and a second run of the bench reuses it instead of training again.
+    records = sorted(p.name for p in (tmp_path / "records").iterdir())
+    assert records == ["explore-s0.json", "random-s0.json", "wider_draw-s0.json"]
+    again = subprocess.run(command + ["--timing-iterations", "0"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["learning_runs"] == figures["learning_runs"]
 
 
 def test_bad_bench_settings_fail_before_any_compute() -> None:
-    out = subprocess.run([str(Path(sys.executable).parent / "spotlight"), "bench", "exploration", "--seed", "1", "--seed", "1"],
+    spotlight = str(Path(sys.executable).parent / "spotlight")
+    out = subprocess.run([spotlight, "bench", "exploration", "--seed", "1", "--seed", "1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "seeds must be distinct" in out.stderr
+    out = subprocess.run([spotlight, "bench", "exploration", "--explore-samples", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "explore_samples must be > 0" in out.stderr

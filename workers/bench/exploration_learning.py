@@ -1,0 +1,145 @@
+"""`spotlight bench exploration`, the learning factor: how many iterations each seed strategy needs to a held-out target.
+
+SPOTLIGHT's time to target is (iterations to the target) x (critical-path seconds per
+iteration). This module measures the first factor with real training runs of the
+coordinator's phases in process (`spotlight train`'s path), one per strategy and run seed,
+the same preset and prompt schedule for all:
+
+- `random`: every prompt's group samples its default (random) request seeds;
+- `explore`: SPOTLIGHT off the critical path: after each update, the next iteration's
+  prompts are explored on the stale weights with the bandit's arm (M candidates per prompt
+  at a cheap sampler level) within a budget of `explore_samples` full-sampler samples per
+  iteration, what a spot pool would sample while the trainer trains
+  (workers/coordinator/explore_inprocess.py); the groups of largest explored reward
+  variance are trained on;
+- `wider_draw`: the same contrast on the critical path: each prompt draws `wider_draw` x G
+  seeds at full quality on the current weights and the update keeps the G of largest
+  reward variance (`TrainConfig.rollouts_per_prompt`, spotlight train's recipe).
+
+Every run is a function of its seed (one torch thread, budgets in samples, not seconds), so
+runs go in parallel processes and a record once written is reused: `out/<strategy>-s<seed>.json`.
+
+Example:
+    spec = LearningRun("explore", 0, config, explore_config, explore_samples=128.0, checkpoint=None)
+    record = learning_run(spec, Path("runs/bench"))
+    record["curve"], record["iterations"][4]["variance_gain"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.trainer.grpo_trainer import TrainConfig
+
+STRATEGIES = ("random", "explore", "wider_draw")
+
+
+@dataclass(frozen=True)
+class LearningRun:
+    """One training run of the learning factor."""
+
+    strategy: str
+    seed: int
+    config: TrainConfig
+    """The bench's config (the strategy adds its own change)."""
+    explore_config: object
+    """workers.explore.state.ExploreConfig of the explore strategy."""
+    explore_samples: float
+    """explore: the per-iteration budget in full-sampler samples."""
+    checkpoint: str | None
+    """Policy folder of version 0 (None: the shipped base)."""
+    wider_draw: int = 2
+    """wider_draw: seeds drawn per prompt, as a multiple of the group size."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {STRATEGIES}")
+        if self.wider_draw < 2 or not self.explore_samples > 0:
+            raise ValueError(f"wider_draw must be >= 2 and explore_samples > 0, got {self.wider_draw}, {self.explore_samples}")
+
+    def train_config(self) -> TrainConfig:
+        wide = self.wider_draw * self.config.group_size if self.strategy == "wider_draw" else None
+        return dataclasses.replace(self.config, seed=self.seed, rollouts_per_prompt=wide)
+
+    @property
+    def name(self) -> str:
+        return f"{self.strategy}-s{self.seed}"
+
+    def fingerprint(self) -> str:
+        """What the record depends on: a record with another fingerprint is stale and is not reused."""
+        fields = {"train": dataclasses.asdict(self.train_config()), "checkpoint": self.checkpoint,
+                  "explore": repr(self.explore_config) if self.strategy == "explore" else None,
+                  "budget": self.explore_samples if self.strategy == "explore" else None}
+        return hashlib.blake2b(json.dumps(fields, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+
+
+def learning_run(spec: LearningRun, out: Path | None = None, verbose: bool = False) -> dict:
+    """The run's record (validation curve, per-iteration figures); reused from `out` when it holds this run's.
+    `verbose`: a line on stderr per validation (the run's progress)."""
+    path = None if out is None else Path(out) / f"{spec.name}.json"
+    if path is not None and path.exists():
+        record = json.loads(path.read_text())
+        if record.get("fingerprint") == spec.fingerprint():
+            return record
+    import torch
+
+    torch.set_num_threads(1)  # runs are deterministic on one thread and go in parallel processes
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"spotlight-bench-{spec.name}-") as tmp:
+        rows, curve, exploration = _walk(spec, Path(tmp), verbose)
+    record = {"strategy": spec.strategy, "seed": spec.seed, "fingerprint": spec.fingerprint(), "curve": curve,
+              "iterations": rows, "exploration": exploration, "wall_s": round(time.perf_counter() - started, 1)}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(record, sort_keys=True))
+        partial.replace(path)  # a run cut off never leaves a record that looks whole
+    return record
+
+
+def _walk(spec: LearningRun, run_dir: Path, verbose: bool) -> tuple[list[dict], list[dict], list[dict]]:
+    """Every iteration of the run through the coordinator's driver; rows, validation curve and exploration rows."""
+    from workers.coordinator.context import RunContext, Sampling
+    from workers.coordinator.driver import train_records
+
+    config = spec.train_config()
+    ctx = RunContext.local(run_dir, spec.name, "bench", config, checkpoint=spec.checkpoint, report=False)
+    if spec.strategy == "explore":
+        ctx = dataclasses.replace(ctx, explore_config=spec.explore_config,
+                                  sampling=Sampling(mode="inprocess", explore_samples=spec.explore_samples))
+    rows, curve = [], []
+    try:
+        for record in train_records(ctx):
+            if record.get("validation_score") is not None:
+                curve.append({"version": record["iteration"], "score": record["validation_score"],
+                              "per_category": record["validation_per_category"]})
+                if verbose:
+                    print(f"{spec.name}: held-out {record['validation_score']:.3f} at version {record['iteration']}",
+                          file=sys.stderr, flush=True)
+            if record.get("reward_std") is not None:
+                rows.append({name: record.get(name) for name in
+                             ("iteration", "reward_mean", "reward_std", "zero_std_ratio", "loss", "step_s")})
+        exploration = ctx.ledger.query(
+            "SELECT iteration, arm, num_requests AS explored_prompts, time_used_s AS samples_used, kendall_tau, "
+            "variance_gain, fallback_random FROM exploration ORDER BY iteration").as_dicts()
+        payoff = {r["iteration"]: r for r in ctx.ledger.query("SELECT * FROM exploration_payoff").as_dicts()}
+    finally:
+        ctx.ledger.close()
+    for row in rows:
+        row.update(_payoff_fields(payoff.get(row["iteration"])))
+    return rows, curve, exploration
+
+
+def _payoff_fields(payoff: dict | None) -> dict:
+    """What the ledger's exploration_payoff view says of an iteration's rollout (explored vs random seeds)."""
+    if payoff is None:
+        return {}
+    return {name: payoff.get(name) for name in ("explored_prompts", "explored_variance", "random_variance",
+                                                "baseline_variance")}
