@@ -1,26 +1,33 @@
 """The node agent: one long-lived process per machine that owns CPU-side state and the device workers.
 
 It keeps what must survive a change of capacity: the rendezvous store (a TCPStore it
-owns; every group generation rendezvouses under a fresh prefix of it), the committed
-state of in-flight requests (SamplerState after every `commit_every` steps), the text
-encodings of the prompts it has seen, and the weights version and hash. The device
-workers (workers/sp/node_worker.py, one process each) hold the model. When a worker is
-lost, added, or the SP degree should change for the queue's load, the agent re-forms the
-groups (`form`): the survivors keep their weights and only rendezvous again; a joining
-worker copies the weights from a co-located peer through shared memory
-(`copy_from_peer`) instead of reading the tensor store; interrupted requests resume from
-their committed state. Degree choice: workers/sp/degree.py. Design: docs/ELASTIC_SP.md.
+owns; every group generation rendezvouses under a fresh prefix of it) and the device
+workers (workers/sp/node_worker.py, one process each, holding the model). When a worker
+is lost, added, or the SP degree should change for the queue's load, the agent re-forms
+the groups (`form`): the survivors keep their weights and only rendezvous again.
+Degree choice: workers/sp/degree.py. Design: docs/ELASTIC_SP.md.
 
-Example:
+Two ways to use it:
+
+- **The product path** (`AgentConfig(store_url=...)`, no policy config): the workers hold
+  no model until a queue request names its run; `python -m workers.sp`
+  (workers/sp/node_serve.py) serves the queue with the rollout worker's own request code on
+  the groups (workers/sp/node_requests.py), for the pixel policy or a diffusers family.
+- **The pixel path** (`AgentConfig(policy_config=cfg, weights_key=...)`): every worker
+  builds the pixel policy and loads one fixed weights commit; the agent keeps each
+  request's committed SamplerState and the prompts' text encodings in memory
+  (`run_requests`), and a joining worker copies a peer's weights through shared memory
+  (`copy_from_peer`). `spotlight bench elastic` times it.
+
+Example (the pixel path):
     agent = NodeAgent(AgentConfig(policy_config=cfg, store_url="runs/store", weights_key=key))
     a, b = agent.spawn(2); agent.load_from_store([a, b]); agent.form(degree=2)
     state = agent.sample(SPRequest("r0", "a red circle", seed=7, sampler=SamplerConfig()))
     c, = agent.spawn(1); agent.copy_from_peer(c); agent.form(degree=...)   # a worker joins
     agent.close()
 
-Command line (workers/sp/node_serve.py, heavy imports after argparse):
-    python -m workers.sp --queue runs/demo/queue.db --store runs/store \
-        --weights-key runs/demo/anchors/v000000 --workers 2
+Command line (the product path; heavy imports after argparse):
+    python -m workers.sp --queue /runs/demo/queue.db --store /runs/demo/store --workers 2
 """
 
 from __future__ import annotations
@@ -36,12 +43,15 @@ __all__ = ["AgentConfig", "NodeAgent", "SPRequest"]
 
 @dataclass(frozen=True)
 class AgentConfig:
-    policy_config: Any
-    """The policy's PolicyConfig (every worker builds the same skeleton)."""
-    store_url: str
-    """Tensor store holding the weights (the naive path and the first worker read it)."""
-    weights_key: str
-    """Commit key of the weights (a tensor dict of the policy's state_dict)."""
+    policy_config: Any = None
+    """The pixel policy's PolicyConfig (every worker builds the same skeleton); None: the product path, where
+    workers hold no model until a request names its run (workers/sp/node_member.py)."""
+    store_url: str = ""
+    """Tensor store holding the weights (the naive path and the first worker read it; every product-path member)."""
+    weights_key: str | None = None
+    """Commit key of the pixel policy's weights (a tensor dict of its state_dict); None on the product path."""
+    device: str = "cpu"
+    """Product path: "cpu", or "cuda" (worker k of the node gets a GPU of its own, the lowest index free)."""
     commit_every: int = 2
     """Denoising steps between committed states of an in-flight request."""
     threads_per_worker: int = 1
@@ -54,6 +64,12 @@ class AgentConfig:
     a worker that dies is noticed at once through its process sentinel, not by this timeout."""
 
     def __post_init__(self):
+        if not self.store_url:
+            raise ValueError("store_url must name the tensor store the workers load weights from")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.policy_config is not None and self.weights_key is None:
+            raise ValueError("a pixel-policy agent (policy_config set) needs the weights_key to load")
         if self.commit_every < 1:
             raise ValueError(f"commit_every must be >= 1, got {self.commit_every}")
         if self.threads_per_worker < 1:
@@ -111,17 +127,32 @@ class NodeAgent:
             wid = f"w{self._next_id}"
             self._next_id += 1
             parent, child = self._ctx.Pipe()
-            cfg = asdict(self.config.policy_config)
+            product = self.config.policy_config is None
+            cfg = None if product else asdict(self.config.policy_config)
+            device = self._free_device()
             proc = self._ctx.Process(target=worker_main, name=f"spotlight-{wid}", daemon=True,
                                      args=(child, wid, self.config.host, self.store.port, cfg,
-                                           self.config.threads_per_worker))
+                                           self.config.threads_per_worker, device, self.config.store_url))
             proc.start()
             child.close()
-            self.workers[wid] = _Handle(wid, proc, parent, self.config.reply_timeout_s)
+            self.workers[wid] = _Handle(wid, proc, parent, self.config.reply_timeout_s, device)
+            self.workers[wid].loaded = product  # a product-path member loads each request's weights itself
             started.append(wid)
         for wid in started:
             self.workers[wid].expect("ready")
         return started
+
+    def _free_device(self) -> str:
+        """CPU, or the lowest-numbered GPU no live worker holds (one worker per GPU)."""
+        if self.config.device == "cpu":
+            return "cpu"
+        import torch
+
+        taken = {h.device for h in self.workers.values() if h.proc.is_alive()}
+        free = [f"cuda:{i}" for i in range(torch.cuda.device_count()) if f"cuda:{i}" not in taken]
+        if not free:
+            raise RuntimeError(f"every one of the {torch.cuda.device_count()} GPUs already has a worker")
+        return free[0]
 
     def load_from_store(self, worker_ids: list[str]) -> float:
         """Naive weights: each worker reads the tensor store. Returns the wall seconds."""
@@ -175,7 +206,8 @@ class NodeAgent:
         ids = self.live_loaded()
         if not ids:
             raise RuntimeError("no live worker with weights: spawn and load one first")
-        fits = allowed_degrees(self.config.policy_config, len(ids))
+        fits = (list(range(1, len(ids) + 1)) if self.config.policy_config is None  # the request decides (probe)
+                else allowed_degrees(self.config.policy_config, len(ids)))
         degree = degree or fits[-1]
         if degree not in fits:
             raise ValueError(f"degree {degree} is not possible with {len(ids)} workers (possible: {fits})")
@@ -200,6 +232,9 @@ class NodeAgent:
         Returns request id -> final SamplerState. on_dispatch(request_id, step) runs after
         each chunk is sent (tests use it to kill a worker mid-request).
         """
+        if self.config.policy_config is None:
+            raise RuntimeError("run_requests is the pixel path; the product path serves queue requests with "
+                               "workers.sp.node_requests.RequestServer")
         runner = GroupRunner(self, on_dispatch)
         while True:
             finished = runner.run(requests)
@@ -237,8 +272,9 @@ class NodeAgent:
 class _Handle:
     """The agent's side of one worker: process, pipe and what it has done."""
 
-    def __init__(self, worker_id: str, proc, conn, timeout_s: float = 600.0):
+    def __init__(self, worker_id: str, proc, conn, timeout_s: float = 600.0, device: str = "cpu"):
         self.worker_id, self.proc, self.conn, self.timeout_s = worker_id, proc, conn, timeout_s
+        self.device = device
         self.loaded = False
 
     def send(self, msg: dict) -> None:

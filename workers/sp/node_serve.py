@@ -1,107 +1,178 @@
-"""`python -m workers.sp`: serve rollout requests from the queue with the node's SP groups.
+"""`python -m workers.sp`: a node agent serving rollout requests from the queue on its SP groups.
 
-Each round claims at most one request per worker, picks the SP degree for that backlog
-(workers/sp/degree.py; measured latencies once known, an Amdahl guess before), re-forms
-the groups when the degree changes, samples, commits each result exclusively under its
-request id and acks. Lost workers are handled inside NodeAgent.run_requests.
+    python -m workers.sp --queue /runs/demo/queue.db --store /runs/demo/store --workers 8 --device cuda
+
+The node's device workers (one per device) form Ulysses groups, and each group samples one request at a time
+with the rollout worker's own request code (workers/sp/node_requests.py). So requests of any run in the store,
+the pixel policy's or a diffusers family's rebuilt from the PULSE anchor's spec (Qwen-Image and FLUX.1 at any
+degree that divides them, SD3/3.5 at degree 1 only), are committed exactly as `python -m workers.rollout` commits
+them. Each round claims at most one request per live worker, picks the SP degree for that backlog
+(workers/sp/degree.py, or `--degree`), re-forms the groups when it changes and serves the round. A lost worker
+re-forms the survivors and its request resumes from its last commit; SIGTERM commits every in-flight request and
+gives it back. Progress goes to stdout as the rollout worker's JSON Lines events (claim, step, commit, done,
+acked, failed, ...) plus node_ready, formed, group_lost and node_exit.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import os
+import signal
+import socket
+import sys
+import threading
 import time
 
-log = logging.getLogger("spotlight.node_agent")
-LEASE_S = 600.0
-"""Lease per request; a round of one request per worker finishes well inside it on the tiny policy."""
+EXIT_UNREACHABLE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workers.sp", description=__doc__.split("\n")[0])
+    p.add_argument("--queue", required=True, help="Queue URL: a SQLite file, sqlite:///abs/path.db or redis://host:port/db.")
+    p.add_argument("--store", required=True, help="Tensor store: a folder, file:///abs/path or s3://bucket/prefix.")
+    p.add_argument("--workers", type=int, default=2, help="Device workers on this node (one per GPU with --device cuda).")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="Where the workers run the model.")
+    p.add_argument("--degree", type=int, default=None,
+                   help="Groups of this many workers (fewer when fewer are left); default: per round, by the degree policy.")
+    p.add_argument("--node-id", default=None, help="This node's name in events and records (default: HOST-PID).")
+    p.add_argument("--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps.")
+    p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
+    p.add_argument("--poll-s", type=float, default=0.5, help="Wait between claims while the queue is empty.")
+    p.add_argument("--max-idle-s", type=float, default=None, help="Exit after this long without work (default: until SIGTERM).")
+    p.add_argument("--max-requests", type=int, default=None, help="Exit after claiming this many requests.")
+    p.add_argument("--reply-timeout-s", type=float, default=600.0,
+                   help="Longest wait for a worker's answer (a first model load included); a silent worker is killed.")
+    p.add_argument("--threads-per-worker", type=int, default=1, help="torch CPU threads of each device worker.")
+    p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device.")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """ValueError naming the flag, before anything is opened or started."""
+    for flag, value in (("--workers", args.workers), ("--commit-every", args.commit_every),
+                        ("--threads-per-worker", args.threads_per_worker)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.degree is not None and not 1 <= args.degree <= args.workers:
+        raise ValueError(f"--degree must lie in 1..--workers ({args.workers}), got {args.degree}")
+    for flag, value in (("--lease-s", args.lease_s), ("--poll-s", args.poll_s), ("--reply-timeout-s", args.reply_timeout_s)):
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    if args.step_delay_s < 0 or (args.max_idle_s is not None and args.max_idle_s < 0):
+        raise ValueError("--step-delay-s and --max-idle-s must be >= 0")
+    if args.max_requests is not None and args.max_requests < 1:
+        raise ValueError(f"--max-requests must be >= 1, got {args.max_requests}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.sp", description=__doc__.split("\n")[0])
-    parser.add_argument("--queue", required=True, help="Request queue URL (file path, sqlite:///..., redis://...).")
-    parser.add_argument("--store", required=True, help="Tensor store URL holding the weights and results.")
-    parser.add_argument("--weights-key", required=True, help="Commit key of the weights tensor dict.")
-    parser.add_argument("--run", default="demo", help="Run name of the results' store keys.")
-    parser.add_argument("--workers", type=int, default=2, help="Device workers on this node.")
-    parser.add_argument("--commit-every", type=int, default=2)
-    parser.add_argument("--max-requests", type=int, default=None, help="Stop after this many (default: until idle).")
-    parser.add_argument("--idle-exit-s", type=float, default=10.0, help="Exit after the queue is empty this long.")
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error("--workers must be >= 1")
-    return serve(args)
-
-
-def serve(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from resources.keys import rollout_key
-    from resources.queues import open_queue
-    from resources.stores import open_store
-    from workers.sp.node_agent import AgentConfig, NodeAgent
-    from workers.sp.node_groups import SPRequest
-    from workers.model.policy import PolicyConfig
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    store = open_store(args.store)
-    manifest = store.read_manifest(args.weights_key)
-    if manifest is None or "policy_config" not in manifest.metadata:
-        raise SystemExit(f"{args.weights_key}: no committed weights with a policy_config in their metadata")
-    raw = dict(manifest.metadata["policy_config"])
-    config = AgentConfig(policy_config=PolicyConfig(**{**raw, "rope_axes": tuple(raw["rope_axes"])}),
-                         store_url=args.store, weights_key=args.weights_key, commit_every=args.commit_every)
-    done, idle_since = 0, time.monotonic()
-    with open_queue(args.queue) as queue, NodeAgent(config) as agent:
-        ids = agent.spawn(args.workers)
-        agent.load_from_store(ids[:1])
-        for wid in ids[1:]:
-            agent.copy_from_peer(wid)
-        degree = 0
-        while args.max_requests is None or done < args.max_requests:
-            leases = _claim(queue, f"node{agent.store.port}", len(agent.live_loaded()))
-            if not leases:
-                if time.monotonic() - idle_since > args.idle_exit_s:
-                    break
-                time.sleep(0.5)
-                continue
-            degree = _reform_if_needed(agent, len(leases), degree)
-            requests = [SPRequest.from_payload(l.request.request_id, l.request.payload) for l in leases]
-            states = agent.run_requests(requests)
-            for lease, req in zip(leases, requests):
-                key = rollout_key(args.run, lease.request.iteration, req.request_id)
-                state = states[req.request_id]
-                store.publish_tensors(key, {"images": state.latents, "log_probs": state.log_probs},
-                                      {"prompt": req.prompt, "seed": req.seed,
-                                       "sampler": dataclasses.asdict(req.sampler)}, exclusive=True)
-                queue.ack(lease, key)
-                done += 1
-            idle_since = time.monotonic()
-            log.info("round: %d requests at degree %d (%d done)", len(leases), degree, done)
+    args = build_parser().parse_args(argv)
+    args.node_id = args.node_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    try:
+        check_args(args)
+    except ValueError as err:
+        print(f"workers.sp: {err}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    opened = _open_io(args)
+    if opened is None:
+        return EXIT_UNREACHABLE
+    queue, store = opened
+    with queue:
+        serve(args, queue, store, stop)
     return 0
 
 
-def _claim(queue, worker_id: str, capacity: int) -> list:
+def serve(args: argparse.Namespace, queue, store, stop: threading.Event) -> str:
+    """Run the node until stopped, idle or done; returns why it ended."""
+    from workers.rollout.worker import EventLog
+    from workers.sp.node_agent import AgentConfig, NodeAgent
+    from workers.sp.node_requests import RequestServer, ServeConfig
+
+    report = EventLog(args.node_id)
+    config = AgentConfig(store_url=store.url, device=args.device, commit_every=args.commit_every,
+                         threads_per_worker=args.threads_per_worker, reply_timeout_s=args.reply_timeout_s)
+    with NodeAgent(config) as agent:
+        ids = agent.spawn(args.workers)
+        report("node_ready", workers={w: agent.workers[w].proc.pid for w in ids},
+               devices={w: agent.workers[w].device for w in ids})
+        server = RequestServer(agent, queue, store, report,
+                               ServeConfig(args.node_id, args.commit_every, args.degree, args.step_delay_s), stop)
+        reason = _claim_loop(args, agent, queue, server, stop, report)
+        report("node_exit", reason=reason, loaded=_loaded_parts(agent))
+    return reason
+
+
+def _open_io(args: argparse.Namespace):
+    """(queue, store), or None after printing why one cannot be used."""
+    from resources.queue import QueueUnavailableError
+    from resources.queues import open_queue
+    from resources.store import StoreError
+    from resources.stores import open_store
+
+    try:
+        queue = open_queue(args.queue)
+        queue.stats()  # a SQLite file is opened lazily: touch it now so a bad path fails here
+    except (ValueError, QueueUnavailableError, OSError) as err:
+        print(f"workers.sp: cannot use the queue: {err}", file=sys.stderr)
+        return None
+    try:
+        store = open_store(args.store)
+        store.list_keys("runs/")  # reachability and credentials, before any worker starts
+    except (ValueError, StoreError, OSError) as err:
+        queue.close()
+        print(f"workers.sp: cannot use the tensor store: {err}", file=sys.stderr)
+        return None
+    return queue, store
+
+
+def _claim_loop(args, agent, queue, server, stop: threading.Event, report) -> str:
+    claimed, idle_since = 0, time.monotonic()
+    while not stop.is_set():
+        if args.max_requests is not None and claimed >= args.max_requests:
+            return "max_requests"
+        agent.forget_dead()
+        room = len(agent.live_loaded())
+        if args.max_requests is not None:
+            room = min(room, args.max_requests - claimed)
+        leases = _claim(queue, args.node_id, room, args.lease_s, report)
+        if not leases:
+            if args.max_idle_s is not None and time.monotonic() - idle_since >= args.max_idle_s:
+                return "idle"
+            stop.wait(args.poll_s)
+            continue
+        server.serve(leases)
+        claimed += len(leases)
+        idle_since = time.monotonic()
+    return "stopped"
+
+
+def _claim(queue, node_id: str, capacity: int, lease_s: float, report) -> list:
+    from resources.queue import QueueUnavailableError
+
     leases = []
     while len(leases) < capacity:
-        lease = queue.claim(worker_id, LEASE_S)
+        try:
+            lease = queue.claim(node_id, lease_s)
+        except QueueUnavailableError as err:
+            report("queue_unavailable", error=str(err))
+            break
         if lease is None:
             break
         leases.append(lease)
     return leases
 
 
-def _reform_if_needed(agent, backlog: int, current: int) -> int:
-    from workers.sp.ulysses import allowed_degrees
-    from workers.sp.degree import amdahl_latency_s, choose_sp_degree
+def _loaded_parts(agent) -> dict[str, list[str]]:
+    """What each live worker loaded besides the transformer (a member fed from the prompt cache: no text encoder)."""
+    from workers.sp.group_policy import GroupChannel, GroupLost
 
     agent.forget_dead()
-    workers = len(agent.live_loaded())
-    single = agent.latency_s.get(1, 1.0)
-    latency = {d: agent.latency_s.get(d, amdahl_latency_s(single, d)) for d in
-               allowed_degrees(agent.config.policy_config, workers)}
-    choice = choose_sp_degree(workers, backlog, latency, current_degree=current or None, reform_s=0.5)
-    if choice.degree != current:
-        report = agent.form(choice.degree)
-        log.info("re-formed at degree %d in %.3f s: %s", report.degree, report.total_s, report.groups)
-    return choice.degree
+    out = {}
+    for wid in agent.live_loaded():
+        try:
+            out[wid] = GroupChannel([agent.workers[wid]], 60.0).call({"op": "status"})["loaded"]
+        except GroupLost:
+            continue  # died on the way out
+    return out

@@ -15,6 +15,9 @@ request state. It keeps its weights across group changes: re-forming only re-run
 | run | samples one request from a state up to stop_at at the group's degree | rank 0: state (and text if it encoded it) |
 | stop | exits | - |
 
+With no policy config the process is instead a member of the product path (workers/sp/node_member.py): it holds
+no model until the first request names one, and answers that module's ops.
+
 A failed collective (a member died) answers `{"op": "broken"}`; the agent re-forms the
 group and resumes the request from its last committed state.
 """
@@ -27,19 +30,22 @@ from typing import Any
 
 
 def worker_main(conn: Connection, worker_id: str, store_host: str, store_port: int,
-                policy_config: dict[str, Any], num_threads: int = 1) -> None:
-    """Process entry point (multiprocessing spawn target)."""
+                policy_config: dict[str, Any] | None, num_threads: int = 1, device: str = "cpu",
+                store_url: str | None = None) -> None:
+    """Process entry point (multiprocessing spawn target). policy_config None: a member of the product path
+    (workers/sp/node_member.py) that serves queue requests of any run from `store_url`, on `device`."""
     t0 = time.perf_counter()
     import torch
 
     torch.set_num_threads(num_threads)
-    from workers.model.policy import PolicyConfig, build_policy
-
-    cfg = PolicyConfig(**{**policy_config, "rope_axes": tuple(policy_config["rope_axes"])})
-    policy = build_policy(cfg, seed=0).eval()
-    import workers.algo.sampler, workers.sp.shared_weights, workers.sp.ulysses  # noqa: F401  (a standby pays imports before it is needed)
     store = torch.distributed.TCPStore(store_host, store_port, is_master=False)
-    worker = _Worker(worker_id, policy, store)
+    if policy_config is None:
+        from workers.sp.node_member import RequestMember
+
+        worker = RequestMember(worker_id, store_url, device, store)
+        import diffusers, workers.algo.sampler, workers.sp.model_sp  # noqa: F401,E401  (imports paid before "ready")
+    else:
+        worker = _Worker(worker_id, _pixel_policy(policy_config), store)
     conn.send({"op": "ready", "worker_id": worker_id, "startup_s": time.perf_counter() - t0})
     while True:
         try:
@@ -50,6 +56,15 @@ def worker_main(conn: Connection, worker_id: str, store_host: str, store_port: i
             break
         conn.send(worker.handle(msg))
     worker.close()
+
+
+def _pixel_policy(policy_config: dict[str, Any]):
+    from workers.model.policy import PolicyConfig, build_policy
+
+    cfg = PolicyConfig(**{**policy_config, "rope_axes": tuple(policy_config["rope_axes"])})
+    policy = build_policy(cfg, seed=0).eval()
+    import workers.algo.sampler, workers.sp.shared_weights, workers.sp.ulysses  # noqa: F401,E401  (a standby pays imports before it is needed)
+    return policy
 
 
 class _Worker:

@@ -121,37 +121,58 @@ def join_group(policy: Policy, store: dist.Store, prefix: str, rank: int, world_
                timeout_s: float = 30.0) -> JoinTiming:
     """Leave any current group, then form group `prefix` as `rank` of `world_size` (1: no group)."""
     check_sp_degree(policy.config, world_size)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside a group of {world_size}")
     t0 = time.perf_counter()
     leave_group(policy)
     t1 = time.perf_counter()
-    if world_size > 1:
-        device = next(policy.parameters()).device
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    init_group(store, prefix, rank, world_size, next(policy.parameters()).device, timeout_s)
     t2 = time.perf_counter()
     if world_size > 1:
         enable_sp(policy, world_size)
     return JoinTiming(t1 - t0, t2 - t1, time.perf_counter() - t2)
 
 
-def leave_group(policy: Policy) -> None:
+def init_group(store: dist.Store, prefix: str, rank: int, world_size: int, device: torch.device,
+               timeout_s: float = 30.0) -> None:
+    """The default process group of group `prefix` (NCCL on CUDA, gloo on CPU); nothing for a group of one."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside a group of {world_size}")
+    if world_size == 1:
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL binds the group to the current device
+    dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def leave_group(policy: Policy | None) -> None:
     """Turn SP off and destroy the process group (also after a member died: gloo allows it)."""
-    disable_sp(policy)
+    if policy is not None:
+        disable_sp(policy)
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 def enable_sp(policy: Policy, degree: int) -> None:
-    """Ulysses context parallelism over the current default process group."""
+    """Ulysses context parallelism over the current default process group; ValueError for a transformer that
+    diffusers gives no context-parallel plan (SD3 in diffusers 0.39)."""
     from diffusers import ContextParallelConfig
 
     if not dist.is_initialized() or dist.get_world_size() != degree:
         raise ValueError(f"SP degree {degree} needs an initialised process group of that size")
+    check_cp_plan(policy.transformer)
     _quiet_diffusers_parallel_notices()
     policy.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree))
+
+
+def check_cp_plan(transformer) -> None:
+    """ValueError unless diffusers can split this transformer's sequence (it has a `_cp_plan`)."""
+    import diffusers
+
+    if not getattr(transformer, "_cp_plan", None):
+        raise ValueError(f"{type(transformer).__name__} has no context-parallel plan (_cp_plan) in diffusers "
+                         f"{diffusers.__version__}, so it cannot be sampled in Ulysses groups: serve it at SP degree 1 "
+                         "(or with python -m workers.rollout)")
 
 
 def disable_sp(policy: Policy) -> None:

@@ -1,0 +1,147 @@
+"""An SP group as the rollout worker's request code sees it: a policy holder, and a policy whose forwards run on
+the group's device workers.
+
+`work_request` (workers/rollout/request.py) resumes, steps, commits and publishes a request exactly as in a
+rollout worker; of its holder it asks only `policy_for(spec)`, and of that policy `latent_shape`, `parameters()`
+(for the device), `sigmas`, `encode_prompts`, `velocity` and `decode`. GroupHolder and GroupPolicy answer those
+with messages to every member of one group (workers/sp/node_member.py). So the SDE maths, the counter-based noise
+and every store write stay in the agent, on the CPU, exactly the rollout worker's code; the members compute only
+the transformer's forwards (and rank 0 the VAE decode).
+
+A member that dies (its process sentinel fires), a collective that fails (a member answers `broken`) or a member
+silent past `timeout_s` (it is killed) raises GroupLost out of the request code, with nothing committed past the
+last commit; the agent re-forms its groups and runs the request again, which resumes from that commit.
+
+Example:
+    channel = GroupChannel([agent.workers[w] for w in members])
+    outcome = work_request(lease.request, lease.attempts, store, GroupHolder(channel), worker_id="node/w0+w1",
+                           commit_every=2)
+"""
+
+from __future__ import annotations
+
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+
+from resources.store import StoreError
+
+
+class GroupLost(RuntimeError):
+    """A group can no longer compute: a member died, went silent, or its collective failed."""
+
+    def __init__(self, members: list[str], dead: list[str], error: str | None = None):
+        self.members, self.dead, self.error = members, dead, error
+        why = f"members {dead} died" if dead else f"a collective failed: {error}"
+        super().__init__(f"SP group {'+'.join(members)} lost: {why}")
+
+
+_REQUEST_ERRORS = {"ValueError": ValueError, "LookupError": LookupError, "StoreError": StoreError}
+
+
+class GroupChannel:
+    """The agent's pipes to one group's members, in rank order: one op to all (or some), every reply gathered."""
+
+    def __init__(self, handles: list, timeout_s: float = 600.0):
+        self.handles = list(handles)
+        self.timeout_s = timeout_s
+
+    @property
+    def members(self) -> list[str]:
+        return [h.worker_id for h in self.handles]
+
+    def call(self, msg: dict[str, Any], ranks: list[int] | None = None) -> dict[str, Any]:
+        """Send `msg` to the members at `ranks` (default: all) and return the first one's reply. Raises
+        GroupLost (member lost), or the member's ValueError / LookupError / StoreError (a bad request)."""
+        targets = self.handles if ranks is None else [self.handles[r] for r in ranks]
+        dead = []
+        for handle in targets:
+            try:
+                handle.send(msg)
+            except (BrokenPipeError, OSError):  # died since its last reply
+                dead.append(handle.worker_id)
+        live = [h for h in targets if h.worker_id not in dead]
+        replies, silent_or_dead = self._gather(live)
+        dead += silent_or_dead
+        broken = [r for r in replies.values() if r["op"] == "broken"]
+        if dead or broken:
+            raise GroupLost(self.members, dead, broken[0].get("error") if broken else None)
+        errors = [r for r in replies.values() if r["op"] == "error"]
+        if errors:
+            raise _REQUEST_ERRORS.get(errors[0]["error_type"], RuntimeError)(errors[0]["error"])
+        first = replies[targets[0].worker_id]
+        if first["op"] != msg["op"]:
+            raise RuntimeError(f"worker {targets[0].worker_id} answered {first['op']!r} to {msg['op']!r}")
+        return first
+
+    def _gather(self, handles: list) -> tuple[dict[str, dict], list[str]]:
+        """Every live member's reply; those that died (or stayed silent past timeout_s, then killed) by id."""
+        waiting = {h.worker_id: h for h in handles}
+        closed: set[str] = set()
+        replies, dead = {}, []
+        while waiting:
+            objects = [h.proc.sentinel for h in waiting.values()]
+            objects += [h.conn for w, h in waiting.items() if w not in closed]
+            if not wait(objects, timeout=self.timeout_s):
+                for wid, handle in waiting.items():  # silent too long: a hung member is a lost member
+                    handle.proc.kill()
+                    dead.append(wid)
+                break
+            for wid, handle in list(waiting.items()):
+                if wid not in closed and handle.conn.poll():
+                    try:
+                        replies[wid] = handle.conn.recv()
+                        del waiting[wid]
+                        continue
+                    except (EOFError, OSError):  # the pipe of a dead process: wait for its sentinel
+                        closed.add(wid)
+                if not handle.proc.is_alive():
+                    dead.append(wid)
+                    del waiting[wid]
+        return replies, dead
+
+
+class GroupHolder:
+    """PolicyHolder's `policy_for`, answered by a group: every member brings its own holder to the request."""
+
+    def __init__(self, channel: GroupChannel):
+        self.channel = channel
+
+    def policy_for(self, spec) -> "GroupPolicy":
+        reply = self.channel.call({"op": "prepare", "payload": spec.to_payload()})
+        return GroupPolicy(self.channel, tuple(reply["shape"]))
+
+
+class _Prompts(tuple):
+    """What encode_prompts returns: the members hold the conditioning; the agent only names the prompts."""
+
+
+class GroupPolicy:
+    """The policy the request code samples with; the group computes, the agent walks the SDE on the CPU."""
+
+    def __init__(self, channel: GroupChannel, latent_shape: tuple[int, ...]):
+        self.channel = channel
+        self.latent_shape = latent_shape
+        self._device_marker = torch.zeros(())
+
+    def parameters(self):
+        """The sampler's device for latents, noise and the SDE step: the agent's CPU."""
+        return iter([self._device_marker])
+
+    def sigmas(self, num_steps: int, shift: float = 1.0) -> torch.Tensor:
+        reply = self.channel.call({"op": "sigmas", "num_steps": num_steps, "shift": shift}, ranks=[0])
+        return torch.from_numpy(reply["sigmas"])
+
+    def encode_prompts(self, prompts: list[str]) -> tuple[_Prompts, None]:
+        self.channel.call({"op": "encode", "prompts": list(prompts)})
+        return _Prompts(prompts), None
+
+    def velocity(self, x: torch.Tensor, sigma_N: torch.Tensor, cond: _Prompts, mask=None) -> torch.Tensor:
+        reply = self.channel.call({"op": "velocity", "x": x.detach().cpu().numpy(),
+                                   "sigma": sigma_N.detach().cpu().numpy()})
+        return torch.from_numpy(reply["v"])
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        reply = self.channel.call({"op": "decode", "latents": latents.detach().cpu().numpy()}, ranks=[0])
+        return torch.from_numpy(reply["images"])
