@@ -1,34 +1,104 @@
 """The train phase as one call: trainer state from the store, GRPO update on the iteration's results, new state back.
 
+Alone, this process does all of it. As rank 0 of `spotlight train --nproc N` (workers/trainer/ranks.py) it first
+orders the other ranks to join: every rank loads the checkpoint and the batch from the store and takes its slice of
+each minibatch under FSDP2 (workers/trainer/fsdp.py); the whole weights and optimizer state are gathered back and
+rank 0 alone publishes the next checkpoint.
+
 Example:
     stats = train_iteration(store, "demo", config, 3, requests)   # checkpoint v3 -> v4
+    follow_orders(current_setup())                                # ranks 1..N-1, until rank 0 stops them
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from resources.keys import weights_key
 from resources.store import TensorStore
 from workers.coordinator.rollout import PlannedRequest, load_batch
-from workers.trainer.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
+from workers.trainer.checkpoint import load_checkpoint, publish_checkpoint, restore_optimizer
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+from workers.trainer.ranks import TrainerSetup, current_setup
+
+
+@dataclass(frozen=True)
+class TrainOrder:
+    """What rank 0 sends the other ranks: one train phase, read from the same store."""
+
+    store_url: str
+    run: str
+    config: TrainConfig
+    iteration: int
+    requests: list[PlannedRequest]
+    device: str
 
 
 def train_iteration(store: TensorStore, run: str, config: TrainConfig, iteration: int,
                     requests: list[PlannedRequest], device: str = "cpu") -> dict[str, float]:
     """Update weights version `iteration` into `iteration + 1` on the iteration's committed results;
     returns the batch's reward statistics and the update's loss statistics."""
-    policy, optimizer_state = load_checkpoint(store, run, iteration, device)
-    # The KL reference is the run's starting policy, as in `spotlight train`.
-    reference = load_checkpoint(store, run, 0, device)[0] if config.grpo.kl_beta > 0 else None
+    setup, order = current_setup(), TrainOrder(store.url, run, config, iteration, requests, device)
+    if setup.ranks is not None:
+        setup.ranks.send(order)  # the other ranks join this update
+    return _update_version(store, order, setup)
+
+
+def follow_orders(setup: TrainerSetup) -> int:
+    """Ranks 1..N-1: join each train phase rank 0 orders, until it sends None; returns how many were joined."""
+    from resources.stores import open_store
+
+    joined = 0
+    while (order := setup.ranks.receive()) is not None:
+        _update_version(open_store(order.store_url), order, setup)
+        joined += 1
+    return joined
+
+
+def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) -> dict[str, float]:
+    """One update on this process (and, with ranks, the others): checkpoint k -> k+1; rank 0 publishes it."""
+    config, run, k = order.config, order.run, order.iteration
+    policy, optimizer_state = load_checkpoint(store, run, k, order.device)
+    if setup.gradient_checkpointing:
+        from workers.trainer.memory import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(policy)
+    # The KL reference is the run's starting policy, version 0. Under LoRA that is the base itself (a fresh
+    # adapter's B is 0): the trainer runs it with the adapter disabled, so no second transformer is loaded.
+    lora = getattr(policy, "is_lora", False)
+    reference = load_checkpoint(store, run, 0, order.device)[0] if config.grpo.kl_beta > 0 and not lora else None
     trainer = GRPOTrainer(policy, config, reference=reference)
-    restore_optimizer(trainer.optimizer, optimizer_state)
-    batch = load_batch(store, run, config, iteration, requests)
+    _restore(trainer, optimizer_state, setup)
+    batch = load_batch(store, run, config, k, order.requests)
     # Old log-probs from the trainer's own forward: the stored ones come from whatever sampled (queue
     # workers run BF16-rounded weights), and with a 1e-4 clip range that alone clips the first minibatch.
     stats = {**trainer.batch_stats(batch), **trainer.update(batch, recompute_old_log_probs=True)}
-    stats["checkpoint_bytes"] = save_checkpoint(store, run, iteration + 1, policy, trainer.optimizer)
-    if iteration >= 2:
-        # Only versions k, k+1 (a redone iteration k needs k) and 0 (the KL reference) stay: FP32
-        # weights plus AdamW state are 3x the model, per version. Older weights live on in the PULSE chain.
-        store.delete_commit(weights_key(run, iteration - 1))
+    weights, optimizer = _whole_state(trainer, setup)
+    if setup.ranks is None or setup.ranks.rank == 0:
+        stats["checkpoint_bytes"] = publish_checkpoint(store, run, k + 1, policy.spec(), weights, optimizer)
+        if k >= 2:
+            # Only versions k, k+1 (a redone iteration k needs k) and 0 (the KL reference) stay: FP32
+            # weights plus AdamW state are 3x the model, per version. Older weights live on in the PULSE chain.
+            store.delete_commit(weights_key(run, k - 1))
     return stats
+
+
+def _restore(trainer: GRPOTrainer, optimizer_state, setup: TrainerSetup) -> None:
+    """Shard the trainer over the ranks (if any), then load the saved AdamW state into its optimizer."""
+    if setup.ranks is None:
+        restore_optimizer(trainer.optimizer, optimizer_state)
+        return
+    from workers.trainer.fsdp import distribute, load_optimizer_state
+
+    distribute(trainer, setup.ranks.mesh)
+    if optimizer_state is not None:
+        load_optimizer_state(trainer.optimizer, optimizer_state.to_state_dict())
+
+
+def _whole_state(trainer: GRPOTrainer, setup: TrainerSetup) -> tuple[dict, dict]:
+    """The trained weights and the optimizer's state dict as whole tensors (gathered from the ranks' shards)."""
+    if setup.ranks is None:
+        return trainer.policy.weights(), trainer.optimizer.state_dict()
+    from workers.trainer.fsdp import full_optimizer_state, full_weights
+
+    return full_weights(trainer.policy), full_optimizer_state(trainer.optimizer)

@@ -47,28 +47,34 @@ class OptimizerState:
         return {"state": state, "param_groups": groups}
 
 
-def split_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerState:
-    """Tensors and JSON parts of an optimizer's state (AdamW: exp_avg, exp_avg_sq, step)."""
-    sd = optimizer.state_dict()
+def split_optimizer(state_dict: dict[str, Any]) -> OptimizerState:
+    """Tensors and JSON parts of an optimizer's `state_dict()` (AdamW: exp_avg, exp_avg_sq, step)."""
     tensors, scalars = {}, {}
-    for index, values in sd["state"].items():
+    for index, values in state_dict["state"].items():
         for name, value in values.items():
             if isinstance(value, torch.Tensor):
                 tensors[f"opt.{index}.{name}"] = value.detach().cpu().contiguous()
             else:
                 scalars.setdefault(str(index), {})[name] = value
-    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in sd["param_groups"]]
+    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state_dict["param_groups"]]
     return OptimizerState(tensors, {"scalars": scalars, "param_groups": groups})
 
 
 def save_checkpoint(store: TensorStore, run: str, version: int, policy: Policy,
                     optimizer: torch.optim.Optimizer | None = None) -> int:
     """Publish the trainer's state after update `version`; returns the bytes written."""
-    tensors = {f"policy.{k}": v.detach().cpu().contiguous() for k, v in policy.weights().items()}
-    meta: dict[str, Any] = {"format": FORMAT, "version": version,
-                            "policy_config": _plain(policy.spec()), "optimizer": None}
-    if optimizer is not None:
-        opt = split_optimizer(optimizer)
+    return publish_checkpoint(store, run, version, policy.spec(), policy.weights(),
+                              None if optimizer is None else optimizer.state_dict())
+
+
+def publish_checkpoint(store: TensorStore, run: str, version: int, spec: dict, weights: dict[str, torch.Tensor],
+                       optimizer_state: dict[str, Any] | None) -> int:
+    """Publish a checkpoint from its parts: the policy's spec and whole `weights()`, and an optimizer `state_dict()`
+    with whole tensors (an FSDP trainer gathers both first: workers/trainer/fsdp.py). Returns the bytes written."""
+    tensors = {f"policy.{k}": v.detach().cpu().contiguous() for k, v in weights.items()}
+    meta: dict[str, Any] = {"format": FORMAT, "version": version, "policy_config": _plain(spec), "optimizer": None}
+    if optimizer_state is not None:
+        opt = split_optimizer(optimizer_state)
         tensors.update(opt.tensors)
         meta["optimizer"] = opt.meta
     result = store.publish_tensors(weights_key(run, version), tensors, meta)

@@ -31,8 +31,7 @@ def _config(objective: str) -> TrainConfig:
 
 
 def _lora_policy(path):
-    torch.manual_seed(0)  # peft draws lora_A at random: both trainers start from the same adapter
-    return load_model_policy(path, resolution=32, lora_rank=4)
+    return load_model_policy(path, resolution=32, lora_rank=4)  # lora_A from a fixed seed: the same in both
 
 
 def _train_two_iterations(trainer: GRPOTrainer) -> tuple[list[dict], dict[str, torch.Tensor]]:

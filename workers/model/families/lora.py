@@ -30,10 +30,14 @@ from torch import nn
 
 TRAINED_ADAPTER = "default"
 """peft's name for the adapter the optimizer holds (what checkpoints, PULSE and `save_lora_adapter` carry)."""
+LORA_INIT_SEED = 0
+"""Seeds lora_A's random init: a run's version 0 is a function of the folder and its ModelSpec alone (before, it
+hung on the process's RNG state, so `--nproc 2` and `--nproc 1` started from different adapters)."""
 
 
 def add_lora(transformer: nn.Module, spec, targets: tuple[str, ...]) -> None:
-    """A peft LoRA on `targets` (B = 0 at init, so the policy starts equal to the base); only it trains (FP32)."""
+    """A peft LoRA on `targets` (B = 0 at init, so the policy starts equal to the base, and lora_A drawn from
+    LORA_INIT_SEED); only it trains (FP32)."""
     from peft import LoraConfig
 
     transformer.requires_grad_(False)
@@ -42,8 +46,11 @@ def add_lora(transformer: nn.Module, spec, targets: tuple[str, ...]) -> None:
     found = [t for t in targets if any(n == t or n.endswith("." + t) for n in present)]
     if not found:
         raise ValueError(f"none of the LoRA target modules {targets} exist in this transformer")
-    transformer.add_adapter(LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha or spec.lora_rank,
-                                       init_lora_weights=True, target_modules=found), adapter_name=TRAINED_ADAPTER)
+    config = LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha or spec.lora_rank, init_lora_weights=True,
+                        target_modules=found)
+    with torch.random.fork_rng(devices=[]):  # on the CPU, where the folder's transformer loads
+        torch.manual_seed(LORA_INIT_SEED)  # peft draws lora_A at random: the same adapter in every process and run
+        transformer.add_adapter(config, adapter_name=TRAINED_ADAPTER)
     for name, param in transformer.named_parameters():
         param.requires_grad_(".lora_" in name)
         if ".lora_" in name:
