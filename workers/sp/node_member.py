@@ -39,6 +39,8 @@ class RequestMember:
 
         self.worker_id = worker_id
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # this worker's GPU is the current one for every library it calls
         self.holder = PolicyHolder(open_store(store_url), device=device)
         self.rendezvous = rendezvous
         self.rank, self.degree = 0, 1
