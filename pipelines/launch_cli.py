@@ -27,6 +27,8 @@ def launch_command(
     preset: Optional[str] = typer.Option(None, help="Training preset (default: sky/reserved.yaml's)."),
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: sky/reserved.yaml's)."),
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
+    model: Optional[str] = typer.Option(None, "--model", help="A diffusers pipeline folder to post-train (absolute; the same path on every node: MODEL in both tasks, and no CPU workers on the reserved node). Default: the pixel policy."),
+    model_source: Optional[str] = typer.Option(None, "--model-source", help="A bucket URL holding the --model folder (s3://bucket/models/Qwen-Image): SkyPilot copies it to that path on every node at start."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."),
 ) -> None:
     """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs."""
@@ -34,7 +36,8 @@ def launch_command(
 
     try:
         plan = LaunchPlan(workers=workers, store=store, gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
-                          max_usd=max_usd, preset=_checked_preset(preset), iterations=iterations, cluster=cluster)
+                          max_usd=max_usd, preset=_checked_preset(preset), iterations=iterations, cluster=cluster,
+                          model=model, model_source=model_source)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     try:

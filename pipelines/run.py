@@ -76,8 +76,9 @@ class RunSpec:
                 object.__setattr__(self, name, str(Path(getattr(self, name)).expanduser().resolve()))
         if self.rollouts not in ROLLOUT_MODES:
             raise ValueError(f"--rollouts must be one of {ROLLOUT_MODES}, got {self.rollouts!r}")
-        if self.num_workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {self.num_workers}")
+        if self.num_workers < 0 or (self.num_workers == 0 and not (self.queue or "").startswith(("redis://", "rediss://"))):
+            raise ValueError(f"--workers must be >= 1, got {self.num_workers} (0 only on a Redis --queue, whose remote "
+                             "workers then sample everything: the reserved node of a --model run)")
         if not self.preemptions_per_hour >= 0:
             raise ValueError(f"--preemptions-per-hour must be >= 0, got {self.preemptions_per_hour}")
 
@@ -132,7 +133,7 @@ class BudgetReachedError(RuntimeError):
 def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None) -> Iterator[None]:
     """With --rollouts local_cluster: worker processes for the whole run, preempted on a Poisson trace."""
     with remote_workers(resources, max_usd):
-        if spec.rollouts != "local_cluster":
+        if spec.rollouts != "local_cluster" or spec.num_workers == 0:
             yield
             return
         from assets.context import run_context
@@ -204,7 +205,7 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     ledger = resources["ledger"].get_ledger()
     if books.close_dangling_workers(ledger):
         console.print("closed workers the interrupted run had left open")
-    if spec.rollouts == "local_cluster":
+    if spec.rollouts == "local_cluster" and spec.num_workers:
         console.print(f"rollouts on {spec.num_workers} local spot workers (1 thread each, {spec.preemptions_per_hour:g} "
                       f"preemptions per worker-hour); trainer on {torch.get_num_threads()} thread(s)")
     total = resources["run_config"].num_iterations + 1

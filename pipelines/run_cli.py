@@ -21,7 +21,7 @@ def run_command(
     run_dir: Path = typer.Option(Path("runs/run"), "--run-dir", help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir from its first unfinished iteration."),
     rollouts: Optional[str] = typer.Option(None, help="Who samples: local_cluster (default: rollout worker processes on this machine, spot-priced, with injected preemptions) or inprocess (the trainer itself, batched; no workers)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS})."),
+    workers: Optional[int] = typer.Option(None, "--workers", help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS}; 0 on a Redis --queue: remote workers sample everything)."),
     preemptions_per_hour: Optional[float] = typer.Option(None, help=f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default {DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none)."),
     checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
     model: Optional[str] = typer.Option(None, help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer and every worker (docs/MODELS.md)."),

@@ -8,6 +8,12 @@ hand, and `launch` submits exactly what `--dry-run` prints. The reserved node go
 takes down one worker and SkyPilot's job recovery brings it back. Nothing is submitted
 before `check_clouds` has found an enabled cloud.
 
+With `model` (a diffusers pipeline folder), both tasks get `MODEL`: the reserved node's run
+line passes `--model`, every spot worker checks the folder at start, and the node's own
+CPU workers are dropped (`LOCAL_WORKERS=0`; they cannot sample a real model). The weights
+must sit at that absolute path on every node: `model_source` (a bucket URL) adds a SkyPilot
+file mount that copies them there.
+
 Example:
     plan = LaunchPlan(workers=8, store="s3://bucket/spotlight", gpus=("A100",), max_usd=200)
     secrets = launch_secrets(os.environ)                 # CloudError naming what to export
@@ -38,6 +44,8 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 SKY_DIR = CHECKOUT / "sky"
 PLACEHOLDER_QUEUE = f"redis://RESERVED_NODE_IP:{REDIS_PORT}/0"
 """The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
+MODEL_SOURCE_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "https")
+"""Bucket URLs SkyPilot can copy a file mount from (https: an Azure blob container)."""
 
 
 class CloudError(RuntimeError):
@@ -60,8 +68,14 @@ class LaunchPlan:
     """Training preset (workers/trainer/presets.py); None = the YAML's."""
     iterations: int | None = None
     cluster: str = RESERVED_CLUSTER
+    model: str | None = None
+    """A diffusers pipeline folder to post-train, an absolute path that every node holds; None = the pixel policy."""
+    model_source: str | None = None
+    """A bucket URL holding that folder (s3://bucket/models/Qwen-Image): mounted (copied) at `model` on every node.
+    None: the nodes hold it another way (an image, a file_mounts of your own)."""
 
     def __post_init__(self) -> None:
+        self._check_model()
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
         if not self.store.startswith("s3://") or len(self.store) <= len("s3://"):
@@ -75,6 +89,20 @@ class LaunchPlan:
         if unknown or len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"--gpu {','.join(self.gpus)}: give distinct accelerator names from "
                              f"{', '.join(sorted(known))} (comma-separated; add others to a prices file)")
+
+
+    def _check_model(self) -> None:
+        if self.model is not None and (not self.model.startswith("/") or self.model.rstrip("/") == ""):
+            raise ValueError(f"--model {self.model!r} must be an absolute folder path: every node loads the weights "
+                             "from that same path (the run's anchor names it)")
+        if self.model_source is None:
+            return
+        if self.model is None:
+            raise ValueError("--model-source needs --model: the absolute path the weights are mounted at on every node")
+        scheme, sep, rest = self.model_source.partition("://")
+        if not sep or scheme not in MODEL_SOURCE_SCHEMES or not rest.strip("/"):
+            raise ValueError(f"--model-source {self.model_source!r} must be a bucket URL, "
+                             f"{' or '.join(s + '://...' for s in MODEL_SOURCE_SCHEMES)}")
 
 
 def launch_secrets(env: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -96,7 +124,9 @@ def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
     task = sky.Task.from_yaml(str(SKY_DIR / "reserved.yaml"))
     envs = {"SPOTLIGHT_STORE": plan.store, "MAX_USD": f"{plan.max_usd:g}", "REDIS_PORT": str(REDIS_PORT)}
     envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
-    return _finish(task, envs, secrets)
+    if plan.model is not None:
+        envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
+    return _finish(task, envs, secrets, plan)
 
 
 def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE) -> sky.Task:
@@ -109,11 +139,15 @@ def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_
     envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store}
     if len(plan.gpus) == 1:  # one GPU type: its spot price from the table, for the ledger
         envs["USD_PER_HOUR"] = repr(round(PriceTable().usd_per_hour(plan.gpus[0], spot=True)[0], 6))
-    return _finish(task, envs, secrets)
+    if plan.model is not None:
+        envs["MODEL"] = plan.model
+    return _finish(task, envs, secrets, plan)
 
 
-def _finish(task: sky.Task, envs: Mapping[str, str], secrets: Mapping[str, str]) -> sky.Task:
+def _finish(task: sky.Task, envs: Mapping[str, str], secrets: Mapping[str, str], plan: LaunchPlan) -> sky.Task:
     task.update_envs(dict(envs))
+    if plan.model_source is not None:  # copied from the bucket when the node starts (and again on recovery)
+        task.update_file_mounts({plan.model: plan.model_source})
     # SkyPilot drops a YAML's `null` secrets when it parses them; both YAMLs declare SECRET_NAMES.
     task.update_secrets({k: v for k, v in secrets.items() if k in SECRET_NAMES})
     task.workdir = str(CHECKOUT)  # the YAMLs' `workdir: .` means the checkout, wherever launch runs from
@@ -129,6 +163,7 @@ def describe_task(task: sky.Task) -> dict[str, Any]:
     """A task as plain data for --dry-run: resources, envs, and secret names only (values shown as ***)."""
     resources = sorted((_describe_resources(r) for r in task.resources), key=lambda r: str(r["accelerators"]))
     return {"name": task.name, "any_of": len(resources) > 1, "resources": resources, "envs": dict(task.envs),
+            "file_mounts": {k: str(v) for k, v in (task.file_mounts or {}).items()},
             "secrets": {k: "***" if task.secrets.get(k) is not None and task.secrets[k].get_secret_value() else None
                         for k in sorted(set(task.secrets) | set(SECRET_NAMES))},
             "workdir": task.workdir, "run": task.run}

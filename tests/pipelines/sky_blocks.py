@@ -68,6 +68,32 @@ def start_block(task, name: str, workdir: Path, logs: Path, base_env: Mapping[st
     return Block(name, popen, log)
 
 
+_STUB = """#!/bin/bash
+# Records its argv (program name first) as one record: fields end with 0x1f, the record with 0x1e.
+line=$(printf '%s\\x1f' "$(basename "$0")" "$@")
+printf '%s\\x1e' "$line" >> "$STUB_ARGV_LOG"
+"""
+
+
+def stub_run(task, workdir: Path, base_env: Mapping[str, str], programs=("python", "redis-server")) -> list[list[str]]:
+    """Run the task's `run:` block with bash, its `programs` replaced by stubs that only record their argv: every
+    command the block would start on a node, with the envs expanded as bash expands them (in the order they ran;
+    the stages of a pipeline may come in either order)."""
+    stubs = workdir / "stub-bin"
+    stubs.mkdir(parents=True, exist_ok=True)
+    for name in programs:
+        (stubs / name).write_text(_STUB)
+        (stubs / name).chmod(0o755)
+    script, log = workdir / "block.sh", workdir / "argv.log"
+    script.write_text(task.run)
+    log.write_text("")
+    env = task_env(task, base_env)
+    env.update(PATH=f"{stubs}{os.pathsep}{env['PATH']}", STUB_ARGV_LOG=str(log))
+    done = subprocess.run(["bash", str(script)], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"the run block failed ({done.returncode}): {done.stderr[-2000:]}"
+    return [record.split("\x1f")[:-1] for record in log.read_text().split("\x1e") if record]
+
+
 @dataclass
 class ArgvWatch:
     """Scans every process's command line (/proc/*/cmdline) for a secret while a test runs."""

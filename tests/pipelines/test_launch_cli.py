@@ -115,6 +115,29 @@ def test_dry_run_with_one_gpu_pins_the_workers_to_it_and_prices_them_from_the_ta
     assert float(worker["envs"]["USD_PER_HOUR"]) == pytest.approx(PriceTable().usd_per_hour("A100", spot=True)[0])
 
 
+def test_dry_run_with_a_model_hands_it_to_both_tasks_and_mounts_its_bucket_at_that_path(fake_sky) -> None:
+    import sky
+
+    from resources.cloud import LaunchPlan, plan_tasks
+
+    model, source = "/models/Qwen-Image", "s3://weights/models/Qwen-Image"
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", model,
+                     "--model-source", source, "--dry-run")
+    assert result.exit_code == 0, result.output
+    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert reserved["envs"]["MODEL"] == model and reserved["envs"]["PRESET"] == "qwen_image_lora"
+    assert reserved["envs"]["LOCAL_WORKERS"] == "0"  # the node's CPU workers cannot sample a diffusers pipeline
+    assert all(w["envs"]["MODEL"] == model for w in workers)
+    assert all(t["file_mounts"] == {model: source} for t in (reserved, *workers)) and not fake_sky.calls
+    # What launch submits is a valid SkyPilot task: its YAML form parses back (offline) with the mount and MODEL.
+    plan = LaunchPlan(workers=1, store="s3://b/p", model=model, model_source=source)
+    for task in plan_tasks(plan, SECRETS):
+        again = sky.Task.from_yaml_config(task.to_yaml_config())
+        assert again.file_mounts == {model: source} and again.envs["MODEL"] == model
+    plain = json.loads(_invoke("launch", "--workers", "1", "--store", "s3://b/p", "--dry-run").output.splitlines()[-1])
+    assert plain["envs"]["MODEL"] == "" and plain["file_mounts"] == {}  # the pixel policy, nothing mounted
+
+
 @pytest.mark.parametrize("clouds, message", [([], "no cloud is enabled"), (RuntimeError("API server down"), "could not list")])
 def test_launch_without_an_enabled_cloud_submits_nothing_and_names_sky_check(fake_sky, clouds, message) -> None:
     fake_sky.clouds = clouds
@@ -136,6 +159,9 @@ def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_expo
     (["--store", "s3://b/p", "--gpu", "B200"], "give distinct accelerator names from A100"),
     (["--store", "s3://b/p", "--max-usd", "0"], "--max-usd must be a positive"),
     (["--store", "s3://b/p", "--preset", "gpu_huge"], "unknown; choose one of"),
+    (["--store", "s3://b/p", "--model", "models/qwen"], "must be an absolute folder path"),
+    (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
+    (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
 ])
 def test_bad_launch_flags_are_refused_before_anything_is_submitted(fake_sky, args, message) -> None:
     result = _invoke("launch", "--workers", "2", *args)

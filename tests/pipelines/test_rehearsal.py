@@ -11,6 +11,7 @@ nothing.
 from __future__ import annotations
 
 import secrets
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -19,7 +20,10 @@ import pytest
 from tests.paths import REPO_ROOT
 from tests.pipelines.sky_blocks import ArgvWatch, Block, start_block, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("redis-server") is None,
+                                 reason="redis-server is not installed (apt-get install redis-server); the reserved "
+                                        "block starts its own")]
 RUN_TIMEOUT_S = 240
 
 

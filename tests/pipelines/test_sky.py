@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -20,18 +18,22 @@ def _raw(name: str) -> dict:
     return yaml.safe_load((SKY / name).read_text())
 
 
-def _python_commands(name: str) -> list[list[str]]:
-    """Each `python -m module args...` line of the task's run section, with its envs filled in."""
-    raw = _raw(name)
-    env = {k: str(v) for k, v in (raw.get("envs") or {}).items()}
-    env.update({k: "secret-value" for k in raw.get("secrets") or {}})
-    commands = []
-    for line in raw["run"].splitlines():
-        if line.strip().startswith("python -m "):
-            expanded = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), ""), line)
-            for part in expanded.split(" | "):  # a pipeline: each stage is a command
-                commands.append(shlex.split(part)[2:])
-    return commands
+def _python_commands(name: str, workdir: Path, envs: dict | None = None) -> list[list[str]]:
+    """Each `python -m module args...` the task's run block starts, module first: the block run by bash with the
+    YAML's envs (and `envs`, as `--env` sets them) and its secrets, `python` and `redis-server` stubbed out."""
+    import os
+
+    import sky
+    from tests.pipelines.sky_blocks import stub_run
+
+    task = sky.Task.from_yaml(str(SKY / name))
+    task.update_envs({"RUN_DIR": str(workdir / "run"), **(envs or {})})
+    task.update_secrets({k: "secret-value" for k in _raw(name).get("secrets") or {}})
+    return [argv[2:] for argv in stub_run(task, workdir, os.environ) if argv[:2] == ["python", "-m"]]
+
+
+def _by_module(commands: list[list[str]]) -> dict[str, list[str]]:
+    return {argv[0]: argv for argv in commands}
 
 
 def test_the_sky_folder_has_no_init_file_that_would_shadow_skypilot() -> None:
@@ -48,8 +50,8 @@ def test_each_task_parses_as_a_skypilot_task_and_starts_with_usage(name: str) ->
 
 
 @pytest.mark.parametrize("name", YAMLS)
-def test_each_run_module_exists(name: str) -> None:
-    commands = _python_commands(name)
+def test_each_run_module_exists(name: str, tmp_path: Path) -> None:
+    commands = _python_commands(name, tmp_path)
     assert commands, f"{name}: no `python -m` line in run"
     for argv in commands:
         assert importlib.util.find_spec(argv[0]) is not None, f"{name}: module {argv[0]} does not exist"
@@ -66,11 +68,12 @@ def test_spot_workers_are_spot_on_several_gpu_types_with_eager_recovery() -> Non
     assert _raw("spot_workers.yaml")["envs"]["SPOTLIGHT_STORE"].startswith("s3://")
 
 
-def test_the_spot_worker_line_is_accepted_by_the_worker_and_recovers_on_its_notice_exit_code() -> None:
+def test_the_spot_worker_line_is_accepted_by_the_worker_and_recovers_on_its_notice_exit_code(tmp_path: Path) -> None:
     from workers.rollout.worker import build_parser, check_args
 
-    gate, argv, relay = _python_commands("spot_workers.yaml")
-    assert (gate[0], argv[0], relay[0]) == ("resources.run_status", "workers.rollout", "resources.worker_events")
+    commands = _by_module(_python_commands("spot_workers.yaml", tmp_path))
+    assert sorted(commands) == ["resources.run_status", "resources.worker_events", "workers.rollout"]
+    argv = commands["workers.rollout"]
     args = build_parser().parse_args(argv[1:])
     args.worker_id = "w"
     check_args(args)
@@ -90,12 +93,12 @@ def test_the_reserved_node_is_on_demand_opens_redis_and_takes_its_password_from_
     assert "--requirepass" not in raw["run"] and 'requirepass "%s"' in raw["run"]
 
 
-def test_the_reserved_coordinator_command_exists_in_the_cli() -> None:
+def test_the_reserved_coordinator_command_exists_in_the_cli(tmp_path: Path) -> None:
     from typer.main import get_command
 
     from pipelines.cli import app
 
-    (argv,) = _python_commands("reserved.yaml")
+    (argv,) = _python_commands("reserved.yaml", tmp_path)
     assert argv[0] == "pipelines.cli"
     commands = get_command(app).commands
     if argv[1] not in commands:
@@ -127,3 +130,28 @@ def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(tmp_pa
         block.stop()
     assert code in next(iter(task.resources)).job_recovery["recover_on_exit_codes"], block.text()[-2000:]
     assert '"event": "exit", "reason": "stopped"' in block.text()  # the relay passed the last event through
+
+
+def test_with_model_set_both_run_blocks_hand_the_folder_to_the_coordinator_and_every_worker(tmp_path: Path) -> None:
+    """MODEL (a diffusers pipeline folder, here with a space in its path) reaches `spotlight run --model` on the
+    reserved node and `python -m workers.rollout --model` on every spot worker, as one argument; empty, neither
+    gets --model (the pixel policy)."""
+    from pipelines.run import RunSpec
+    from workers.rollout.worker import build_parser, check_args
+
+    model = tmp_path / "models" / "Qwen Image"
+    model.mkdir(parents=True)
+    (model / "model_index.json").write_text('{"_class_name": "QwenImagePipeline"}')
+    for envs, expected in (({"MODEL": str(model)}, ["--model", str(model)]), ({}, [])):
+        (run,) = _python_commands("reserved.yaml", tmp_path / "reserved", envs)
+        worker = _by_module(_python_commands("spot_workers.yaml", tmp_path / "spot", envs))["workers.rollout"]
+        for argv in (run, worker):
+            at = argv.index("--model") if "--model" in argv else None
+            assert (argv[at:at + 2] if at is not None else []) == expected, argv
+        args = build_parser().parse_args(worker[1:])
+        args.worker_id = "w"
+        check_args(args)  # the worker takes the folder: it holds a pipeline
+        assert args.model == (str(model) if expected else None)
+        if expected:  # the coordinator's flags parse into a run on that folder
+            assert run[run.index("--run-dir") + 1] == str(tmp_path / "reserved" / "run")
+            assert RunSpec(str(tmp_path / "r"), model=run[run.index("--model") + 1]).model == str(model)

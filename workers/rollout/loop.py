@@ -5,7 +5,7 @@ Rollout requests and, when no rollout or validation is waiting, exploration requ
 
 Example:
     loop = WorkerLoop(queue, store, args, stop_event, report)   # args: workers.rollout.worker's flags
-    reason = loop.run()                                         # "stopped", "idle" or "max_requests"
+    reason = loop.run()                                         # "stopped", "idle" or "misconfigured"
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from resources.queue_keepalive import LeaseKeeper
 from resources.queue_records import Lease
 from resources.store import StoreError, TensorStore
 from workers.rollout.request import StepHooks, work_request
+from workers.rollout.weights import ModelMismatchError
 
 
 class WorkerLoop:
@@ -34,7 +35,9 @@ class WorkerLoop:
             torch.set_num_threads(args.threads)
         from diffusers import QwenImageTransformer2DModel  # noqa: F401  (import now: "ready" means ready to sample)
         self.queue, self.store, self.args, self.stop, self.report = queue, store, args, stop, report
-        self.holder = PolicyHolder(store, device=args.device)
+        self.holder = PolicyHolder(store, device=args.device, model=getattr(args, "model", None))
+        self.misconfigured = False
+        """Set when a run trains another model than --model: the worker stops (exit 2) instead of claiming on."""
         self.labels = {"instance_type": args.instance_type, "gpu_type": args.gpu_type, "spot": args.spot,
                        "usd_per_hour": args.usd_per_hour}
 
@@ -50,7 +53,7 @@ class WorkerLoop:
                 continue
             self._work(lease)
             idle_since = time.monotonic()
-        return "stopped"
+        return "misconfigured" if self.misconfigured else "stopped"
 
     def _claim(self) -> Lease | None:
         try:
@@ -76,8 +79,7 @@ class WorkerLoop:
                                        worker_id=self.args.worker_id, commit_every=self.args.commit_every, hooks=hooks)
             except (ValueError, LookupError, StoreError) as err:
                 # A malformed request or missing weights: give it back; after max_deliveries it is a dead letter.
-                self.report("failed", request_id=lease.request_id, error=f"{type(err).__name__}: {err}")
-                self.queue.release(lease)
+                self._give_back(lease, err)
                 return
         if outcome.status in ("done", "already_done"):
             first = self.queue.ack(lease, outcome.result_key)
@@ -98,11 +100,19 @@ class WorkerLoop:
                 outcome = work_explore_request(lease.request, self.store, self.holder, worker_id=self.args.worker_id,
                                                attempt=lease.attempts, report=self.report)
             except (ValueError, LookupError, StoreError) as err:
-                self.report("failed", request_id=lease.request_id, error=f"{type(err).__name__}: {err}")
-                self.queue.release(lease)
+                self._give_back(lease, err)
                 return
         first = self.queue.ack(lease, outcome.result_key)
         self.report("acked", request_id=lease.request_id, first=first, attempt=lease.attempts)
+
+    def _give_back(self, lease: Lease, err: Exception) -> None:
+        """Report why a request failed here and release it; a run on another model than --model stops the worker
+        (every request of that run would fail here)."""
+        self.report("failed", request_id=lease.request_id, error=f"{type(err).__name__}: {err}")
+        self.queue.release(lease)
+        if isinstance(err, ModelMismatchError):
+            self.misconfigured = True
+            self.stop.set()
 
 
 def _pid() -> int:

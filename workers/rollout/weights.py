@@ -31,12 +31,18 @@ from workers.model.spec import build_from_spec
 from workers.pulse import ChainConfig, sync_weights
 
 
+class ModelMismatchError(ValueError):
+    """The run trains another model than the one this worker was started for (`--model`)."""
+
+
 class PolicyHolder:
     """Holds one policy and the BF16 weights it was loaded from; moves them between versions."""
 
-    def __init__(self, store: TensorStore, device: str = "cpu") -> None:
+    def __init__(self, store: TensorStore, device: str = "cpu", model: str | None = None) -> None:
         self.store = store
         self.device = torch.device(device)
+        self.model = model
+        """The diffusers pipeline folder this worker serves (`--model`); None: whatever a run's anchor names."""
         self.run: str | None = None
         self.version: int | None = None
         self.policy: Policy | None = None
@@ -58,6 +64,7 @@ class PolicyHolder:
                               "publish the policy first (StoreChain + ChainPublisher)")
         meta = chain.anchor_metadata(anchors[-1])
         if self.policy is None:
+            _check_model(meta.get("policy_config"), run, self.model)
             self.policy = _build_from(meta, run).to(self.device).eval()
             self._views = {}
             attach_prompt_store(self.policy, self.store, run)
@@ -90,6 +97,19 @@ class PolicyHolder:
             except ValueError as err:
                 raise ValueError(f"rollout request: {err}") from None
         return self._views[key]
+
+
+def _check_model(cfg, run: str, model: str | None) -> None:
+    """ModelMismatchError when the anchor's spec names another model than `model` (None: no check)."""
+    if model is None or not isinstance(cfg, dict):
+        return
+    if "family" not in cfg:
+        raise ModelMismatchError(f"run {run!r} trains the pixel policy, but this worker was started with --model "
+                                 f"{model}: start it without --model (MODEL empty)")
+    if cfg.get("path") != model:
+        raise ModelMismatchError(f"run {run!r} trains the pipeline at {cfg.get('path')} (its anchor's spec), but this "
+                                 f"worker was started with --model {model}: every node must hold the run's weights at "
+                                 "the run's path; start workers with MODEL set to it")
 
 
 def _build_from(meta: dict, run: str) -> Policy:

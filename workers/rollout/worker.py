@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     capacity.add_argument("--reserved", dest="spot", action="store_false", help="On-demand / reserved capacity.")
     p.add_argument("--usd-per-hour", type=float, default=None, help="Price of this worker for the ledger.")
     p.add_argument("--device", default="cpu", help="torch device for sampling (cpu, cuda, cuda:1).")
+    p.add_argument("--model", default=None,
+                   help="The diffusers pipeline folder the run trains (absolute; its PULSE anchor names it): checked at "
+                        "start, so a node without the weights there stops at once; a run on another folder is refused. "
+                        "Default: whatever the anchor names.")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
     p.add_argument("--poll-s", type=float, default=0.2, help="Wait between claims while the queue is empty.")
     p.add_argument("--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM).")
@@ -72,9 +76,25 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--notice-exit-code must lie in 0-255, got {args.notice_exit_code}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    args.model = args.model or None  # MODEL="" in a SkyPilot task: the pixel policy
+    if args.model is not None:
+        check_model_folder(args.model)
     from resources.queue_records import check_worker_id
 
     check_worker_id(args.worker_id)
+
+
+def check_model_folder(model: str) -> None:
+    """ValueError unless `model` is an absolute path holding a diffusers pipeline (its model_index.json)."""
+    from pathlib import Path
+
+    if not Path(model).is_absolute():
+        raise ValueError(f"--model {model!r} must be an absolute path: the run's anchor names its folder that way, "
+                         "and every node must hold the weights at that same path")
+    if not (Path(model) / "model_index.json").is_file():
+        raise ValueError(f"--model {model}: no diffusers pipeline on this node (no model_index.json there); mount the "
+                         "weights at that path (SkyPilot file_mounts, e.g. spotlight launch --model-source "
+                         "s3://bucket/path), or leave MODEL empty for the pixel policy")
 
 
 class EventLog:
@@ -119,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             watcher.stop()
         queue.close()
     report("exit", reason=reason)
+    if reason == "misconfigured":
+        return EXIT_UNREACHABLE
     return args.notice_exit_code if reason == "stopped" else 0
 
 
