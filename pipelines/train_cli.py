@@ -25,6 +25,9 @@ def train_command(
                                             "default: the preset's, else 0)."),
     resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels (default: the preset's, else 512)."),
     guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
+    sync_mode: Optional[str] = typer.Option(None, "--sync-mode", help="With --model and a LoRA: what PULSE ships to "
+                                            "rollout workers, lora (the adapter; default) or merged (BF16 base + "
+                                            "LoRA delta of every weight: workers need no adapter)."),
     reward: Optional[str] = typer.Option(None, help="Reward name (default: the preset's)."),
     validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector; with --model the run's reward)."),
     validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split)."),
@@ -45,7 +48,7 @@ def train_command(
 ) -> None:
     """Synchronous GRPO post-training on MiniGenEval, in this process (the pipeline's phases, sampled in-process)."""
     config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
-    model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance)
+    model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
     _check_device(device)
     _check_nproc(nproc, device, config)
@@ -136,10 +139,10 @@ def _rank_main(gradient_checkpointing: bool, train_args: dict) -> None:
 
 
 def _model_fields(preset: str, model: Optional[Path], checkpoint: Optional[Path], lora_rank, resolution,
-                  guidance) -> Optional[dict]:
+                  guidance, sync_mode=None) -> Optional[dict]:
     """ModelSpec fields for --model (the preset's defaults, then the command line's); None without --model.
     A folder that is not a supported pipeline, or a resolution it cannot pack, fails here, before weights load."""
-    given = {"lora_rank": lora_rank, "resolution": resolution, "guidance": guidance}
+    given = {"lora_rank": lora_rank, "resolution": resolution, "guidance": guidance, "sync_mode": sync_mode}
     if model is None:
         if any(v is not None for v in given.values()):
             raise typer.BadParameter(f"{sorted(k for k, v in given.items() if v is not None)} apply to --model "

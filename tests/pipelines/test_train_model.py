@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from workers.model.families.tiny import build_tiny_pipeline
@@ -82,3 +83,39 @@ def test_run_samples_a_local_pipeline_on_queue_workers_through_preemptions(tmp_p
     assert workers >= 1 and len(set(rewards)) > 1, "every sample scored alike: the VAE decode or the seeds are wrong"
     report = json.loads((run / "run.json").read_text())
     assert report["model"] == str(model.resolve()) and report["lora_rank"] == 4
+
+
+@pytest.mark.slow
+def test_train_with_merged_sync_publishes_weights_a_worker_runs_without_an_adapter(tmp_path):
+    """`--sync-mode merged`: the run's PULSE chain carries BF16(base + LoRA delta); a fresh rollout worker replays it
+    into a plain transformer, bit for bit the trainer's merged weights, while the checkpoints keep the adapter."""
+    import duckdb
+
+    from resources.stores import open_store
+    from workers.model.families.lora import merged_weights
+    from workers.rollout.weights import PolicyHolder
+    from workers.trainer.checkpoint import load_checkpoint
+
+    model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
+    done = _train(tmp_path, model, tmp_path / "run", "--lora-rank", "4", "--sync-mode", "merged")
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = open_store(str(tmp_path / "run" / "store"))
+    trained, _ = load_checkpoint(store, "run", 2)
+    assert trained.is_lora and trained.model_spec.sync_mode == "merged"
+    merged, targets = merged_weights(trained.transformer)
+    worker = PolicyHolder(store).policy_at("run", 2)
+    assert not worker.is_lora
+    received = {k: v.to(torch.bfloat16) for k, v in worker.weights().items()}
+    assert set(received) == set(merged) and all(torch.equal(received[k], merged[k]) for k in merged)
+    with duckdb.connect(str(tmp_path / "run" / "ledger.duckdb"), read_only=True) as db:
+        rows = db.execute("SELECT version, kind, dense_bytes, patch_bytes FROM syncs ORDER BY version").fetchall()
+    assert [r[:2] for r in rows] == [(0, "anchor"), (1, "patch"), (2, "patch")]
+    assert all(r[2] == sum(t.numel() * 2 for t in merged.values()) for r in rows)  # the merged transformer
+    assert all(0 < r[3] < r[2] for r in rows[1:]), "a patch sends part of the merged weights"
+
+
+def test_merged_sync_without_a_lora_is_refused_before_any_compute(tmp_path):
+    model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
+    done = _train(tmp_path, model, tmp_path / "run", "--lora-rank", "0", "--sync-mode", "merged")
+    assert done.returncode != 0 and "lora_rank > 0" in done.stderr
+    assert not (tmp_path / "run").exists(), "a refused run must write nothing"

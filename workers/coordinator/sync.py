@@ -1,5 +1,9 @@
 """The sync phase: publish weights version k to the run's PULSE chain and check a receiver reaches it.
 
+What the chain carries is the policy's BF16 `weights()`, or for a LoRA run with sync_mode "merged" (`spotlight
+train --sync-mode merged`) BF16(base + LoRA delta) of every transformer weight: the anchor then records a plain
+transformer's spec, so a rollout worker builds one with no adapter and loads the merged weights into it.
+
 Version 0 is the base policy: its trainer checkpoint and a full BF16 anchor. Version k >= 1
 is the trainer's checkpoint after update k-1 -> k: a PULSE patch from version k-1 (plus an
 anchor every `anchor_every` versions). The chain is replayed once per version: the replay
@@ -19,6 +23,8 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from resources.store import TensorStore
 from resources.store_chain import StoreChain
@@ -61,7 +67,7 @@ class SyncOutcome:
 def publish_version(store: TensorStore, run: str, version: int, *, anchor_every: int = 10,
                     base: str | Path | None = None, model: dict | None = None) -> SyncOutcome:
     """Publish `version` (version 0 from the `base` folder, default the shipped base; a diffusers pipeline folder
-    with `model`'s ModelSpec fields, e.g. lora_rank) and verify it."""
+    with `model`'s ModelSpec fields, e.g. lora_rank, sync_mode) and verify it."""
     from workers.model.policy import SHIPPED_BASE
     from workers.model.spec import load_any
 
@@ -70,9 +76,9 @@ def publish_version(store: TensorStore, run: str, version: int, *, anchor_every:
         save_checkpoint(store, run, 0, policy)
     else:
         policy, _ = load_checkpoint(store, run, version)
-    chain = StoreChain(store, run, policy_config=policy.spec(), anchor_every=anchor_every)
+    receiver_spec, current = published_form(policy)
+    chain = StoreChain(store, run, policy_config=receiver_spec, anchor_every=anchor_every)
     config = ChainConfig(anchor_every=anchor_every)
-    current = bf16_weights(policy)
     previous, replay_s = _replay_previous(chain, version, config)
     started = time.perf_counter()
     publisher = ChainPublisher(chain, config, last_version=None if previous is None else version - 1, last_state=previous)
@@ -87,6 +93,18 @@ def publish_version(store: TensorStore, run: str, version: int, *, anchor_every:
         changed = read_patch_header(patch).num_changed / sum(t.numel() for t in current.values())
     return SyncOutcome(version, kind, dense, sent, changed, encode_s, apply_s, replay_s, weights_hash(current),
                        receiver_hash, version % anchor_every == 0)
+
+
+def published_form(policy) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(the spec a receiver builds its policy from, the BF16 weights the chain carries): the policy's own spec and
+    `weights()`, or under a LoRA's sync_mode "merged" a plain transformer's spec and the whole transformer with
+    the adapter merged into each target weight (`workers.model.families.lora.merged_weights`)."""
+    spec = getattr(policy, "model_spec", None)
+    if spec is None or spec.sync_mode != "merged":
+        return policy.spec(), bf16_weights(policy)
+    from workers.model.families.lora import merged_weights
+
+    return spec.receiver().to_json(), merged_weights(policy.transformer)[0]
 
 
 def _replay_previous(chain: StoreChain, version: int, config: ChainConfig) -> tuple[dict | None, float]:

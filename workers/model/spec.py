@@ -16,7 +16,7 @@ from pathlib import Path
 from workers.model.policy import Policy, PolicyConfig, build_policy, load_policy
 
 MODEL_FIELDS = ("resolution", "lora_rank", "lora_alpha", "guidance", "negative_prompt", "max_sequence_length",
-                "base_dtype")
+                "base_dtype", "sync_mode")
 """What `load_any` accepts for a diffusers folder (ModelSpec's fields besides path and family)."""
 
 

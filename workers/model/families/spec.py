@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 BASE_DTYPES = ("fp32", "bf16")
+SYNC_MODES = ("lora", "merged")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class ModelSpec:
     """Text tokens kept per prompt (the families' T5 / Qwen2.5-VL context)."""
     base_dtype: str = "fp32"
     """Dtype of the frozen weights (text encoders, VAE, and the transformer's base under LoRA): bf16 on GPUs."""
+    sync_mode: str = "lora"
+    """What PULSE ships of a LoRA policy to rollout workers: "lora" (the adapter's BF16 tensors; workers run the base
+    plus the adapter) or "merged" (BF16(base + LoRA delta) of every transformer weight; workers run a plain
+    transformer, `receiver()`). Checkpoints keep the adapter either way."""
 
     def __post_init__(self):
         if not Path(self.path).is_absolute():
@@ -44,6 +49,18 @@ class ModelSpec:
             raise ValueError(f"base_dtype must be one of {BASE_DTYPES}, got {self.base_dtype!r}")
         if self.max_sequence_length < 1:
             raise ValueError(f"max_sequence_length must be >= 1, got {self.max_sequence_length}")
+        if self.sync_mode not in SYNC_MODES:
+            raise ValueError(f"sync_mode must be one of {SYNC_MODES}, got {self.sync_mode!r}")
+        if self.sync_mode == "merged" and self.lora_rank == 0:
+            raise ValueError("sync_mode 'merged' merges a LoRA into the base: it needs lora_rank > 0 (full "
+                             "fine-tuning ships the whole transformer already)")
+
+    def receiver(self) -> "ModelSpec":
+        """The policy a rollout worker builds from the PULSE chain: this one, or under sync_mode "merged" the plain
+        transformer (no adapter) that the merged weights load into."""
+        if self.sync_mode == "lora":
+            return self
+        return dataclasses.replace(self, lora_rank=0, lora_alpha=None, sync_mode="lora")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
