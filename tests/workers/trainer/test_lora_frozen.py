@@ -65,6 +65,7 @@ def test_under_lora_the_trainer_holds_one_base_transformer_and_checkpoints_only_
     policy = _lora_policy(qwen_pipeline)
     trainer = GRPOTrainer(policy, _config("nft"))  # NFT with a KL term: v_old and a reference
     assert isinstance(trainer.sampling_policy, AdapterView) and isinstance(trainer.reference, AdapterView)
+    assert len(policy.trainable_parameters()) == len(policy.weights()), "freezing the views froze the policy"
     held = [_base_tensors(p) for p in (trainer.policy, trainer.sampling_policy, trainer.reference)]
     assert held[0] == held[1] == held[2] and len(held[0]) > 0  # one base, three policies
     adapters = {name.split(".lora_")[1].split(".")[1] for name, _ in policy.transformer.named_parameters()

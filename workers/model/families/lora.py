@@ -136,6 +136,12 @@ class AdapterView:
             raise ValueError("the base view has no adapter to copy into")
         copy_adapter(self.policy.transformer, TRAINED_ADAPTER, self.adapter)
 
+    def requires_grad_(self, requires_grad: bool = True) -> "AdapterView":
+        """A view is frozen by construction, and its parameters are the trained policy's: they are left alone."""
+        if requires_grad:
+            raise ValueError("an adapter view never trains; train the policy it views")
+        return self
+
     def __getattr__(self, name: str):  # encode_prompts, sigmas, parameters, device, ...: the policy's
         return getattr(self.policy, name)
 
