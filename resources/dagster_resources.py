@@ -107,6 +107,10 @@ class RolloutWorkersResource(ConfigurableResource):
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of a reserved worker.")
     log_dir: Optional[str] = Field(default=None, description="local_cluster: folder for each worker's stderr.")
     explore: bool = Field(default=True, description="workers: explore the next iteration's seeds beside training.")
+    explore_samples: Optional[float] = Field(
+        default=None, gt=0,
+        description="inprocess: explore the next iteration's seeds in process on the stale weights, within this many "
+                    "full-sampler samples per iteration (a spot pool's budget, made deterministic); unset: no exploration.")
 
     @field_validator("mode")
     @classmethod
