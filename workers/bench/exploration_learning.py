@@ -142,4 +142,4 @@ def _payoff_fields(payoff: dict | None) -> dict:
     if payoff is None:
         return {}
     return {name: payoff.get(name) for name in ("explored_prompts", "explored_variance", "random_variance",
-                                                "baseline_variance")}
+                                                "baseline_variance", "variance_ratio")}

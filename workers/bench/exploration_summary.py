@@ -72,8 +72,15 @@ def _strategy_figures(versions: list[int], scores: list[list[float]], runs: list
             "reached_target": sum(c is not None for c in per_seed),
             "reward_std": _mean([row["reward_std"] for row in rows]),
             "zero_std_ratio": _mean([row["zero_std_ratio"] for row in rows]),
-            "trained_variance_ratio": _mean([row.get("variance_ratio") for row in rows]),
+            "trained_variance_ratio": _mean([_variance_ratio(row) for row in rows]),
             "wall_min_per_run": _mean([r["wall_s"] / 60 for r in runs])}
+
+
+def _variance_ratio(row: dict) -> float | None:
+    """Reward variance of the explored groups trained on over the random-seed baseline (the ledger's
+    exploration_payoff.variance_ratio); None where nothing was explored."""
+    explored, baseline = row.get("explored_variance"), row.get("baseline_variance")
+    return None if explored is None or not baseline else explored / baseline
 
 
 def _exploration_figures(runs: list[dict]) -> dict:
