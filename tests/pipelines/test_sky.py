@@ -81,6 +81,34 @@ def test_the_spot_worker_line_is_accepted_by_the_worker_and_recovers_on_its_noti
     assert args.notice_exit_code in _raw("spot_workers.yaml")["resources"]["job_recovery"]["recover_on_exit_codes"]
 
 
+@pytest.mark.parametrize("degree", ["4", "auto"])
+def test_an_sp_degree_starts_the_node_agent_over_the_nodes_gpus_as_the_worker_is_started(degree, tmp_path) -> None:
+    """SP_DEGREE 2..8 or auto: `python -m workers.sp` over SkyPilot's GPUs of the node, with the rollout worker's
+    queue, store, model, price, notice and relay; secrets never on a command line. Empty or 1: the rollout worker."""
+    from workers.sp.node_serve import build_parser, check_args
+
+    model = tmp_path / "models" / "Qwen Image"
+    model.mkdir(parents=True)
+    (model / "model_index.json").write_text('{"_class_name": "QwenImagePipeline"}')
+    envs = {"SP_DEGREE": degree, "SKYPILOT_NUM_GPUS_PER_NODE": "8", "MODEL": str(model)}
+    commands = _python_commands("spot_workers.yaml", tmp_path / "sp", envs)
+    assert sorted(_by_module(commands)) == ["resources.run_status", "resources.worker_events", "workers.sp"]
+    assert not any("secret-value" in arg for argv in commands for arg in argv)
+    argv = _by_module(commands)["workers.sp"]
+    args = build_parser().parse_args(argv[1:])
+    args.node_id = "n"
+    check_args(args)  # what the node agent refuses at start (exit 2) it refuses here
+    assert args.workers == 8 and args.degree == (None if degree == "auto" else 4) and args.model == str(model)
+    assert args.spot and args.preemption_notice == "auto" and args.device == "cuda"
+    assert args.notice_exit_code in _raw("spot_workers.yaml")["resources"]["job_recovery"]["recover_on_exit_codes"]
+    rollout = _by_module(_python_commands("spot_workers.yaml", tmp_path / "one", {**envs, "SP_DEGREE": "1"}))
+    assert sorted(rollout) == ["resources.run_status", "resources.worker_events", "workers.rollout"]
+    shared = ("--queue", "--store", "--commit-every", "--lease-s", "--usd-per-hour", "--max-idle-s", "--model")
+    for flag in shared:  # the same values as the rollout worker's line
+        assert argv[argv.index(flag) + 1] == rollout["workers.rollout"][rollout["workers.rollout"].index(flag) + 1]
+    assert _by_module(commands)["resources.worker_events"] == rollout["resources.worker_events"]
+
+
 def test_the_reserved_node_is_on_demand_opens_redis_and_takes_its_password_from_secrets() -> None:
     import sky
 
@@ -108,8 +136,10 @@ def test_the_reserved_coordinator_command_exists_in_the_cli(tmp_path: Path) -> N
     assert used <= known, f"flags the command does not take: {sorted(used - known)}"
 
 
-def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(tmp_path, monkeypatch) -> None:
-    """The spot task's whole run block (gate | worker | relay under bash), SIGTERMed as a preemption reaches it."""
+@pytest.mark.parametrize("sp_degree", ["", pytest.param("2", marks=pytest.mark.slow)])  # SP: 2 device workers
+def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(sp_degree, tmp_path, monkeypatch) -> None:
+    """The spot task's whole run block (gate | worker or SP node agent | relay under bash), SIGTERMed as a
+    preemption reaches it: every process of the job."""
     import signal
 
     import sky
@@ -118,7 +148,7 @@ def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(tmp_pa
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     task = sky.Task.from_yaml(str(SKY / "spot_workers.yaml"))
     task.update_envs({"SPOTLIGHT_QUEUE": str(tmp_path / "queue.db"), "SPOTLIGHT_STORE": str(tmp_path / "store"),
-                      "DEVICE": "cpu"})
+                      "DEVICE": "cpu", "SP_DEGREE": sp_degree, "SKYPILOT_NUM_GPUS_PER_NODE": "2"})
     task.update_secrets({"SPOTLIGHT_REDIS_PASSWORD": "unused", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
     (tmp_path / "store").mkdir()
     block = start_block(task, "spot", REPO, tmp_path / "logs", __import__("os").environ)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from resources.store import StoreError
+from workers.rollout.weights import ModelMismatchError
 
 
 class GroupLost(RuntimeError):
@@ -37,7 +38,13 @@ class GroupLost(RuntimeError):
         super().__init__(f"SP group {'+'.join(members)} lost: {why}")
 
 
-_REQUEST_ERRORS = {"ValueError": ValueError, "LookupError": LookupError, "StoreError": StoreError}
+_REQUEST_ERRORS = {"ModelMismatchError": ModelMismatchError, "ValueError": ValueError, "LookupError": LookupError,
+                   "StoreError": StoreError}
+
+
+def reply_error(reply: dict[str, Any]) -> Exception:
+    """The exception a member's `error` reply stands for (its type by name; RuntimeError for an unknown one)."""
+    return _REQUEST_ERRORS.get(reply.get("error_type", ""), RuntimeError)(reply["error"])
 
 
 class GroupChannel:
@@ -53,27 +60,33 @@ class GroupChannel:
 
     def call(self, msg: dict[str, Any], ranks: list[int] | None = None) -> dict[str, Any]:
         """Send `msg` to the members at `ranks` (default: all) and return the first one's reply. Raises
-        GroupLost (member lost), or the member's ValueError / LookupError / StoreError (a bad request)."""
+        GroupLost (member lost), or the member's ModelMismatchError / ValueError / LookupError / StoreError (a bad
+        request)."""
         targets = self.handles if ranks is None else [self.handles[r] for r in ranks]
-        dead = []
-        for handle in targets:
-            try:
-                handle.send(msg)
-            except (BrokenPipeError, OSError):  # died since its last reply
-                dead.append(handle.worker_id)
-        live = [h for h in targets if h.worker_id not in dead]
-        replies, silent_or_dead = self._gather(live)
-        dead += silent_or_dead
+        replies, dead = self.call_each([msg] * len(targets), targets)
         broken = [r for r in replies.values() if r["op"] == "broken"]
         if dead or broken:
             raise GroupLost(self.members, dead, broken[0].get("error") if broken else None)
         errors = [r for r in replies.values() if r["op"] == "error"]
         if errors:
-            raise _REQUEST_ERRORS.get(errors[0]["error_type"], RuntimeError)(errors[0]["error"])
+            raise reply_error(errors[0])
         first = replies[targets[0].worker_id]
         if first["op"] != msg["op"]:
             raise RuntimeError(f"worker {targets[0].worker_id} answered {first['op']!r} to {msg['op']!r}")
         return first
+
+    def call_each(self, msgs: list[dict[str, Any]], handles: list | None = None) -> tuple[dict[str, dict], list[str]]:
+        """msgs[i] to the i-th of `handles` (default: the members in rank order); returns every reply by worker id
+        and the ids of those that died or stayed silent. Raises nothing: each reply is its sender's own outcome."""
+        handles = self.handles[:len(msgs)] if handles is None else handles
+        dead = []
+        for handle, msg in zip(handles, msgs, strict=True):
+            try:
+                handle.send(msg)
+            except (BrokenPipeError, OSError):  # died since its last reply
+                dead.append(handle.worker_id)
+        replies, silent_or_dead = self._gather([h for h in handles if h.worker_id not in dead])
+        return replies, dead + silent_or_dead
 
     def _gather(self, handles: list) -> tuple[dict[str, dict], list[str]]:
         """Every live member's reply; those that died (or stayed silent past timeout_s, then killed) by id."""

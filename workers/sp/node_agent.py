@@ -62,6 +62,9 @@ class AgentConfig:
     reply_timeout_s: float = 600.0
     """Longest wait for a live worker's answer (start-up imports take minutes on a saturated CPU);
     a worker that dies is noticed at once through its process sentinel, not by this timeout."""
+    model: str | None = None
+    """Product path: the diffusers pipeline folder this node serves (`--model`); a run on another one is refused
+    with ModelMismatchError. None: whatever a run's anchor names."""
 
     def __post_init__(self):
         if not self.store_url:
@@ -132,7 +135,8 @@ class NodeAgent:
             device = self._free_device()
             proc = self._ctx.Process(target=worker_main, name=f"spotlight-{wid}", daemon=True,
                                      args=(child, wid, self.config.host, self.store.port, cfg,
-                                           self.config.threads_per_worker, device, self.config.store_url))
+                                           self.config.threads_per_worker, device, self.config.store_url,
+                                           self.config.model))
             proc.start()
             child.close()
             self.workers[wid] = _Handle(wid, proc, parent, self.config.reply_timeout_s, device)

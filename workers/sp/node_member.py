@@ -15,9 +15,11 @@ prompt cache (a member fed from the cache never loads a text encoder). Ops and r
 | velocity | one forward of the group under the request sampler's autocast | rank 0: v (fp32) |
 | decode | (rank 0) the VAE's images of final latents (the pixel policy's samples are images) | images |
 | status | what the process loaded (text encoders, VAE) | loaded |
+| explore | an exploration request alone, at degree 1 (Ulysses off): the rollout worker's `work_explore_request` | result_key, events |
 
-A bad request (a field the policy cannot serve, a degree that does not fit, weights the store lacks) answers
-`error` with the exception's type; a failed collective (a member died) answers `broken`.
+A bad request (a field the policy cannot serve, a degree that does not fit, weights the store lacks, a run on
+another model than `--model`) answers `error` with the exception's type; a failed collective (a member died)
+answers `broken`.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ import torch
 
 from resources.store import StoreError
 
-REQUEST_ERRORS = (ValueError, LookupError, StoreError)
+from workers.rollout.weights import ModelMismatchError
+
+REQUEST_ERRORS = (ModelMismatchError, ValueError, LookupError, StoreError)
+"""What a bad request raises, most specific first: the agent re-raises the first type that matches."""
 
 
 class RequestMember:
-    def __init__(self, worker_id: str, store_url: str, device: str, rendezvous):
+    def __init__(self, worker_id: str, store_url: str, device: str, rendezvous, model: str | None = None):
         from resources.stores import open_store
         from workers.rollout.weights import PolicyHolder
 
@@ -41,7 +46,7 @@ class RequestMember:
         self.device = torch.device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # this worker's GPU is the current one for every library it calls
-        self.holder = PolicyHolder(open_store(store_url), device=device)
+        self.holder = PolicyHolder(open_store(store_url), device=device, model=model)
         self.rendezvous = rendezvous
         self.rank, self.degree = 0, 1
         self.hooked = None
@@ -138,6 +143,25 @@ class RequestMember:
         decode = getattr(self.view, "decode", None)  # as workers.task.render.decode_images
         images = decode(latents) if callable(decode) else latents
         return {"images": images.float().cpu().numpy()}
+
+    def _op_explore(self, msg):
+        """One exploration request on this member alone. Ulysses comes off the transformer first (a forward with
+        the hooks would wait for the group); the next rollout's prepare turns it on again."""
+        from resources.queue_records import Request
+        from workers.explore.request import work_explore_request
+        from workers.sp.ulysses import disable_sp
+
+        if self.hooked is not None:
+            disable_sp(self.hooked)
+        self.hooked = self.spec = self.view = self.sp = self.cond = None
+        events = []
+
+        def report(event: str, **fields) -> None:  # the agent prints them, with the time they happened
+            events.append({"event": event, **fields, "t": time.time()})
+
+        outcome = work_explore_request(Request.from_dict(msg["request"]), self.holder.store, self.holder,
+                                       worker_id=msg["worker_id"], attempt=int(msg["attempt"]), report=report)
+        return {"status": outcome.status, "result_key": outcome.result_key, "events": events}
 
     def _op_status(self, msg):
         policy = self.holder.policy

@@ -9,7 +9,10 @@ A lost member ends the round: its group's request unwinds (GroupLost) with its l
 other group is asked to stop at its next step boundary, which commits its state at once (the rollout worker's
 preemption path, so no step is lost); the agent then re-forms the survivors and the requests resume from their
 commits. A request the policy cannot serve (a bad field, a degree that does not divide, weights the store lacks)
-is given back with a `failed` event, as a rollout worker gives it back.
+is given back with a `failed` event, as a rollout worker gives it back; one of a run on another model than the
+node's `--model` also stops the node (`misconfigured`), as it stops a rollout worker.
+
+Exploration requests run after the round's rollouts, one per member at degree 1 (workers/sp/node_explore.py).
 
 Example:
     server = RequestServer(agent, queue, store, report, ServeConfig(node_id="node0"), stop_event)
@@ -29,7 +32,9 @@ from resources.queue_records import Lease
 from resources.store import StoreError
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec
+from workers.rollout.weights import ModelMismatchError
 from workers.sp.group_policy import GroupChannel, GroupHolder, GroupLost
+from workers.sp.node_explore import serve_explore
 
 REQUEST_ERRORS = (ValueError, LookupError, StoreError)
 
@@ -82,11 +87,18 @@ class RequestServer:
         self.degree = 0
         """Degree of the current groups (0: none formed yet)."""
         self._degrees: dict[tuple, list[int]] = {}
+        self.misconfigured = False
+        """Set when a run trains another model than the node's --model: the node stops instead of claiming on."""
 
     def serve(self, leases: list[Lease]) -> None:
-        """Work every lease until it is acked, given back (failed, or the node is stopping) or lost."""
+        """Work every lease until it is acked, given back (failed, or the node is stopping) or lost: the rollouts
+        on the groups first (they are claimed first), then the exploration requests, one per member."""
         with ExitStack() as keepers:
-            jobs = [job for job in (self._admit(lease, keepers) for lease in leases) if job is not None]
+            explore = [lease for lease in leases if lease.request.kind == "explore"]
+            for lease in explore:  # alive while the rollouts go first
+                keepers.enter_context(LeaseKeeper(self.queue, lease))
+            jobs = [job for job in (self._admit(lease, keepers) for lease in leases if lease.request.kind != "explore")
+                    if job is not None]
             while jobs and not self.stop.is_set():
                 degree = self._choose_degree(jobs)
                 jobs = [job for job in jobs if self._fits(job, degree)]
@@ -95,10 +107,12 @@ class RequestServer:
                     jobs = self._run_round(jobs)
             for job in jobs:  # stopping: each was committed by its group at the stop
                 self.queue.release(job.lease)
+            serve_explore(self.agent, self.queue, self.report, explore, node_id=self.config.node_id, stop=self.stop,
+                          give_back=self._give_back)
 
     # ----- admission and degree -----
     def _admit(self, lease: Lease, keepers: ExitStack) -> _Job | None:
-        if lease.request.kind != "rollout":  # exploration needs cache hooks on the transformer: rollout workers
+        if lease.request.kind != "rollout":  # validation requests: another role, as for a rollout worker
             self.report("skipped", request_id=lease.request_id, kind=lease.request.kind)
             self.queue.release(lease)
             return None
@@ -223,6 +237,9 @@ class RequestServer:
     def _give_back(self, lease: Lease, err: Exception) -> None:
         self.report("failed", request_id=lease.request_id, error=f"{type(err).__name__}: {err}")
         self.queue.release(lease)
+        if isinstance(err, ModelMismatchError):  # every request of that run would fail here
+            self.misconfigured = True
+            self.stop.set()
 
     def _record_latency(self, degree: int, seconds: float, outcome) -> None:
         """Seconds per request at a degree, for the degree policy (only requests run start to end here)."""

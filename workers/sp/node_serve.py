@@ -7,10 +7,12 @@ with the rollout worker's own request code (workers/sp/node_requests.py). So req
 the pixel policy's or a diffusers family's rebuilt from the PULSE anchor's spec (Qwen-Image and FLUX.1 at any
 degree that divides them, SD3/3.5 at degree 1 only), are committed exactly as `python -m workers.rollout` commits
 them. Each round claims at most one request per live worker, picks the SP degree for that backlog
-(workers/sp/degree.py, or `--degree`), re-forms the groups when it changes and serves the round. A lost worker
-re-forms the survivors and its request resumes from its last commit; SIGTERM commits every in-flight request and
-gives it back. Progress goes to stdout as the rollout worker's JSON Lines events (claim, step, commit, done,
-acked, failed, ...) plus node_ready, formed, group_lost and node_exit.
+(workers/sp/degree.py, or `--degree`), re-forms the groups when it changes and serves the round; exploration
+requests run one per worker at degree 1 (workers/sp/node_explore.py). A lost worker re-forms the survivors and its
+request resumes from its last commit; SIGTERM (or a cloud's preemption notice, `--preemption-notice`) commits every
+in-flight request, gives it back and exits with `--notice-exit-code`. Progress goes to stdout as the rollout worker's
+JSON Lines events (ready with the node's price labels, claim, step, commit, done, acked, failed, ..., exit), which
+`python -m resources.worker_events` relays to the ledger as a rollout worker's, plus formed and group_lost.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import sys
 import threading
 import time
 
+from workers.rollout.worker import EventLog, check_model_folder, default_instance_type
+
 EXIT_UNREACHABLE = 2
 
 
@@ -32,8 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, help="Tensor store: a folder, file:///abs/path or s3://bucket/prefix.")
     p.add_argument("--workers", type=int, default=2, help="Device workers on this node (one per GPU with --device cuda).")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="Where the workers run the model.")
-    p.add_argument("--degree", type=int, default=None,
-                   help="Groups of this many workers (fewer when fewer are left); default: per round, by the degree policy.")
+    p.add_argument("--degree", type=_degree, default=None,
+                   help="Groups of this many workers (fewer when fewer are left); auto (default): per round, by the "
+                        "degree policy.")
+    p.add_argument("--model", default=None,
+                   help="The diffusers pipeline folder the runs train (absolute), as python -m workers.rollout takes it: "
+                        "checked at start, and a run on another folder stops the node (exit 2).")
     p.add_argument("--node-id", default=None, help="This node's name in events and records (default: HOST-PID).")
     p.add_argument("--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps.")
     p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
@@ -44,7 +52,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Longest wait for a worker's answer (a first model load included); a silent worker is killed.")
     p.add_argument("--threads-per-worker", type=int, default=1, help="torch CPU threads of each device worker.")
     p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device.")
+    _add_cloud_flags(p)
     return p
+
+
+def _add_cloud_flags(p: argparse.ArgumentParser) -> None:
+    """The rollout worker's flags for the ledger's price labels and a spot VM's preemption notice."""
+    p.add_argument("--instance-type", default=None,
+                   help="Instance label for the ledger (default: SkyPilot's cloud/region, else local-cpu).")
+    p.add_argument("--gpu-type", default=None, help="GPU label for the ledger (e.g. H100).")
+    capacity = p.add_mutually_exclusive_group()
+    capacity.add_argument("--spot", dest="spot", action="store_true", default=True, help="Preemptible capacity (default).")
+    capacity.add_argument("--reserved", dest="spot", action="store_false", help="On-demand / reserved capacity.")
+    p.add_argument("--usd-per-hour", type=float, default=None, help="Price of the whole node (all its GPUs) for the ledger.")
+    p.add_argument("--preemption-notice", default="off", choices=("off", "auto", "aws", "gcp"),
+                   help="Poll this cloud's metadata server for a preemption notice and treat it as SIGTERM.")
+    p.add_argument("--notice-url", default=None, help="Override the metadata URL polled for the notice (tests, proxies).")
+    p.add_argument("--notice-interval-s", type=float, default=5.0, help="Seconds between notice polls.")
+    p.add_argument("--notice-exit-code", type=int, default=0,
+                   help="Exit code after stopping on SIGTERM or a notice (SkyPilot: a code in recover_on_exit_codes).")
+
+
+def _degree(text: str) -> int | None:
+    """--degree: a positive integer, or auto (None: the degree policy)."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or auto, got {text!r}") from None
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -62,11 +98,19 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--step-delay-s and --max-idle-s must be >= 0")
     if args.max_requests is not None and args.max_requests < 1:
         raise ValueError(f"--max-requests must be >= 1, got {args.max_requests}")
+    if args.usd_per_hour is not None and not args.usd_per_hour >= 0:
+        raise ValueError(f"--usd-per-hour must be >= 0, got {args.usd_per_hour}")
+    if not args.notice_interval_s > 0 or not 0 <= args.notice_exit_code <= 255:
+        raise ValueError("--notice-interval-s must be > 0 and --notice-exit-code in 0-255")
+    args.model = args.model or None  # MODEL="" in a SkyPilot task: the pixel policy
+    if args.model is not None:
+        check_model_folder(args.model)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.node_id = args.node_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    args.instance_type = args.instance_type or default_instance_type(os.environ.get("SKYPILOT_CLUSTER_INFO"))
     try:
         check_args(args)
     except ValueError as err:
@@ -79,29 +123,54 @@ def main(argv: list[str] | None = None) -> int:
     if opened is None:
         return EXIT_UNREACHABLE
     queue, store = opened
-    with queue:
-        serve(args, queue, store, stop)
-    return 0
+    report = EventLog(args.node_id)
+    watcher = _start_notice_watcher(args, stop, report)
+    try:
+        with queue:
+            reason = serve(args, queue, store, stop, report)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+    if reason == "misconfigured":
+        return EXIT_UNREACHABLE
+    return args.notice_exit_code if reason == "stopped" else 0
 
 
-def serve(args: argparse.Namespace, queue, store, stop: threading.Event) -> str:
-    """Run the node until stopped, idle or done; returns why it ended."""
-    from workers.rollout.worker import EventLog
+def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
+    """Run the node until stopped, idle, done or misconfigured; returns why it ended."""
     from workers.sp.node_agent import AgentConfig, NodeAgent
     from workers.sp.node_requests import RequestServer, ServeConfig
 
-    report = EventLog(args.node_id)
     config = AgentConfig(store_url=store.url, device=args.device, commit_every=args.commit_every,
-                         threads_per_worker=args.threads_per_worker, reply_timeout_s=args.reply_timeout_s)
+                         threads_per_worker=args.threads_per_worker, reply_timeout_s=args.reply_timeout_s,
+                         model=args.model)
     with NodeAgent(config) as agent:
         ids = agent.spawn(args.workers)
-        report("node_ready", workers={w: agent.workers[w].proc.pid for w in ids},
-               devices={w: agent.workers[w].device for w in ids})
+        # The rollout worker's `ready` and `exit`: the relay and the ledger count the node as one worker at its price.
+        report("ready", pid=os.getpid(), commit_every=args.commit_every, instance_type=args.instance_type,
+               gpu_type=args.gpu_type, spot=args.spot, usd_per_hour=args.usd_per_hour,
+               workers={w: agent.workers[w].proc.pid for w in ids}, devices={w: agent.workers[w].device for w in ids})
         server = RequestServer(agent, queue, store, report,
                                ServeConfig(args.node_id, args.commit_every, args.degree, args.step_delay_s), stop)
         reason = _claim_loop(args, agent, queue, server, stop, report)
-        report("node_exit", reason=reason, loaded=_loaded_parts(agent))
+        reason = "misconfigured" if server.misconfigured else reason
+        report("exit", reason=reason, loaded=_loaded_parts(agent))
     return reason
+
+
+def _start_notice_watcher(args: argparse.Namespace, stop: threading.Event, report):
+    """A thread polling the cloud's preemption notice (None with --preemption-notice off); a notice stops the node."""
+    from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
+
+    check = notice_checker(args.preemption_notice, args.notice_url)
+    if check is None:
+        return None
+
+    def on_notice() -> None:
+        report("notice", cloud=args.preemption_notice)
+        stop.set()
+
+    return NoticeWatcher(check, on_notice, args.notice_interval_s).start()
 
 
 def _open_io(args: argparse.Namespace):

@@ -31,10 +31,17 @@ from typing import Any
 
 def worker_main(conn: Connection, worker_id: str, store_host: str, store_port: int,
                 policy_config: dict[str, Any] | None, num_threads: int = 1, device: str = "cpu",
-                store_url: str | None = None) -> None:
+                store_url: str | None = None, model: str | None = None) -> None:
     """Process entry point (multiprocessing spawn target). policy_config None: a member of the product path
-    (workers/sp/node_member.py) that serves queue requests of any run from `store_url`, on `device`."""
+    (workers/sp/node_member.py) that serves queue requests of any run from `store_url` (only runs on the pipeline
+    folder `model`, when given), on `device`."""
     t0 = time.perf_counter()
+    import signal
+
+    # A spot preemption's SIGTERM reaches the node's whole process group. The agent must outlive its members'
+    # forwards to commit every in-flight request at a step boundary; it stops its workers itself afterwards.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     import torch
 
     torch.set_num_threads(num_threads)
@@ -42,7 +49,7 @@ def worker_main(conn: Connection, worker_id: str, store_host: str, store_port: i
     if policy_config is None:
         from workers.sp.node_member import RequestMember
 
-        worker = RequestMember(worker_id, store_url, device, store)
+        worker = RequestMember(worker_id, store_url, device, store, model)
         import diffusers, workers.algo.sampler, workers.sp.model_sp  # noqa: F401,E401  (imports paid before "ready")
     else:
         worker = _Worker(worker_id, _pixel_policy(policy_config), store)

@@ -54,6 +54,27 @@ def test_a_group_of_one_commits_what_the_rollout_worker_commits_bit_for_bit(tmp_
     assert loaded == ["vae"], "the member read the prompt embeddings from the store: no text encoder"
 
 
+def test_a_node_started_for_another_model_gives_the_request_back_and_stops(tmp_path, qwen4):
+    """As a rollout worker started with --model does: every request of that run would fail on this node."""
+    from resources.queues import open_queue
+    from workers.sp.node_agent import AgentConfig, NodeAgent
+    from workers.sp.node_requests import RequestServer, ServeConfig
+
+    sp = LocalTensorStore(tmp_path / "sp")
+    run = tiny_run(qwen4, [sp], num_requests=1)
+    events, stop = [], threading.Event()
+    config = AgentConfig(store_url=sp.url, model=str(tmp_path / "another-model"))
+    with open_queue(tmp_path / "queue.db") as queue, NodeAgent(config) as agent:
+        agent.spawn(1)
+        server = RequestServer(agent, queue, sp, lambda event, **f: events.append({"event": event, **f}),
+                               ServeConfig("n0"), stop)
+        queue.put(run.requests)
+        server.serve([queue.claim("n0", 60.0)])
+        assert queue.stats().pending == 1 and not _of(events, "acked")
+    assert server.misconfigured and stop.is_set()
+    assert "ModelMismatchError" in _of(events, "failed")[0]["error"]
+
+
 @pytest.mark.slow  # the node agent and two device workers as processes (~40 s here)
 def test_a_node_serving_a_queue_on_a_group_of_two_survives_losing_a_member(tmp_path, qwen4):
     from resources.queues import open_queue
@@ -63,7 +84,7 @@ def test_a_node_serving_a_queue_on_a_group_of_two_survives_losing_a_member(tmp_p
     want = rollout_worker_results(ref, run.requests)
     with open_queue(tmp_path / "queue.db") as queue:
         queue.put(run.requests)
-    rc, events = _serve_and_kill(tmp_path, victim="w1", after=("commit", "r1"))
+    rc, events = _serve(tmp_path, _kill_at("w1", after=("commit", "r1")), "--degree", "2")
     assert rc == 0, events[-3:]
     assert [(e["degree"], e["groups"]) for e in _of(events, "formed")] == [(2, [["w0", "w1"]]), (1, [["w0"]])]
     assert [(e["request_id"], e["dead"]) for e in _of(events, "group_lost")] == [("r1", ["w1"])]
@@ -74,19 +95,50 @@ def test_a_node_serving_a_queue_on_a_group_of_two_survives_losing_a_member(tmp_p
     with open_queue(tmp_path / "queue.db") as queue:
         assert queue.results(want) == want and not queue.dead_letters()
     assert all(sp.list_commits(rollout_state_key(RUN, rid) + "/") == [] for rid in want)
-    assert _of(events, "node_exit")[0]["loaded"] == {"w0": ["vae"]}, "no member loaded a text encoder"
+    assert _of(events, "exit")[0]["loaded"] == {"w0": ["vae"]}, "no member loaded a text encoder"
 
 
-def _serve_and_kill(tmp_path: Path, victim: str, after: tuple[str, str]) -> tuple[int, list[dict]]:
-    """Run `python -m workers.sp` from a folder outside the checkout; SIGKILL worker `victim` when the event
-    `after` = (event, request id) appears. 0.5 s per step keeps the kill inside that request."""
+@pytest.mark.slow  # the node agent and two device workers as processes (~35 s here)
+def test_a_sigterm_to_the_nodes_process_group_commits_in_flight_state_and_exits_with_the_notice_code(tmp_path, qwen4):
+    """A spot preemption signals the whole job: the device workers must outlive the step so the agent commits it."""
+    from resources.queues import open_queue
+
+    run = tiny_run(qwen4, [LocalTensorStore(tmp_path / "sp")], num_requests=1)
+    with open_queue(tmp_path / "queue.db") as queue:
+        queue.put(run.requests)
+
+    def preempt(event, pids, proc):
+        if (event["event"], event.get("request_id"), event.get("step")) == ("step", "r0", 1):
+            os.killpg(proc.pid, signal.SIGTERM)  # the agent, its workers and their pipes: one process group
+
+    rc, events = _serve(tmp_path, preempt, "--degree", "2", "--commit-every", "3", "--notice-exit-code", "75")
+    assert rc == 75, events[-3:]
+    (stopped,) = _of(events, "preempted")
+    assert stopped["committed_step"] == stopped["step"] >= 1 and not _of(events, "group_lost")
+    assert _of(events, "exit")[0]["reason"] == "stopped"
+    assert LocalTensorStore(tmp_path / "sp").list_commits(rollout_state_key(RUN, "r0") + "/"), "no state committed"
+    with open_queue(tmp_path / "queue.db") as queue:
+        assert queue.stats().pending == 1, "the request was given back"
+
+
+def _kill_at(victim: str, after: tuple[str, str]):
+    """SIGKILL worker `victim` when the event `after` = (event, request id) appears."""
+    def act(event, pids, proc):
+        if (event["event"], event.get("request_id")) == after:
+            os.kill(pids[victim], signal.SIGKILL)
+    return act
+
+
+def _serve(tmp_path: Path, act, *flags: str) -> tuple[int, list[dict]]:
+    """Run `python -m workers.sp` on 2 workers from a folder outside the checkout; act(event, worker pids, process) on
+    each event. 0.5 s per step keeps an action inside the request it waits for."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     assert REPO_ROOT not in elsewhere.resolve().parents
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"
     args = [sys.executable, "-m", "workers.sp", "--queue", str(tmp_path / "queue.db"), "--store", str(tmp_path / "sp"),
-            "--workers", "2", "--degree", "2", "--max-idle-s", "2", "--node-id", "n0", "--step-delay-s", "0.5"]
+            "--workers", "2", "--max-idle-s", "2", "--node-id", "n0", "--step-delay-s", "0.5", *flags]
     proc = subprocess.Popen(args, cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
     guard = threading.Timer(600, lambda: os.killpg(proc.pid, signal.SIGKILL))  # a hang fails, never blocks CI
@@ -96,9 +148,8 @@ def _serve_and_kill(tmp_path: Path, victim: str, after: tuple[str, str]) -> tupl
         for line in proc.stdout:
             event = json.loads(line)
             events.append(event)
-            pids = event.get("workers", pids) if event["event"] == "node_ready" else pids
-            if (event["event"], event.get("request_id")) == after:
-                os.kill(pids[victim], signal.SIGKILL)
+            pids = event.get("workers", pids) if event["event"] == "ready" else pids
+            act(event, pids, proc)
         return proc.wait(), events
     finally:
         guard.cancel()
