@@ -20,7 +20,7 @@ def _fail(command: str, err: Exception) -> None:
 
 
 def launch_command(
-    workers: int = typer.Option(..., "--workers", help="Spot rollout workers, one SkyPilot managed job each."),
+    workers: int = typer.Option(..., "--workers", help="Spot rollout workers (SP nodes with --sp-degree), one SkyPilot managed job each."),
     store: str = typer.Option(..., "--store", help="Tensor store every node shares: s3://bucket/prefix."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Spot worker accelerator(s), comma-separated (e.g. A100 or L4,A10G); default: sky/spot_workers.yaml's any_of."),
     max_usd: float = typer.Option(100.0, "--max-usd", help="Spend cap in dollars: the coordinator stops and spot jobs stop recovering once the ledger's spend reaches it."),
@@ -29,6 +29,8 @@ def launch_command(
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
     model: Optional[str] = typer.Option(None, "--model", help="A diffusers pipeline folder to post-train (absolute; the same path on every node: MODEL in both tasks, and no CPU workers on the reserved node). Default: the pixel policy."),
     model_source: Optional[str] = typer.Option(None, "--model-source", help="A bucket URL holding the --model folder (s3://bucket/models/Qwen-Image): SkyPilot copies it to that path on every node at start."),
+    sp_degree: Optional[str] = typer.Option(None, "--sp-degree", help="SP nodes instead of rollout workers: each job runs the elastic SP node agent over its node's GPUs, sampling in Ulysses groups of this many GPUs (2..8), or auto (per round). Checked against --model's transformer when the folder is on this machine. Default: one rollout worker per job."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs of each SP node (default: the --sp-degree)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."),
 ) -> None:
     """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs."""
@@ -37,7 +39,9 @@ def launch_command(
     try:
         plan = LaunchPlan(workers=workers, store=store, gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
                           max_usd=max_usd, preset=_checked_preset(preset), iterations=iterations, cluster=cluster,
-                          model=model, model_source=model_source)
+                          model=model, model_source=model_source, sp_degree=_sp_degree(sp_degree),
+                          gpus_per_node=gpus_per_node)
+        _check_sp_against_model(plan)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     try:
@@ -66,6 +70,44 @@ def _checked_preset(preset: Optional[str]) -> Optional[str]:
         if preset not in PRESETS:
             raise ValueError(f"--preset {preset!r} is unknown; choose one of {sorted(PRESETS)}")
     return preset
+
+
+def _sp_degree(text: Optional[str]):
+    """--sp-degree: None, "auto" or an integer (LaunchPlan checks its range)."""
+    if text is None or text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--sp-degree must be an integer >= 1 or auto, got {text!r}") from None
+
+
+def _check_sp_against_model(plan) -> None:
+    """ValueError when --model's folder is on this machine and its transformer cannot be split --sp-degree ways (auto:
+    any degree from 2 to the node's GPUs), from its config files alone. A folder only on the nodes is probed there."""
+    if plan.sp_degree in (None, 1) or plan.model is None:
+        return
+    if not (Path(plan.model) / "model_index.json").is_file():
+        typer.echo(f"# --sp-degree {plan.sp_degree} not checked against --model: {plan.model} is not on this machine "
+                   "(each node probes it and gives back what its groups cannot split)", err=True)
+        return
+    from resources.cloud import reserved_task
+    from workers.sp.model_sp import check_folder_degree
+    from workers.trainer.presets import model_fields_for
+
+    fields = model_fields_for(reserved_task(plan, {}).envs["PRESET"], plan.model)  # the run's resolution
+    degrees = [plan.sp_degree] if plan.sp_degree != "auto" else range(2, plan.node_gpus + 1)
+    errors = []
+    for degree in degrees:
+        try:
+            check_folder_degree(plan.model, degree, fields)
+            return
+        except ValueError as err:
+            errors.append(err)
+    if plan.sp_degree != "auto":
+        raise errors[0]
+    raise ValueError(f"--sp-degree auto: no degree from 2 to {plan.node_gpus} splits {plan.model} ({errors[0]}); "
+                     "launch rollout workers (no --sp-degree) instead")
 
 
 def _refuse_over_budget(queue_url: str, max_usd: float) -> None:

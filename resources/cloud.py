@@ -14,6 +14,10 @@ CPU workers are dropped (`LOCAL_WORKERS=0`; they cannot sample a real model). Th
 must sit at that absolute path on every node: `model_source` (a bucket URL) adds a SkyPilot
 file mount that copies them there.
 
+With `sp_degree` (2..8, or "auto"), each spot job is an SP node instead of one rollout worker:
+a node of `gpus_per_node` GPUs (of each type asked for) whose run line starts the elastic SP
+node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GPUs together.
+
 Example:
     plan = LaunchPlan(workers=8, store="s3://bucket/spotlight", gpus=("A100",), max_usd=200)
     secrets = launch_secrets(os.environ)                 # CloudError naming what to export
@@ -73,9 +77,15 @@ class LaunchPlan:
     model_source: str | None = None
     """A bucket URL holding that folder (s3://bucket/models/Qwen-Image): mounted (copied) at `model` on every node.
     None: the nodes hold it another way (an image, a file_mounts of your own)."""
+    sp_degree: int | str | None = None
+    """SP nodes: every spot job runs the SP node agent, sampling each request in Ulysses groups of this many GPUs,
+    or "auto" (per round, for the queue's backlog). None or 1: one rollout worker per job, on one GPU."""
+    gpus_per_node: int | None = None
+    """GPUs of each SP node; None: the sp_degree (one group per node). Only with an sp_degree."""
 
     def __post_init__(self) -> None:
         self._check_model()
+        self._check_sp()
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
         if not self.store.startswith("s3://") or len(self.store) <= len("s3://"):
@@ -90,6 +100,29 @@ class LaunchPlan:
             raise ValueError(f"--gpu {','.join(self.gpus)}: give distinct accelerator names from "
                              f"{', '.join(sorted(known))} (comma-separated; add others to a prices file)")
 
+
+    @property
+    def node_gpus(self) -> int:
+        """GPUs each spot job asks for: 1 for a rollout worker, the node's for an SP node."""
+        return self.gpus_per_node or (self.sp_degree if isinstance(self.sp_degree, int) else 1)
+
+    def _check_sp(self) -> None:
+        degree, gpus = self.sp_degree, self.gpus_per_node
+        if degree is not None and degree != "auto" and (isinstance(degree, bool) or not isinstance(degree, int)
+                                                         or degree < 1):
+            raise ValueError(f"--sp-degree must be an integer >= 1 or auto, got {degree!r}")
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+            raise ValueError(f"--gpus-per-node must be an integer >= 1, got {gpus!r}")
+        if degree in (None, 1):
+            if gpus not in (None, 1):
+                raise ValueError(f"--gpus-per-node {gpus} needs --sp-degree: a rollout worker samples on one GPU "
+                                 "(launch more --workers instead, or SP nodes with --sp-degree 2..8 or auto)")
+        elif degree == "auto":
+            if gpus is None or gpus < 2:
+                raise ValueError("--sp-degree auto needs --gpus-per-node N >= 2: the GPUs the node agent groups")
+        elif self.node_gpus % degree:
+            raise ValueError(f"--sp-degree {degree} must divide --gpus-per-node {self.node_gpus}: the node's GPUs form "
+                             f"groups of {degree}, and the rest would idle at full price")
 
     def _check_model(self) -> None:
         if self.model is not None and (not self.model.startswith("/") or self.model.rstrip("/") == ""):
@@ -133,15 +166,27 @@ def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_
     """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue, the plan's GPUs."""
     task = sky.Task.from_yaml(str(SKY_DIR / "spot_workers.yaml"))
     task.name = f"{WORKER_JOB_PREFIX}-{index}"
-    if plan.gpus:
+    count = plan.node_gpus
+    names = plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in task.resources}))
+    if plan.gpus or count > 1:
         template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
-        task.set_resources({template.copy(accelerators={gpu: 1}) for gpu in plan.gpus})
+        task.set_resources({template.copy(accelerators={gpu: count}) for gpu in names})
     envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store}
-    if len(plan.gpus) == 1:  # one GPU type: its spot price from the table, for the ledger
-        envs["USD_PER_HOUR"] = repr(round(PriceTable().usd_per_hour(plan.gpus[0], spot=True)[0], 6))
+    if len(plan.gpus) == 1 or count > 1:  # the node's spot price from the table, for the ledger and the cap
+        envs["USD_PER_HOUR"] = repr(_node_usd_per_hour(names, count))
     if plan.model is not None:
         envs["MODEL"] = plan.model
+    if plan.sp_degree not in (None, 1):
+        envs["SP_DEGREE"] = str(plan.sp_degree)
     return _finish(task, envs, secrets, plan)
+
+
+def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
+    """A node of `count` GPUs of one of `gpus`, at the spot price of the dearest: with several types the ledger cannot
+    know which one SkyPilot found, and an SP node's price must not fall back to the YAML's one-GPU default (the spend
+    cap reads it), so it errs high."""
+    table = PriceTable()
+    return round(max(table.usd_per_hour(gpu, spot=True)[0] for gpu in gpus) * count, 6)
 
 
 def _finish(task: sky.Task, envs: Mapping[str, str], secrets: Mapping[str, str], plan: LaunchPlan) -> sky.Task:

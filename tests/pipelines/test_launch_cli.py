@@ -138,6 +138,67 @@ def test_dry_run_with_a_model_hands_it_to_both_tasks_and_mounts_its_bucket_at_th
     assert plain["envs"]["MODEL"] == "" and plain["file_mounts"] == {}  # the pixel policy, nothing mounted
 
 
+def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_the_node_agent(fake_sky, tmp_path) -> None:
+    import os
+
+    import sky
+
+    from resources.cloud import LaunchPlan, plan_tasks
+    from resources.prices import PriceTable
+    from tests.pipelines.sky_blocks import stub_run
+
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--gpu", "H100", "--sp-degree", "4",
+                     "--gpus-per-node", "8", "--dry-run")
+    assert result.exit_code == 0, result.output
+    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert "SP_DEGREE" not in reserved["envs"] and not fake_sky.calls
+    for w in workers:
+        assert [r["accelerators"] for r in w["resources"]] == [{"H100": 8}] and w["envs"]["SP_DEGREE"] == "4"
+        assert float(w["envs"]["USD_PER_HOUR"]) == pytest.approx(8 * PriceTable().usd_per_hour("H100", spot=True)[0])
+    any_of = LaunchPlan(workers=1, store="s3://b/p", sp_degree="auto", gpus_per_node=4)
+    (_, task) = plan_tasks(any_of, SECRETS)
+    again = sky.Task.from_yaml_config(task.to_yaml_config())  # what launch submits parses back (offline)
+    assert {tuple(r.accelerators.items()) for r in again.resources} == {
+        ((next(iter(r.accelerators)), 4),) for r in _yaml_task("spot_workers.yaml").resources}
+    assert all(r.use_spot for r in again.resources) and again.envs["SP_DEGREE"] == "auto"
+    dearest = max(PriceTable().usd_per_hour(next(iter(r.accelerators)), spot=True)[0] for r in again.resources)
+    assert float(again.envs["USD_PER_HOUR"]) == pytest.approx(4 * dearest), "a node's price, erring high"
+    again.update_envs({"SKYPILOT_NUM_GPUS_PER_NODE": "4"})  # what SkyPilot sets on the node
+    commands = {argv[2]: argv[3:] for argv in stub_run(again, tmp_path, os.environ) if argv[:2] == ["python", "-m"]}
+    flags = commands["workers.sp"]
+    assert flags[flags.index("--workers") + 1] == "4" and flags[flags.index("--degree") + 1] == "auto"
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> dict:
+    """Tiny pipelines on this machine: Qwen-Image with 4 attention heads, SD3 (no context-parallel plan)."""
+    from workers.model.families.tiny import build_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("models")
+    return {"qwen": build_tiny_pipeline("qwen-image", root / "qwen", num_heads=4),
+            "sd3": build_tiny_pipeline("sd3", root / "sd3")}
+
+
+@pytest.mark.parametrize("model, args, message", [
+    ("qwen", ["--sp-degree", "8"], "SP degree 8 must divide the 4 attention heads"),
+    ("sd3", ["--sp-degree", "2"], "SD3Transformer2DModel, the transformer of"),
+    ("sd3", ["--sp-degree", "auto", "--gpus-per-node", "4"], "--sp-degree auto: no degree from 2 to 4 splits"),
+])
+def test_an_sp_degree_the_models_transformer_cannot_take_is_refused_before_anything_is_submitted(
+        fake_sky, tiny_models, model, args, message) -> None:
+    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--model", str(tiny_models[model]), *args)
+    assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
+
+
+def test_an_sp_degree_the_model_takes_launches_and_a_folder_only_on_the_nodes_is_left_to_them(fake_sky, tiny_models):
+    fits = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--model", str(tiny_models["qwen"]),
+                   "--sp-degree", "4", "--dry-run")
+    assert fits.exit_code == 0 and "not checked" not in fits.output, fits.output
+    elsewhere = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--model", "/models/Qwen-Image",
+                        "--sp-degree", "2", "--dry-run")
+    assert elsewhere.exit_code == 0 and "--sp-degree 2 not checked against --model" in elsewhere.output
+
+
 @pytest.mark.parametrize("clouds, message", [([], "no cloud is enabled"), (RuntimeError("API server down"), "could not list")])
 def test_launch_without_an_enabled_cloud_submits_nothing_and_names_sky_check(fake_sky, clouds, message) -> None:
     fake_sky.clouds = clouds
@@ -162,6 +223,11 @@ def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_expo
     (["--store", "s3://b/p", "--model", "models/qwen"], "must be an absolute folder path"),
     (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
     (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
+    (["--store", "s3://b/p", "--sp-degree", "two"], "--sp-degree must be an integer >= 1 or auto, got 'two'"),
+    (["--store", "s3://b/p", "--sp-degree", "0"], "--sp-degree must be an integer >= 1 or auto, got 0"),
+    (["--store", "s3://b/p", "--gpus-per-node", "8"], "--gpus-per-node 8 needs --sp-degree"),
+    (["--store", "s3://b/p", "--sp-degree", "auto"], "--sp-degree auto needs --gpus-per-node N >= 2"),
+    (["--store", "s3://b/p", "--sp-degree", "3", "--gpus-per-node", "8"], "--sp-degree 3 must divide --gpus-per-node 8"),
 ])
 def test_bad_launch_flags_are_refused_before_anything_is_submitted(fake_sky, args, message) -> None:
     result = _invoke("launch", "--workers", "2", *args)

@@ -97,10 +97,44 @@ def sp_degrees(policy, max_degree: int, prompts: list[str]) -> list[int]:
     return out
 
 
+def check_folder_degree(model: str, degree: int, spec_fields: dict | None = None) -> None:
+    """ValueError when the transformer of the diffusers pipeline folder `model` cannot be split `degree` ways, as far
+    as its config files tell (no weights load): a class diffusers gives no context-parallel plan, the attention heads,
+    the image tokens at the run's resolution (`spec_fields`: the run's ModelSpec fields). What a request adds
+    (another resolution, FLUX.1's unmasked text) is probed on the node, which gives back what it cannot split."""
+    import diffusers
+
+    from workers.model.families.detect import detect_family
+    from workers.model.families.family import read_config
+    from workers.model.families.registry import family_for
+    from workers.model.families.spec import ModelSpec
+
+    _check_int_degree(degree)
+    if degree == 1:
+        return
+    config = read_config(model, "transformer")
+    name = str(config.get("_class_name"))
+    if not getattr(getattr(diffusers, name, None), "_cp_plan", None):
+        raise ValueError(f"{name}, the transformer of {model}, has no context-parallel plan (_cp_plan) in diffusers "
+                         f"{diffusers.__version__}, so it cannot be sampled in Ulysses groups: use SP degree 1 (one "
+                         "rollout worker per GPU)")
+    heads = int(config.get("num_attention_heads", 0))
+    if heads % degree:
+        raise ValueError(f"SP degree {degree} must divide the {heads} attention heads of {model}'s transformer "
+                         f"(Ulysses gives each rank heads / degree): choose one of "
+                         f"{[d for d in range(1, heads + 1) if heads % d == 0]}")
+    family = detect_family(model)
+    spec = ModelSpec(path=str(model), family=family, **(spec_fields or {}))
+    tokens = int(family_for(family).geometry(spec).latent_shape[0])
+    if family_for(family).packed and tokens % degree:
+        raise ValueError(f"SP degree {degree} must divide the {tokens} image tokens of {family} at resolution "
+                         f"{spec.resolution}; choose another resolution or degree")
+
+
 def _check_int_degree(degree: int) -> None:
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
         raise ValueError(f"SP degree must be an int >= 1, got {degree!r}")
 
 
-__all__ = ["FamilySequenceParallel", "check_family_degree", "is_family_policy", "sp_degrees", "sp_view",
-           "split_ready_text"]
+__all__ = ["FamilySequenceParallel", "check_family_degree", "check_folder_degree", "is_family_policy", "sp_degrees",
+           "sp_view", "split_ready_text"]

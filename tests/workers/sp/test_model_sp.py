@@ -64,3 +64,20 @@ def test_flux_text_without_a_mask_must_divide_by_the_degree(tmp_path):
         sp_view(odd, 2).encode_prompts([PROMPT])
     assert sp_degrees(odd, 2, [PROMPT]) == [1]
     assert sp_degrees(load_model_policy(path, resolution=32, max_sequence_length=8), 2, [PROMPT]) == [1, 2]
+
+
+def test_a_folder_is_checked_for_a_degree_from_its_config_files_as_the_node_would_probe_it(qwen4, tmp_path):
+    """What `spotlight launch --sp-degree` can know before any node starts: plan, heads, image tokens."""
+    from workers.model.families.tiny import build_tiny_pipeline
+    from workers.sp.model_sp import check_folder_degree
+
+    for degree in (1, 2, 4):
+        check_folder_degree(str(qwen4), degree, {"resolution": 32})
+    with pytest.raises(ValueError, match=r"SP degree 3 must divide the 4 attention heads .* choose one of \[1, 2, 4\]"):
+        check_folder_degree(str(qwen4), 3, {"resolution": 32})
+    with pytest.raises(ValueError, match="SP degree 2 must divide the 9 image tokens of qwen-image at resolution 24"):
+        check_folder_degree(str(qwen4), 2, {"resolution": 24})
+    sd3 = build_tiny_pipeline("sd3", tmp_path / "sd3")
+    check_folder_degree(str(sd3), 1)
+    with pytest.raises(ValueError, match="SD3Transformer2DModel, the transformer of .* has no context-parallel plan"):
+        check_folder_degree(str(sd3), 2)
