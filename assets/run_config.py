@@ -34,6 +34,9 @@ class RunConfigResource(ConfigurableResource):
     lora_rank: Optional[int] = Field(default=None, ge=0, description="With model: LoRA rank (0 = full fine-tuning).")
     resolution: Optional[int] = Field(default=None, ge=1, description="With model: image side in pixels.")
     guidance: Optional[float] = Field(default=None, ge=0, description="With model: true-CFG scale or FLUX.1-dev's guidance.")
+    sync_mode: Optional[str] = Field(default=None, description="With model and a LoRA: what PULSE ships to the rollout "
+                                     "workers, lora (the adapter; default) or merged (BF16 base + LoRA delta of every "
+                                     "weight: workers need no adapter).")
     anchor_every: int = Field(default=10, ge=1, description="A full BF16 anchor every this many weight versions.")
     report_every: Optional[int] = Field(default=None, ge=1, description="Rewrite the report folder and draw sample "
                                         "grids every this many iterations and on the final one (default: the preset's "
@@ -96,10 +99,12 @@ class RunConfigResource(ConfigurableResource):
     def model_spec_fields(self) -> Optional[dict]:
         """ModelSpec fields of a run on a diffusers pipeline (None for the pixel policy); the folder and the
         resolution are checked here, before any weights load."""
-        given = {"lora_rank": self.lora_rank, "resolution": self.resolution, "guidance": self.guidance}
+        given = {"lora_rank": self.lora_rank, "resolution": self.resolution, "guidance": self.guidance,
+                 "sync_mode": self.sync_mode}
         if self.model is None:
             if any(v is not None for v in given.values()):
-                raise ValueError("lora_rank, resolution and guidance apply to a diffusers pipeline: set model too")
+                raise ValueError(f"{', '.join(k for k, v in given.items() if v is not None)}: only for a diffusers "
+                                 "pipeline; set model too (--model, SPOTLIGHT_MODEL)")
             return None
         if self.checkpoint is not None:
             raise ValueError("set model (a diffusers pipeline) or checkpoint (a spotlight policy), not both")

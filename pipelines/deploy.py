@@ -15,7 +15,7 @@ preset, reward, store scheme, queue scheme or rollout mode fails with the allowe
 | SPOTLIGHT_LEDGER | {run dir}/ledger.duckdb | same |
 | SPOTLIGHT_ROLLOUTS | inprocess | workers (spot workers from sky/spot_workers.yaml pull from the queue) |
 | SPOTLIGHT_DEVICE | cpu | the trainer's device on the reserved node (cuda) |
-| SPOTLIGHT_MODEL / _LORA_RANK / _RESOLUTION / _GUIDANCE | unset (the pixel policy) | a diffusers pipeline folder on every node (docs/MODELS.md) |
+| SPOTLIGHT_MODEL / _LORA_RANK / _RESOLUTION / _GUIDANCE / _SYNC_MODE | unset (the pixel policy) | a diffusers pipeline folder on every node (docs/MODELS.md) |
 | SPOTLIGHT_VALIDATION_REWARD / _PROMPTS | unset (the detector, or with a model the run's reward; MiniGenEval's held-out prompts) | a reward spec; a prompts file on the reserved node |
 """
 
@@ -92,11 +92,12 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
 
 
 def _model_env(env: Mapping[str, str]) -> dict:
-    """SPOTLIGHT_MODEL (a diffusers pipeline folder) and its SPOTLIGHT_LORA_RANK / _RESOLUTION / _GUIDANCE."""
+    """SPOTLIGHT_MODEL (a diffusers pipeline folder) and its SPOTLIGHT_LORA_RANK / _RESOLUTION / _GUIDANCE /
+    _SYNC_MODE (lora or merged)."""
     out: dict = {}
     if env.get("SPOTLIGHT_MODEL"):
         out["model"] = str(Path(env["SPOTLIGHT_MODEL"]).expanduser().resolve())
-    for name, kind in (("lora_rank", int), ("resolution", int), ("guidance", float)):
+    for name, kind in (("lora_rank", int), ("resolution", int), ("guidance", float), ("sync_mode", str)):
         raw = env.get(f"SPOTLIGHT_{name.upper()}")
         if raw:
             try:

@@ -7,6 +7,9 @@ from the queue, preempted on a Poisson trace; the rollout assets then enqueue an
 `--rollouts inprocess` samples in this process instead (no workers, no preemptions).
 Paths are stored absolute (relative ones mean relative to the directory `spotlight run` started
 in), so worker processes and a later `--resume` from elsewhere find the same files.
+With `--nproc N` the command (pipelines/run_cli.py) calls `execute` on rank 0 of N trainer processes
+(pipelines/ranks_cli.py): the walk, the local cluster and every write are rank 0's, and Dagster's in-process
+execution runs the train asset's step in that process, whose trainer setup orders the other ranks to join.
 
 Example:
     spec = RunSpec.resolve(Path("runs/demo"), resume=False, preset="cpu_tiny_spot", iterations=None, ...)
@@ -32,6 +35,9 @@ DEFAULT_WORKERS = 2
 DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
 """Per spot worker-hour, Poisson, half of them without notice: far more often than clouds preempt, so that a
 default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
+RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing")
+"""Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, to
+float rounding), so a relaunch on another number of GPUs continues the run; unset, they keep the stored values."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,14 @@ class RunSpec:
     lora_rank: Optional[int] = None
     resolution: Optional[int] = None
     guidance: Optional[float] = None
+    sync_mode: Optional[str] = None
+    """With a LoRA: what PULSE ships to the workers, lora (the adapter) or merged (BF16 base + delta); None = lora."""
     device: str = "cpu"
     """The trainer's device (in-process sampling and validation too); the local workers stay on the CPU."""
+    nproc: int = 1
+    """Trainer processes (one per GPU on CUDA): rank 0 runs the walk, the others join each update (FSDP2)."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block in backward."""
     num_workers: int = DEFAULT_WORKERS
     preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
     validation_reward: Optional[str] = None
@@ -81,10 +93,13 @@ class RunSpec:
                              "workers then sample everything: the reserved node of a --model run)")
         if not self.preemptions_per_hour >= 0:
             raise ValueError(f"--preemptions-per-hour must be >= 0, got {self.preemptions_per_hour}")
+        if self.nproc < 1:
+            raise ValueError(f"--nproc must be >= 1 (trainer processes; one per GPU on CUDA), got {self.nproc}")
 
     @classmethod
     def resolve(cls, run_dir: Path, *, resume: bool, replace: bool = False, **asked) -> "RunSpec":
-        """A new run's spec, or on --resume the stored one (flags given again must agree with it); --resume on a
+        """A new run's spec, or on --resume the stored one (flags given again must agree with it, but for those of
+        RESUME_MAY_CHANGE, which replace the stored values); --resume on a
         folder without a run starts one. `replace`: a new run that will replace the one in `run_dir` (the caller
         deletes it)."""
         path = run_dir / SPEC_NAME
@@ -101,11 +116,12 @@ class RunSpec:
         # The folder is where it is now (it may have moved); flags compare as the spec stores them (absolute paths).
         stored = dataclasses.replace(cls(**json.loads(path.read_text())), run_dir=str(run_dir))
         given = asdict(dataclasses.replace(stored, **{k: v for k, v in asked.items() if v is not None}))
-        clashes = {k: (asked[k], getattr(stored, k)) for k in asked if asked[k] is not None and given[k] != getattr(stored, k)}
+        clashes = {k: (asked[k], getattr(stored, k)) for k in asked
+                   if asked[k] is not None and k not in RESUME_MAY_CHANGE and given[k] != getattr(stored, k)}
         if clashes:
             raise ValueError("--resume continues the stored run; these flags differ from it: "
                              + ", ".join(f"--{k.replace('_', '-')} {a!r} (run has {b!r})" for k, (a, b) in clashes.items()))
-        return stored
+        return dataclasses.replace(stored, **{k: asked[k] for k in RESUME_MAY_CHANGE if asked.get(k) is not None})
 
     def save(self) -> None:
         Path(self.run_dir).mkdir(parents=True, exist_ok=True)
@@ -118,9 +134,9 @@ class RunSpec:
         return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, seed=self.seed,
                                reward=self.reward,
                                store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint,
-                               model=None if self.model is None else
-                               {"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
-                                "guidance": self.guidance}, device=self.device,
+                               # Always every field: one without --model is refused (run_config), not dropped.
+                               model={"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
+                                      "guidance": self.guidance, "sync_mode": self.sync_mode}, device=self.device,
                                validation={"validation_reward": self.validation_reward,
                                            "validation_prompts": self.validation_prompts})
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from pipelines.ranks_cli import CHECKPOINTING_HELP, NPROC_HELP
 from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
 
 
@@ -28,23 +29,20 @@ def run_command(
     lora_rank: Optional[int] = typer.Option(None, help="With --model: LoRA rank (0 = full fine-tuning)."),
     resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
     guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
+    sync_mode: Optional[str] = typer.Option(None, "--sync-mode", help="With --model and a LoRA: what PULSE ships to the rollout workers, lora (the adapter; default) or merged (BF16 base + LoRA delta of every weight: workers need no adapter)."),
     device: Optional[str] = typer.Option(None, help="The trainer's device: cpu (default), cuda or cuda:N."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help=NPROC_HELP + " Default 1; --resume keeps the run's unless given."),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help=CHECKPOINTING_HELP + " --resume keeps the run's unless given.", show_default=False),
     validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector for the pixel policy; with --model the run's reward)."),
     validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the pixel policy reads only MiniGenEval prompts)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."),
 ) -> None:
-    """Post-train with the Dagster pipeline's assets in this process: sync -> rollout -> train (+ explore) -> validate, per iteration."""
-    import time
-
-    from rich.console import Console
-
-    from pipelines.run import execute
-
-    console = Console(stderr=True)
+    """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
     asked = {"preset": preset, "iterations": iterations, "seed": seed, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
              "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour,
-             "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance, "device": device,
+             "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance,
+             "sync_mode": sync_mode, "device": device, "nproc": nproc, "gradient_checkpointing": gradient_checkpointing,
              "validation_reward": validation_reward,
              "validation_prompts": None if validation_prompts is None else str(validation_prompts)}
     spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
@@ -53,20 +51,41 @@ def run_command(
         import shutil
 
         shutil.rmtree(run_dir)
-    from pipelines.run import BudgetReachedError
+    from pipelines.ranks_cli import in_ranks
+
+    code = in_ranks(spec.nproc, spec.gradient_checkpointing, spec.device, _walk, {"spec": spec, "max_usd": max_usd},
+                    failed_hint=_resume_hint(spec))
+    if code:
+        raise typer.Exit(code)
+
+
+def _walk(spec, max_usd: Optional[float]) -> int:
+    """The whole run in this process (rank 0 of --nproc ranks): the walk, its local worker cluster, the lines and the
+    summary. Returns the command's exit code."""
+    import time
+
+    from rich.console import Console
+
+    from pipelines.run import BudgetReachedError, execute
     from pipelines.run_walk import IterationFailedError
 
+    console = Console(stderr=True)
     started = time.perf_counter()
     try:
         result = execute(spec, console, on_iteration=lambda o: console.print(_line(o)), max_usd=max_usd)
     except BudgetReachedError as err:
         console.print(f"spotlight run stopped: {err}")
-        raise typer.Exit(0) from None
+        return 0
     except (IterationFailedError, KeyboardInterrupt) as err:
         console.print(f"spotlight run stopped: {err or 'interrupted'}")
-        console.print(f"continue it with: spotlight run --run-dir {spec.run_dir} --resume")
-        raise typer.Exit(1) from None
+        console.print(_resume_hint(spec))
+        return 1
     _print_summary(console, result, time.perf_counter() - started)
+    return 0
+
+
+def _resume_hint(spec) -> str:
+    return f"continue it with: spotlight run --run-dir {spec.run_dir} --resume"
 
 
 def _resolve_spec(run_dir: Path, resume: bool, overwrite: bool, max_usd: Optional[float], asked: dict):
@@ -79,9 +98,12 @@ def _resolve_spec(run_dir: Path, resume: bool, overwrite: bool, max_usd: Optiona
         if overwrite:
             _check_overwrite(run_dir, resume=resume, store=asked["store"], queue=asked["queue"])
         spec = RunSpec.resolve(run_dir, resume=resume, replace=overwrite, **asked)
-        spec.resources()
+        config = spec.resources()["run_config"].train_config()
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    from pipelines.ranks_cli import check_ranks
+
+    check_ranks(spec.nproc, spec.device, config)
     return spec
 
 

@@ -11,6 +11,8 @@ from typing import Optional
 
 import typer
 
+from pipelines.ranks_cli import CHECKPOINTING_HELP, NPROC_HELP, check_ranks, in_ranks
+
 RUN_FILES = ("metrics.jsonl", "ledger.duckdb", "store", "report", "policy")
 """What `--out` holds after a run (`--overwrite` removes them first)."""
 
@@ -37,11 +39,8 @@ def train_command(
     rollouts_per_prompt: Optional[int] = typer.Option(
         None, help="Samples drawn per prompt; the update keeps the group's size of largest reward variance."),
     out: Optional[Path] = typer.Option(None, help="Run folder: metrics.jsonl, ledger.duckdb, store/, report/ and the final policy/."),
-    nproc: int = typer.Option(1, "--nproc", help="Trainer processes: each update is sharded over them with FSDP2 (NCCL, "
-                              "one GPU each, with --device cuda; gloo ranks on cpu). Rank 0 also samples, validates "
-                              "and writes the run."),
-    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="Recompute each transformer "
-                                                "block in backward: less activation memory, about one more forward."),
+    nproc: int = typer.Option(1, "--nproc", help=NPROC_HELP),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help=CHECKPOINTING_HELP),
     usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
@@ -51,7 +50,7 @@ def train_command(
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
     _check_device(device)
-    _check_nproc(nproc, device, config)
+    check_ranks(nproc, device, config)
     if usd_per_hour < 0:
         raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
     if checkpoint is not None and not (checkpoint / "policy.json").is_file():
@@ -68,7 +67,7 @@ def train_command(
                   "usd_per_hour": usd_per_hour, "as_json": as_json, "keep": out is not None,
                   "model_fields": model_fields, "device": device, "validation": validation}
     try:
-        _train_in_processes(nproc, gradient_checkpointing, train_args)
+        in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -90,52 +89,6 @@ def _check_device(device: str) -> None:
         check_device(device)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--device") from None
-
-
-def _check_nproc(nproc: int, device: str, config) -> None:
-    """--nproc fits the device and the batch: each rank needs a sample of every minibatch."""
-    from workers.trainer.launch import check_nproc
-
-    try:
-        check_nproc(nproc, device)
-        if nproc > 1:
-            from workers.trainer.fsdp import check_batch_split
-
-            check_batch_split(config.prompts_per_iteration * config.group_size, config.grpo.num_minibatches, nproc)
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--nproc") from None
-
-
-def _train_in_processes(nproc: int, gradient_checkpointing: bool, train_args: dict) -> None:
-    """`_train` in this process, or in rank 0 of `nproc` launched processes whose updates the others join."""
-    if nproc == 1:
-        from workers.trainer.ranks import TrainerSetup, trainer_setup
-
-        with trainer_setup(TrainerSetup(gradient_checkpointing)):
-            _train(**train_args)
-        return
-    from workers.trainer.launch import RanksFailedError, launch
-
-    try:
-        launch(nproc, _rank_main, gradient_checkpointing, train_args)
-    except RanksFailedError as err:
-        typer.echo(str(err), err=True)
-        raise typer.Exit(1) from None
-
-
-def _rank_main(gradient_checkpointing: bool, train_args: dict) -> None:
-    """One of --nproc trainer processes: rank 0 runs the run (`_train`), the others join its updates."""
-    from workers.coordinator.train import follow_orders
-    from workers.trainer.ranks import TrainerSetup, join_ranks, leave_ranks, trainer_setup
-
-    ranks = join_ranks(train_args["device"])
-    with trainer_setup(TrainerSetup(gradient_checkpointing, ranks)) as setup:
-        if ranks.rank == 0:
-            _train(**train_args)
-            ranks.send(None)  # only after success: a failed rank 0 exits, and the launcher stops the others
-        else:
-            follow_orders(setup)
-    leave_ranks()
 
 
 def _model_fields(preset: str, model: Optional[Path], checkpoint: Optional[Path], lora_rank, resolution,

@@ -185,3 +185,22 @@ def test_with_model_set_both_run_blocks_hand_the_folder_to_the_coordinator_and_e
         if expected:  # the coordinator's flags parse into a run on that folder
             assert run[run.index("--run-dir") + 1] == str(tmp_path / "reserved" / "run")
             assert RunSpec(str(tmp_path / "r"), model=run[run.index("--model") + 1]).model == str(model)
+
+
+def test_trainer_nproc_sync_mode_and_checkpointing_reach_spotlight_run_on_the_reserved_node(tmp_path: Path) -> None:
+    """TRAINER_NPROC (default 1) becomes `spotlight run --nproc`; SYNC_MODE and GRADIENT_CHECKPOINTING, empty by
+    default, add their flags only when set. The coordinator's argv parses into those values."""
+    from typer.main import get_command
+
+    from pipelines.cli import app
+
+    assert _raw("reserved.yaml")["envs"]["TRAINER_NPROC"] == 1
+    run = get_command(app).commands["run"]
+    for name, envs, expected in (
+        ("defaults", {}, (1, None, None)),
+        ("ranked", {"TRAINER_NPROC": "8", "SYNC_MODE": "merged", "GRADIENT_CHECKPOINTING": "1"}, (8, "merged", True)),
+    ):
+        (argv,) = _python_commands("reserved.yaml", tmp_path / name, envs)
+        assert argv[:2] == ["pipelines.cli", "run"] and "--resume" in argv
+        params = run.make_context("run", argv[2:]).params
+        assert (params["nproc"], params["sync_mode"], params["gradient_checkpointing"]) == expected, argv
