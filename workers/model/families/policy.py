@@ -177,11 +177,23 @@ class DiffusersPolicy(nn.Module):
     def velocity(self, x: torch.Tensor, sigma_N: torch.Tensor, cond: Conditioning, mask=None) -> torch.Tensor:
         """The flow-matching velocity (noise - data) at noise level sigma, with the family's guidance."""
         spec = self.model_spec
-        v = self.family.forward(self.transformer, x, sigma_N, cond.cond, self.geometry, spec)
+        with self._cache_branch("cond"):
+            v = self.family.forward(self.transformer, x, sigma_N, cond.cond, self.geometry, spec)
         if cond.uncond is None:
             return v
-        v_uncond = self.family.forward(self.transformer, x, sigma_N, cond.uncond, self.geometry, spec)
+        with self._cache_branch("uncond"):
+            v_uncond = self.family.forward(self.transformer, x, sigma_N, cond.uncond, self.geometry, spec)
         return self.family.combine_cfg(v, v_uncond, spec.guidance)
+
+    def _cache_branch(self, name: str):
+        """A diffusers cache hook (exploration's cheap levels) keeps one cache per guidance branch, as diffusers'
+        own pipelines do: the conditional and unconditional passes differ in text length and must never reuse
+        each other's cached residuals. Without a hook, nothing."""
+        import contextlib
+
+        if getattr(self.transformer, "is_cache_enabled", False):
+            return self.transformer.cache_context(name)
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
