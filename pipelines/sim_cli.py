@@ -28,7 +28,7 @@ def _ints(text: str, what: str, least: int = 1) -> list[int]:
 def _inputs(model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds):
     """Parse every input before any simulation runs; a bad one is a one-line error."""
     from workers.sim.config import POLICIES, SimConfig
-    from workers.sim.inputs import LearningCurve, default_curve, model_preset
+    from workers.sim.inputs import model_preset
     from workers.sim.market import parse_market
     from resources.prices import load_prices
 
@@ -41,9 +41,22 @@ def _inputs(model, resolution, market, prices, curve, policies, iterations, expl
     times = model_preset(model, resolution=resolution)
     table = load_prices(prices)
     table.price(times.gpu_type)
+    learning, measured = _curve(curve)
+    if explore_speedup is None:
+        explore_speedup = measured or 1.0
     base = SimConfig(POLICIES["spotlight"], iterations=iterations, explore_speedup=explore_speedup)
-    return (base, times, parse_market(market), table,
-            LearningCurve.from_ledger(curve) if curve else default_curve(), names, _ints(seeds, "--seeds", least=0))
+    return base, times, parse_market(market), table, learning, names, _ints(seeds, "--seeds", least=0)
+
+
+def _curve(path):
+    """The learning curve and, from an exploration bench record, its measured explore speedup (else None)."""
+    from workers.sim.inputs import LearningCurve, curve_from_bench, default_curve
+
+    if path is None:
+        return default_curve(), None
+    if path.suffix == ".json":
+        return curve_from_bench(path)
+    return LearningCurve.from_ledger(path), None
 
 
 def simulate_command(
@@ -55,8 +68,11 @@ def simulate_command(
     iterations: int = typer.Option(100, min=1),
     resolution: int = typer.Option(512, help="512 or 1280."),
     target: float = typer.Option(0.40, help="Validation target on the learning curve."),
-    curve: Optional[Path] = typer.Option(None, help="A real run's ledger whose validation table is the learning curve."),
-    explore_speedup: float = typer.Option(1.0, help="Progress of an iteration on explored seeds (1 = no gain, as measured)."),
+    curve: Optional[Path] = typer.Option(None, help="The learning curve: a real run's ledger (its validation table), or a "
+                                                   "`spotlight bench exploration --json` record (random seeds' mean curve)."),
+    explore_speedup: Optional[float] = typer.Option(None, help="Progress of an iteration on explored seeds, in iterations "
+                                                               "on random seeds (default: the bench record's measured "
+                                                               "ratio with such a --curve, else 1: no gain)."),
     seeds: str = typer.Option("0", help="Comma-separated simulation seeds (market and gains); rows per seed."),
     out: Optional[Path] = typer.Option(None, help="Folder for each run's ledger, table.md and simulate.png."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per simulated run, then a summary line."),
@@ -83,7 +99,8 @@ def simulate_command(
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True, default=str))
         typer.echo(json.dumps({"summary": True, "runs": len(rows), "wall_s": round(elapsed, 2), "market": mk.name,
-                               "curve": lc.source, "model": times.model, "iterations": iterations,
+                               "curve": lc.source, "explore_speedup": base.explore_speedup, "model": times.model,
+                               "iterations": iterations,
                                "run_wall_s": [round(r["sim_wall_s"], 2) for r in rows],
                                "against_paper": against_paper(rows)}, sort_keys=True, default=str))
         return
@@ -103,7 +120,7 @@ def plan_command(
     resolution: int = typer.Option(512),
     target: float = typer.Option(0.40),
     curve: Optional[Path] = typer.Option(None),
-    explore_speedup: float = typer.Option(1.0),
+    explore_speedup: Optional[float] = typer.Option(None),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """What-if: the cheapest policy and spot-GPU count that reaches the target by the deadline within the budget."""

@@ -205,6 +205,25 @@ class LearningCurve:
         return cls(tuple(float(r[0]) for r in rows), tuple(float(r[1]) for r in rows), f"validation table of {path}")
 
 
+def curve_from_bench(path: str | Path, strategy: str = "random") -> tuple[LearningCurve, float | None]:
+    """A `spotlight bench exploration --json` record: `strategy`'s mean held-out curve over its run seeds, and the
+    measured iterations ratio random / explore at the bench's headline target (None when a curve never reached it)."""
+    import json
+
+    try:
+        figures = json.loads(Path(path).read_text())
+        learning = figures["learning"]
+        mean = learning["strategies"][strategy]["mean_curve"]
+        row = learning["targets"][f"{figures['target_gain']:+.2f}"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"--curve {path}: not a `spotlight bench exploration --json` record with a {strategy!r} "
+                         f"curve ({type(err).__name__}: {err})") from None
+    ratio = row.get("random_over_explore", {}).get("ratio")
+    source = (f"MEASURED ON THE TINY CPU DiT, not Qwen-Image: {path}, {strategy} seeds, mean held-out over "
+              f"{len(learning['seeds'])} run seeds")
+    return LearningCurve(tuple(float(v) for v in learning["versions"]), tuple(float(x) for x in mean), source), ratio
+
+
 def default_curve() -> LearningCurve:
     """A measured curve (not a Qwen-Image one): `spotlight train --seed 0` on 2 threads, cpu_tiny_long, random seeds."""
     its = tuple(float(i) for i in range(0, 45, 5))

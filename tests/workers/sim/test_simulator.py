@@ -77,3 +77,35 @@ def test_summary_sets_spotlight_beside_the_best_baseline_of_each_seed_with_its_s
     assert paper["target_ratio"][64]["mean"] == 2.0  # naive spot never reached the target: roll's 2 h against 1 h
     assert paper["scaling"]["spotlight"]["rollout_samples_per_s"]["mean"] == 8.0
     assert "not reached (0/2)" in summary_markdown(rows)
+
+
+def _bench_record(path, explore_slope: float) -> None:
+    """A `spotlight bench exploration --json` record, its learning part summarized from synthetic runs."""
+    import json
+
+    from workers.bench.exploration_summary import summarize_learning
+
+    versions = [0, 5, 10, 15]
+    runs = [{"strategy": s, "seed": seed, "wall_s": 60.0, "exploration": [],
+             "curve": [{"version": v, "score": 0.3 + slope * v + 0.001 * seed} for v in versions],
+             "iterations": [{"iteration": 1, "reward_std": 0.2, "zero_std_ratio": 0.0}]}
+            for seed in range(3) for s, slope in (("random", 0.004), ("explore", explore_slope), ("wider_draw", 0.005))]
+    learning = summarize_learning(runs, 0.3, (0.04,), resamples=50)
+    path.write_text(json.dumps({"target_gain": 0.04, "learning": learning}))
+
+
+def test_a_bench_record_gives_the_learning_curve_and_the_measured_exploration_speedup(tmp_path):
+    from pipelines.cli import app
+
+    _bench_record(tmp_path / "bench.json", explore_slope=0.008)  # exploration reaches +0.04 in half the iterations
+    args = ["simulate", "--spot-gpus", "4", "--policies", "spotlight", "--iterations", "4", "--market", "none",
+            "--target", "0.33", "--curve", str(tmp_path / "bench.json"), "--json"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    summary = [line for line in done.output.splitlines() if '"summary"' in line][0]
+    assert "mean held-out over 3 run seeds" in summary and '"explore_speedup": 2.0' in summary
+    done = CliRunner().invoke(app, args[:-1] + ["--explore-speedup", "1.0", "--json"])
+    assert '"explore_speedup": 1.0' in done.output  # the command line wins over the record
+    (tmp_path / "not_bench.json").write_text("{}")
+    done = CliRunner().invoke(app, ["simulate", "--curve", str(tmp_path / "not_bench.json")])
+    assert done.exit_code != 0 and "not a `spotlight bench exploration --json` record" in " ".join(done.output.split())
