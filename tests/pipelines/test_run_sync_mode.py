@@ -1,5 +1,6 @@
 """`spotlight run --sync-mode merged`: the pipeline's sync phase publishes BF16(base + LoRA delta), queue workers
-sample it with no adapter, and a fresh worker replays the chain to the trainer's merged weights."""
+sample it with no adapter, and a fresh worker replays the chain to the trainer's merged weights; here with the
+reserved node's shape too: two trainer ranks, and a local worker that rank 0 alone starts."""
 
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path)
     done = subprocess.run([*SPOTLIGHT, "run", "--model", str(model), "--preset", "cpu_smoke", "--iterations", "1",
                            "--resolution", "32", "--lora-rank", "4", "--sync-mode", "merged",
                            "--reward", "jpeg_compressibility", "--workers", "1", "--preemptions-per-hour", "0",
-                           "--run-dir", str(run)],
+                           "--nproc", "2", "--run-dir", str(run)],
                           capture_output=True, text=True, timeout=900, cwd=tmp_path,
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "trainer rank 1: joined 1 update(s)" in done.stderr, done.stderr[-3000:]
     assert json.loads((run / "run.json").read_text())["sync_mode"] == "merged"
 
     store = open_store(str(run / "store"))
@@ -47,9 +49,11 @@ def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path)
         syncs = db.execute("SELECT version, kind, dense_bytes, patch_bytes FROM syncs ORDER BY version").fetchall()
         sampled = db.execute("SELECT count(*), count(result_hash), min(worker_id) FROM requests "
                              "WHERE kind = 'rollout' AND status = 'done'").fetchone()
+        pool = db.execute("SELECT worker_id FROM workers WHERE role = 'rollout'").fetchall()
     assert [s[:2] for s in syncs] == [(0, "anchor"), (1, "patch")]
     assert all(s[2] == sum(t.numel() * 2 for t in merged.values()) for s in syncs)  # the merged transformer
     assert sampled[:2] == (8, 8) and sampled[2].startswith("w0"), sampled  # the queue worker sampled the anchor
+    assert pool == [("w0.0",)], pool  # one worker: only rank 0 started the cluster
 
 
 def test_the_sync_mode_reaches_the_run_context_from_the_deployment_and_the_run_spec(tmp_path):
