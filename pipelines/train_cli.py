@@ -38,6 +38,9 @@ def train_command(
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
     rollouts_per_prompt: Optional[int] = typer.Option(
         None, help="Samples drawn per prompt; the update keeps the group's size of largest reward variance."),
+    explore_samples: Optional[float] = typer.Option(
+        None, "--explore-samples", help="Explore the next iteration's seeds on the stale weights after each update, "
+        "within this many full-sampler samples per iteration (a spot pool's budget, in this process: docs/EXPLORATION.md)."),
     out: Optional[Path] = typer.Option(None, help="Run folder: metrics.jsonl, ledger.duckdb, store/, report/ and the final policy/."),
     nproc: int = typer.Option(1, "--nproc", help=NPROC_HELP),
     gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help=CHECKPOINTING_HELP),
@@ -49,6 +52,8 @@ def train_command(
     config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
+    if explore_samples is not None and not explore_samples > 0:
+        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
     _check_device(device)
     check_ranks(nproc, device, config)
     if usd_per_hour < 0:
@@ -65,7 +70,8 @@ def train_command(
     run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
     train_args = {"run_dir": run_dir, "preset": preset, "config": config, "checkpoint": model or checkpoint,
                   "usd_per_hour": usd_per_hour, "as_json": as_json, "keep": out is not None,
-                  "model_fields": model_fields, "device": device, "validation": validation}
+                  "model_fields": model_fields, "device": device, "validation": validation,
+                  "explore_samples": explore_samples}
     try:
         in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
     finally:
@@ -130,7 +136,8 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt, reward=None)
 
 
 def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_per_hour: float, as_json: bool,
-           keep: bool, model_fields: Optional[dict] = None, device: str = "cpu", validation=None) -> None:
+           keep: bool, model_fields: Optional[dict] = None, device: str = "cpu", validation=None,
+           explore_samples: Optional[float] = None) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
@@ -143,6 +150,12 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
                            checkpoint=None if checkpoint is None else str(checkpoint.resolve()),
                            reserved_usd_per_hour=usd_per_hour, report=keep, model=model_fields, device=device,
                            validation=validation)
+    if explore_samples is not None:
+        import dataclasses
+
+        from workers.coordinator.context import Sampling
+
+        ctx = dataclasses.replace(ctx, sampling=Sampling(mode="inprocess", explore_samples=explore_samples))
     console = Console(stderr=True)
     succeeded = False
     try:

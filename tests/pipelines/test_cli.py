@@ -15,6 +15,7 @@ runner = CliRunner()
     (["--preset", "gpu_huge"], "unknown preset"),
     (["--iterations", "0"], "iterations"),
     (["--rollouts-per-prompt", "4"], "rollouts_per_prompt=4 must be >= group_size=8"),
+    (["--explore-samples", "0"], "--explore-samples must be > 0"),
 ])
 def test_train_rejects_bad_input_with_a_clear_message(args, message):
     result = runner.invoke(app, ["train", *args])
@@ -76,6 +77,21 @@ def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy
     assert usd > 0  # 3.6 $/h for the seconds the iterations took
     steps = runner.invoke(app, ["ledger", "SELECT count(*) AS n FROM train_steps", "--db", db, "--csv"])
     assert steps.stdout.strip().splitlines()[-1] == "2"
+
+
+def test_train_explores_on_a_sample_budget_and_the_ledger_shows_the_explored_plans(tmp_path, tiny_policy):
+    from workers.model.policy import save_policy
+
+    save_policy(tiny_policy, tmp_path / "ckpt")
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--preset", "cpu_smoke", "--checkpoint", str(tmp_path / "ckpt"),
+                                 "--out", str(run), "--explore-samples", "16"])
+    assert result.exit_code == 0, result.output
+    rows = runner.invoke(app, ["ledger", "SELECT iteration, planner, explored_prompts FROM exploration_payoff "
+                               "ORDER BY iteration", "--db", str(run / "ledger.duckdb"), "--json"])
+    payoff = [json.loads(line) for line in rows.stdout.splitlines() if line.startswith("{")]
+    assert [(r["iteration"], r["planner"], r["explored_prompts"]) for r in payoff] == [
+        (0, "default", 0), (1, "explore:m8-quarter_steps", 2)]  # every arm untried: the cheapest first
 
 
 def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, tiny_policy):
