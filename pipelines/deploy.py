@@ -14,6 +14,7 @@ preset, reward, store scheme, queue scheme or rollout mode fails with the allowe
 | SPOTLIGHT_QUEUE | {run dir}/queue.db | required, redis:// or rediss:// (TLS) host:port/db (password: SPOTLIGHT_REDIS_PASSWORD or the file named by SPOTLIGHT_REDIS_PASSWORD_FILE) |
 | SPOTLIGHT_LEDGER | {run dir}/ledger.duckdb | same |
 | SPOTLIGHT_ROLLOUTS | inprocess | workers (spot workers from sky/spot_workers.yaml pull from the queue) |
+| SPOTLIGHT_EXPLORE_SAMPLES | unset (in-process runs do not explore) | unset (the spot workers explore) |
 | SPOTLIGHT_DEVICE | cpu | the trainer's device on the reserved node (cuda) |
 | SPOTLIGHT_MODEL / _LORA_RANK / _RESOLUTION / _GUIDANCE / _SYNC_MODE | unset (the pixel policy) | a diffusers pipeline folder on every node (docs/MODELS.md) |
 | SPOTLIGHT_VALIDATION_REWARD / _PROMPTS | unset (the detector, or with a model the run's reward; MiniGenEval's held-out prompts) | a reward spec; a prompts file on the reserved node |
@@ -86,9 +87,20 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
         iterations=int(iterations) if iterations else None, reward=env.get("SPOTLIGHT_REWARD"),
         store=env.get("SPOTLIGHT_STORE"), queue=env.get("SPOTLIGHT_QUEUE"), ledger=env.get("SPOTLIGHT_LEDGER"),
         rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env),
-        device=env.get("SPOTLIGHT_DEVICE", "cpu"),
+        device=env.get("SPOTLIGHT_DEVICE", "cpu"), workers=_workers_env(env),
         validation={f"validation_{name}": env[f"SPOTLIGHT_VALIDATION_{name.upper()}"] for name in ("reward", "prompts")
                     if env.get(f"SPOTLIGHT_VALIDATION_{name.upper()}")})
+
+
+def _workers_env(env: Mapping[str, str]) -> Optional[dict]:
+    """SPOTLIGHT_EXPLORE_SAMPLES: in-process exploration's budget in samples per iteration."""
+    raw = env.get("SPOTLIGHT_EXPLORE_SAMPLES")
+    if not raw:
+        return None
+    try:
+        return {"explore_samples": float(raw)}
+    except ValueError:
+        raise DeploymentError(f"SPOTLIGHT_EXPLORE_SAMPLES must be a number of samples, got {raw!r}") from None
 
 
 def _model_env(env: Mapping[str, str]) -> dict:

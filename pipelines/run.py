@@ -56,6 +56,8 @@ class RunSpec:
     queue: Optional[str] = None
     """Queue URL; a local path is made absolute. None = RUN_DIR/queue.db."""
     rollouts: str = "local_cluster"
+    explore_samples: Optional[float] = None
+    """--rollouts inprocess: explore in this process on a budget of this many full-sampler samples per iteration."""
     checkpoint: Optional[str] = None
     model: Optional[str] = None
     """A diffusers pipeline folder (absolute), with the ModelSpec fields below; None: the pixel policy."""
@@ -91,6 +93,9 @@ class RunSpec:
         if self.num_workers < 0 or (self.num_workers == 0 and not (self.queue or "").startswith(("redis://", "rediss://"))):
             raise ValueError(f"--workers must be >= 1, got {self.num_workers} (0 only on a Redis --queue, whose remote "
                              "workers then sample everything: the reserved node of a --model run)")
+        if self.explore_samples is not None and (self.rollouts != "inprocess" or not self.explore_samples > 0):
+            raise ValueError(f"--explore-samples (> 0, a budget in samples) is for --rollouts inprocess, got "
+                             f"{self.explore_samples} with --rollouts {self.rollouts} (its workers explore on their own time)")
         if not self.preemptions_per_hour >= 0:
             raise ValueError(f"--preemptions-per-hour must be >= 0, got {self.preemptions_per_hour}")
         if self.nproc < 1:
@@ -134,6 +139,7 @@ class RunSpec:
         return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, seed=self.seed,
                                reward=self.reward,
                                store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint,
+                               workers=None if self.explore_samples is None else {"explore_samples": self.explore_samples},
                                # Always every field: one without --model is refused (run_config), not dropped.
                                model={"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
                                       "guidance": self.guidance, "sync_mode": self.sync_mode}, device=self.device,

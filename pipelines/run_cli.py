@@ -22,6 +22,7 @@ def run_command(
     run_dir: Path = typer.Option(Path("runs/run"), "--run-dir", help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir from its first unfinished iteration."),
     rollouts: Optional[str] = typer.Option(None, help="Who samples: local_cluster (default: rollout worker processes on this machine, spot-priced, with injected preemptions) or inprocess (the trainer itself, batched; no workers)."),
+    explore_samples: Optional[float] = typer.Option(None, "--explore-samples", help="--rollouts inprocess: explore the next iteration's seeds on the stale weights within this many full-sampler samples per iteration, in this process (docs/EXPLORATION.md)."),
     workers: Optional[int] = typer.Option(None, "--workers", help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS}; 0 on a Redis --queue: remote workers sample everything)."),
     preemptions_per_hour: Optional[float] = typer.Option(None, help=f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default {DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none)."),
     checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
@@ -40,6 +41,7 @@ def run_command(
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
     asked = {"preset": preset, "iterations": iterations, "seed": seed, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
+             "explore_samples": explore_samples,
              "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour,
              "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance,
              "sync_mode": sync_mode, "device": device, "nproc": nproc, "gradient_checkpointing": gradient_checkpointing,

@@ -119,6 +119,14 @@ class RolloutWorkersResource(ConfigurableResource):
             raise ValueError(f"unknown rollout mode {mode!r}; choose one of {ROLLOUT_MODES}")
         return mode
 
+    @field_validator("explore_samples")
+    @classmethod
+    def _inprocess_only(cls, explore_samples: Optional[float], info) -> Optional[float]:
+        if explore_samples is not None and info.data.get("mode") != "inprocess":
+            raise ValueError(f"explore_samples is for mode inprocess, not {info.data.get('mode')!r}: queue workers "
+                             "explore on their own time (set explore instead)")
+        return explore_samples
+
     @field_validator("num_reserved")
     @classmethod
     def _reserved_fits(cls, num_reserved: int, info) -> int:

@@ -59,6 +59,7 @@ def test_resume_refuses_flags_that_differ_from_the_stored_run(tmp_path):
     ("--preset", "huge", "unknown preset"), ("--reward", "beauty", "unknown reward"), ("--store", "ftp://h/x", "store URL scheme"),
     ("--queue", "amqp://h", "queue URL scheme"), ("--rollouts", "magic", "--rollouts"),
     ("--workers", "0", "--workers"), ("--preemptions-per-hour", "-1", "--preemptions-per-hour"),
+    ("--explore-samples", "64", "--explore-samples (> 0, a budget in samples) is for --rollouts inprocess"),
 ])
 def test_bad_flags_fail_before_any_compute(tmp_path, flag, value, message):
     result = _invoke("--run-dir", str(tmp_path / "r"), flag, value)
@@ -129,23 +130,26 @@ def _content(run_dir: Path, queries: dict[str, str]) -> dict:
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_ledger_of_an_uninterrupted_run(tmp_path, tiny_policy):
-    """In-process rollouts and default seeds make a run deterministic: the resumed ledger must equal a fresh one."""
+    """In-process rollouts, and exploration in process on a budget in samples, make a run deterministic: the resumed
+    ledger must equal a fresh one."""
     from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     # Both runs are named "r" (the folder's name), so request ids and store keys match.
     whole, killed = tmp_path / "a" / "r", tmp_path / "b" / "r"
-    proc = _spotlight_run(killed, tmp_path / "tiny", "--rollouts", "inprocess")
+    proc = _spotlight_run(killed, tmp_path / "tiny", "--rollouts", "inprocess", "--explore-samples", "16")
     _kill_once_iteration_1_has_results(proc, killed)
     assert _content(killed, CONTENT_QUERIES)["iterations"][-1][2] == "running"  # it died mid-iteration
 
     resumed = _spotlight_run(killed, tmp_path / "tiny", "--resume")
     assert resumed.wait(timeout=900) == 0, resumed.stderr.read()
-    fresh = _spotlight_run(whole, tmp_path / "tiny", "--rollouts", "inprocess")
+    fresh = _spotlight_run(whole, tmp_path / "tiny", "--rollouts", "inprocess", "--explore-samples", "16")
     assert fresh.wait(timeout=900) == 0, fresh.stderr.read()
 
     got, expected = _content(killed, CONTENT_QUERIES), _content(whole, CONTENT_QUERIES)
     assert [r[:3] for r in got["iterations"]] == [(0, 0, "succeeded"), (1, 1, "succeeded"), (2, 2, "succeeded")]
+    explored = [r for r in got["requests"] if r[0].startswith("explore-")]
+    assert len(explored) == 4 and {r[5] for r in explored} == {"done"}  # 2 iterations x 2 prompts, all in budget
     for table in CONTENT_QUERIES:
         assert got[table] == expected[table], table
     assert (killed / "report" / "index.html").is_file()
