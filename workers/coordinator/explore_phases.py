@@ -77,7 +77,8 @@ def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
     ctx.ledger.record_exploration(record)
     ctx.ledger.record_requests(explore_request_records(finished, ctx.train, ctx.run))
     plan = finished.plan
-    out = PhaseResult({"for_iteration": k + 1, "planner": plan.planner, "arm": record.arm, "budget_s": record.budget_s,
+    out = PhaseResult({"for_iteration": k + 1, "planner": plan.planner, "arm": record.arm,
+                       "reason": finished.session.reason, "budget_s": record.budget_s,
                        "time_used_s": record.time_used_s, "train_s": train_s, "overhead_s": record.overhead_s,
                        "explored_prompts": finished.num_done, "cancelled_requests": finished.num_cancelled,
                        "explored_reward_variance": record.reward_variance}, tables={"plan": plan_table(plan)})
