@@ -3,14 +3,17 @@
 Workers never open the ledger (DuckDB admits one writing process): they print JSON
 event lines, and the cluster process, the ledger's single writer, turns them into rows:
 one `workers` row per process (labels and price), one `attempts` row per delivery of a
-request (written when the attempt ends: one write per attempt keeps up with busy workers), one `preemptions` row per preemption with the denoising work it cost, and at
-the end one `requests` row per result found in the store (`record_results`).
+request (written when the attempt ends: one write per attempt keeps up with busy workers), one `preemptions` row
+per preemption with the denoising work it cost, and at the end one `requests` row per result found in the store
+(`record_results`). Progress is kept per worker id and `group`: an SP node (`python -m workers.sp`) is one worker
+whose Ulysses groups and exploring members each run a request at once, and its events name the group.
 
 Example:
     tracker = WorkTracker(ledger)
-    tracker.worker_started("w0.0", slot, usd_per_hour=0.4, at=time.time())
+    tracker.worker_started("w0.0", role="rollout", instance_type="local-cpu", spot=True, usd_per_hour=0.4,
+                           gpu_type=None, at=time.time())
     tracker.on_event(json.loads(line))                      # every line a worker prints
-    record = tracker.preemption("w0.0", preempted_at, notice_s=0.0, exited_cleanly=False)
+    record = tracker.preemption("w0.0", preempted_at, notice_s=0.0, ended_at=time.time())
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from resources.store import TensorStore
 
 @dataclass
 class WorkerProgress:
-    """The request a worker holds and how far it got, from its events."""
+    """The request one group of a worker holds and how far it got, from its events (a rollout worker is one group)."""
 
     request_id: str | None = None
     attempt: int = 0
@@ -41,30 +44,41 @@ class WorkerProgress:
 
 
 class WorkTracker:
-    """Per-worker progress from events; writes attempts and preemptions to the ledger (if any)."""
+    """Per-(worker, group) progress from events; writes attempts and preemptions to the ledger (if any)."""
 
     def __init__(self, ledger: Ledger | None = None) -> None:
         self.ledger = ledger
-        self.progress: dict[str, WorkerProgress] = {}
+        self.progress: dict[str, dict[str | None, WorkerProgress]] = {}
+        """worker_id -> group -> progress. A rollout worker's events carry no group (None); an SP node's name the
+        Ulysses group (`w0+w1`) or the exploring member (`w2`) that runs the request, several at once."""
         self.events: list[dict] = []
         self.preemptions: list[PreemptionRecord] = []
 
     def worker_started(self, worker_id: str, *, role: str, instance_type: str, spot: bool, usd_per_hour: float,
-                       gpu_type: str | None, at: float) -> None:
-        self.progress[worker_id] = WorkerProgress()
+                       gpu_type: str | None, at: float, num_gpus: int | None = None) -> None:
+        """`num_gpus`: the GPUs the worker holds (an SP node: one per device worker); None: 1 with a GPU type, else 0."""
+        self.progress[worker_id] = {None: WorkerProgress()}
+        if num_gpus is None:
+            num_gpus = 1 if gpu_type else 0
         if self.ledger is not None:
             self.ledger.start_worker(worker_id, role=role, instance_type=instance_type, spot=spot, gpu_type=gpu_type,
-                                     num_gpus=1 if gpu_type else 0, usd_per_hour=usd_per_hour, at=at)
+                                     num_gpus=num_gpus, usd_per_hour=usd_per_hour, at=at)
 
     def worker_ended(self, worker_id: str, reason: str, at: float) -> None:
         if self.ledger is not None:
             self.ledger.end_worker(worker_id, reason=reason, at=at)
 
     def on_event(self, event: dict[str, Any]) -> None:
-        """Update the sender's progress; attempt rows are written when they start and end."""
+        """Update the progress of the sender's group; an attempt row is written when the attempt ends."""
         self.events.append(event)
-        p = self.progress.setdefault(event["worker_id"], WorkerProgress())
+        groups, group = self.progress.setdefault(event["worker_id"], {}), event.get("group")
         kind, t = event["event"], event["t"]
+        if kind == "claim":
+            _forget_elsewhere(groups, group, event["request_id"])
+        elif kind in ("group_lost", "failed"):
+            _forget_grouped(groups, group, event.get("request_id"))
+            return
+        p = groups.setdefault(group, WorkerProgress())
         if kind == "claim":
             p.request_id, p.attempt, p.started_at = event["request_id"], event["attempt"], t
             p.resumed_from_step = p.step = p.committed_step = event["resumed_from_step"]
@@ -86,30 +100,57 @@ class WorkTracker:
             p.request_id = None
 
     def preemption(self, worker_id: str, preempted_at: float, *, notice_s: float, ended_at: float) -> PreemptionRecord:
-        """Record the preemption of a worker that has exited; lost work is what it had not committed."""
-        p = self.progress.get(worker_id, WorkerProgress())
-        in_flight = p.request_id
-        if p.preempted_event is not None:  # committed on the notice: nothing lost
-            lost_steps, lost_s, committed = 0, 0.0, True
-        elif in_flight is not None:  # killed mid-request: the steps since the last commit are lost
-            lost_steps, lost_s, committed = p.step - p.committed_step, sum(p.uncommitted_s), p.committed_step > 0
-            self._attempt(worker_id, p, t_end=ended_at, outcome="preempted")
-        else:
-            lost_steps, lost_s, committed = 0, 0.0, False
+        """Record the preemption of a worker that has exited. Each request in flight on it (on an SP node, one per
+        group) loses what it had not committed, nothing if it committed on the notice; its attempt row says how
+        much, the preemption's row sums them and names the request when there was one."""
+        lost_steps, lost_s, committed, in_flight = 0, 0.0, [], []
+        for p in self.progress.get(worker_id, {}).values():
+            if p.preempted_event is not None:  # committed on the notice: nothing lost
+                committed.append(True)
+            elif p.request_id is not None:  # killed mid-request: the steps since the last commit are lost
+                lost_steps, lost_s = lost_steps + p.step - p.committed_step, lost_s + sum(p.uncommitted_s)
+                committed.append(p.committed_step > 0)
+                self._attempt(worker_id, p, t_end=ended_at, outcome="preempted")
+            else:
+                continue
+            in_flight.append(p.request_id)
+            p.request_id = None
         record = PreemptionRecord(worker_id=worker_id, preempted_at=preempted_at, notice_s=notice_s, steps_lost=lost_steps,
-                                  state_committed=committed, request_id=in_flight, seconds_lost=lost_s)
+                                  state_committed=bool(committed) and all(committed),
+                                  request_id=in_flight[0] if len(in_flight) == 1 else None, seconds_lost=lost_s)
         self.preemptions.append(record)
         if self.ledger is not None:
             self.ledger.record_preemption(record)
-        p.request_id = None
         return record
+
+    def preempted_t(self, worker_id: str) -> float | None:
+        """When the worker first stopped a request on a SIGTERM or a notice (its `preempted` event), if it did."""
+        times = [float(p.preempted_event["t"]) for p in self.progress.get(worker_id, {}).values()
+                 if p.preempted_event is not None]
+        return min(times, default=None)
 
     def _attempt(self, worker_id: str, p: WorkerProgress, *, t_end: float | None, outcome: str) -> None:
         if self.ledger is None or p.request_id is None:
             return
         self.ledger.record_attempt(AttemptRecord(
             request_id=p.request_id, attempt=p.attempt, worker_id=worker_id, started_at=p.started_at, ended_at=t_end,
-            outcome=outcome, resumed_from_step=p.resumed_from_step, steps_done=p.step - p.resumed_from_step))
+            outcome=outcome, resumed_from_step=p.resumed_from_step, steps_done=p.step - p.resumed_from_step,
+            steps_lost=p.step - p.committed_step, seconds_lost=sum(p.uncommitted_s)))
+
+
+def _forget_elsewhere(groups: dict[str | None, WorkerProgress], group: str | None, request_id: str) -> None:
+    """A request claimed on one group runs on no other group of that worker: an SP node resumes a request on its
+    re-formed groups after a member was lost, and the group that stopped it holds it no longer."""
+    for other in [g for g, p in groups.items() if g != group and p.request_id == request_id]:
+        del groups[other]
+
+
+def _forget_grouped(groups: dict[str | None, WorkerProgress], group: str | None, request_id: str | None) -> None:
+    """An SP node's request stopped without an attempt end: its group was lost (`group_lost`, resumed later with a
+    new claim) or it was given back (`failed`, printed without the group). A rollout worker's `failed` (no group)
+    leaves its progress as it was: its next claim replaces it."""
+    for other in [g for g, p in groups.items() if g is not None and (g == group or p.request_id == request_id)]:
+        del groups[other]
 
 
 def result_records(store: TensorStore, requests: Iterable[dict], *, enqueued_at: float | None = None) -> list[RequestRecord]:

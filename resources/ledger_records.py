@@ -135,10 +135,14 @@ class AttemptRecord:
     """Denoising step the attempt resumed from (0 = from scratch)."""
     steps_done: int | None = None
     """Denoising steps this attempt computed."""
+    steps_lost: int | None = None
+    """Of those, the steps not committed when it ended (recomputed by the next attempt); None while running."""
+    seconds_lost: float | None = None
+    """Compute time of the lost steps."""
 
     def __post_init__(self) -> None:
         check_choice(self.outcome, ATTEMPT_OUTCOMES, "AttemptRecord.outcome")
-        check_non_negative(self, "resumed_from_step", "steps_done")
+        check_non_negative(self, "resumed_from_step", "steps_done", "steps_lost", "seconds_lost")
         if self.attempt < 1:
             raise ValueError(f"AttemptRecord.attempt must be >= 1, got {self.attempt}")
 
@@ -158,7 +162,7 @@ class PreemptionRecord:
     state_committed: bool
     """Whether in-flight state was committed before the worker died."""
     request_id: str | None = None
-    """Request in flight, if any."""
+    """Request in flight, if any; None when several were (an SP node's groups: each attempt row has its own loss)."""
     seconds_lost: float | None = None
     """Compute time of the lost steps."""
 

@@ -19,6 +19,9 @@ History:
         `reward_components` (their means per iteration and request kind); `validation.reward` (the
         reward that scored the held-out images; earlier rows were all MiniGenEval's detector,
         `minigeneval_strict`).
+    v5  `attempts.steps_lost` and `attempts.seconds_lost`: the steps an attempt computed but had not committed when
+        it ended, so a preemption of a node running several requests (an SP node) charges each its own loss.
+        NULL on rows written before.
 Views are derived data: they are dropped and re-created by every upgrade.
 """
 
@@ -28,7 +31,7 @@ from typing import Callable
 
 import duckdb
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 PHASES = ("sync", "rollout", "train", "explore", "validate")
 
 
@@ -129,8 +132,14 @@ ALTER TABLE validation ADD COLUMN reward VARCHAR;
 UPDATE validation SET reward = 'minigeneval_strict';
 """
 
+_V5_CHANGES = """
+ALTER TABLE attempts ADD COLUMN steps_lost INTEGER;
+ALTER TABLE attempts ADD COLUMN seconds_lost DOUBLE;
+"""
+
 # Version -> SQL that upgrades a ledger from version-1 (or from empty for 0).
-MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES, 3: _V3_CHANGES, 4: _V4_CHANGES}
+MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES, 3: _V3_CHANGES, 4: _V4_CHANGES,
+                              5: _V5_CHANGES}
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION + 1))
 
 _NOW = "(current_timestamp AT TIME ZONE 'UTC')"

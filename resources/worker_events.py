@@ -9,7 +9,7 @@ them) and appends the events to the queue's event stream:
 
 The coordinator (`RemoteWorkers`, started by `spotlight run` on a Redis queue) reads the
 stream and keeps the ledger as the local cluster does: a `workers` row from each `ready`
-event, `attempts` from claims and ends, and a `preemption` when a spot worker stops on a
+event (an SP node's with its `num_gpus`), `attempts` from claims and ends, and a `preemption` when a spot worker stops on a
 SIGTERM or a cloud notice (`exit` with reason `stopped`) or vanishes without an `exit`
 (SIGKILL: the relay saw its output end). A whole VM taken away takes the relay with it:
 that worker's row stays open until the run ends (its lease expiry still frees its request).
@@ -125,9 +125,10 @@ class RemoteWorkers:
         worker_id, kind, t = event["worker_id"], event["event"], float(event["t"])
         if kind == "ready":
             self.live[worker_id] = event
+            # An SP node reports the GPUs its device workers hold (0 on CPUs: counted as a rollout worker is).
             self.tracker.worker_started(worker_id, role="rollout", instance_type=event.get("instance_type") or "remote",
                                         spot=bool(event.get("spot", True)), usd_per_hour=_price(event),
-                                        gpu_type=event.get("gpu_type"), at=t)
+                                        gpu_type=event.get("gpu_type"), at=t, num_gpus=event.get("num_gpus") or None)
         if worker_id not in self.live:
             return  # started before this run (or its `ready` was trimmed): not this run's to record
         if kind == "notice":
@@ -143,17 +144,12 @@ class RemoteWorkers:
         if stopped and ready.get("spot", True):
             # A SIGTERM or a notice gave the worker time to commit: the notice lasted until it exited (> 0).
             # Vanished: killed without notice (0), whatever it had not committed is lost.
-            signalled_at = ready.get("notice_t") or self._preempted_t(worker_id) or t
+            signalled_at = ready.get("notice_t") or self.tracker.preempted_t(worker_id) or t
             notice_s = 0.0 if event["event"] == VANISHED else max(t - signalled_at, 1e-3)
             self.tracker.preemption(worker_id, min(signalled_at, t), notice_s=notice_s, ended_at=t)
             self.tracker.worker_ended(worker_id, "preempted", t)
         else:
             self.tracker.worker_ended(worker_id, "finished" if not stopped else "scaled_down", t)
-
-    def _preempted_t(self, worker_id: str) -> float | None:
-        progress = self.tracker.progress.get(worker_id)
-        event = progress.preempted_event if progress is not None else None
-        return None if event is None else float(event["t"])
 
 
 def _price(ready: dict) -> float | None:

@@ -146,10 +146,12 @@ def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report:
                          model=args.model)
     with NodeAgent(config) as agent:
         ids = agent.spawn(args.workers)
-        # The rollout worker's `ready` and `exit`: the relay and the ledger count the node as one worker at its price.
+        # The rollout worker's `ready` and `exit`: the relay and the ledger count the node as one worker at its price,
+        # holding `num_gpus` GPUs (priced from the table for that many without --usd-per-hour).
         report("ready", pid=os.getpid(), commit_every=args.commit_every, instance_type=args.instance_type,
                gpu_type=args.gpu_type, spot=args.spot, usd_per_hour=args.usd_per_hour,
-               workers={w: agent.workers[w].proc.pid for w in ids}, devices={w: agent.workers[w].device for w in ids})
+               workers={w: agent.workers[w].proc.pid for w in ids}, devices={w: agent.workers[w].device for w in ids},
+               num_gpus=sum(agent.workers[w].device.startswith("cuda") for w in ids))
         server = RequestServer(agent, queue, store, report,
                                ServeConfig(args.node_id, args.commit_every, args.degree, args.step_delay_s), stop)
         reason = _claim_loop(args, agent, queue, server, stop, report)
