@@ -73,13 +73,14 @@ def test_an_idle_exit_finishes_the_worker_and_one_alive_at_the_end_of_the_run_is
 
 
 def test_the_spend_gate_stops_a_spot_job_once_the_published_spend_reached_the_cap(redis_server, redis_queue, mem_ledger) -> None:
-    mem_ledger.start_worker("w", role="rollout", instance_type="x", spot=True, usd_per_hour=3600.0,
-                            at=time.time() - 2)  # $2 so far
+    now = time.time()
+    mem_ledger.start_worker("w", role="rollout", instance_type="x", spot=True, usd_per_hour=3600.0, at=now - 2)
+    mem_ledger.end_worker("w", reason="finished", at=now)  # $2 in all, however slowly the gate's process starts
     gate = [sys.executable, "-m", "resources.run_status", "--queue", redis_server.url()]
     with StatusPublisher(redis_queue, mem_ledger.query, {"max_usd": 100.0}):
         pass
     assert subprocess.run(gate, capture_output=True).returncode == 0
-    assert redis_queue.info()["usd_total"] == pytest.approx(ledger_status(mem_ledger.query)["usd_total"], rel=0.5)
+    assert redis_queue.info()["usd_total"] == pytest.approx(ledger_status(mem_ledger.query)["usd_total"]) == 2.0
     with StatusPublisher(redis_queue, mem_ledger.query, {"max_usd": 1.0}):
         pass
     over = subprocess.run(gate, capture_output=True, text=True)
