@@ -219,8 +219,10 @@ def curve_from_bench(path: str | Path, strategy: str = "random") -> tuple[Learni
         raise ValueError(f"--curve {path}: not a `spotlight bench exploration --json` record with a {strategy!r} "
                          f"curve ({type(err).__name__}: {err})") from None
     ratio = row.get("random_over_explore", {}).get("ratio")
+    measured = (f"explore speedup {ratio} measured at +{figures['target_gain']:.2f}" if ratio is not None else
+                f"no explore speedup measured at +{figures['target_gain']:.2f} (a mean curve never reached it)")
     source = (f"MEASURED ON THE TINY CPU DiT, not Qwen-Image: {path}, {strategy} seeds, mean held-out over "
-              f"{len(learning['seeds'])} run seeds")
+              f"{len(learning['seeds'])} run seeds; {measured}")
     return LearningCurve(tuple(float(v) for v in learning["versions"]), tuple(float(x) for x in mean), source), ratio
 
 
