@@ -34,13 +34,30 @@ def test_quick_bench_compares_the_three_strategies_and_reports_the_headline_figu
     assert set(figures["timing"]) == {"random", "explore", "wider_draw"}
     assert 0 <= figures["timing"]["explore"]["exploration_overhead_pct"] < 100
     assert set(figures["static"]["levels"]) == {"fbcache", "half_steps", "quarter_steps"}
-    # Each learning run's record is kept, and a second run of the bench reuses it instead of training again.
-    records = sorted(p.name for p in (tmp_path / "records").iterdir())
+    records = sorted(p.name for p in (tmp_path / "records").iterdir())  # each learning run's record is kept
     assert records == ["explore-s0.json", "random-s0.json", "wider_draw-s0.json"]
-    again = subprocess.run(command + ["--timing-iterations", "0"], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=900)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert json.loads(again.stdout)["learning_runs"] == figures["learning_runs"]
+
+
+def test_a_learning_run_reuses_its_record_and_redoes_a_stale_one(tmp_path, tiny_policy) -> None:
+    import dataclasses
+
+    from workers.bench.exploration_learning import LearningRun, learning_run
+    from workers.explore.state import ExploreConfig
+    from workers.model.policy import save_policy
+    from workers.trainer.presets import get_preset
+
+    save_policy(tiny_policy, tmp_path / "tiny")
+    config = dataclasses.replace(get_preset("cpu_smoke"), iterations=1)
+    spec = LearningRun("explore", 0, config, ExploreConfig(cache_levels=("half_steps",)), 16.0, str(tmp_path / "tiny"))
+    (tmp_path / "out").mkdir()
+    kept = {"fingerprint": spec.fingerprint(), "curve": "kept as written"}
+    (tmp_path / "out" / "explore-s0.json").write_text(json.dumps(kept))
+    assert learning_run(spec, tmp_path / "out") == kept  # this run's record: nothing is trained again
+    other = dataclasses.replace(spec, explore_samples=9.0)  # another budget: the record is stale
+    record = learning_run(other, tmp_path / "out")
+    assert record["fingerprint"] == other.fingerprint() != spec.fingerprint()
+    assert [p["version"] for p in record["curve"]] == [0, 1] and record["exploration"][0]["arm"] == "m8-half_steps"
+    assert json.loads((tmp_path / "out" / "explore-s0.json").read_text()) == record
 
 
 def test_bad_bench_settings_fail_before_any_compute() -> None:
