@@ -123,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    opened = _open_io(args)
+    opened = open_io(args)
     if opened is None:
         return EXIT_UNREACHABLE
     queue, store = opened
     report = EventLog(args.worker_id)
-    watcher = _start_notice_watcher(args, stop, report)
+    watcher = start_notice_watcher(args, stop, report)
     try:
         from workers.rollout.loop import WorkerLoop
 
@@ -154,8 +154,9 @@ def default_instance_type(cluster_info: str | None) -> str:
     return "-".join(["sky", *parts]) if parts else "local-cpu"
 
 
-def _open_io(args: argparse.Namespace):
-    """(queue, store), or None after printing why one cannot be used."""
+def open_io(args: argparse.Namespace, who: str = "workers.rollout"):
+    """(queue, store) of `args.queue` and `args.store`, checked reachable, or None after printing (as `who`) why
+    one cannot be used. The SP node agent opens its own the same way."""
     from resources.queue import QueueUnavailableError
     from resources.queues import open_queue
     from resources.store import StoreError
@@ -165,19 +166,20 @@ def _open_io(args: argparse.Namespace):
         queue = open_queue(args.queue)
         queue.stats()  # a SQLite file is opened lazily: touch it now so a bad path fails here
     except (ValueError, QueueUnavailableError, OSError) as err:
-        print(f"workers.rollout: cannot use the queue: {err}", file=sys.stderr)
+        print(f"{who}: cannot use the queue: {err}", file=sys.stderr)
         return None
     try:
         store = open_store(args.store)
-        store.list_keys("runs/")  # reachability and credentials, before the first claim
+        store.list_keys("runs/")  # reachability and credentials, before any work
     except (ValueError, StoreError, OSError) as err:
         queue.close()
-        print(f"workers.rollout: cannot use the tensor store: {err}", file=sys.stderr)
+        print(f"{who}: cannot use the tensor store: {err}", file=sys.stderr)
         return None
     return queue, store
 
 
-def _start_notice_watcher(args: argparse.Namespace, stop: threading.Event, report: EventLog):
+def start_notice_watcher(args: argparse.Namespace, stop: threading.Event, report: EventLog):
+    """A thread polling the cloud's preemption notice (None with --preemption-notice off); a notice sets `stop`."""
     from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
 
     check = notice_checker(args.preemption_notice, args.notice_url)

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from workers.rollout.worker import EventLog, check_model_folder, default_instance_type
+from workers.rollout.worker import EventLog, check_model_folder, default_instance_type, open_io, start_notice_watcher
 
 EXIT_UNREACHABLE = 2
 
@@ -119,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    opened = _open_io(args)
+    opened = open_io(args, "workers.sp")
     if opened is None:
         return EXIT_UNREACHABLE
     queue, store = opened
     report = EventLog(args.node_id)
-    watcher = _start_notice_watcher(args, stop, report)
+    watcher = start_notice_watcher(args, stop, report)
     try:
         with queue:
             reason = serve(args, queue, store, stop, report)
@@ -160,42 +160,6 @@ def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report:
     return reason
 
 
-def _start_notice_watcher(args: argparse.Namespace, stop: threading.Event, report):
-    """A thread polling the cloud's preemption notice (None with --preemption-notice off); a notice stops the node."""
-    from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
-
-    check = notice_checker(args.preemption_notice, args.notice_url)
-    if check is None:
-        return None
-
-    def on_notice() -> None:
-        report("notice", cloud=args.preemption_notice)
-        stop.set()
-
-    return NoticeWatcher(check, on_notice, args.notice_interval_s).start()
-
-
-def _open_io(args: argparse.Namespace):
-    """(queue, store), or None after printing why one cannot be used."""
-    from resources.queue import QueueUnavailableError
-    from resources.queues import open_queue
-    from resources.store import StoreError
-    from resources.stores import open_store
-
-    try:
-        queue = open_queue(args.queue)
-        queue.stats()  # a SQLite file is opened lazily: touch it now so a bad path fails here
-    except (ValueError, QueueUnavailableError, OSError) as err:
-        print(f"workers.sp: cannot use the queue: {err}", file=sys.stderr)
-        return None
-    try:
-        store = open_store(args.store)
-        store.list_keys("runs/")  # reachability and credentials, before any worker starts
-    except (ValueError, StoreError, OSError) as err:
-        queue.close()
-        print(f"workers.sp: cannot use the tensor store: {err}", file=sys.stderr)
-        return None
-    return queue, store
 
 
 def _claim_loop(args, agent, queue, server, stop: threading.Event, report) -> str:
