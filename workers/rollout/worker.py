@@ -35,13 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", default=None, help="Unique worker name (default: HOST-PID).")
     p.add_argument("--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps (default 2).")
     p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
-    p.add_argument("--instance-type", default=None,
-                   help="Instance label for the ledger, e.g. g5.xlarge (default: SkyPilot's cloud/region, else local-cpu).")
-    p.add_argument("--gpu-type", default=None, help="GPU label for the ledger (e.g. A10G), priced from the table if --usd-per-hour is absent.")
-    capacity = p.add_mutually_exclusive_group()
-    capacity.add_argument("--spot", dest="spot", action="store_true", default=True, help="Preemptible capacity (default).")
-    capacity.add_argument("--reserved", dest="spot", action="store_false", help="On-demand / reserved capacity.")
-    p.add_argument("--usd-per-hour", type=float, default=None, help="Price of this worker for the ledger.")
     p.add_argument("--device", default="cpu", help="torch device for sampling (cpu, cuda, cuda:1).")
     p.add_argument("--model", default=None,
                    help="The diffusers pipeline folder the run trains (absolute; its PULSE anchor names it): checked at "
@@ -51,6 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-s", type=float, default=0.2, help="Wait between claims while the queue is empty.")
     p.add_argument("--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM).")
     p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device locally.")
+    add_cloud_flags(p, priced="this worker")
+    return p
+
+
+def add_cloud_flags(p: argparse.ArgumentParser, priced: str) -> None:
+    """The flags of the ledger's price labels and of a spot VM's preemption notice, shared with the SP node agent
+    (`priced`: what --usd-per-hour is the price of)."""
+    p.add_argument("--instance-type", default=None,
+                   help="Instance label for the ledger, e.g. g5.xlarge (default: SkyPilot's cloud/region, else local-cpu).")
+    p.add_argument("--gpu-type", default=None, help="GPU label for the ledger (e.g. A10G), priced from the table if --usd-per-hour is absent.")
+    capacity = p.add_mutually_exclusive_group()
+    capacity.add_argument("--spot", dest="spot", action="store_true", default=True, help="Preemptible capacity (default).")
+    capacity.add_argument("--reserved", dest="spot", action="store_false", help="On-demand / reserved capacity.")
+    p.add_argument("--usd-per-hour", type=float, default=None, help=f"Price of {priced} for the ledger.")
     p.add_argument("--preemption-notice", default="off", choices=("off", "auto", "aws", "gcp"),
                    help="Poll this cloud's metadata server for a preemption notice and treat it as SIGTERM "
                         "(auto: the cloud SkyPilot launched this VM on).")
@@ -58,7 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--notice-interval-s", type=float, default=5.0, help="Seconds between notice polls.")
     p.add_argument("--notice-exit-code", type=int, default=0,
                    help="Exit code after stopping on SIGTERM or a notice (SkyPilot: a code in recover_on_exit_codes).")
-    return p
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -115,30 +121,42 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.worker_id = args.worker_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
     args.instance_type = args.instance_type or default_instance_type(os.environ.get("SKYPILOT_CLUSTER_INFO"))
+    return run_process(args, "workers.rollout", args.worker_id, check_args, _serve)
+
+
+def _serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
+    from workers.rollout.loop import WorkerLoop
+
+    reason = WorkerLoop(queue, store, args, stop, report).run()
+    report("exit", reason=reason)
+    return reason
+
+
+def run_process(args: argparse.Namespace, who: str, process_id: str, check, serve) -> int:
+    """The process around a serving loop, for the rollout worker and the SP node agent alike: check the arguments,
+    stop on SIGTERM or SIGINT, open the queue and the store, watch for the cloud's preemption notice, and run
+    `serve(args, queue, store, stop, report)`. The exit code says why it ended: the notice code when stopped (so
+    SkyPilot recovers the job), EXIT_UNREACHABLE when misconfigured or unreachable, else 0."""
     try:
-        check_args(args)
+        check(args)
     except ValueError as err:
-        print(f"workers.rollout: {err}", file=sys.stderr)
+        print(f"{who}: {err}", file=sys.stderr)
         return EXIT_UNREACHABLE
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    opened = open_io(args)
+    opened = open_io(args, who)
     if opened is None:
         return EXIT_UNREACHABLE
     queue, store = opened
-    report = EventLog(args.worker_id)
+    report = EventLog(process_id)
     watcher = start_notice_watcher(args, stop, report)
     try:
-        from workers.rollout.loop import WorkerLoop
-
-        loop = WorkerLoop(queue, store, args, stop, report)
-        reason = loop.run()
+        with queue:
+            reason = serve(args, queue, store, stop, report)
     finally:
         if watcher is not None:
             watcher.stop()
-        queue.close()
-    report("exit", reason=reason)
     if reason == "misconfigured":
         return EXIT_UNREACHABLE
     return args.notice_exit_code if reason == "stopped" else 0

@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 
-from workers.rollout.worker import EventLog, check_model_folder, default_instance_type, open_io, start_notice_watcher
-
-EXIT_UNREACHABLE = 2
+from workers.rollout.worker import EventLog, add_cloud_flags, check_model_folder, default_instance_type, run_process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,25 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Longest wait for a worker's answer (a first model load included); a silent worker is killed.")
     p.add_argument("--threads-per-worker", type=int, default=1, help="torch CPU threads of each device worker.")
     p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device.")
-    _add_cloud_flags(p)
+    add_cloud_flags(p, priced="the whole node (all its GPUs)")
     return p
-
-
-def _add_cloud_flags(p: argparse.ArgumentParser) -> None:
-    """The rollout worker's flags for the ledger's price labels and a spot VM's preemption notice."""
-    p.add_argument("--instance-type", default=None,
-                   help="Instance label for the ledger (default: SkyPilot's cloud/region, else local-cpu).")
-    p.add_argument("--gpu-type", default=None, help="GPU label for the ledger (e.g. H100).")
-    capacity = p.add_mutually_exclusive_group()
-    capacity.add_argument("--spot", dest="spot", action="store_true", default=True, help="Preemptible capacity (default).")
-    capacity.add_argument("--reserved", dest="spot", action="store_false", help="On-demand / reserved capacity.")
-    p.add_argument("--usd-per-hour", type=float, default=None, help="Price of the whole node (all its GPUs) for the ledger.")
-    p.add_argument("--preemption-notice", default="off", choices=("off", "auto", "aws", "gcp"),
-                   help="Poll this cloud's metadata server for a preemption notice and treat it as SIGTERM.")
-    p.add_argument("--notice-url", default=None, help="Override the metadata URL polled for the notice (tests, proxies).")
-    p.add_argument("--notice-interval-s", type=float, default=5.0, help="Seconds between notice polls.")
-    p.add_argument("--notice-exit-code", type=int, default=0,
-                   help="Exit code after stopping on SIGTERM or a notice (SkyPilot: a code in recover_on_exit_codes).")
 
 
 def _degree(text: str) -> int | None:
@@ -111,29 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.node_id = args.node_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
     args.instance_type = args.instance_type or default_instance_type(os.environ.get("SKYPILOT_CLUSTER_INFO"))
-    try:
-        check_args(args)
-    except ValueError as err:
-        print(f"workers.sp: {err}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    opened = open_io(args, "workers.sp")
-    if opened is None:
-        return EXIT_UNREACHABLE
-    queue, store = opened
-    report = EventLog(args.node_id)
-    watcher = start_notice_watcher(args, stop, report)
-    try:
-        with queue:
-            reason = serve(args, queue, store, stop, report)
-    finally:
-        if watcher is not None:
-            watcher.stop()
-    if reason == "misconfigured":
-        return EXIT_UNREACHABLE
-    return args.notice_exit_code if reason == "stopped" else 0
+    return run_process(args, "workers.sp", args.node_id, check_args, serve)
 
 
 def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
