@@ -118,10 +118,7 @@ class EventLog:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.worker_id = args.worker_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
-    args.instance_type = args.instance_type or default_instance_type(os.environ.get("SKYPILOT_CLUSTER_INFO"))
-    return run_process(args, "workers.rollout", args.worker_id, check_args, _serve)
+    return run_process(build_parser().parse_args(argv), "workers.rollout", "worker_id", check_args, _serve)
 
 
 def _serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
@@ -132,11 +129,15 @@ def _serve(args: argparse.Namespace, queue, store, stop: threading.Event, report
     return reason
 
 
-def run_process(args: argparse.Namespace, who: str, process_id: str, check, serve) -> int:
-    """The process around a serving loop, for the rollout worker and the SP node agent alike: check the arguments,
-    stop on SIGTERM or SIGINT, open the queue and the store, watch for the cloud's preemption notice, and run
+def run_process(args: argparse.Namespace, who: str, id_flag: str, check, serve) -> int:
+    """The process around a serving loop, for the rollout worker and the SP node agent alike: fill in the process's
+    name (`args.<id_flag>`, default HOST-PID) and instance label, check the arguments, stop on SIGTERM or SIGINT,
+    open the queue and the store, watch for the cloud's preemption notice, and run
     `serve(args, queue, store, stop, report)`. The exit code says why it ended: the notice code when stopped (so
     SkyPilot recovers the job), EXIT_UNREACHABLE when misconfigured or unreachable, else 0."""
+    process_id = getattr(args, id_flag) or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    setattr(args, id_flag, process_id)
+    args.instance_type = args.instance_type or default_instance_type(os.environ.get("SKYPILOT_CLUSTER_INFO"))
     try:
         check(args)
     except ValueError as err:

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import threading
 import time
 
-from workers.rollout.worker import EventLog, add_cloud_flags, check_model_folder, default_instance_type, run_process
+from workers.rollout.worker import EventLog, add_cloud_flags, check_model_folder, run_process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,10 +86,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.node_id = args.node_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
-    args.instance_type = args.instance_type or default_instance_type(os.environ.get("SKYPILOT_CLUSTER_INFO"))
-    return run_process(args, "workers.sp", args.node_id, check_args, serve)
+    return run_process(build_parser().parse_args(argv), "workers.sp", "node_id", check_args, serve)
 
 
 def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
