@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-all test-fast clean
 
 setup: $(VENV)/.installed
 
@@ -23,7 +23,12 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/spotlight run --run-dir runs/demo --overwrite
 
+# What CI runs: every behaviour a user would notice, in under 25 minutes on 2 idle cores.
 test: setup
+	$(BIN)/python -m pytest -m "not nightly" $(PYTEST_ARGS)
+
+# The nightly job: `make test` plus the long checks (learning runs, benches at full size).
+test-all: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
