@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -97,30 +98,49 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _start_redis(binary: str, password: str, folder: Path) -> tuple[RedisServer, subprocess.Popen]:
+    """A redis-server on a free port. redis-server cannot take port 0, so a port is picked, released and handed
+    to it; another process may take it in between, so a server that does not answer is retried on another port."""
+    for attempt in range(5):
+        server = RedisServer(_free_port(), password)
+        args = ["--port", str(server.port), "--bind", "127.0.0.1", "--requirepass", server.password]
+        args += ["--save", "", "--appendonly", "no", "--dir", str(folder)]
+        process = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_for_ping(server, process)
+            return server, process
+        except Exception:
+            process.kill()
+            process.wait(timeout=10)
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One redis-server per session, started here and stopped at the end (CI installs the package)."""
     binary = shutil.which("redis-server")
     if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed in CI: .ci/run must install it")
         pytest.skip("redis-server is not installed (apt-get install redis-server); the Redis backend is untested")
-    server = RedisServer(_free_port(), "test-password-Zq9")
-    folder = tmp_path_factory.mktemp("redis")
-    args = ["--port", str(server.port), "--bind", "127.0.0.1", "--requirepass", server.password]
-    args += ["--save", "", "--appendonly", "no", "--dir", str(folder)]
-    process = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, process = _start_redis(binary, "test-password-Zq9", tmp_path_factory.mktemp("redis"))
     try:
-        _wait_for_ping(server)
         yield server
     finally:
         process.terminate()
         process.wait(timeout=10)
 
 
-def _wait_for_ping(server: RedisServer) -> None:
+def _wait_for_ping(server: RedisServer, process: subprocess.Popen | None = None) -> None:
+    """Until the server answers PING (10 s at most); fails at once if its process has exited."""
     import redis
 
     deadline = time.monotonic() + 10
     while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"redis-server on port {server.port} exited with {process.returncode}")
         try:
             with redis.Redis(port=server.port, password=server.password, socket_connect_timeout=1) as client:
                 client.ping()
@@ -165,3 +185,21 @@ def rollout_store(tmp_store, tiny_policy):
 
     publish_policy(tmp_store, "demo", tiny_policy)
     return tmp_store
+
+
+@pytest.fixture(scope="session")
+def _torch_default_threads() -> int:
+    """torch's thread count as the session started (OMP_NUM_THREADS, else the cores)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads(_torch_default_threads: int) -> Iterator[None]:
+    """A test that sets torch's thread count (one thread a process, under load) sets it for itself only."""
+    import torch
+
+    yield
+    if torch.get_num_threads() != _torch_default_threads:
+        torch.set_num_threads(_torch_default_threads)
