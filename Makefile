@@ -23,13 +23,16 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/spotlight run --run-dir runs/demo --overwrite
 
+# Two test processes (pytest-xdist): a test file, and every reader of the session's shared runs, stay in one.
+XDIST := -n 2 --dist loadgroup
+
 # What CI runs: every behaviour a user would notice, in under 25 minutes on 2 idle cores.
 test: setup
-	$(BIN)/python -m pytest -m "not nightly" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not nightly" $(PYTEST_ARGS)
 
 # The nightly job: `make test` plus the long checks (learning runs, benches at full size).
 test-all: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -187,6 +187,21 @@ def rollout_store(tmp_store, tiny_policy):
     return tmp_store
 
 
+SHARED_RUN_FIXTURES = {"smoke_train", "smoke_nft_train", "smoke_run", "smoke_cluster_run"}
+"""Session fixtures that start a whole run: every test that reads one runs in the same xdist worker, so each run
+is started once, not once per worker."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`): a test file's tests stay together in
+    one worker (module fixtures, such as a `dagster dev` server, start once), and so do all readers of the
+    session's shared runs."""
+    for item in items:
+        group = "shared-runs" if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ())) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def _torch_default_threads() -> int:
     """torch's thread count as the session started (OMP_NUM_THREADS, else the cores)."""
@@ -203,3 +218,52 @@ def _restore_torch_threads(_torch_default_threads: int) -> Iterator[None]:
     yield
     if torch.get_num_threads() != _torch_default_threads:
         torch.set_num_threads(_torch_default_threads)
+
+
+# Runs several test files read, each started once per session, outside the checkout (tests/runs.py).
+
+
+@pytest.fixture(scope="session")
+def outside(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A working folder outside the checkout, shared by the session's runs (each writes under its own rel/...)."""
+    from tests.paths import REPO_ROOT
+
+    folder = tmp_path_factory.mktemp("outside")
+    assert REPO_ROOT not in folder.resolve().parents
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smoke_train(outside: Path):
+    """`spotlight train --preset cpu_smoke --seed 0 --json --out rel/train` (the golden train)."""
+    from tests.runs import SMOKE_TRAIN_ARGS, spotlight
+
+    return spotlight(outside, *SMOKE_TRAIN_ARGS)
+
+
+@pytest.fixture(scope="session")
+def smoke_nft_train(outside: Path):
+    """`spotlight train --preset cpu_smoke_nft --seed 0 --json --out rel/train_nft` (the NFT golden)."""
+    from tests.runs import SMOKE_NFT_TRAIN_ARGS, spotlight
+
+    return spotlight(outside, *SMOKE_NFT_TRAIN_ARGS)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(outside: Path):
+    """`spotlight run --preset cpu_smoke --rollouts inprocess --run-dir rel/run` (the golden run)."""
+    from tests.runs import SMOKE_RUN_ARGS, spotlight
+
+    return spotlight(outside, *SMOKE_RUN_ARGS)
+
+
+@pytest.fixture(scope="session")
+def smoke_cluster_run(outside: Path):
+    """One iteration of cpu_smoke on the default local cluster of worker processes, under preemptions, from a
+    tiny policy saved at rel/tiny: `spotlight run ... --checkpoint rel/tiny --run-dir rel/cluster`."""
+    from tests.runs import SMOKE_CLUSTER_ARGS, spotlight
+    from workers.model.policy import PolicyConfig, build_policy, save_policy
+
+    config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
+    save_policy(build_policy(config, seed=0).eval(), outside / "rel" / "tiny")
+    return spotlight(outside, *SMOKE_CLUSTER_ARGS, "--checkpoint", "rel/tiny", timeout_s=600)

@@ -4,8 +4,9 @@
 pure function of (preset, seed). `spotlight run` leaves a ledger; the digest keeps every
 row and column that is not a clock reading or a dollar amount (both come from wall time).
 
-The preset runs in FP32 (`cpu_smoke` pins `forward_dtype`), so what is compared holds across x86 CPUs; see
-`mismatches` for what another CPU's float kernels may change and how that is allowed for.
+On a CPU whose kernels are the ones the fixtures were recorded with (torch's CPU capability and version, kept in
+golden_kernels.json) the comparison is exact, float-bit hashes included. On another CPU it allows what another
+x86 CPU's float kernels change (`mismatches`): the presets run in FP32, so that is little.
 
 Regenerate the fixtures (only for a deliberate change of behaviour, said in the commit):
     python -m tests.golden --write
@@ -21,7 +22,9 @@ from pathlib import Path
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN_TIMINGS = {"rollout_s", "train_s", "step_s"}
 GOLDEN_ARGS = {"train": ["train", "--preset", "cpu_smoke", "--seed", "0", "--json"],
+               "train_nft": ["train", "--preset", "cpu_smoke_nft", "--seed", "0", "--json"],
                "run": ["run", "--preset", "cpu_smoke", "--rollouts", "inprocess"]}
+KERNELS_FILE = FIXTURES / "golden_kernels.json"
 LEDGER_TABLES = {
     "iterations": "SELECT iteration, weights_version, status FROM iterations ORDER BY iteration",
     "phases": "SELECT iteration, phase FROM phases ORDER BY iteration, phase",
@@ -64,6 +67,26 @@ def ledger_digest(path: str | Path) -> dict[str, list]:
         con.close()
 
 
+def kernels() -> dict[str, str]:
+    """What decides float bits on a CPU: torch's version, the vector ISA its kernels use, and the processor (two
+    AVX512 machines of different models were seen to differ in every rollout hash)."""
+    import hashlib
+    import platform
+
+    import torch
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    field = {line.split(":")[0].strip(): line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if ":" in line}
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "processor": field.get("model name", platform.processor()),
+            "cpu_flags_sha1": hashlib.sha1(field.get("flags", "").encode()).hexdigest()[:12]}
+
+
+def recorded_on_these_kernels() -> bool:
+    """Whether the fixtures were recorded with this machine's kernels (then they must match bit for bit)."""
+    return KERNELS_FILE.is_file() and json.loads(KERNELS_FILE.read_text()) == kernels()
+
+
 def produce(kind: str, workdir: Path) -> object:
     """Run the golden command of `kind` in `workdir` (a fresh folder) and digest its output."""
     import subprocess
@@ -73,7 +96,7 @@ def produce(kind: str, workdir: Path) -> object:
         args += ["--run-dir", str(workdir / "run")]
     done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, check=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return train_digest(done.stdout) if kind == "train" else ledger_digest(workdir / "run" / "ledger.duckdb")
+    return ledger_digest(workdir / "run" / "ledger.duckdb") if kind == "run" else train_digest(done.stdout)
 
 
 def _column(table: str, name: str) -> tuple[str, int]:
@@ -95,6 +118,15 @@ FLOAT_REL = 1e-4
 
 def _validation_path(path: tuple) -> bool:
     return any(isinstance(p, str) and p.startswith("validation") for p in path)
+
+
+def exact_mismatches(actual, expected) -> list[str]:
+    """Where `actual` differs from `expected` at all (the same kernels give the same bits), one line a table."""
+    if isinstance(expected, dict):
+        keys = sorted(set(actual) | set(expected))
+        return [f"{k}: {actual.get(k)!r:.300} != {expected.get(k)!r:.300}" for k in keys if actual.get(k) != expected.get(k)]
+    return [f"record {i}: {a!r:.300} != {e!r:.300}" for i, (a, e) in enumerate(zip(actual, expected)) if a != e] + (
+        [f"{len(actual)} records, fixture has {len(expected)}"] if len(actual) != len(expected) else [])
 
 
 def mismatches(actual, expected, path: tuple = ()) -> list[str]:
@@ -136,6 +168,14 @@ def fixture_path(kind: str) -> Path:
     return FIXTURES / f"golden_{kind}_cpu_smoke.json"
 
 
+def compare(actual, kind: str) -> list[str]:
+    """`actual` (a digest) against the fixture of `kind`: exactly on the recording kernels, else within what
+    another CPU's kernels change."""
+    expected = json.loads(fixture_path(kind).read_text())
+    actual = json.loads(json.dumps(actual))  # tuples as lists, as the fixture holds them
+    return exact_mismatches(actual, expected) if recorded_on_these_kernels() else mismatches(actual, expected)
+
+
 if __name__ == "__main__":
     import tempfile
 
@@ -145,3 +185,5 @@ if __name__ == "__main__":
         with tempfile.TemporaryDirectory() as tmp:
             fixture_path(kind).write_text(dumps(produce(kind, Path(tmp))))
         print("wrote", fixture_path(kind))
+    KERNELS_FILE.write_text(json.dumps(kernels(), indent=1) + "\n")
+    print("wrote", KERNELS_FILE)

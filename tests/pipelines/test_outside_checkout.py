@@ -62,35 +62,32 @@ def test_every_python_m_entry_point_answers_help_from_another_directory(elsewher
     assert "usage:" in done.stdout.lower()
 
 
-def test_train_with_a_relative_out_writes_there_and_the_ledger_command_reads_it(elsewhere):
-    trained = _run(elsewhere, str(SPOTLIGHT), "train", "--preset", "cpu_smoke", "--iterations", "1", "--json",
-                   "--out", "rel/folder", timeout_s=300)
-    assert trained.returncode == 0, trained.stderr
-    records = [json.loads(line) for line in trained.stdout.splitlines() if line.startswith("{")]
-    assert [r["iteration"] for r in records] == [0, 1]
-    assert (elsewhere / "rel" / "folder" / "ledger.duckdb").is_file()
+def test_train_with_a_relative_out_writes_there_and_the_ledger_command_reads_it(smoke_train):
+    """`spotlight train --out rel/train` run in a folder outside the checkout (the session's golden train)."""
+    assert [r["iteration"] for r in smoke_train.records()] == [0, 1, 2]
+    assert smoke_train.path("rel/train/ledger.duckdb").is_file()
+    assert smoke_train.path("rel/train/policy/policy.json").is_file()
 
-    queried = _run(elsewhere, str(SPOTLIGHT), "ledger", "SELECT iteration, status FROM iterations ORDER BY 1",
-                   "--db", "rel/folder/ledger.duckdb", "--json")
+    queried = _run(smoke_train.cwd, str(SPOTLIGHT), "ledger", "SELECT iteration, status FROM iterations ORDER BY 1",
+                   "--db", "rel/train/ledger.duckdb", "--json")
     assert queried.returncode == 0, queried.stderr
     assert [json.loads(line) for line in queried.stdout.splitlines()] == [
-        {"iteration": 0, "status": "succeeded"}, {"iteration": 1, "status": "succeeded"}]
+        {"iteration": 0, "status": "succeeded"}, {"iteration": 1, "status": "succeeded"},
+        {"iteration": 2, "status": "succeeded"}]
+    assert not (ROOT / "rel").exists()  # nothing landed in the checkout
 
 
-def test_a_cluster_run_started_outside_the_checkout_finishes_with_its_files_where_asked(elsewhere):
-    """Regression (issue 18): the workers ran in the checkout and opened another, empty runs/run/queue.db,
-    while the coordinator waited forever on its own."""
-    done = _run(elsewhere, str(SPOTLIGHT), "run", "--iterations", "1", "--preset", "cpu_smoke", "--workers", "1",
-                "--preemptions-per-hour", "0", "--run-dir", "rel/run", timeout_s=300)
-    assert done.returncode == 0, done.stderr
+def test_a_cluster_run_started_outside_the_checkout_finishes_with_its_files_where_asked(smoke_cluster_run):
+    """Regression: the workers ran in the checkout and opened another, empty runs/run/queue.db, while the
+    coordinator waited forever on its own. The session's cluster run, `--run-dir rel/cluster` from elsewhere."""
     from resources.ledger_db import query_ledger
 
-    ledger = elsewhere / "rel" / "run" / "ledger.duckdb"
+    ledger = smoke_cluster_run.path("rel/cluster/ledger.duckdb")
     assert query_ledger(ledger, "SELECT iteration, status FROM iterations ORDER BY 1").rows == [
         (0, "succeeded"), (1, "succeeded")]
     rollouts = query_ledger(ledger, "SELECT count(*), count(result_hash) FROM requests WHERE kind = 'rollout'").rows
     assert rollouts[0][0] > 0 and rollouts[0][0] == rollouts[0][1]
-    assert (elsewhere / "rel" / "run" / "worker_logs").is_dir()
+    assert smoke_cluster_run.path("rel/cluster/worker_logs").is_dir()
     assert not (ROOT / "rel").exists()  # nothing landed in the checkout
 
 

@@ -30,23 +30,12 @@ def test_rollouts_through_a_local_cluster_land_in_store_and_ledger(tmp_path, tin
     assert ledger.query("SELECT usd_spot > 0, usd_reserved > 0 FROM cost_per_iteration").rows == [(True, True)]
 
 
-@pytest.mark.slow
-def test_default_run_shows_preemptions_and_spot_cost_in_summary_and_report(tmp_path, tiny_policy):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def test_default_run_shows_preemptions_and_spot_cost_in_summary_and_report(smoke_cluster_run):
+    """The session's one-iteration run on the default local cluster at 120 preemptions per worker-hour: seed 0's
+    trace kills a worker 0.3 s after the cluster is ready, then about every 30 s."""
     from resources.ledger_db import query_ledger
-    from workers.model.policy import save_policy
 
-    save_policy(tiny_policy, tmp_path / "tiny")
-    run = tmp_path / "r"
-    # 120 per worker-hour: seed 0's trace kills worker w1 0.3 s after the cluster is ready, then every ~30 s.
-    cmd = [str(Path(sys.executable).parent / "spotlight"), "run", "--run-dir", str(run), "--preset", "cpu_smoke",
-           "--iterations", "1", "--checkpoint", str(tmp_path / "tiny"), "--preemptions-per-hour", "120"]
-    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr
+    run = smoke_cluster_run.path("rel/cluster")
 
     def rows(sql: str) -> list:
         return query_ledger(run / "ledger.duckdb", sql).rows
@@ -55,6 +44,6 @@ def test_default_run_shows_preemptions_and_spot_cost_in_summary_and_report(tmp_p
     assert rows("SELECT count(*), count(result_hash) FROM requests WHERE kind = 'rollout'") == [(8, 8)]
     assert rows("SELECT iteration, usd_spot > 0, usd_reserved > 0 FROM cost_per_iteration ORDER BY 1") == [
         (0, True, True), (1, True, True)]
-    assert "preempt." in done.stdout and "$ spot" in done.stdout  # the summary table
+    assert "preempt." in smoke_cluster_run.stdout and "$ spot" in smoke_cluster_run.stdout  # the summary table
     page = (run / "report" / "index.html").read_text()
     assert 'src="preemptions.png"' in page and 'src="cost.png"' in page

@@ -72,11 +72,13 @@ def _final_state(run_dir: Path) -> tuple[dict, dict]:
     return policy.weights(), optimizer.tensors
 
 
-@pytest.mark.slow  # three cpu_smoke pipeline runs, two of them in two processes (~3 min on 2 cores)
-def test_a_killed_two_rank_run_resumes_on_its_ranks_and_trains_what_one_process_trains(tmp_path):
+@pytest.mark.slow  # a cpu_smoke pipeline run in two processes, killed and resumed (~2 min on 2 idle cores)
+@pytest.mark.timeout(900)
+def test_a_killed_two_rank_run_resumes_on_its_ranks_and_trains_what_one_process_trains(tmp_path, smoke_run):
     assert REPO_ROOT not in tmp_path.resolve().parents, "the runs must start outside the checkout"
-    # Both runs are named "r" (the folder's name), so request ids, seeds and store keys match.
-    alone, ranked = tmp_path / "alone" / "r", tmp_path / "ranked" / "r"
+    # Both runs are named "run" (the folder's name), so request ids, seeds and store keys match; the one-process
+    # run is the session's golden run.
+    alone, ranked = smoke_run.path("rel/run"), tmp_path / "ranked" / "run"
     first = _start(tmp_path, ranked, "--preset", "cpu_smoke", "--rollouts", "inprocess", "--nproc", "2",
                    "--gradient-checkpointing")
     _kill_once_iteration_1_has_results(first, ranked)
@@ -86,7 +88,6 @@ def test_a_killed_two_rank_run_resumes_on_its_ranks_and_trains_what_one_process_
 
     resumed = _finish(_start(tmp_path, ranked, "--resume"))  # the stored --nproc 2
     assert "trainer rank 1: joined 1 update(s)" in resumed, resumed[-3000:]  # iteration 1's, redone on both ranks
-    _finish(_start(tmp_path, alone, "--preset", "cpu_smoke", "--rollouts", "inprocess"))
 
     status = "SELECT iteration, weights_version, status FROM iterations ORDER BY 1"
     assert _ledger(ranked, status) == _ledger(alone, status) == [(0, 0, "succeeded"), (1, 1, "succeeded"),

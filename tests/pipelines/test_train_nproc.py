@@ -55,17 +55,19 @@ def _final_state(run_dir: Path) -> tuple[dict, dict]:
     return policy.weights(), optimizer.tensors
 
 
-@pytest.mark.slow  # two cpu_smoke runs, one of them in two processes (~2 min on 2 cores)
-def test_two_trainer_processes_train_the_run_one_process_trains(tmp_path):
+@pytest.mark.slow  # a cpu_smoke run in two processes (~1 min on 2 idle cores); the one-process run is the session's
+@pytest.mark.timeout(900)
+def test_two_trainer_processes_train_the_run_one_process_trains(tmp_path, smoke_train):
     assert REPO_ROOT not in tmp_path.resolve().parents, "the runs must start outside the checkout"
-    alone = _train(tmp_path, tmp_path / "alone")
-    ranks = _train(tmp_path, tmp_path / "ranks", "--nproc", "2", "--gradient-checkpointing")
+    alone = smoke_train.records()
+    ranks = _train(tmp_path, tmp_path / "ranks", "--seed", "0", "--nproc", "2", "--gradient-checkpointing")
     assert [r["iteration"] for r in ranks] == [r["iteration"] for r in alone] == [0, 1, 2]
     for mine, theirs in zip(ranks[:2], alone[:2]):  # the two updates (iteration 2 only validates)
         assert mine["grad_norm"] > 0
         for key in STATS:
             assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
-    (weights, optimizer), (weights_alone, optimizer_alone) = map(_final_state, (tmp_path / "ranks", tmp_path / "alone"))
+    (weights, optimizer), (weights_alone, optimizer_alone) = map(_final_state, (tmp_path / "ranks",
+                                                                                smoke_train.path("rel/train")))
     from workers.model.policy import SHIPPED_BASE, load_policy
 
     base = load_policy(SHIPPED_BASE).weights()

@@ -87,6 +87,14 @@ def cpu_smoke() -> TrainConfig:
     )
 
 
+def cpu_smoke_nft() -> TrainConfig:
+    """cpu_smoke's two small iterations with the default recipe's objective (cpu_tiny_long's NFT settings, a wider
+    draw of 8 kept 4): pins the NFT path's numbers in the golden test, not a recipe that learns."""
+    smoke, recipe = cpu_smoke(), cpu_tiny_long()
+    return dataclasses.replace(smoke, rollouts_per_prompt=8, sampler=dataclasses.replace(smoke.sampler, noise_level=0.0),
+                               grpo=dataclasses.replace(recipe.grpo, num_minibatches=1))
+
+
 def sd35m_lora() -> TrainConfig:
     """Flow-GRPO's SD3.5-M recipe (../shared/REFERENCES.md): 10 SDE steps at noise level 0.7, groups of 24, clip
     1e-4, advantage clip 5, KL beta 0.04, LoRA r=32 at lr 3e-4, CFG 4.5 (MODEL_DEFAULTS). For a GPU."""
@@ -115,7 +123,8 @@ def flux1_lora() -> TrainConfig:
 PRESETS: dict[str, Callable[[], TrainConfig]] = {
     "cpu_tiny": cpu_tiny, "cpu_tiny_long": cpu_tiny_long, "cpu_tiny_spot": cpu_tiny_spot,
     "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
-    "cpu_smoke": cpu_smoke, "sd35m_lora": sd35m_lora, "qwen_image_lora": qwen_image_lora, "flux1_lora": flux1_lora,
+    "cpu_smoke": cpu_smoke, "cpu_smoke_nft": cpu_smoke_nft,
+    "sd35m_lora": sd35m_lora, "qwen_image_lora": qwen_image_lora, "flux1_lora": flux1_lora,
 }
 
 MODEL_DEFAULTS: dict[str, dict] = {

@@ -1,17 +1,24 @@
-"""Golden runs: `spotlight train` and `spotlight run` give the same numbers as the fixtures recorded
-before the layout change (tests/golden.py; timings and dollars excluded)."""
+"""Golden runs: `spotlight train` (GRPO and the default NFT objective) and `spotlight run` give the fixtures'
+numbers (tests/golden.py: timings and dollars excluded; bit for bit on the kernels the fixtures were recorded on),
+and `spotlight train`'s records equal the pipeline's ledger rows of the same run, live."""
 
 import json
 
-import pytest
-
-from tests.golden import fixture_path, mismatches, produce
+from tests.golden import compare, fixture_path, ledger_digest, mismatches, train_digest
 
 
-@pytest.mark.parametrize("kind", ["train", "run"])
-def test_cpu_smoke_output_equals_the_golden_fixture(kind, tmp_path):
-    expected = json.loads(fixture_path(kind).read_text())
-    assert mismatches(json.loads(json.dumps(produce(kind, tmp_path))), expected) == []
+def test_cpu_smoke_train_equals_the_golden_fixture(smoke_train):
+    assert compare(train_digest(smoke_train.stdout), "train") == []
+
+
+def test_the_default_nft_objective_equals_its_golden_fixture(smoke_nft_train):
+    records = train_digest(smoke_nft_train.stdout)
+    assert [r["iteration"] for r in records] == [0, 1, 2] and records[0]["fm_loss"] > 0  # the NFT loss ran
+    assert compare(records, "train_nft") == []
+
+
+def test_cpu_smoke_pipeline_ledger_equals_the_golden_fixture(smoke_run):
+    assert compare(ledger_digest(smoke_run.path("rel/run") / "ledger.duckdb"), "run") == []
 
 
 def test_the_golden_comparison_allows_only_what_another_cpus_kernels_change():
@@ -28,21 +35,22 @@ def test_the_golden_comparison_allows_only_what_another_cpus_kernels_change():
     assert edited(train, lambda d: d[0].update(grad_norm=d[0]["grad_norm"] * 1.001))
     assert edited(train, lambda d: d[1].update(reward_mean=d[1]["reward_mean"] + 1 / 8))
     assert edited(train, lambda d: d.pop())
-    assert not edited(train, lambda d: d[1]["validation_per_category"].update(counting=0.5625))
-    assert edited(train, lambda d: d[1]["validation_per_category"].update(counting=0.625))
+    counting = train[1]["validation_per_category"]["counting"]
+    assert not edited(train, lambda d: d[1]["validation_per_category"].update(counting=counting + 1 / 16))
+    assert edited(train, lambda d: d[1]["validation_per_category"].update(counting=counting + 2 / 16))
     assert not edited(run, lambda d: d["requests"][0].__setitem__(7, "0" * 32))
     assert edited(run, lambda d: d["requests"][0].__setitem__(8, 0.25))  # the request's reward
     assert edited(run, lambda d: d["requests"][0].__setitem__(3, "a red circle"))  # the request's prompt
     assert edited(run, lambda d: d["syncs"][1].__setitem__(4, d["syncs"][1][4] * 2))  # a patch twice the size
 
 
-def test_spotlight_train_and_the_pipeline_are_one_driver_with_one_numbering():
+def test_spotlight_train_and_the_pipeline_are_one_driver_with_one_numbering(smoke_train, smoke_run):
     """Iteration k of `spotlight train` is iteration k of the pipeline: the same update of weights v(k) into
-    v(k+1) (reward, loss, gradient norm) and the same held-out score of v(k)."""
-    train = json.loads(fixture_path("train").read_text())
-    run = json.loads(fixture_path("run").read_text())
+    v(k+1) (reward, loss, gradient norm) and the same held-out score of v(k), to the digit, on this machine."""
+    train = train_digest(smoke_train.stdout)
+    run = ledger_digest(smoke_run.path("rel/run") / "ledger.duckdb")
     steps = {row[0]: row for row in run["train_steps"]}  # iteration, step, loss, kl, reward_mean, reward_std, ...
-    assert [r["iteration"] for r in train if "reward_mean" in r] == sorted(steps)
+    assert [r["iteration"] for r in train if "reward_mean" in r] == sorted(steps) == [0, 1]
     for record in train:
         if "reward_mean" in record:
             _, _, loss, kl, reward_mean, reward_std, zero_std, _, grad_norm, lr = steps[record["iteration"]]
