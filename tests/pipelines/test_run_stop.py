@@ -52,7 +52,7 @@ def _ledger(run_dir: Path, sql: str) -> list[tuple]:
     return query_ledger(run_dir / "ledger.duckdb", sql).rows
 
 
-def _finished_by_resume(run_dir: Path, prompts: Path) -> None:
+def _finished_by_resume(run_dir: Path) -> None:
     """`--resume` skips the iteration done before the stop, does the rest, and the ledger says the run succeeded."""
     done = _invoke("run", "--run-dir", str(run_dir), "--resume")
     assert done.exit_code == 0, done.output
@@ -80,7 +80,7 @@ def test_max_usd_stops_the_run_after_the_iteration_that_reached_it_and_resume_fi
     assert again.exit_code == 0, again.output
     assert "reaching --max-usd 1e-05, before its next iteration" in " ".join(again.output.split())
     assert _ledger(run_dir, "SELECT count(*) FROM iterations") == [(1,)]
-    _finished_by_resume(run_dir, prompts)
+    _finished_by_resume(run_dir)
 
 
 def _spotlight(*args: str) -> subprocess.Popen:
@@ -143,7 +143,7 @@ def test_ctrl_c_after_an_iteration_stops_the_run_with_a_resume_hint_and_resume_f
     assert HINT.format(run_dir) in " ".join(stderr.split())
     assert _ledger(run_dir, "SELECT status FROM runs") == [("interrupted",)]
     assert _ledger(run_dir, "SELECT iteration, status FROM iterations WHERE status = 'succeeded'") == [(0, "succeeded")]
-    _finished_by_resume(run_dir, prompts)
+    _finished_by_resume(run_dir)
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="lists processes through /proc")
