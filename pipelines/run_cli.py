@@ -3,6 +3,8 @@ import time: `--help` stays instant."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -55,8 +57,11 @@ def run_command(
         shutil.rmtree(run_dir)
     from pipelines.ranks_cli import in_ranks
 
-    code = in_ranks(spec.nproc, spec.gradient_checkpointing, spec.device, _walk, {"spec": spec, "max_usd": max_usd},
-                    failed_hint=_resume_hint(spec))
+    # --nproc N: the launcher turns a signal into SignalException and stops every rank (pipelines/ranks_cli.py).
+    stop_on_sigterm = _sigterm_as_ctrl_c() if spec.nproc == 1 else contextlib.nullcontext()
+    with stop_on_sigterm:
+        code = in_ranks(spec.nproc, spec.gradient_checkpointing, spec.device, _walk, {"spec": spec, "max_usd": max_usd},
+                        failed_hint=_resume_hint(spec))
     if code:
         raise typer.Exit(code)
 
@@ -79,11 +84,26 @@ def _walk(spec, max_usd: Optional[float]) -> int:
         console.print(f"spotlight run stopped: {err}")
         return 0
     except (IterationFailedError, KeyboardInterrupt) as err:
-        console.print(f"spotlight run stopped: {err or 'interrupted'}")
+        console.print(f"spotlight run stopped: {str(err) or 'interrupted'}")
         console.print(_resume_hint(spec))
         return 1
     _print_summary(console, result, time.perf_counter() - started)
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """While the run walks: SIGTERM (`kill`, a supervisor, a VM shutting down) stops it as Ctrl-C does, so the ledger
+    marks the run interrupted, local workers are stopped and the resume hint is printed (the default action would end
+    the process at once, between two of Dagster's own handlers, with none of that)."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _resume_hint(spec) -> str:

@@ -1,0 +1,62 @@
+"""The GPU presets (sd35m_lora, qwen_image_lora, flux1_lora) build, validate and carry the settings docs/MODELS.md
+quotes (Flow-GRPO's published recipes), and a run on a pipeline folder of their family accepts them at load, with
+the preset's model defaults and the command line's overrides. Construction only: nothing here samples or trains."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.trainer.presets import MODEL_DEFAULTS, get_preset
+
+GPU_PRESETS = {"sd35m_lora": "sd3", "qwen_image_lora": "qwen-image", "flux1_lora": "flux"}
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory):
+    """family -> the folder of a tiny random-init pipeline of it."""
+    from workers.model.families.tiny import build_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("pipelines")
+    return {f: build_tiny_pipeline(f, root / f) for f in set(GPU_PRESETS.values())}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_PRESETS))
+def test_gpu_presets_carry_flow_grpos_published_settings(name):
+    config = get_preset(name)  # TrainConfig validates in __post_init__
+    # docs/MODELS.md: 10 steps, clip 1e-4, advantage clip 5, KL beta 0.04, LoRA at lr 3e-4, bf16 forward.
+    assert config.sampler.num_steps == 10 and config.sampler.forward_dtype == "bf16"
+    grpo = config.grpo
+    assert (grpo.objective, grpo.clip_range, grpo.adv_clip, grpo.kl_beta, grpo.lr) == ("flow_grpo", 1e-4, 5.0, 0.04, 3e-4)
+    assert config.reward == "minigeneval" and config.prompts_per_iteration == 16
+    if name == "qwen_image_lora":  # groups of 16, noise level 1.2 on a 2-step SDE window
+        assert (config.group_size, config.sampler.noise_level, config.sampler.sde_window) == (16, 1.2, (0, 2))
+        assert len(config.sampler.sde_steps) == 2
+    else:  # SD3.5-M's (reused, unverified, by FLUX.1): groups of 24, noise level 0.7 on every step
+        assert (config.group_size, config.sampler.noise_level, config.sampler.sde_window) == (24, 0.7, None)
+        assert len(config.sampler.sde_steps) == 10
+    # Each preset's own model defaults: 512 px, bf16 base, its LoRA rank and guidance.
+    rank, guidance = {"sd35m_lora": (32, 4.5), "qwen_image_lora": (64, 4.5), "flux1_lora": (32, 3.5)}[name]
+    assert MODEL_DEFAULTS[name] == {"resolution": 512, "lora_rank": rank, "guidance": guidance, "base_dtype": "bf16"}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_PRESETS))
+def test_gpu_preset_batches_split_over_the_eight_gpus_the_docs_launch(name):
+    from workers.trainer.fsdp import check_batch_split
+
+    config = get_preset(name)
+    # docs/PIPELINE.md: `spotlight run --model ... --preset qwen_image_lora --device cuda --nproc 8`
+    check_batch_split(config.prompts_per_iteration * config.group_size, config.grpo.num_minibatches, 8)
+
+
+@pytest.mark.parametrize("name", sorted(GPU_PRESETS))
+def test_a_run_on_a_pipeline_of_the_presets_family_loads_with_its_model_defaults(pipelines, name):
+    from assets.run_config import RunConfigResource
+
+    folder = str(pipelines[GPU_PRESETS[name]])
+    resource = RunConfigResource(run="gpu", preset=name, model=folder)  # validates config, folder and geometry at load
+    assert resource.model_spec_fields() == MODEL_DEFAULTS[name]
+    assert resource.train_config() == get_preset(name)
+    overridden = RunConfigResource(run="gpu", preset=name, model=folder, lora_rank=8, resolution=256, guidance=2.0)
+    assert overridden.model_spec_fields() == {**MODEL_DEFAULTS[name], "lora_rank": 8, "resolution": 256, "guidance": 2.0}
+    with pytest.raises(ValueError, match="resolution 513 must be a multiple of"):
+        RunConfigResource(run="gpu", preset=name, model=folder, resolution=513)  # not a multiple of the VAE x packing stride
