@@ -155,16 +155,27 @@ def status_command(
             from resources.cloud import reserved_address, worker_jobs
 
             queue = f"redis://{reserved_address(cluster)}/0"
-            record["spot_jobs"] = worker_jobs()
+            record["spot_jobs"] = worker_jobs(echo=lambda note: typer.echo(note, err=True))
         if queue is not None:
             info = _queue_info(queue)
             if info is None:
-                raise CloudError(f"cannot read the queue {queue} (is the reserved node up, and "
+                raise CloudError(f"cannot read the queue {_shown(queue)} (is the reserved node up, and "
                                  "SPOTLIGHT_REDIS_PASSWORD set to its password?)")
             record = {**info, **record}  # the ledger, when given, is the truth
     except (CloudError, FileNotFoundError) as err:
         _fail("status", err)
     typer.echo(json.dumps(record, sort_keys=True, default=str) if as_json else _status_text(record))
+
+
+def _shown(queue: str) -> str:
+    """The queue URL without a password it may hold (a status line must not print it)."""
+    from resources.queues import parse_queue_url
+
+    try:
+        where = parse_queue_url(queue)
+    except ValueError:
+        return "(an unreadable queue URL)"
+    return str(getattr(where, "url", where))
 
 
 def _status_text(r: dict) -> str:

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import sky
+import yaml
+from sky import exceptions as sky_exceptions
 
 from resources.prices import PriceTable
 from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, redis_password
@@ -48,6 +50,8 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 SKY_DIR = CHECKOUT / "sky"
 PLACEHOLDER_QUEUE = f"redis://RESERVED_NODE_IP:{REDIS_PORT}/0"
 """The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
+REDIS_WAIT_S = 1200.0
+"""How long `launch` waits for the reserved node's Redis to answer after `sky.launch` returns (its setup included)."""
 MODEL_SOURCE_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "https")
 """Bucket URLs SkyPilot can copy a file mount from (https: an Azure blob container)."""
 
@@ -152,19 +156,30 @@ def launch_secrets(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     return {PASSWORD_ENV: password, **{name: env[name] for name in SECRET_NAMES[1:]}}
 
 
+def yaml_task(name: str, secrets: Mapping[str, str]) -> sky.Task:
+    """sky/`name` parsed by SkyPilot with the secrets it declares filled in (`secrets_overrides`, as `--secret NAME`
+    does). A YAML's `NAME: null` secret is a managed-secret reference: filled in after parsing (`update_secrets`) the
+    reference stays, and SkyPilot's launch refuses it ("No value available for secret(s)"). A declared secret
+    missing from `secrets` stays a reference (a dry run without credentials)."""
+    config = yaml.safe_load((SKY_DIR / name).read_text())
+    declared = list(config.get("secrets") or {})
+    given = [(k, secrets[k]) for k in declared if secrets.get(k)]
+    return sky.Task.from_yaml_config(config, secrets_overrides=given or None)
+
+
 def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
     """sky/reserved.yaml with the plan's store, preset, iterations and cap."""
-    task = sky.Task.from_yaml(str(SKY_DIR / "reserved.yaml"))
+    task = yaml_task("reserved.yaml", secrets)
     envs = {"SPOTLIGHT_STORE": plan.store, "MAX_USD": f"{plan.max_usd:g}", "REDIS_PORT": str(REDIS_PORT)}
     envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
     if plan.model is not None:
         envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
-    return _finish(task, envs, secrets, plan)
+    return _finish(task, envs, plan)
 
 
 def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE) -> sky.Task:
     """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue, the plan's GPUs."""
-    task = sky.Task.from_yaml(str(SKY_DIR / "spot_workers.yaml"))
+    task = yaml_task("spot_workers.yaml", secrets)
     task.name = f"{WORKER_JOB_PREFIX}-{index}"
     count = plan.node_gpus
     names = plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in task.resources}))
@@ -178,7 +193,7 @@ def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_
         envs["MODEL"] = plan.model
     if plan.sp_degree not in (None, 1):
         envs["SP_DEGREE"] = str(plan.sp_degree)
-    return _finish(task, envs, secrets, plan)
+    return _finish(task, envs, plan)
 
 
 def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
@@ -189,12 +204,10 @@ def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
     return round(max(table.usd_per_hour(gpu, spot=True)[0] for gpu in gpus) * count, 6)
 
 
-def _finish(task: sky.Task, envs: Mapping[str, str], secrets: Mapping[str, str], plan: LaunchPlan) -> sky.Task:
+def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan) -> sky.Task:
     task.update_envs(dict(envs))
     if plan.model_source is not None:  # copied from the bucket when the node starts (and again on recovery)
         task.update_file_mounts({plan.model: plan.model_source})
-    # SkyPilot drops a YAML's `null` secrets when it parses them; both YAMLs declare SECRET_NAMES.
-    task.update_secrets({k: v for k, v in secrets.items() if k in SECRET_NAMES})
     task.workdir = str(CHECKOUT)  # the YAMLs' `workdir: .` means the checkout, wherever launch runs from
     return task
 
@@ -239,20 +252,72 @@ def _enabled_clouds() -> list[str]:
 
 
 def launch(plan: LaunchPlan, secrets: Mapping[str, str], *, before_workers: Callable[[str], None] | None = None,
-           echo: Callable[[str], None] = print) -> str:
-    """Start the reserved node, then the spot workers pointed at its Redis; returns the queue URL (no password).
+           echo: Callable[[str], None] = print, redis_wait_s: float | None = None) -> str:
+    """Start the reserved node, wait until its Redis answers with the password, then submit the spot workers that
+    are not already running (a second launch of a run resumes it); returns the queue URL (no password).
     `before_workers(queue_url)` may raise to stop before any worker is submitted (the spend cap)."""
     clouds = check_clouds()
     echo(f"enabled clouds: {', '.join(clouds)}; starting {plan.cluster}")
     sky.stream_and_get(sky.launch(reserved_task(plan, secrets), cluster_name=plan.cluster))
     queue_url = f"redis://{reserved_address(plan.cluster)}/0"
+    wait_for_redis(queue_url, secrets[PASSWORD_ENV], REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
     if before_workers is not None:
         before_workers(queue_url)
+    running = {job["name"]: job for job in worker_jobs(echo)}
     for index in range(1, plan.workers + 1):
         task = worker_task(plan, secrets, index, queue_url)
+        if task.name in running:
+            echo(f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
+                 f"{running[task.name]['status']}): not submitted again")
+            continue
         job_ids, _ = sky.get(sky.jobs.launch(task, name=task.name))
         echo(f"submitted {task.name} (managed job {', '.join(map(str, job_ids or []))})")
     return queue_url
+
+
+def wait_for_redis(queue_url: str, password: str, timeout_s: float, echo: Callable[[str], None] = print,
+                   poll_s: float = 5.0) -> None:
+    """Poll the reserved node's Redis until it answers a PING with `password`; CloudError (nothing more submitted)
+    when it refuses the password or stays silent for `timeout_s` (its setup or run block failed)."""
+    import time
+
+    from resources.urls import redis_address
+
+    address = redis_address(queue_url, {PASSWORD_ENV: password})
+    deadline, last = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            _ping(address, connect_timeout_s=min(5.0, max(timeout_s, 0.1)))
+            return
+        except PermissionError as err:
+            raise CloudError(f"the reserved node's Redis at {address.host}:{address.port} refused the password "
+                             f"({err}); no spot workers submitted") from None
+        except OSError as err:
+            last = err
+        if time.monotonic() + poll_s > deadline:
+            raise CloudError(f"the reserved node's Redis at {address.host}:{address.port} did not answer within "
+                             f"{timeout_s:g} s ({last}); no spot workers submitted. Its setup or run block may have "
+                             f"failed: see `sky logs {RESERVED_CLUSTER}`, then `spotlight launch` again (it resumes)")
+        echo(f"waiting for Redis at {address.host}:{address.port} ...")
+        time.sleep(poll_s)
+
+
+def _ping(address: Any, connect_timeout_s: float) -> None:
+    """One PING through redis-py: PermissionError for a refused password, OSError while the server is not there."""
+    import redis
+
+    from resources.queue_redis import tls_options
+
+    client = redis.Redis(host=address.host, port=address.port, db=address.db, username=address.username,
+                         password=address.password, socket_connect_timeout=connect_timeout_s,
+                         socket_timeout=connect_timeout_s, **tls_options(address))
+    try:
+        with client:
+            client.ping()
+    except redis.exceptions.AuthenticationError as err:
+        raise PermissionError(str(err)) from None
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+        raise OSError(str(err)) from None
 
 
 def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:
@@ -266,22 +331,34 @@ def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:
     return str(next(iter(endpoints.values())))
 
 
-def worker_jobs() -> list[dict[str, Any]]:
-    """This project's unfinished managed spot jobs (name, id, status), from `sky.jobs.queue`."""
-    records = sky.get(sky.jobs.queue(refresh=False, skip_finished=True))
-    return [{"name": r.get("job_name"), "job_id": r.get("job_id"), "status": str(r.get("status"))}
-            for r in (_as_dict(r) for r in records) if str(r.get("job_name") or "").startswith(WORKER_JOB_PREFIX)]
+def worker_jobs(echo: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """This project's unfinished managed spot jobs (name, id, plain status word), from `sky.jobs.queue_v2`. A
+    stopped jobs controller (it stops itself once idle) runs no job: [] then, and `echo` says so."""
+    try:
+        records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, skip_finished=True, name_match=WORKER_JOB_PREFIX))
+    except sky_exceptions.ClusterNotUpError:
+        if echo is not None:
+            echo("the managed-jobs controller is stopped: no spot worker job is running")
+        return []
+    return [{"name": r.job_name, "job_id": r.job_id, "status": _status_word(r.status)}
+            for r in records if str(r.job_name or "").startswith(WORKER_JOB_PREFIX)]
 
 
-def _as_dict(record: Any) -> dict[str, Any]:
-    return record if isinstance(record, dict) else record.model_dump() if hasattr(record, "model_dump") else vars(record)
+def _status_word(status: Any) -> str | None:
+    """ManagedJobStatus.RECOVERING -> "RECOVERING" (the enum's value; str() would print the class name)."""
+    return None if status is None else str(getattr(status, "value", status))
 
 
 def teardown(cluster: str = RESERVED_CLUSTER, echo: Callable[[str], None] = print) -> None:
-    """Cancel every spot worker job, then take the reserved node down (billing stops)."""
-    ids = [j["job_id"] for j in worker_jobs() if j["job_id"] is not None]
+    """Cancel every spot worker job, then take the reserved node down (billing stops), whatever state the jobs
+    controller is in; a node already gone is reported, not an error."""
+    ids = [j["job_id"] for j in worker_jobs(echo) if j["job_id"] is not None]
     if ids:
         sky.get(sky.jobs.cancel(job_ids=ids))
         echo(f"cancelled {len(ids)} spot worker job(s)")
-    sky.get(sky.down(cluster))
+    try:
+        sky.get(sky.down(cluster))
+    except sky_exceptions.ClusterDoesNotExist:
+        echo(f"{cluster} does not exist (already down)")
+        return
     echo(f"{cluster} is down")

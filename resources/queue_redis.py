@@ -61,7 +61,7 @@ class RedisQueue(RequestQueue):
             # idempotent, and a doubly claimed request just waits for its orphaned lease to expire.
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
             decode_responses=True,
-            **_tls_options(address),
+            **tls_options(address),
         )
         self._keys = [f"{_PREFIX}:stream:{kind}" for kind in KINDS_BY_PRIORITY] + [
             f"{_PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")
@@ -241,7 +241,7 @@ class RedisQueue(RequestQueue):
         return [DeadLetter(Request.from_json(fields["body"]), int(fields["attempts"])) for _, fields in entries]
 
 
-def _tls_options(address: RedisAddress) -> dict[str, Any]:
+def tls_options(address: RedisAddress) -> dict[str, Any]:
     """rediss://: TLS with the server's certificate and host name checked (against SPOTLIGHT_REDIS_CA_FILE if set)."""
     if not address.tls:
         return {}

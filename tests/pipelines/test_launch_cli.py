@@ -6,6 +6,7 @@ real `sky.Task` objects parsed from sky/*.yaml, and the dry run is checked again
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from tests.paths import REPO_ROOT
+from sky import exceptions as sky_exceptions
 from typer.testing import CliRunner
 
 from pipelines.cli import app
@@ -23,12 +25,19 @@ SECRETS = {"SPOTLIGHT_REDIS_PASSWORD": PASSWORD, "AWS_ACCESS_KEY_ID": "AKIATEST"
 
 @dataclass
 class FakeSky:
-    """Records what would reach SkyPilot's API server; every call returns its result directly (sky.get = identity)."""
+    """SkyPilot's client SDK with only its API server replaced. Each SDK function keeps its real signature (every call
+    is bound to the installed function's, so a call SkyPilot would refuse fails here), returns a request id, and
+    `sky.get` answers it as the server would: tasks pass through SkyPilot's own YAML round trip and secret
+    resolution, jobs are SkyPilot's `ManagedJobRecord`s, a stopped controller raises its `ClusterNotUpError`."""
 
     clouds: Any = field(default_factory=lambda: ["AWS"])
     address: str = "10.0.0.7:6379"
     calls: list[tuple[str, Any]] = field(default_factory=list)
-    jobs: list[dict] = field(default_factory=list)
+    jobs: list[Any] = field(default_factory=list)
+    """ManagedJobRecords the jobs controller holds."""
+    controller_up: bool = True
+    cluster_exists: bool = True
+    _answers: dict[str, Any] = field(default_factory=dict)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> "FakeSky":
         import sky
@@ -41,24 +50,77 @@ class FakeSky:
             return self.clouds
 
         monkeypatch.setattr(cloud, "_enabled_clouds", enabled)
-        monkeypatch.setattr(sky, "get", lambda result: result)
-        monkeypatch.setattr(sky, "stream_and_get", lambda result: result)
-        monkeypatch.setattr(sky, "launch", lambda task, cluster_name: self._record("launch", task, cluster_name))
-        monkeypatch.setattr(sky, "endpoints", lambda cluster, port: {port: self.address})
-        monkeypatch.setattr(sky, "down", lambda cluster: self._record("down", cluster))
-        monkeypatch.setattr(sky.jobs, "launch", lambda task, name: self._record("jobs.launch", task, name, ([len(self.calls)], None)))
-        monkeypatch.setattr(sky.jobs, "queue", lambda refresh, skip_finished: self.jobs)
-        monkeypatch.setattr(sky.jobs, "cancel", lambda job_ids: self._record("jobs.cancel", job_ids))
+        monkeypatch.setattr(sky, "get", self._get)
+        monkeypatch.setattr(sky, "stream_and_get", self._get)
+        for module, name, answer in ((sky, "launch", self._launch), (sky, "endpoints", self._endpoints),
+                                     (sky, "down", self._down), (sky.jobs, "launch", self._jobs_launch),
+                                     (sky.jobs, "queue_v2", self._queue), (sky.jobs, "cancel", self._cancel)):
+            monkeypatch.setattr(module, name, self._request(getattr(module, name), answer))
         return self
 
-    def _record(self, name: str, *args: Any) -> Any:
-        result = args[-1] if name == "jobs.launch" else None
-        self.calls.append((name, args[:-1] if name == "jobs.launch" else args))
-        return result
+    def _request(self, real, answer):
+        signature = inspect.signature(real)
+
+        def submit(*args, **kwargs):
+            arguments = signature.bind(*args, **kwargs)
+            arguments.apply_defaults()
+            request_id = f"request-{len(self._answers)}"
+            self._answers[request_id] = lambda: answer(**arguments.arguments)
+            return request_id
+        return submit
+
+    def _get(self, request_id):
+        return self._answers.pop(request_id)()
+
+    def _launch(self, task, cluster_name, **options):
+        self.calls.append(("launch", (served_task(task), cluster_name), options))
+        return 1, None
+
+    def _jobs_launch(self, task, name, **options):
+        self.calls.append(("jobs.launch", (served_task(task), name), options))
+        return [len(self.calls)], None
+
+    def _endpoints(self, cluster, port):
+        return {port: self.address}
+
+    def _down(self, cluster_name, **options):
+        if not self.cluster_exists:
+            raise sky_exceptions.ClusterDoesNotExist(f"Cluster {cluster_name!r} does not exist.")
+        self.calls.append(("down", (cluster_name,), options))
+
+    def _queue(self, refresh, skip_finished, name_match, **options):
+        if not self.controller_up and not refresh:
+            raise sky_exceptions.ClusterNotUpError("Jobs controller is not up.", cluster_status=None)
+        records = [r for r in self.jobs if (name_match or "") in (r.job_name or "")
+                   and not (skip_finished and r.status.is_terminal())]
+        return records, len(records), {}, len(self.jobs)
+
+    def _cancel(self, job_ids, **options):
+        self.calls.append(("jobs.cancel", (list(job_ids),), options))
 
     @property
     def submitted(self) -> list[str]:
-        return [name for name, _ in self.calls if name in ("launch", "jobs.launch")]
+        return [name for name, *_ in self.calls if name in ("launch", "jobs.launch")]
+
+
+def served_task(task):
+    """The task as SkyPilot's API server gets it: the client's YAML dump loaded back, then the server's secret
+    resolution (`sky.execution._resolve_managed_secrets`, which refuses a secret with no value)."""
+    from sky import execution
+    from sky.utils import dag_utils
+
+    dag = dag_utils.load_dag_from_yaml_str(dag_utils.dump_dag_to_yaml_str(dag_utils.convert_entrypoint_to_dag(task)))
+    execution._resolve_managed_secrets(dag)
+    (served,) = dag.tasks
+    return served
+
+
+def job(name: str, job_id: int, status: str):
+    """A managed job as `sky.jobs.queue_v2` returns it."""
+    from sky.jobs.state import ManagedJobStatus
+    from sky.schemas.api.responses import ManagedJobRecord
+
+    return ManagedJobRecord(job_name=name, job_id=job_id, status=ManagedJobStatus[status])
 
 
 @pytest.fixture
@@ -84,6 +146,27 @@ def _yaml_secrets(name: str) -> list[str]:
     import yaml
 
     return list(yaml.safe_load((REPO_ROOT / "sky" / name).read_text())["secrets"])
+
+
+PLANS = {"default": {}, "one_gpu": {"gpus": ("A100",)}, "sp_nodes": {"sp_degree": "auto", "gpus_per_node": 4},
+         "model": {"model": "/models/Qwen-Image", "model_source": "s3://weights/Qwen-Image", "preset": "qwen_image_lora"}}
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_resolution(plan) -> None:
+    """What SkyPilot's API server does with each task before provisioning: load the client's YAML dump, then
+    resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)")."""
+    from resources.cloud import LaunchPlan, SECRET_NAMES, plan_tasks
+
+    tasks = plan_tasks(LaunchPlan(workers=2, store="s3://b/p", **PLANS[plan]), SECRETS, "redis://10.0.0.7:6379/0")
+    assert len(tasks) == 3
+    for task in tasks:
+        served = served_task(task)
+        assert {k: v.get_secret_value() for k, v in served.secrets.items()} == {k: SECRETS[k] for k in SECRET_NAMES}
+        assert not served.managed_secret_refs and served.envs == task.envs and served.name == task.name
+        assert {str(r) for r in served.resources} == {str(r) for r in task.resources}
+    with pytest.raises(RuntimeError, match="No value available for secret"):  # a dry run's tasks: nothing to resolve
+        served_task(plan_tasks(LaunchPlan(workers=1, store="s3://b/p", **PLANS[plan]), {})[0])
 
 
 def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypilot_parses_them(fake_sky) -> None:
@@ -251,11 +334,54 @@ def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fak
     (reserved, cluster) = fake_sky.calls[0][1]
     assert cluster == "spotlight-reserved" and reserved.envs["MAX_USD"] == "50"
     password = redis_server.password
-    assert reserved.secrets["SPOTLIGHT_REDIS_PASSWORD"].get_secret_value() == password  # a secret, not an env
-    for _, (task, name) in [c for c in fake_sky.calls if c[0] == "jobs.launch"]:
+    # A secret the server resolved (not a managed-secret reference), never an env.
+    assert reserved.secrets["SPOTLIGHT_REDIS_PASSWORD"].get_secret_value() == password
+    assert not reserved.managed_secret_refs and "SPOTLIGHT_REDIS_PASSWORD" not in reserved.envs
+    for _, (task, name), _ in [c for c in fake_sky.calls if c[0] == "jobs.launch"]:
         assert task.name == name and task.envs["SPOTLIGHT_QUEUE"] == f"redis://127.0.0.1:{redis_server.port}/0"
+        assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {**SECRETS, "SPOTLIGHT_REDIS_PASSWORD": password}
         assert password not in json.dumps(task.envs)
     assert password not in result.output
+
+
+def test_the_reserved_node_goes_down_by_itself_once_its_run_block_has_ended(fake_sky, reserved_redis) -> None:
+    """The node's autostop (from sky/reserved.yaml, so a launch by hand has it too): down, not stop, a few idle
+    minutes after the run line exits (last iteration done or the spend cap reached); open SSH sessions do not
+    keep it billing."""
+    assert _invoke("launch", "--workers", "1", "--store", "s3://b/p").exit_code == 0
+    (reserved, _), options = fake_sky.calls[0][1:]
+    (resources,) = reserved.resources
+    assert resources.autostop_config.enabled and resources.autostop_config.down
+    assert 0 < resources.autostop_config.idle_minutes <= 15 and str(resources.autostop_config.wait_for.value) == "jobs"
+    assert options["idle_minutes_to_autostop"] is None and options["down"] is False  # the YAML's setting is not overridden
+
+
+def test_launch_waits_for_redis_and_submits_no_worker_when_it_never_answers(fake_sky, monkeypatch) -> None:
+    import resources.cloud as cloud
+
+    monkeypatch.setattr(cloud, "REDIS_WAIT_S", 0.3)
+    fake_sky.address = "127.0.0.1:1"  # the node's setup failed: nothing listens
+    started = time.monotonic()
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and "did not answer within 0.3 s" in result.output, result.output
+    assert "no spot workers submitted" in result.output and "sky logs spotlight-reserved" in result.output
+    assert fake_sky.submitted == ["launch"] and time.monotonic() - started < 15
+
+
+def test_launch_refuses_to_go_on_when_redis_refuses_the_password(fake_sky, reserved_redis, monkeypatch) -> None:
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", "not-the-password")
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and "refused the password" in result.output and fake_sky.submitted == ["launch"]
+    assert "not-the-password" not in result.output
+
+
+def test_a_second_launch_resumes_the_run_and_submits_only_the_missing_workers(fake_sky, reserved_redis) -> None:
+    fake_sky.jobs = [job("spotlight-rollout-1", 4, "RUNNING"), job("spotlight-rollout-2", 5, "FAILED")]
+    result = _invoke("launch", "--workers", "3", "--store", "s3://b/p")
+    assert result.exit_code == 0, result.output
+    assert [args[1] for name, args, _ in fake_sky.calls if name == "jobs.launch"] == ["spotlight-rollout-2",
+                                                                                      "spotlight-rollout-3"]
+    assert "spotlight-rollout-1 is already running (managed job 4, RUNNING)" in result.output
 
 
 def test_a_relaunch_over_the_cap_starts_no_more_workers(fake_sky, reserved_redis) -> None:
@@ -294,18 +420,42 @@ def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_
 
     with open_queue(f"redis://127.0.0.1:{reserved_redis.port}/0") as queue:
         queue.publish_info({"iteration": 4, "heldout_score": 0.61, "usd_total": 12.5, "workers_alive": 1})
-    fake_sky.jobs = [{"job_name": "spotlight-rollout-1", "job_id": 4, "status": "RECOVERING"}]
+    fake_sky.jobs = [job("spotlight-rollout-1", 4, "RECOVERING"), job("spotlight-rollout-2", 5, "SUCCEEDED"),
+                     job("someone-else", 6, "RUNNING")]
     text = _invoke("status").output
-    assert "iteration 4  held-out 0.610  spent $12.50" in text and "spotlight-rollout-1  job 4  RECOVERING" in text
+    assert "iteration 4  held-out 0.610  spent $12.50" in text
+    assert "  spotlight-rollout-1  job 4  RECOVERING\n" in text + "\n" and "ManagedJobStatus" not in text
+    assert "spotlight-rollout-2" not in text and "someone-else" not in text  # finished, and not this project's
+    record = json.loads(_invoke("status", "--json").output)
+    assert record["spot_jobs"] == [{"name": "spotlight-rollout-1", "job_id": 4, "status": "RECOVERING"}]
+    fake_sky.controller_up = False  # it stopped itself after its idle minutes
+    stopped = _invoke("status")
+    assert stopped.exit_code == 0 and "controller is stopped" in stopped.output and "iteration 4" in stopped.output
     fake_sky.address = "127.0.0.1:1"  # the node is gone
     gone = _invoke("status")
     assert gone.exit_code == 1 and "cannot read the queue" in gone.output
 
 
+def test_a_queue_url_with_a_password_is_never_echoed_by_status(fake_sky) -> None:
+    result = _invoke("status", "--queue", "redis://:pa%22ss%5Cword-Xy9@127.0.0.1:1/0")
+    assert result.exit_code == 1 and "cannot read the queue redis://127.0.0.1:1/0" in result.output
+    assert "Xy9" not in result.output and "pa%22ss" not in result.output
+
+
 def test_down_cancels_only_spotlight_worker_jobs_then_the_reserved_node(fake_sky) -> None:
-    fake_sky.jobs = [{"job_name": "spotlight-rollout-1", "job_id": 4, "status": "RUNNING"},
-                     {"job_name": "someone-else", "job_id": 5, "status": "RUNNING"},
-                     {"job_name": "spotlight-rollout-2", "job_id": 6, "status": "RECOVERING"}]
+    fake_sky.jobs = [job("spotlight-rollout-1", 4, "RUNNING"), job("someone-else", 5, "RUNNING"),
+                     job("spotlight-rollout-2", 6, "RECOVERING"), job("spotlight-rollout-3", 7, "CANCELLED")]
     result = _invoke("down", "--yes")
     assert result.exit_code == 0, result.output
-    assert fake_sky.calls == [("jobs.cancel", ([4, 6],)), ("down", ("spotlight-reserved",))]
+    assert [c[:2] for c in fake_sky.calls] == [("jobs.cancel", ([4, 6],)), ("down", ("spotlight-reserved",))]
+
+
+def test_down_takes_the_reserved_node_down_when_the_jobs_controller_has_stopped(fake_sky) -> None:
+    fake_sky.controller_up = False
+    result = _invoke("down", "--yes")
+    assert result.exit_code == 0, result.output
+    assert [c[:2] for c in fake_sky.calls] == [("down", ("spotlight-reserved",))]
+    assert "controller is stopped" in result.output and "spotlight-reserved is down" in result.output
+    fake_sky.cluster_exists = False  # and a second down finds nothing to take down
+    again = _invoke("down", "--yes")
+    assert again.exit_code == 0 and "does not exist (already down)" in again.output

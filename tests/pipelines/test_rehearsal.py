@@ -34,13 +34,12 @@ def _free_port() -> int:
 
 
 def _tasks(store: str, port: int, run_dir: Path, password: str):
-    import sky
+    from resources.cloud import yaml_task
 
     def load(name: str, envs: dict):
-        task = sky.Task.from_yaml(str(REPO_ROOT / "sky" / name))
+        task = yaml_task(name, {"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing",
+                                "AWS_SECRET_ACCESS_KEY": "testing"})  # as `spotlight launch` builds it
         task.update_envs(envs)  # what `sky launch --env` / `spotlight launch` sets
-        task.update_secrets({"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing",
-                             "AWS_SECRET_ACCESS_KEY": "testing"})
         return task
 
     reserved = load("reserved.yaml", {"SPOTLIGHT_STORE": store, "PRESET": "cpu_smoke", "ITERATIONS": "2",
