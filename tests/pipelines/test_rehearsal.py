@@ -46,7 +46,7 @@ def _tasks(store: str, port: int, run_dir: Path, password: str):
                                       "RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port),
                                       "TRAINER_DEVICE": "cpu"})
     spot = load("spot_workers.yaml", {"SPOTLIGHT_QUEUE": f"redis://127.0.0.1:{port}/0", "SPOTLIGHT_STORE": store,
-                                      "DEVICE": "cpu", "USD_PER_HOUR": "0.25"})
+                                      "DEVICE": "cpu", "USD_PER_HOUR": "0.25", "END_CHECK_S": "1"})
     return reserved, spot
 
 
@@ -75,12 +75,18 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
             assert exit_code in recover_on, f"a preempted worker exits {exit_code}; job_recovery recovers {recover_on}"
             blocks.append(start_block(spot_task, f"{victim.name}-recovered", REPO_ROOT, logs, os.environ))
             assert reserved.wait(RUN_TIMEOUT_S) == 0, reserved.text()[-3000:]
+            for block in blocks[1:]:  # the run has ended: every live spot job ends by itself, with 0 (not recovered)
+                if block is not victim:
+                    assert block.wait(60) == 0, block.text()[-3000:]
         finally:
             for block in reversed(blocks):
                 block.stop()
             _stop_redis(run_dir)
     assert argv_watch.scans > 10 and not argv_watch.hits, f"the Redis password was on a command line: {argv_watch.hits}"
     _assert_ledger(run_dir / "ledger.duckdb", victim_log=victim.text(), password=password)
+    from resources.stores import open_store  # the record outlives the node's disk (autostop deletes it)
+    archived = open_store(f"s3://{s3_server.bucket}/spotlight").get_bytes(f"archive/{run_dir.name}/ledger.duckdb")
+    assert archived == (run_dir / "ledger.duckdb").read_bytes()
     for log in [*logs.glob("*.log"), *run_dir.rglob("*.log"), *run_dir.rglob("*.stderr")]:
         assert password not in log.read_text(errors="replace"), f"the Redis password is in {log}"
 

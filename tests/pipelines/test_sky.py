@@ -126,8 +126,7 @@ def test_the_reserved_coordinator_command_exists_in_the_cli(tmp_path: Path) -> N
 
     from pipelines.cli import app
 
-    (argv,) = _python_commands("reserved.yaml", tmp_path)
-    assert argv[0] == "pipelines.cli"
+    argv = _by_module(_python_commands("reserved.yaml", tmp_path))["pipelines.cli"]
     commands = get_command(app).commands
     assert argv[1] in commands, f"`spotlight {argv[1]}` is not a command"
     known = {opt for param in commands[argv[1]].params for opt in param.opts}
@@ -174,7 +173,7 @@ def test_with_model_set_both_run_blocks_hand_the_folder_to_the_coordinator_and_e
     model.mkdir(parents=True)
     (model / "model_index.json").write_text('{"_class_name": "QwenImagePipeline"}')
     for envs, expected in (({"MODEL": str(model)}, ["--model", str(model)]), ({}, [])):
-        (run,) = _python_commands("reserved.yaml", tmp_path / "reserved", envs)
+        run = _by_module(_python_commands("reserved.yaml", tmp_path / "reserved", envs))["pipelines.cli"]
         worker = _by_module(_python_commands("spot_workers.yaml", tmp_path / "spot", envs))["workers.rollout"]
         for argv in (run, worker):
             at = argv.index("--model") if "--model" in argv else None
@@ -201,7 +200,21 @@ def test_trainer_nproc_sync_mode_and_checkpointing_reach_spotlight_run_on_the_re
         ("defaults", {}, (1, None, None)),
         ("ranked", {"TRAINER_NPROC": "8", "SYNC_MODE": "merged", "GRADIENT_CHECKPOINTING": "1"}, (8, "merged", True)),
     ):
-        (argv,) = _python_commands("reserved.yaml", tmp_path / name, envs)
+        argv = _by_module(_python_commands("reserved.yaml", tmp_path / name, envs))["pipelines.cli"]
         assert argv[:2] == ["pipelines.cli", "run"] and "--resume" in argv
         params = run.make_context("run", argv[2:]).params
         assert (params["nproc"], params["sync_mode"], params["gradient_checkpointing"]) == expected, argv
+
+
+def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_line(tmp_path: Path) -> None:
+    """In this order: the run is marked running (a relaunch resumes it), `spotlight run`, the run folder copied to
+    the store (the node's disk goes with autostop's down), the run marked ended (the spot workers then stop)."""
+    commands = _python_commands("reserved.yaml", tmp_path, {"SPOTLIGHT_STORE": "s3://b/p"})
+    assert [argv[0] for argv in commands] == ["resources.run_status", "pipelines.cli", "resources.run_archive",
+                                              "resources.run_status"]
+    queue = commands[1][commands[1].index("--queue") + 1]
+    assert commands[0][1:] == ["--queue", queue, "--mark", "running"]
+    assert commands[3][1:] == ["--queue", queue, "--mark", "ended"]
+    assert commands[2][1:] == ["--run-dir", str(tmp_path / "run"), "--store", "s3://b/p"]
+    autostop = _raw("reserved.yaml")["resources"]["autostop"]
+    assert autostop["down"] is True and autostop["wait_for"] == "jobs"
