@@ -18,11 +18,15 @@ With `sp_degree` (2..8, or "auto"), each spot job is an SP node instead of one r
 a node of `gpus_per_node` GPUs (of each type asked for) whose run line starts the elastic SP
 node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GPUs together.
 
+The reserved node's Redis is TLS-only, signed by a CA made for the run, with an ACL user for
+the workers (resources/queue_redis_tls.py): the node gets the server's key, each worker only
+the CA certificate and its own password. `launch` submits workers once that Redis answers.
+
 Example:
     plan = LaunchPlan(workers=8, store="s3://bucket/spotlight", gpus=("A100",), max_usd=200)
-    secrets = launch_secrets(os.environ)                 # CloudError naming what to export
+    secrets = with_run_tls(launch_secrets(os.environ), run_tls(tls_folder(plan.cluster)))
     tasks = plan_tasks(plan, secrets)                    # what --dry-run prints (describe_task)
-    queue_url = launch(plan, secrets)                    # check_clouds, sky.launch, sky.jobs.launch x N
+    queue_url = launch(plan, secrets)                    # check_clouds, sky.launch, wait for Redis, sky.jobs.launch
     teardown(plan.cluster)                               # sky.jobs.cancel + sky.down
 """
 
@@ -38,7 +42,8 @@ import yaml
 from sky import exceptions as sky_exceptions
 
 from resources.prices import PriceTable
-from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, redis_password
+from resources.queue_redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
+from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
 
 RESERVED_CLUSTER = "spotlight-reserved"
 WORKER_JOB_PREFIX = "spotlight-rollout"
@@ -48,8 +53,10 @@ SECRET_NAMES = (PASSWORD_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 CHECKOUT = Path(__file__).resolve().parent.parent
 """The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
 SKY_DIR = CHECKOUT / "sky"
-PLACEHOLDER_QUEUE = f"redis://RESERVED_NODE_IP:{REDIS_PORT}/0"
+PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
 """The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
+STATE_DIR_ENV = "SPOTLIGHT_STATE_DIR"
+"""Folder of what `spotlight launch` keeps on this machine between launches (each run's TLS files)."""
 REDIS_WAIT_S = 1200.0
 """How long `launch` waits for the reserved node's Redis to answer after `sky.launch` returns (its setup included)."""
 MODEL_SOURCE_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "https")
@@ -167,10 +174,22 @@ def yaml_task(name: str, secrets: Mapping[str, str]) -> sky.Task:
     return sky.Task.from_yaml_config(config, secrets_overrides=given or None)
 
 
+def tls_folder(cluster: str, env: Mapping[str, str] = os.environ) -> Path:
+    """Where this machine keeps a run's TLS files (0700): $SPOTLIGHT_STATE_DIR (default ~/.spotlight)/CLUSTER/redis-tls."""
+    return Path(env.get(STATE_DIR_ENV) or "~/.spotlight").expanduser() / cluster / "redis-tls"
+
+
+def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
+    """The launch secrets plus the run's TLS material: the CA for everyone, the server's certificate and key for the
+    reserved node only (each task takes only the secrets its YAML declares)."""
+    return {**secrets, RUN_CA_ENV: tls.b64("ca_pem"), CERT_ENV: tls.b64("cert_pem"), KEY_ENV: tls.b64("key_pem")}
+
+
 def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
-    """sky/reserved.yaml with the plan's store, preset, iterations and cap."""
+    """sky/reserved.yaml with the plan's store, preset, iterations and cap, and the run's TLS material."""
     task = yaml_task("reserved.yaml", secrets)
-    envs = {"SPOTLIGHT_STORE": plan.store, "MAX_USD": f"{plan.max_usd:g}", "REDIS_PORT": str(REDIS_PORT)}
+    envs = {"SPOTLIGHT_STORE": plan.store, "MAX_USD": f"{plan.max_usd:g}", "REDIS_PORT": str(REDIS_PORT),
+            **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {})}
     envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
     if plan.model is not None:
         envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
@@ -178,7 +197,10 @@ def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
 
 
 def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE) -> sky.Task:
-    """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue, the plan's GPUs."""
+    """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue (as the workers' ACL user,
+    with their own password), the run's CA, the plan's GPUs."""
+    if secrets.get(PASSWORD_ENV):
+        secrets = {**secrets, PASSWORD_ENV: worker_password(secrets[PASSWORD_ENV])}
     task = yaml_task("spot_workers.yaml", secrets)
     task.name = f"{WORKER_JOB_PREFIX}-{index}"
     count = plan.node_gpus
@@ -186,7 +208,8 @@ def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_
     if plan.gpus or count > 1:
         template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
         task.set_resources({template.copy(accelerators={gpu: count}) for gpu in names})
-    envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store}
+    envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store,
+            **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {})}
     if len(plan.gpus) == 1 or count > 1:  # the node's spot price from the table, for the ledger and the cap
         envs["USD_PER_HOUR"] = repr(_node_usd_per_hour(names, count))
     if plan.model is not None:
@@ -253,19 +276,21 @@ def _enabled_clouds() -> list[str]:
 
 def launch(plan: LaunchPlan, secrets: Mapping[str, str], *, before_workers: Callable[[str], None] | None = None,
            echo: Callable[[str], None] = print, redis_wait_s: float | None = None) -> str:
-    """Start the reserved node, wait until its Redis answers with the password, then submit the spot workers that
-    are not already running (a second launch of a run resumes it); returns the queue URL (no password).
+    """Start the reserved node, wait until its Redis answers (TLS, the run's CA, the password), then submit the spot
+    workers that are not already running (a second launch of a run resumes it); returns the coordinator's queue URL
+    (no password). `secrets`: launch_secrets with the run's TLS material (with_run_tls).
     `before_workers(queue_url)` may raise to stop before any worker is submitted (the spend cap)."""
     clouds = check_clouds()
     echo(f"enabled clouds: {', '.join(clouds)}; starting {plan.cluster}")
     sky.stream_and_get(sky.launch(reserved_task(plan, secrets), cluster_name=plan.cluster))
-    queue_url = f"redis://{reserved_address(plan.cluster)}/0"
-    wait_for_redis(queue_url, secrets[PASSWORD_ENV], REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
+    address = reserved_address(plan.cluster)
+    queue_url = f"rediss://{address}/0"
+    wait_for_redis(queue_url, secrets, REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
     if before_workers is not None:
         before_workers(queue_url)
     running = {job["name"]: job for job in worker_jobs(echo)}
     for index in range(1, plan.workers + 1):
-        task = worker_task(plan, secrets, index, queue_url)
+        task = worker_task(plan, secrets, index, f"rediss://{WORKER_USER}@{address}/0")
         if task.name in running:
             echo(f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
                  f"{running[task.name]['status']}): not submitted again")
@@ -275,15 +300,16 @@ def launch(plan: LaunchPlan, secrets: Mapping[str, str], *, before_workers: Call
     return queue_url
 
 
-def wait_for_redis(queue_url: str, password: str, timeout_s: float, echo: Callable[[str], None] = print,
+def wait_for_redis(queue_url: str, secrets: Mapping[str, str], timeout_s: float, echo: Callable[[str], None] = print,
                    poll_s: float = 5.0) -> None:
-    """Poll the reserved node's Redis until it answers a PING with `password`; CloudError (nothing more submitted)
-    when it refuses the password or stays silent for `timeout_s` (its setup or run block failed)."""
+    """Poll the reserved node's Redis until it answers a PING with the password (over TLS, trusting the run's CA
+    alone); CloudError (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its
+    setup or run block failed)."""
     import time
 
     from resources.urls import redis_address
 
-    address = redis_address(queue_url, {PASSWORD_ENV: password})
+    address = redis_address(queue_url, {k: secrets[k] for k in (PASSWORD_ENV, RUN_CA_ENV) if secrets.get(k)})
     deadline, last = time.monotonic() + timeout_s, None
     while True:
         try:
@@ -293,6 +319,10 @@ def wait_for_redis(queue_url: str, password: str, timeout_s: float, echo: Callab
             raise CloudError(f"the reserved node's Redis at {address.host}:{address.port} refused the password "
                              f"({err}); no spot workers submitted") from None
         except OSError as err:
+            if "CERTIFICATE_VERIFY_FAILED" in str(err):
+                raise CloudError(f"the Redis at {address.host}:{address.port} presents a certificate the run's CA did "
+                                 f"not sign ({err}); no spot workers submitted. Is {RESERVED_CLUSTER} another run's "
+                                 "node? Its TLS files are kept under $SPOTLIGHT_STATE_DIR (~/.spotlight)") from None
             last = err
         if time.monotonic() + poll_s > deadline:
             raise CloudError(f"the reserved node's Redis at {address.host}:{address.port} did not answer within "
@@ -306,11 +336,9 @@ def _ping(address: Any, connect_timeout_s: float) -> None:
     """One PING through redis-py: PermissionError for a refused password, OSError while the server is not there."""
     import redis
 
-    from resources.queue_redis import tls_options
+    from resources.queue_redis import redis_client
 
-    client = redis.Redis(host=address.host, port=address.port, db=address.db, username=address.username,
-                         password=address.password, socket_connect_timeout=connect_timeout_s,
-                         socket_timeout=connect_timeout_s, **tls_options(address))
+    client = redis_client(address, socket_connect_timeout=connect_timeout_s, socket_timeout=connect_timeout_s)
     try:
         with client:
             client.ping()
@@ -318,6 +346,20 @@ def _ping(address: Any, connect_timeout_s: float) -> None:
         raise PermissionError(str(err)) from None
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
         raise OSError(str(err)) from None
+
+
+def use_run_ca(cluster: str, env: Any = os.environ) -> bool:
+    """Trust the run's CA in this process (SPOTLIGHT_REDIS_RUN_CA in `env`) when its TLS files are on this machine
+    and nothing else is set: `spotlight status` and a relaunch then reach the node's Redis. False when absent."""
+    from resources.queue_redis_tls import FILES
+
+    ca = tls_folder(cluster, env) / FILES[0]
+    if env.get(RUN_CA_ENV) or not ca.is_file():
+        return bool(env.get(RUN_CA_ENV))
+    import base64
+
+    env[RUN_CA_ENV] = base64.b64encode(ca.read_bytes()).decode("ascii")
+    return True
 
 
 def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:

@@ -124,10 +124,12 @@ def job(name: str, job_id: int, status: str):
 
 
 @pytest.fixture
-def fake_sky(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
+def fake_sky(monkeypatch: pytest.MonkeyPatch, tmp_path) -> FakeSky:
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("SPOTLIGHT_REDIS_PASSWORD_FILE", raising=False)
+    monkeypatch.setenv("SPOTLIGHT_STATE_DIR", str(tmp_path / "state"))  # the run's TLS files: never in ~
+    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")  # restored after each test: launch and status set it
     return FakeSky().install(monkeypatch)
 
 
@@ -156,13 +158,19 @@ PLANS = {"default": {}, "one_gpu": {"gpus": ("A100",)}, "sp_nodes": {"sp_degree"
 def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_resolution(plan) -> None:
     """What SkyPilot's API server does with each task before provisioning: load the client's YAML dump, then
     resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)")."""
-    from resources.cloud import LaunchPlan, SECRET_NAMES, plan_tasks
+    from resources.cloud import LaunchPlan, plan_tasks, with_run_tls
+    from resources.queue_redis_tls import make_run_tls, worker_password
 
-    tasks = plan_tasks(LaunchPlan(workers=2, store="s3://b/p", **PLANS[plan]), SECRETS, "redis://10.0.0.7:6379/0")
+    tls = make_run_tls()
+    secrets = with_run_tls(SECRETS, tls)
+    tasks = plan_tasks(LaunchPlan(workers=2, store="s3://b/p", **PLANS[plan]), secrets, "rediss://w@10.0.0.7:6379/0")
     assert len(tasks) == 3
-    for task in tasks:
+    expected = [{**SECRETS, "SPOTLIGHT_REDIS_TLS_CERT": tls.b64("cert_pem"), "SPOTLIGHT_REDIS_TLS_KEY": tls.b64("key_pem")}]
+    expected += [{**SECRETS, "SPOTLIGHT_REDIS_PASSWORD": worker_password(SECRETS["SPOTLIGHT_REDIS_PASSWORD"])}] * 2
+    for task, secrets_of_task in zip(tasks, expected):
         served = served_task(task)
-        assert {k: v.get_secret_value() for k, v in served.secrets.items()} == {k: SECRETS[k] for k in SECRET_NAMES}
+        assert {k: v.get_secret_value() for k, v in served.secrets.items()} == secrets_of_task
+        assert served.envs["SPOTLIGHT_REDIS_RUN_CA"] == tls.b64("ca_pem")
         assert not served.managed_secret_refs and served.envs == task.envs and served.name == task.name
         assert {str(r) for r in served.resources} == {str(r) for r in task.resources}
     with pytest.raises(RuntimeError, match="No value available for secret"):  # a dry run's tasks: nothing to resolve
@@ -178,7 +186,11 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
     (r,) = yaml_reserved.resources
     assert reserved["resources"] == [{"accelerators": dict(r.accelerators), "use_spot": False, "job_recovery": None,
                                       "ports": list(r.ports), "cloud": None}]
-    assert reserved["envs"] == {**yaml_reserved.envs, "SPOTLIGHT_STORE": "s3://bucket/run", "MAX_USD": "200"}
+    ca = reserved["envs"]["SPOTLIGHT_REDIS_RUN_CA"]  # a throwaway CA: a dry run keeps nothing
+    assert __import__("base64").b64decode(ca).startswith(b"-----BEGIN CERTIFICATE-----")
+    assert reserved["envs"] == {**yaml_reserved.envs, "SPOTLIGHT_STORE": "s3://bucket/run", "MAX_USD": "200",
+                                "SPOTLIGHT_REDIS_RUN_CA": ca}
+    assert all(w["envs"]["SPOTLIGHT_REDIS_RUN_CA"] == ca for w in workers)
     assert reserved["secrets"] == {name: "***" for name in _yaml_secrets("reserved.yaml")} != {}
     assert [w["name"] for w in workers] == ["spotlight-rollout-1", "spotlight-rollout-2", "spotlight-rollout-3"]
     for w in workers:  # no --gpu: the YAML's any_of, every option spot with the YAML's job recovery
@@ -317,31 +329,86 @@ def test_bad_launch_flags_are_refused_before_anything_is_submitted(fake_sky, arg
     assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
 
 
+@dataclass
+class NodeRedis:
+    """The reserved node's Redis as its run block starts it: TLS with the run's CA, the ACL users, the password."""
+
+    port: int
+    password: str
+    folder: Any
+
+    def url(self, user: str = "") -> str:
+        return f"rediss://{user + '@' if user else ''}127.0.0.1:{self.port}/0"
+
+
 @pytest.fixture
-def reserved_redis(fake_sky, redis_server, monkeypatch):
-    """The fake reserved node's Redis is the test redis-server (its password is the launch secret)."""
-    redis_server.flush()
-    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", redis_server.password)
-    fake_sky.address = f"127.0.0.1:{redis_server.port}"
-    return redis_server
+def reserved_redis(fake_sky, tmp_path, monkeypatch):
+    """A redis-server configured by resources.queue_redis_tls from the TLS files `spotlight launch` reads (made here
+    first, in the state folder), with the launch password; the fake node's address points at it."""
+    import os
+    import shutil
+    import signal
+    import socket
+    import subprocess
+
+    from resources.cloud import tls_folder, with_run_tls
+    from resources.queue_redis_tls import run_tls, write_node_files
+    from tests.pipelines.sky_blocks import wait_for
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    password = "node-pass-\"q'\\ 7"  # quotes, a backslash and a space: any character is allowed
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", password)
+    tls = run_tls(tls_folder("spotlight-reserved"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    folder = tmp_path / "node-redis"
+    conf = write_node_files(folder, port, with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password}, tls))
+    subprocess.run(["redis-server", str(conf)], check=True, timeout=30)  # daemonizes, as on the node
+    wait_for(lambda: (folder / "redis.pid").exists() and socket.socket().connect_ex(("127.0.0.1", port)) == 0, 20,
+             "the node's redis-server")
+    fake_sky.address = f"127.0.0.1:{port}"
+    yield NodeRedis(port, password, folder)
+    os.kill(int((folder / "redis.pid").read_text()), signal.SIGTERM)
+
+
+def _node_queue(node: NodeRedis, monkeypatch):
+    """The coordinator's connection to the node's Redis (this process trusting the run's CA)."""
+    from resources.cloud import use_run_ca
+    from resources.queues import open_queue
+
+    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
+    assert use_run_ca("spotlight-reserved")
+    return open_queue(node.url())
 
 
 def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fake_sky, reserved_redis) -> None:
-    redis_server = reserved_redis
+    """The node gets the password, the server's certificate and key as resolved secrets; each worker gets only the
+    run's CA, its queue as the ACL user and that user's own password: never the coordinator's, never the key."""
+    import base64
+
+    from resources.queue_redis_tls import worker_password
+
+    node = reserved_redis
     result = _invoke("launch", "--workers", "2", "--gpu", "L4", "--store", "s3://b/p", "--max-usd", "50")
     assert result.exit_code == 0, result.output
     assert fake_sky.submitted == ["launch", "jobs.launch", "jobs.launch"]
     (reserved, cluster) = fake_sky.calls[0][1]
     assert cluster == "spotlight-reserved" and reserved.envs["MAX_USD"] == "50"
-    password = redis_server.password
-    # A secret the server resolved (not a managed-secret reference), never an env.
-    assert reserved.secrets["SPOTLIGHT_REDIS_PASSWORD"].get_secret_value() == password
-    assert not reserved.managed_secret_refs and "SPOTLIGHT_REDIS_PASSWORD" not in reserved.envs
+    served = {k: v.get_secret_value() for k, v in reserved.secrets.items()}
+    assert served["SPOTLIGHT_REDIS_PASSWORD"] == node.password and not reserved.managed_secret_refs
+    assert base64.b64decode(served["SPOTLIGHT_REDIS_TLS_KEY"]) == (node.folder / "server.key").read_bytes()
+    ca = base64.b64decode(reserved.envs["SPOTLIGHT_REDIS_RUN_CA"])
+    assert ca == (node.folder / "ca.pem").read_bytes() and "SPOTLIGHT_REDIS_PASSWORD" not in reserved.envs
     for _, (task, name), _ in [c for c in fake_sky.calls if c[0] == "jobs.launch"]:
-        assert task.name == name and task.envs["SPOTLIGHT_QUEUE"] == f"redis://127.0.0.1:{redis_server.port}/0"
-        assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {**SECRETS, "SPOTLIGHT_REDIS_PASSWORD": password}
-        assert password not in json.dumps(task.envs)
-    assert password not in result.output
+        assert task.name == name and task.envs["SPOTLIGHT_QUEUE"] == node.url("spotlight-worker")
+        assert base64.b64decode(task.envs["SPOTLIGHT_REDIS_RUN_CA"]) == ca
+        assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {
+            **SECRETS, "SPOTLIGHT_REDIS_PASSWORD": worker_password(node.password)}
+        assert node.password not in json.dumps(task.envs)
+    assert node.password not in result.output
+    assert "queue rediss://127.0.0.1:" in result.output
 
 
 def test_the_reserved_node_goes_down_by_itself_once_its_run_block_has_ended(fake_sky, reserved_redis) -> None:
@@ -368,7 +435,19 @@ def test_launch_waits_for_redis_and_submits_no_worker_when_it_never_answers(fake
     assert fake_sky.submitted == ["launch"] and time.monotonic() - started < 15
 
 
-def test_launch_refuses_to_go_on_when_redis_refuses_the_password(fake_sky, reserved_redis, monkeypatch) -> None:
+def test_launch_refuses_to_go_on_when_redis_refuses_the_password_or_its_certificate(
+        fake_sky, reserved_redis, monkeypatch, tmp_path) -> None:
+    import shutil
+
+    from resources.cloud import tls_folder
+
+    shutil.rmtree(tls_folder("spotlight-reserved"))  # this machine lost the run's CA: a new one is made
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and "presents a certificate the run's CA did not sign" in result.output
+    assert fake_sky.submitted == ["launch"]
+    fake_sky.calls.clear()
+    (tls_folder("spotlight-reserved") / "ca.pem").write_bytes((reserved_redis.folder / "ca.pem").read_bytes())
+    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
     monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", "not-the-password")
     result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
     assert result.exit_code == 1 and "refused the password" in result.output and fake_sky.submitted == ["launch"]
@@ -384,22 +463,20 @@ def test_a_second_launch_resumes_the_run_and_submits_only_the_missing_workers(fa
     assert "spotlight-rollout-1 is already running (managed job 4, RUNNING)" in result.output
 
 
-def test_a_relaunch_over_the_cap_starts_no_more_workers(fake_sky, reserved_redis) -> None:
-    from resources.queues import open_queue
-
-    redis_server = reserved_redis
-    with open_queue(f"redis://127.0.0.1:{redis_server.port}/0") as queue:
+def test_a_relaunch_over_the_cap_starts_no_more_workers(fake_sky, reserved_redis, monkeypatch) -> None:
+    with _node_queue(reserved_redis, monkeypatch) as queue:
         queue.publish_info({"usd_total": 51.5, "max_usd": 50.0})
     result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--max-usd", "50")
     assert result.exit_code == 1 and "already spent $51.50" in result.output
     assert fake_sky.submitted == ["launch"]
 
 
-def test_status_shows_iteration_score_spend_workers_and_queue_depth(reserved_redis, tmp_path) -> None:
+def test_status_shows_iteration_score_spend_workers_and_queue_depth(redis_server, tmp_path, monkeypatch) -> None:
     from resources.ledger import Ledger
     from resources.queues import open_queue
 
-    redis_server = reserved_redis
+    redis_server.flush()
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", redis_server.password)
     with Ledger(tmp_path / "ledger.duckdb") as ledger:
         ledger.start_worker("vm-1", role="rollout", instance_type="x", spot=True, usd_per_hour=36.0, at=time.time() - 100)
         ledger.start_iteration(0)
@@ -415,10 +492,9 @@ def test_status_shows_iteration_score_spend_workers_and_queue_depth(reserved_red
     assert "iteration 0" in text and "3 pending" in text and "of $10" in text
 
 
-def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_skypilot(fake_sky, reserved_redis) -> None:
-    from resources.queues import open_queue
-
-    with open_queue(f"redis://127.0.0.1:{reserved_redis.port}/0") as queue:
+def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_skypilot(
+        fake_sky, reserved_redis, monkeypatch) -> None:
+    with _node_queue(reserved_redis, monkeypatch) as queue:
         queue.publish_info({"iteration": 4, "heldout_score": 0.61, "usd_total": 12.5, "workers_alive": 1})
     fake_sky.jobs = [job("spotlight-rollout-1", 4, "RECOVERING"), job("spotlight-rollout-2", 5, "SUCCEEDED"),
                      job("someone-else", 6, "RUNNING")]
@@ -459,3 +535,13 @@ def test_down_takes_the_reserved_node_down_when_the_jobs_controller_has_stopped(
     fake_sky.cluster_exists = False  # and a second down finds nothing to take down
     again = _invoke("down", "--yes")
     assert again.exit_code == 0 and "does not exist (already down)" in again.output
+
+
+def test_run_json_which_keeps_a_queue_url_as_given_is_readable_by_its_owner_only(tmp_path) -> None:
+    from pipelines.run import SPEC_NAME, RunSpec
+
+    (tmp_path / SPEC_NAME).write_text("{}")
+    (tmp_path / SPEC_NAME).chmod(0o644)  # written by an older spotlight
+    RunSpec(str(tmp_path), queue="redis://:pass-in-url-Q1@10.0.0.7:6379/0", num_workers=0).save()
+    assert (tmp_path / SPEC_NAME).stat().st_mode & 0o777 == 0o600
+    assert "pass-in-url-Q1" in (tmp_path / SPEC_NAME).read_text()  # kept for --resume, for its owner's eyes only

@@ -116,9 +116,10 @@ def test_the_reserved_node_is_on_demand_opens_redis_and_takes_its_password_from_
     assert not any(r.use_spot for r in task.resources)
     assert any("6379" in (r.ports or []) for r in task.resources)
     raw = _raw("reserved.yaml")
-    assert "SPOTLIGHT_REDIS_PASSWORD" in raw["secrets"] and "SPOTLIGHT_REDIS_PASSWORD" not in (raw.get("envs") or {})
-    # The password reaches redis-server through a config file written by bash's printf builtin, never argv.
-    assert "--requirepass" not in raw["run"] and 'requirepass "%s"' in raw["run"]
+    assert {"SPOTLIGHT_REDIS_PASSWORD", "SPOTLIGHT_REDIS_TLS_KEY"} <= set(raw["secrets"])
+    assert not {"SPOTLIGHT_REDIS_PASSWORD", "SPOTLIGHT_REDIS_TLS_KEY"} & set(raw.get("envs") or {})
+    # The password and the key reach redis-server through files written from the environment, never argv.
+    assert "requirepass" not in raw["run"] and "python -m resources.queue_redis_tls" in raw["run"]
 
 
 def test_the_reserved_coordinator_command_exists_in_the_cli(tmp_path: Path) -> None:
@@ -207,14 +208,15 @@ def test_trainer_nproc_sync_mode_and_checkpointing_reach_spotlight_run_on_the_re
 
 
 def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_line(tmp_path: Path) -> None:
-    """In this order: the run is marked running (a relaunch resumes it), `spotlight run`, the run folder copied to
+    """In this order: Redis's TLS files and config written, the run marked running (a relaunch resumes it), `spotlight run`, the run folder copied to
     the store (the node's disk goes with autostop's down), the run marked ended (the spot workers then stop)."""
     commands = _python_commands("reserved.yaml", tmp_path, {"SPOTLIGHT_STORE": "s3://b/p"})
-    assert [argv[0] for argv in commands] == ["resources.run_status", "pipelines.cli", "resources.run_archive",
-                                              "resources.run_status"]
-    queue = commands[1][commands[1].index("--queue") + 1]
-    assert commands[0][1:] == ["--queue", queue, "--mark", "running"]
-    assert commands[3][1:] == ["--queue", queue, "--mark", "ended"]
-    assert commands[2][1:] == ["--run-dir", str(tmp_path / "run"), "--store", "s3://b/p"]
+    assert [argv[0] for argv in commands] == ["resources.queue_redis_tls", "resources.run_status", "pipelines.cli",
+                                              "resources.run_archive", "resources.run_status"]
+    queue = commands[2][commands[2].index("--queue") + 1]
+    assert queue.startswith("rediss://127.0.0.1:")  # the coordinator too talks TLS to its own Redis
+    assert commands[1][1:] == ["--queue", queue, "--mark", "running"]
+    assert commands[4][1:] == ["--queue", queue, "--mark", "ended"]
+    assert commands[3][1:] == ["--run-dir", str(tmp_path / "run"), "--store", "s3://b/p"]
     autostop = _raw("reserved.yaml")["resources"]["autostop"]
     assert autostop["down"] is True and autostop["wait_for"] == "jobs"
