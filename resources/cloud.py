@@ -196,7 +196,8 @@ def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
     return _finish(task, envs, plan)
 
 
-def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE) -> sky.Task:
+def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE,
+                usd_per_hour: float | None = None) -> sky.Task:
     """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue (as the workers' ACL user,
     with their own password), the run's CA, the plan's GPUs."""
     if secrets.get(PASSWORD_ENV):
@@ -209,9 +210,9 @@ def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_
         template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
         task.set_resources({template.copy(accelerators={gpu: count}) for gpu in names})
     envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store,
-            **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {})}
-    if len(plan.gpus) == 1 or count > 1:  # the node's spot price from the table, for the ledger and the cap
-        envs["USD_PER_HOUR"] = repr(_node_usd_per_hour(names, count))
+            **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
+            # The node's spot price for the ledger and the cap, whatever types any_of allows (never the YAML's flat one).
+            "USD_PER_HOUR": repr(usd_per_hour if usd_per_hour is not None else _node_usd_per_hour(names, count))}
     if plan.model is not None:
         envs["MODEL"] = plan.model
     if plan.sp_degree not in (None, 1):
@@ -235,9 +236,29 @@ def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan) -> sky.Ta
     return task
 
 
-def plan_tasks(plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE) -> list[sky.Task]:
+def plan_tasks(plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE,
+               usd_per_hour: float | None = None) -> list[sky.Task]:
     """The reserved node's task, then one task per spot worker: everything `launch` submits."""
-    return [reserved_task(plan, secrets)] + [worker_task(plan, secrets, i, queue_url) for i in range(1, plan.workers + 1)]
+    return [reserved_task(plan, secrets)] + [worker_task(plan, secrets, i, queue_url, usd_per_hour)
+                                             for i in range(1, plan.workers + 1)]
+
+
+def worker_gpus(plan: LaunchPlan) -> tuple[str, ...]:
+    """The accelerator types a spot job may get: --gpu's, else sky/spot_workers.yaml's any_of."""
+    return plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in yaml_task("spot_workers.yaml", {}).resources}))
+
+
+def catalog_price(plan: LaunchPlan, clouds: list[str], echo: Callable[[str], None] = print) -> float | None:
+    """A spot node's $/hour from SkyPilot's catalog on the enabled clouds (resources.prices), or None (the price
+    table then applies, as in --dry-run) when the catalog cannot be read; says which."""
+    from resources.prices import catalog_node_usd_per_hour
+
+    found = catalog_node_usd_per_hour(worker_gpus(plan), plan.node_gpus, spot=True, clouds=[c.lower() for c in clouds])
+    if found is None:
+        echo("spot workers priced from the price table (SkyPilot's catalog could not be read or lists none)")
+        return None
+    echo(f"spot workers priced at ${found[0]:.4f}/h: {found[1]}")
+    return found[0]
 
 
 def describe_task(task: sky.Task) -> dict[str, Any]:
@@ -289,8 +310,9 @@ def launch(plan: LaunchPlan, secrets: Mapping[str, str], *, before_workers: Call
     if before_workers is not None:
         before_workers(queue_url)
     running = {job["name"]: job for job in worker_jobs(echo)}
+    usd_per_hour = catalog_price(plan, clouds, echo)
     for index in range(1, plan.workers + 1):
-        task = worker_task(plan, secrets, index, f"rediss://{WORKER_USER}@{address}/0")
+        task = worker_task(plan, secrets, index, f"rediss://{WORKER_USER}@{address}/0", usd_per_hour)
         if task.name in running:
             echo(f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
                  f"{running[task.name]['status']}): not submitted again")

@@ -37,6 +37,9 @@ class FakeSky:
     """ManagedJobRecords the jobs controller holds."""
     controller_up: bool = True
     cluster_exists: bool = True
+    catalog: Any = None
+    """Offers sky.catalog.list_accelerators answers ({name: [InstanceTypeInfo]}), or the exception it raises;
+    None: a ConnectionError, as without network (the catalog downloads its tables)."""
     _answers: dict[str, Any] = field(default_factory=dict)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> "FakeSky":
@@ -50,6 +53,23 @@ class FakeSky:
             return self.clouds
 
         monkeypatch.setattr(cloud, "_enabled_clouds", enabled)
+        import sky.catalog
+
+        catalog_signature = inspect.signature(sky.catalog.list_accelerators)
+
+        def list_accelerators(*args, **kwargs):
+            import re
+
+            import requests
+
+            given = catalog_signature.bind(*args, **kwargs).arguments
+            if self.catalog is None or isinstance(self.catalog, Exception):
+                raise self.catalog or requests.exceptions.ConnectionError("Failed to fetch the catalog (no network)")
+            pattern = re.compile(given.get("name_filter") or "", 0 if given.get("case_sensitive", True) else re.I)
+            return {name: [o for o in offers if o.accelerator_count == given.get("quantity_filter", o.accelerator_count)]
+                    for name, offers in self.catalog.items() if pattern.search(name)}
+
+        monkeypatch.setattr(sky.catalog, "list_accelerators", list_accelerators)
         monkeypatch.setattr(sky, "get", self._get)
         monkeypatch.setattr(sky, "stream_and_get", self._get)
         for module, name, answer in ((sky, "launch", self._launch), (sky, "endpoints", self._endpoints),
@@ -115,6 +135,13 @@ def served_task(task):
     return served
 
 
+def offer(cloud: str, instance: str, gpu: str, count: int, price: float, spot_price: float):
+    """One catalog row as sky.catalog.list_accelerators returns it."""
+    from sky.catalog.common import InstanceTypeInfo
+
+    return InstanceTypeInfo(cloud, instance, gpu, count, 8.0, 24.0, 32.0, price, spot_price, "us-east-1")
+
+
 def job(name: str, job_id: int, status: str):
     """A managed job as `sky.jobs.queue_v2` returns it."""
     from sky.jobs.state import ManagedJobStatus
@@ -178,6 +205,8 @@ def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_r
 
 
 def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypilot_parses_them(fake_sky) -> None:
+    from resources.prices import PriceTable
+
     result = _invoke("launch", "--workers", "3", "--store", "s3://bucket/run", "--max-usd", "200", "--dry-run")
     assert result.exit_code == 0, result.output
     reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
@@ -198,6 +227,8 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
             next(iter(r.accelerators)) for r in yaml_spot.resources}
         assert all(r["use_spot"] and r["job_recovery"] == next(iter(yaml_spot.resources)).job_recovery for r in w["resources"])
         assert w["envs"]["SPOTLIGHT_STORE"] == "s3://bucket/run" and w["secrets"] == {n: "***" for n in _yaml_secrets("spot_workers.yaml")}
+        dearest = max(PriceTable().usd_per_hour(next(iter(r.accelerators)), spot=True)[0] for r in yaml_spot.resources)
+        assert float(w["envs"]["USD_PER_HOUR"]) == pytest.approx(dearest)  # not the YAML's flat one-GPU figure
 
 
 def test_dry_run_with_one_gpu_pins_the_workers_to_it_and_prices_them_from_the_table(fake_sky) -> None:
@@ -545,3 +576,47 @@ def test_run_json_which_keeps_a_queue_url_as_given_is_readable_by_its_owner_only
     RunSpec(str(tmp_path), queue="redis://:pass-in-url-Q1@10.0.0.7:6379/0", num_workers=0).save()
     assert (tmp_path / SPEC_NAME).stat().st_mode & 0o777 == 0o600
     assert "pass-in-url-Q1" in (tmp_path / SPEC_NAME).read_text()  # kept for --resume, for its owner's eyes only
+
+
+def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the_table(fake_sky, reserved_redis) -> None:
+    """The dearest of the allowed types' cheapest VMs (any_of: which type is free is not known); without the catalog
+    (no network) the price table's dearest type, never the YAML's flat $0.50."""
+    from resources.prices import PriceTable
+
+    fake_sky.catalog = {"L4": [offer("AWS", "g6.xlarge", "L4", 1, 0.80, 0.31), offer("GCP", "g2-standard-4", "L4", 1, 0.71, 0.28)],
+                        "A10G": [offer("AWS", "g5.xlarge", "A10G", 1, 1.01, 0.45)],
+                        "A100": [offer("GCP", "a2-highgpu-1g", "A100", 1, 3.67, 1.47),
+                                 offer("GCP", "a2-highgpu-2g", "A100", 2, 7.35, float("nan"))],
+                        "H100": [offer("AWS", "p5.4xlarge", "H100", 1, 6.88, 2.90), offer("GCP", "a3-highgpu-1g", "H100", 1, 5.38, 2.53)]}
+    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p")
+    assert result.exit_code == 0, result.output
+    (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
+    assert float(task.envs["USD_PER_HOUR"]) == 2.53 and "a3-highgpu-1g on GCP" in result.output
+    fake_sky.catalog, fake_sky.calls = None, []
+    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--gpu", "L4,A10G")
+    (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
+    assert "priced from the price table" in result.output
+    assert float(task.envs["USD_PER_HOUR"]) == pytest.approx(max(PriceTable().usd_per_hour(g, spot=True)[0]
+                                                                 for g in ("L4", "A10G")))
+
+
+def test_the_catalog_price_is_the_cheapest_vm_of_the_dearest_type_and_none_without_the_catalog() -> None:
+    import requests
+
+    from resources.prices import catalog_node_usd_per_hour
+
+    offers = {"L4": [offer("AWS", "g6.12xlarge", "L4", 4, 4.6, 1.9), offer("GCP", "g2-standard-48", "L4", 4, 4.0, 1.6)],
+              "A100": [offer("GCP", "a2-highgpu-4g", "A100", 4, 14.7, float("nan"))]}  # no spot offer
+
+    def listing(**kwargs):
+        return {k: v for k, v in offers.items() if k.lower() in kwargs["name_filter"].lower()}
+
+    assert catalog_node_usd_per_hour(("L4",), 4, spot=True, list_accelerators=listing) == (
+        1.6, "SkyPilot catalog, spot L4:4: g2-standard-48 on GCP (us-east-1)")
+    assert catalog_node_usd_per_hour(("L4", "A100"), 4, spot=False, list_accelerators=listing)[0] == 14.7
+    assert catalog_node_usd_per_hour(("L4", "A100"), 4, spot=True, list_accelerators=listing) is None
+    assert catalog_node_usd_per_hour(("H100",), 1, spot=True, list_accelerators=listing) is None
+
+    def offline(**kwargs):
+        raise requests.exceptions.ConnectionError("Failed to fetch GCP catalog gcp/vms.csv")
+    assert catalog_node_usd_per_hour(("L4",), 1, spot=True, list_accelerators=offline) is None
