@@ -34,7 +34,9 @@ def launch_command(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."),
 ) -> None:
     """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs."""
-    from resources.cloud import CloudError, LaunchPlan, describe_task, launch, launch_secrets, plan_tasks
+    from resources.cloud import (CloudError, LaunchPlan, describe_task, launch, launch_secrets, plan_tasks, tls_folder,
+                                 use_run_ca, with_run_tls)
+    from resources.queue_redis_tls import make_run_tls, run_tls
 
     try:
         plan = LaunchPlan(workers=workers, store=store, gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
@@ -51,10 +53,13 @@ def launch_command(
             _fail("launch", err)
         typer.echo(f"# not ready to launch: {err}", err=True)
         secrets = {}
+    if secrets:  # the run's CA and Redis certificate: kept on this machine (a relaunch reuses them); a dry run's are
+        secrets = with_run_tls(secrets, make_run_tls() if dry_run else run_tls(tls_folder(cluster)))  # thrown away
     if dry_run:
         for task in plan_tasks(plan, secrets):
             typer.echo(json.dumps(describe_task(task), sort_keys=True))
         return
+    use_run_ca(cluster)
     try:
         queue_url = launch(plan, secrets, before_workers=lambda url: _refuse_over_budget(url, max_usd),
                            echo=typer.echo)
@@ -136,7 +141,7 @@ def _queue_info(queue_url: str) -> Optional[dict]:
 
 
 def status_command(
-    queue: Optional[str] = typer.Option(None, "--queue", help="The run's queue (default: redis:// on the reserved node, from SkyPilot). Password from SPOTLIGHT_REDIS_PASSWORD(_FILE)."),
+    queue: Optional[str] = typer.Option(None, "--queue", help="The run's queue (default: rediss:// on the reserved node, from SkyPilot, trusting the run's CA kept by spotlight launch). Password from SPOTLIGHT_REDIS_PASSWORD(_FILE)."),
     ledger: Optional[Path] = typer.Option(None, "--ledger", help="Read iteration, score, spend and workers from this ledger file instead of the coordinator's summary in the queue."),
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -152,19 +157,33 @@ def status_command(
 
             record.update(ledger_status(lambda sql: query_ledger(ledger, sql)))
         if queue is None and ledger is None:
-            from resources.cloud import reserved_address, worker_jobs
+            from resources.cloud import reserved_address, use_run_ca, worker_jobs
 
-            queue = f"redis://{reserved_address(cluster)}/0"
-            record["spot_jobs"] = worker_jobs()
+            if not use_run_ca(cluster):
+                raise CloudError(f"no TLS files of {cluster!r} on this machine (spotlight launch keeps them under "
+                                 "$SPOTLIGHT_STATE_DIR, default ~/.spotlight): set SPOTLIGHT_REDIS_RUN_CA, or pass --queue")
+            queue = f"rediss://{reserved_address(cluster)}/0"
+            record["spot_jobs"] = worker_jobs(echo=lambda note: typer.echo(note, err=True))
         if queue is not None:
             info = _queue_info(queue)
             if info is None:
-                raise CloudError(f"cannot read the queue {queue} (is the reserved node up, and "
+                raise CloudError(f"cannot read the queue {_shown(queue)} (is the reserved node up, and "
                                  "SPOTLIGHT_REDIS_PASSWORD set to its password?)")
             record = {**info, **record}  # the ledger, when given, is the truth
     except (CloudError, FileNotFoundError) as err:
         _fail("status", err)
     typer.echo(json.dumps(record, sort_keys=True, default=str) if as_json else _status_text(record))
+
+
+def _shown(queue: str) -> str:
+    """The queue URL without a password it may hold (a status line must not print it)."""
+    from resources.queues import parse_queue_url
+
+    try:
+        where = parse_queue_url(queue)
+    except ValueError:
+        return "(an unreadable queue URL)"
+    return str(getattr(where, "url", where))
 
 
 def _status_text(r: dict) -> str:

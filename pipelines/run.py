@@ -129,8 +129,13 @@ class RunSpec:
         return dataclasses.replace(stored, **{k: asked[k] for k in RESUME_MAY_CHANGE if asked.get(k) is not None})
 
     def save(self) -> None:
+        """run.json, readable by its owner only (0600): a queue URL given with its password keeps it here."""
         Path(self.run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(self.run_dir) / SPEC_NAME).write_text(json.dumps(asdict(self), indent=2))
+        path = Path(self.run_dir) / SPEC_NAME
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # a run.json written before (0644) is narrowed too
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(asdict(self), indent=2))
 
     def resources(self) -> dict:
         from pipelines.deploy import build_resources

@@ -18,11 +18,15 @@ With `sp_degree` (2..8, or "auto"), each spot job is an SP node instead of one r
 a node of `gpus_per_node` GPUs (of each type asked for) whose run line starts the elastic SP
 node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GPUs together.
 
+The reserved node's Redis is TLS-only, signed by a CA made for the run, with an ACL user for
+the workers (resources/queue_redis_tls.py): the node gets the server's key, each worker only
+the CA certificate and its own password. `launch` submits workers once that Redis answers.
+
 Example:
     plan = LaunchPlan(workers=8, store="s3://bucket/spotlight", gpus=("A100",), max_usd=200)
-    secrets = launch_secrets(os.environ)                 # CloudError naming what to export
+    secrets = with_run_tls(launch_secrets(os.environ), run_tls(tls_folder(plan.cluster)))
     tasks = plan_tasks(plan, secrets)                    # what --dry-run prints (describe_task)
-    queue_url = launch(plan, secrets)                    # check_clouds, sky.launch, sky.jobs.launch x N
+    queue_url = launch(plan, secrets)                    # check_clouds, sky.launch, wait for Redis, sky.jobs.launch
     teardown(plan.cluster)                               # sky.jobs.cancel + sky.down
 """
 
@@ -34,9 +38,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import sky
+import yaml
+from sky import exceptions as sky_exceptions
 
 from resources.prices import PriceTable
-from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, redis_password
+from resources.queue_redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
+from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
 
 RESERVED_CLUSTER = "spotlight-reserved"
 WORKER_JOB_PREFIX = "spotlight-rollout"
@@ -46,8 +53,12 @@ SECRET_NAMES = (PASSWORD_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 CHECKOUT = Path(__file__).resolve().parent.parent
 """The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
 SKY_DIR = CHECKOUT / "sky"
-PLACEHOLDER_QUEUE = f"redis://RESERVED_NODE_IP:{REDIS_PORT}/0"
+PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
 """The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
+STATE_DIR_ENV = "SPOTLIGHT_STATE_DIR"
+"""Folder of what `spotlight launch` keeps on this machine between launches (each run's TLS files)."""
+REDIS_WAIT_S = 1200.0
+"""How long `launch` waits for the reserved node's Redis to answer after `sky.launch` returns (its setup included)."""
 MODEL_SOURCE_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "https")
 """Bucket URLs SkyPilot can copy a file mount from (https: an Azure blob container)."""
 
@@ -152,33 +163,61 @@ def launch_secrets(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     return {PASSWORD_ENV: password, **{name: env[name] for name in SECRET_NAMES[1:]}}
 
 
+def yaml_task(name: str, secrets: Mapping[str, str]) -> sky.Task:
+    """sky/`name` parsed by SkyPilot with the secrets it declares filled in (`secrets_overrides`, as `--secret NAME`
+    does). A YAML's `NAME: null` secret is a managed-secret reference: filled in after parsing (`update_secrets`) the
+    reference stays, and SkyPilot's launch refuses it ("No value available for secret(s)"). A declared secret
+    missing from `secrets` stays a reference (a dry run without credentials)."""
+    config = yaml.safe_load((SKY_DIR / name).read_text())
+    declared = list(config.get("secrets") or {})
+    given = [(k, secrets[k]) for k in declared if secrets.get(k)]
+    return sky.Task.from_yaml_config(config, secrets_overrides=given or None)
+
+
+def tls_folder(cluster: str, env: Mapping[str, str] = os.environ) -> Path:
+    """Where this machine keeps a run's TLS files (0700): $SPOTLIGHT_STATE_DIR (default ~/.spotlight)/CLUSTER/redis-tls."""
+    return Path(env.get(STATE_DIR_ENV) or "~/.spotlight").expanduser() / cluster / "redis-tls"
+
+
+def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
+    """The launch secrets plus the run's TLS material: the CA for everyone, the server's certificate and key for the
+    reserved node only (each task takes only the secrets its YAML declares)."""
+    return {**secrets, RUN_CA_ENV: tls.b64("ca_pem"), CERT_ENV: tls.b64("cert_pem"), KEY_ENV: tls.b64("key_pem")}
+
+
 def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
-    """sky/reserved.yaml with the plan's store, preset, iterations and cap."""
-    task = sky.Task.from_yaml(str(SKY_DIR / "reserved.yaml"))
-    envs = {"SPOTLIGHT_STORE": plan.store, "MAX_USD": f"{plan.max_usd:g}", "REDIS_PORT": str(REDIS_PORT)}
+    """sky/reserved.yaml with the plan's store, preset, iterations and cap, and the run's TLS material."""
+    task = yaml_task("reserved.yaml", secrets)
+    envs = {"SPOTLIGHT_STORE": plan.store, "MAX_USD": f"{plan.max_usd:g}", "REDIS_PORT": str(REDIS_PORT),
+            **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {})}
     envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
     if plan.model is not None:
         envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
-    return _finish(task, envs, secrets, plan)
+    return _finish(task, envs, plan)
 
 
-def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE) -> sky.Task:
-    """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue, the plan's GPUs."""
-    task = sky.Task.from_yaml(str(SKY_DIR / "spot_workers.yaml"))
+def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE,
+                usd_per_hour: float | None = None) -> sky.Task:
+    """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue (as the workers' ACL user,
+    with their own password), the run's CA, the plan's GPUs."""
+    if secrets.get(PASSWORD_ENV):
+        secrets = {**secrets, PASSWORD_ENV: worker_password(secrets[PASSWORD_ENV])}
+    task = yaml_task("spot_workers.yaml", secrets)
     task.name = f"{WORKER_JOB_PREFIX}-{index}"
     count = plan.node_gpus
     names = plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in task.resources}))
     if plan.gpus or count > 1:
         template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
         task.set_resources({template.copy(accelerators={gpu: count}) for gpu in names})
-    envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store}
-    if len(plan.gpus) == 1 or count > 1:  # the node's spot price from the table, for the ledger and the cap
-        envs["USD_PER_HOUR"] = repr(_node_usd_per_hour(names, count))
+    envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store,
+            **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
+            # The node's spot price for the ledger and the cap, whatever types any_of allows (never the YAML's flat one).
+            "USD_PER_HOUR": repr(usd_per_hour if usd_per_hour is not None else _node_usd_per_hour(names, count))}
     if plan.model is not None:
         envs["MODEL"] = plan.model
     if plan.sp_degree not in (None, 1):
         envs["SP_DEGREE"] = str(plan.sp_degree)
-    return _finish(task, envs, secrets, plan)
+    return _finish(task, envs, plan)
 
 
 def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
@@ -189,19 +228,37 @@ def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
     return round(max(table.usd_per_hour(gpu, spot=True)[0] for gpu in gpus) * count, 6)
 
 
-def _finish(task: sky.Task, envs: Mapping[str, str], secrets: Mapping[str, str], plan: LaunchPlan) -> sky.Task:
+def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan) -> sky.Task:
     task.update_envs(dict(envs))
     if plan.model_source is not None:  # copied from the bucket when the node starts (and again on recovery)
         task.update_file_mounts({plan.model: plan.model_source})
-    # SkyPilot drops a YAML's `null` secrets when it parses them; both YAMLs declare SECRET_NAMES.
-    task.update_secrets({k: v for k, v in secrets.items() if k in SECRET_NAMES})
     task.workdir = str(CHECKOUT)  # the YAMLs' `workdir: .` means the checkout, wherever launch runs from
     return task
 
 
-def plan_tasks(plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE) -> list[sky.Task]:
+def plan_tasks(plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE,
+               usd_per_hour: float | None = None) -> list[sky.Task]:
     """The reserved node's task, then one task per spot worker: everything `launch` submits."""
-    return [reserved_task(plan, secrets)] + [worker_task(plan, secrets, i, queue_url) for i in range(1, plan.workers + 1)]
+    return [reserved_task(plan, secrets)] + [worker_task(plan, secrets, i, queue_url, usd_per_hour)
+                                             for i in range(1, plan.workers + 1)]
+
+
+def worker_gpus(plan: LaunchPlan) -> tuple[str, ...]:
+    """The accelerator types a spot job may get: --gpu's, else sky/spot_workers.yaml's any_of."""
+    return plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in yaml_task("spot_workers.yaml", {}).resources}))
+
+
+def catalog_price(plan: LaunchPlan, clouds: list[str], echo: Callable[[str], None] = print) -> float | None:
+    """A spot node's $/hour from SkyPilot's catalog on the enabled clouds (resources.prices), or None (the price
+    table then applies, as in --dry-run) when the catalog cannot be read; says which."""
+    from resources.prices import catalog_node_usd_per_hour
+
+    found = catalog_node_usd_per_hour(worker_gpus(plan), plan.node_gpus, spot=True, clouds=[c.lower() for c in clouds])
+    if found is None:
+        echo("spot workers priced from the price table (SkyPilot's catalog could not be read or lists none)")
+        return None
+    echo(f"spot workers priced at ${found[0]:.4f}/h: {found[1]}")
+    return found[0]
 
 
 def describe_task(task: sky.Task) -> dict[str, Any]:
@@ -239,20 +296,92 @@ def _enabled_clouds() -> list[str]:
 
 
 def launch(plan: LaunchPlan, secrets: Mapping[str, str], *, before_workers: Callable[[str], None] | None = None,
-           echo: Callable[[str], None] = print) -> str:
-    """Start the reserved node, then the spot workers pointed at its Redis; returns the queue URL (no password).
+           echo: Callable[[str], None] = print, redis_wait_s: float | None = None) -> str:
+    """Start the reserved node, wait until its Redis answers (TLS, the run's CA, the password), then submit the spot
+    workers that are not already running (a second launch of a run resumes it); returns the coordinator's queue URL
+    (no password). `secrets`: launch_secrets with the run's TLS material (with_run_tls).
     `before_workers(queue_url)` may raise to stop before any worker is submitted (the spend cap)."""
     clouds = check_clouds()
     echo(f"enabled clouds: {', '.join(clouds)}; starting {plan.cluster}")
     sky.stream_and_get(sky.launch(reserved_task(plan, secrets), cluster_name=plan.cluster))
-    queue_url = f"redis://{reserved_address(plan.cluster)}/0"
+    address = reserved_address(plan.cluster)
+    queue_url = f"rediss://{address}/0"
+    wait_for_redis(queue_url, secrets, REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
     if before_workers is not None:
         before_workers(queue_url)
+    running = {job["name"]: job for job in worker_jobs(echo)}
+    usd_per_hour = catalog_price(plan, clouds, echo)
     for index in range(1, plan.workers + 1):
-        task = worker_task(plan, secrets, index, queue_url)
+        task = worker_task(plan, secrets, index, f"rediss://{WORKER_USER}@{address}/0", usd_per_hour)
+        if task.name in running:
+            echo(f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
+                 f"{running[task.name]['status']}): not submitted again")
+            continue
         job_ids, _ = sky.get(sky.jobs.launch(task, name=task.name))
         echo(f"submitted {task.name} (managed job {', '.join(map(str, job_ids or []))})")
     return queue_url
+
+
+def wait_for_redis(queue_url: str, secrets: Mapping[str, str], timeout_s: float, echo: Callable[[str], None] = print,
+                   poll_s: float = 5.0) -> None:
+    """Poll the reserved node's Redis until it answers a PING with the password (over TLS, trusting the run's CA
+    alone); CloudError (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its
+    setup or run block failed)."""
+    import time
+
+    from resources.urls import redis_address
+
+    address = redis_address(queue_url, {k: secrets[k] for k in (PASSWORD_ENV, RUN_CA_ENV) if secrets.get(k)})
+    deadline, last = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            _ping(address, connect_timeout_s=min(5.0, max(timeout_s, 0.1)))
+            return
+        except PermissionError as err:
+            raise CloudError(f"the reserved node's Redis at {address.host}:{address.port} refused the password "
+                             f"({err}); no spot workers submitted") from None
+        except OSError as err:
+            if "CERTIFICATE_VERIFY_FAILED" in str(err):
+                raise CloudError(f"the Redis at {address.host}:{address.port} presents a certificate the run's CA did "
+                                 f"not sign ({err}); no spot workers submitted. Is {RESERVED_CLUSTER} another run's "
+                                 "node? Its TLS files are kept under $SPOTLIGHT_STATE_DIR (~/.spotlight)") from None
+            last = err
+        if time.monotonic() + poll_s > deadline:
+            raise CloudError(f"the reserved node's Redis at {address.host}:{address.port} did not answer within "
+                             f"{timeout_s:g} s ({last}); no spot workers submitted. Its setup or run block may have "
+                             f"failed: see `sky logs {RESERVED_CLUSTER}`, then `spotlight launch` again (it resumes)")
+        echo(f"waiting for Redis at {address.host}:{address.port} ...")
+        time.sleep(poll_s)
+
+
+def _ping(address: Any, connect_timeout_s: float) -> None:
+    """One PING through redis-py: PermissionError for a refused password, OSError while the server is not there."""
+    import redis
+
+    from resources.queue_redis import redis_client
+
+    client = redis_client(address, socket_connect_timeout=connect_timeout_s, socket_timeout=connect_timeout_s)
+    try:
+        with client:
+            client.ping()
+    except redis.exceptions.AuthenticationError as err:
+        raise PermissionError(str(err)) from None
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+        raise OSError(str(err)) from None
+
+
+def use_run_ca(cluster: str, env: Any = os.environ) -> bool:
+    """Trust the run's CA in this process (SPOTLIGHT_REDIS_RUN_CA in `env`) when its TLS files are on this machine
+    and nothing else is set: `spotlight status` and a relaunch then reach the node's Redis. False when absent."""
+    from resources.queue_redis_tls import FILES
+
+    ca = tls_folder(cluster, env) / FILES[0]
+    if env.get(RUN_CA_ENV) or not ca.is_file():
+        return bool(env.get(RUN_CA_ENV))
+    import base64
+
+    env[RUN_CA_ENV] = base64.b64encode(ca.read_bytes()).decode("ascii")
+    return True
 
 
 def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:
@@ -266,22 +395,34 @@ def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:
     return str(next(iter(endpoints.values())))
 
 
-def worker_jobs() -> list[dict[str, Any]]:
-    """This project's unfinished managed spot jobs (name, id, status), from `sky.jobs.queue`."""
-    records = sky.get(sky.jobs.queue(refresh=False, skip_finished=True))
-    return [{"name": r.get("job_name"), "job_id": r.get("job_id"), "status": str(r.get("status"))}
-            for r in (_as_dict(r) for r in records) if str(r.get("job_name") or "").startswith(WORKER_JOB_PREFIX)]
+def worker_jobs(echo: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """This project's unfinished managed spot jobs (name, id, plain status word), from `sky.jobs.queue_v2`. A
+    stopped jobs controller (it stops itself once idle) runs no job: [] then, and `echo` says so."""
+    try:
+        records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, skip_finished=True, name_match=WORKER_JOB_PREFIX))
+    except sky_exceptions.ClusterNotUpError:
+        if echo is not None:
+            echo("the managed-jobs controller is stopped: no spot worker job is running")
+        return []
+    return [{"name": r.job_name, "job_id": r.job_id, "status": _status_word(r.status)}
+            for r in records if str(r.job_name or "").startswith(WORKER_JOB_PREFIX)]
 
 
-def _as_dict(record: Any) -> dict[str, Any]:
-    return record if isinstance(record, dict) else record.model_dump() if hasattr(record, "model_dump") else vars(record)
+def _status_word(status: Any) -> str | None:
+    """ManagedJobStatus.RECOVERING -> "RECOVERING" (the enum's value; str() would print the class name)."""
+    return None if status is None else str(getattr(status, "value", status))
 
 
 def teardown(cluster: str = RESERVED_CLUSTER, echo: Callable[[str], None] = print) -> None:
-    """Cancel every spot worker job, then take the reserved node down (billing stops)."""
-    ids = [j["job_id"] for j in worker_jobs() if j["job_id"] is not None]
+    """Cancel every spot worker job, then take the reserved node down (billing stops), whatever state the jobs
+    controller is in; a node already gone is reported, not an error."""
+    ids = [j["job_id"] for j in worker_jobs(echo) if j["job_id"] is not None]
     if ids:
         sky.get(sky.jobs.cancel(job_ids=ids))
         echo(f"cancelled {len(ids)} spot worker job(s)")
-    sky.get(sky.down(cluster))
+    try:
+        sky.get(sky.down(cluster))
+    except sky_exceptions.ClusterDoesNotExist:
+        echo(f"{cluster} does not exist (already down)")
+        return
     echo(f"{cluster} is down")

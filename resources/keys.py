@@ -16,6 +16,7 @@ manifests.
 | `bandit_state_key(run)` | `runs/{run}/bandit` | UCB bandit arm statistics, overwritten each iteration | coordinator |
 | `exploration_key(run, it)` | `runs/{run}/exploration/it-{it:06d}` | the exploration session that ran beside iteration it's training: arm, budget, request ids | coordinator (explore phase) |
 | `explore_result_key(run, it, rid)` | `runs/{run}/explore/it-{it:06d}/{rid}` | explored (stale, cheap) rewards of one prompt's candidate seeds; committed exclusively | rollout worker |
+| `run_rewards_key(run)` | `runs/{run}/rewards.json` | the reward specs the run scores with (training, validation): a worker refuses a request naming any other (a queue is not trusted to pick a URL to send images to) | coordinator (sync phase) |
 | `prompt_embeddings_key(run, prompt)` | `runs/{run}/prompt_embeddings/{blake2b-20 of the prompt}` | one prompt's text-encoder outputs (safetensors: the family's `embedding_names`, e.g. `prompt_embeds`, `pooled`), with the prompt and the encoder settings in the manifest: workers read them instead of loading the text encoders | coordinator (sync phase) |
 
 Listing helpers: `rollouts_prefix(run, it)` lists one iteration's results,
@@ -85,6 +86,11 @@ def version_label(version: int) -> str:
 def run_prefix(run: str) -> str:
     """Everything a run stores lives under this prefix."""
     return f"runs/{check_name(run, 'run name')}/"
+
+
+def run_rewards_key(run: str) -> str:
+    """The rewards a run scores with (JSON list of specs), written by the coordinator: workers score only these."""
+    return run_prefix(run) + "rewards.json"
 
 
 def anchor_key(run: str, version: int) -> str:

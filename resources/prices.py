@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 _READ_ON = "2026-11-29"
 _SKY_GCP = "skypilot-org/skypilot-catalog catalogs/v7/gcp/vms.csv @017e2502, us-central1"
@@ -108,6 +108,37 @@ class PriceTable:
     def as_json(self) -> dict[str, Any]:
         """The table as plain data, stored in the ledger's `runs` row for audit."""
         return {name: vars(p) for name, p in sorted(self.gpus.items())}
+
+
+def catalog_node_usd_per_hour(gpus: tuple[str, ...], count: int, *, spot: bool, clouds: Any = None,
+                              list_accelerators: Callable[..., Mapping[str, list]] | None = None,
+                              ) -> tuple[float, str] | None:
+    """The whole VM's hourly price from SkyPilot's catalog for `count` of one of `gpus` (spot or on-demand): for
+    each GPU type the cheapest VM offering it (what SkyPilot's optimizer launches), then the dearest of the types
+    (which one is free is not known in advance: the spend cap must not undercount). (usd, source), or None when
+    the catalog cannot be read (it downloads its tables: no network) or offers none of them; the caller then
+    falls back to the price table. `list_accelerators`: sky.catalog.list_accelerators (a stand-in in tests)."""
+    if list_accelerators is None:
+        from sky import catalog
+
+        list_accelerators = catalog.list_accelerators
+    cheapest = {}
+    for gpu in gpus:
+        try:
+            offers = list_accelerators(gpus_only=True, name_filter=f"^{gpu}$", quantity_filter=count, clouds=clouds,
+                                       case_sensitive=False, all_regions=True)
+        except (OSError, ValueError):  # requests' errors are OSErrors: no network, an unknown cloud
+            return None
+        prices = [(o.spot_price if spot else o.price, f"{o.instance_type} on {o.cloud} ({o.region})")
+                  for infos in offers.values() for o in infos
+                  if o.accelerator_name.lower() == gpu.lower() and o.accelerator_count == count]
+        prices = [(usd, where) for usd, where in prices if usd == usd and usd > 0]  # no NaN (no spot offer)
+        if not prices:
+            return None
+        cheapest[gpu] = min(prices)
+    gpu = max(cheapest, key=lambda name: cheapest[name][0])
+    usd, where = cheapest[gpu]
+    return usd, f"SkyPilot catalog, {'spot' if spot else 'on-demand'} {gpu}:{count}: {where}"
 
 
 def load_prices(path: str | Path | None = None) -> PriceTable:

@@ -25,6 +25,7 @@ from resources.queue_records import (
     check_result_key,
     check_worker_id,
 )
+from resources.queue_redis_tls import SERVER_NAME
 
 _PREFIX = "spotlight:{queue}"  # one hash tag: all keys in one slot, so the scripts also run on a cluster
 _CHUNK = 500
@@ -49,19 +50,14 @@ class RedisQueue(RequestQueue):
     def __init__(self, address: RedisAddress, config: QueueConfig = QueueConfig()) -> None:
         self.address = address
         self.config = config
-        self._redis = redis.Redis(
-            host=address.host,
-            port=address.port,
-            db=address.db,
-            username=address.username,
-            password=address.password,
+        self._redis = redis_client(
+            address,
             socket_connect_timeout=config.connect_timeout_s,
             socket_timeout=max(10.0, config.connect_timeout_s),
             # Retries cover dropped connections. A retried script may run twice: put and ack are
             # idempotent, and a doubly claimed request just waits for its orphaned lease to expire.
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
             decode_responses=True,
-            **_tls_options(address),
         )
         self._keys = [f"{_PREFIX}:stream:{kind}" for kind in KINDS_BY_PRIORITY] + [
             f"{_PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")
@@ -97,6 +93,9 @@ class RedisQueue(RequestQueue):
             ) from err
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
             hint = " (a TLS server? use rediss://)" if not self.address.tls and "Connection reset" in str(err) else ""
+            if "CERTIFICATE_VERIFY_FAILED" in str(err):
+                hint = (" (its TLS certificate is not signed by a CA this process trusts: a run's spot workers need "
+                        "SPOTLIGHT_REDIS_RUN_CA, the run's CA, as spotlight launch sets it)")
             raise QueueUnavailableError(
                 f"cannot reach the Redis queue at {where}{hint} during {op} "
                 f"(connect timeout {self.config.connect_timeout_s:g} s): {err}"
@@ -241,7 +240,30 @@ class RedisQueue(RequestQueue):
         return [DeadLetter(Request.from_json(fields["body"]), int(fields["attempts"])) for _, fields in entries]
 
 
-def _tls_options(address: RedisAddress) -> dict[str, Any]:
+class RunCaConnection(redis.connection.SSLConnection):
+    """TLS that trusts the run's own CA and nothing else (not the system's CAs), and checks that the server's
+    certificate names SERVER_NAME: the certificate was made before the node had an address."""
+
+    def _wrap_socket_with_ssl(self, sock):
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verify_mode CERT_REQUIRED, check_hostname on, no CAs
+        context.load_verify_locations(cadata=self.ca_data)
+        return context.wrap_socket(sock, server_hostname=SERVER_NAME)
+
+
+def redis_client(address: RedisAddress, **options: Any) -> redis.Redis:
+    """A redis-py client for `address`: plain, TLS checked against the system's CAs (or SPOTLIGHT_REDIS_CA_FILE)
+    with the host name, or TLS pinned to the run's own CA (SPOTLIGHT_REDIS_RUN_CA, RunCaConnection)."""
+    where = {"host": address.host, "port": address.port, "db": address.db, "username": address.username,
+             "password": address.password}
+    if address.tls and address.run_ca is not None:
+        pool = redis.ConnectionPool(connection_class=RunCaConnection, ssl_ca_data=address.run_ca, **where, **options)
+        return redis.Redis(connection_pool=pool)
+    return redis.Redis(**where, **options, **tls_options(address))
+
+
+def tls_options(address: RedisAddress) -> dict[str, Any]:
     """rediss://: TLS with the server's certificate and host name checked (against SPOTLIGHT_REDIS_CA_FILE if set)."""
     if not address.tls:
         return {}

@@ -22,7 +22,12 @@ from typing import Any, Callable, Mapping
 
 log = logging.getLogger("spotlight.run_status")
 EXIT_OVER_BUDGET = 3
-"""The gate's exit code once the ledger's spend reached the cap (the spot task then ends its job with 0)."""
+"""The gate's exit code once the ledger's spend reached the cap or the run ended (the spot task then ends its job
+with 0)."""
+ENDED_KEY = "run_ended"
+"""Published by the reserved node's run block: true once `spotlight run` exited after its last iteration."""
+STOP_GRACE_S = 120.0
+"""How long a worker stopped because the run ended may take to give its request back before it is killed."""
 
 _SQL = {
     "iteration": "SELECT max(iteration) FROM iterations WHERE status = 'succeeded'",
@@ -80,26 +85,85 @@ class StatusPublisher:
             self.publish()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The spend gate: 0 = go on sampling, EXIT_OVER_BUDGET = the cap is reached. An unreadable queue lets the
-    worker start (it cannot work without the queue anyway, and says why)."""
-    parser = argparse.ArgumentParser(prog="python -m resources.run_status", description=main.__doc__.split(".")[0])
-    parser.add_argument("--queue", required=True, help="The run's Redis queue (password from SPOTLIGHT_REDIS_PASSWORD).")
-    args = parser.parse_args(argv)
-    from resources.queue import QueueError
+def run_ended(info: Mapping[str, Any]) -> bool:
+    """True once the reserved node's run line has exited after its last iteration (`--mark ended`) or the spend
+    reached the cap: no more work will come, so a spot worker may end its job."""
+    return bool(info.get(ENDED_KEY)) or over_budget(info)
+
+
+def _read_info(url: str) -> dict[str, Any]:
+    """The run's published summary; QueueError or ValueError when the queue cannot be read."""
     from resources.queues import open_queue
 
-    try:
+    with open_queue(url) as queue:
+        return queue.info() if hasattr(queue, "info") else {}
+
+
+def supervise(command: list[str], url: str, every_s: float, read_info: Callable[[str], Mapping[str, Any]] = _read_info,
+              ) -> int:
+    """Run `command` (the spot worker) until it exits, or until the run has ended: then SIGTERM it (it gives its
+    request back and commits) and return 0, so its managed job ends instead of being recovered. Returns the
+    command's own exit code otherwise. An unreadable queue is no reason to stop: the worker says why itself."""
+    import signal
+    import subprocess
+
+    from resources.queue import QueueError
+
+    child = subprocess.Popen(command)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the job's SIGTERM reaches the worker directly (same group)
+    ended = False
+    while True:
+        try:
+            return 0 if ended else child.wait(timeout=every_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            ended = run_ended(read_info(url))
+        except (ValueError, QueueError):
+            continue
+        if ended:
+            print("resources.run_status: the run has ended; stopping this spot worker (its job ends with 0)",
+                  file=sys.stderr)
+            child.terminate()
+            try:
+                child.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The spend gate: 0 = go on sampling, EXIT_OVER_BUDGET = the cap is reached or the run has ended. An unreadable
+    queue lets the worker start (it cannot work without the queue anyway, and says why). With `-- COMMAND...`: run the
+    worker under supervision (`supervise`). With --mark: record that the run is running or has ended."""
+    parser = argparse.ArgumentParser(prog="python -m resources.run_status", description=main.__doc__.split(".")[0])
+    parser.add_argument("--queue", required=True, help="The run's Redis queue (password from SPOTLIGHT_REDIS_PASSWORD).")
+    parser.add_argument("--mark", choices=("running", "ended"), help="Publish the run's state (the reserved node).")
+    parser.add_argument("--every-s", type=float, default=30.0, help="How often a supervised worker checks the run.")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the worker's command line, to supervise")
+    args = parser.parse_args(argv)
+    from resources.queue import QueueError
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.mark is not None:
+        from resources.queues import open_queue
+
         with open_queue(args.queue) as queue:
-            info = queue.info() if hasattr(queue, "info") else {}
+            queue.publish_info({ENDED_KEY: args.mark == "ended"})
+        return 0
+    try:
+        info = _read_info(args.queue)
     except (ValueError, QueueError) as err:
         print(f"resources.run_status: cannot read the run's spend ({err}); starting anyway", file=sys.stderr)
-        return 0
+        info = {}
     if over_budget(info):
         print(f"resources.run_status: the run spent ${info['usd_total']:.2f} of its ${info['max_usd']:.2f} cap; "
               "not starting another worker", file=sys.stderr)
         return EXIT_OVER_BUDGET
-    return 0
+    if run_ended(info):
+        print("resources.run_status: the run has ended; not starting another worker", file=sys.stderr)
+        return EXIT_OVER_BUDGET
+    return supervise(command, args.queue, args.every_s) if command else 0
 
 
 if __name__ == "__main__":

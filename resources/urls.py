@@ -14,6 +14,9 @@ PASSWORD_FILE_ENV = "SPOTLIGHT_REDIS_PASSWORD_FILE"
 """Environment variable naming a file whose first line is the Redis password (a mounted secret)."""
 CA_FILE_ENV = "SPOTLIGHT_REDIS_CA_FILE"
 """rediss:// only: a PEM bundle to trust instead of the system's CAs (a self-signed server)."""
+RUN_CA_ENV = "SPOTLIGHT_REDIS_RUN_CA"
+"""rediss:// only: the run's own CA (base64 of its PEM, made by `spotlight launch`), which signed the run's Redis
+certificate and nothing else: the chain is checked against it, the host name is not (resources/queue_redis_tls.py)."""
 REDIS_SCHEMES = ("redis", "rediss")
 
 
@@ -48,6 +51,8 @@ class RedisAddress:
     tls: bool = False
     """rediss://: TLS to the server, its certificate checked against the system's CAs (or SPOTLIGHT_REDIS_CA_FILE)."""
     ca_file: str | None = None
+    run_ca: str | None = field(default=None, repr=False)
+    """The run's CA certificate (PEM text) from SPOTLIGHT_REDIS_RUN_CA; it takes precedence over ca_file."""
 
     def __repr__(self) -> str:
         return f"RedisAddress({self.url!r})"
@@ -81,7 +86,25 @@ def redis_address(url: str, env: Mapping[str, str] = os.environ) -> RedisAddress
         raise ValueError(f"{CA_FILE_ENV}={ca_file} is not a file: point it at the PEM bundle that signed the "
                          "Redis server's certificate, or unset it to trust the system's CAs")
     return RedisAddress(parsed.hostname, parsed.port or 6379, int(db_text), username, password,
-                        tls=scheme == "rediss", ca_file=ca_file)
+                        tls=scheme == "rediss", ca_file=ca_file, run_ca=_run_ca(env) if scheme == "rediss" else None)
+
+
+def _run_ca(env: Mapping[str, str]) -> str | None:
+    """The PEM text of SPOTLIGHT_REDIS_RUN_CA (base64); ValueError when it is not one."""
+    import base64
+    import binascii
+
+    raw = env.get(RUN_CA_ENV)
+    if not raw:
+        return None
+    try:
+        pem = base64.b64decode(raw, validate=True).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError):
+        pem = ""
+    if "-----BEGIN CERTIFICATE-----" not in pem:
+        raise ValueError(f"{RUN_CA_ENV} is not a base64 PEM certificate: set it to the run's CA as spotlight launch "
+                         "hands it to the workers (or unset it)")
+    return pem
 
 
 def redis_password(env: Mapping[str, str] = os.environ) -> str | None:

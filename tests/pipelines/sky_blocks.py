@@ -78,7 +78,8 @@ printf '%s\\x1e' "$line" >> "$STUB_ARGV_LOG"
 def stub_run(task, workdir: Path, base_env: Mapping[str, str], programs=("python", "redis-server")) -> list[list[str]]:
     """Run the task's `run:` block with bash, its `programs` replaced by stubs that only record their argv: every
     command the block would start on a node, with the envs expanded as bash expands them (in the order they ran;
-    the stages of a pipeline may come in either order)."""
+    the stages of a pipeline may come in either order). A command `python -m resources.run_status ... -- CMD`
+    (the spot worker's supervisor) is recorded as itself and CMD."""
     stubs = workdir / "stub-bin"
     stubs.mkdir(parents=True, exist_ok=True)
     for name in programs:
@@ -91,7 +92,15 @@ def stub_run(task, workdir: Path, base_env: Mapping[str, str], programs=("python
     env.update(PATH=f"{stubs}{os.pathsep}{env['PATH']}", STUB_ARGV_LOG=str(log))
     done = subprocess.run(["bash", str(script)], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"the run block failed ({done.returncode}): {done.stderr[-2000:]}"
-    return [record.split("\x1f")[:-1] for record in log.read_text().split("\x1e") if record]
+    commands = []
+    for record in log.read_text().split("\x1e"):
+        argv = record.split("\x1f")[:-1]
+        if argv[:3] == ["python", "-m", "resources.run_status"] and "--" in argv:  # a supervisor: it starts the rest
+            at = argv.index("--")
+            commands += [argv[:at], argv[at + 1:]]
+        elif argv:
+            commands.append(argv)
+    return commands
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""The cloud path rehearsed on this machine: each SkyPilot YAML parsed by SkyPilot, its `run:` block executed as
-SkyPilot would on a node, against a real password-protected redis-server and a moto S3 server.
+"""The cloud path rehearsed on this machine: each SkyPilot task built as `spotlight launch` builds it, its `run:` block
+executed as SkyPilot would on a node, against the node's own redis-server (TLS with the run's CA, ACL users) and a
+moto S3 server. A worker with the wrong password, or without the run's CA, is refused and says why.
 
 One reserved block (Redis, coordinator, trainer, one local worker) and two spot-worker
 blocks run two iterations of preset cpu_smoke. One spot worker is SIGTERMed mid-request
@@ -20,7 +21,7 @@ import pytest
 from tests.paths import REPO_ROOT
 from tests.pipelines.sky_blocks import ArgvWatch, Block, start_block, wait_for
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(shutil.which("redis-server") is None,
                                  reason="redis-server is not installed (apt-get install redis-server); the reserved "
                                         "block starts its own")]
@@ -34,21 +35,26 @@ def _free_port() -> int:
 
 
 def _tasks(store: str, port: int, run_dir: Path, password: str):
-    import sky
+    """The reserved task and a spot worker's, as `spotlight launch` builds them (the run's TLS material, the workers'
+    ACL user and password), with the envs that make them run here."""
+    from resources.cloud import LaunchPlan, reserved_task, with_run_tls, worker_task
+    from resources.queue_redis_tls import make_run_tls
 
-    def load(name: str, envs: dict):
-        task = sky.Task.from_yaml(str(REPO_ROOT / "sky" / name))
-        task.update_envs(envs)  # what `sky launch --env` / `spotlight launch` sets
-        task.update_secrets({"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing",
-                             "AWS_SECRET_ACCESS_KEY": "testing"})
-        return task
-
-    reserved = load("reserved.yaml", {"SPOTLIGHT_STORE": store, "PRESET": "cpu_smoke", "ITERATIONS": "2",
-                                      "RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port),
-                                      "TRAINER_DEVICE": "cpu"})
-    spot = load("spot_workers.yaml", {"SPOTLIGHT_QUEUE": f"redis://127.0.0.1:{port}/0", "SPOTLIGHT_STORE": store,
-                                      "DEVICE": "cpu", "USD_PER_HOUR": "0.25"})
-    return reserved, spot
+    secrets = with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing",
+                            "AWS_SECRET_ACCESS_KEY": "testing"}, make_run_tls())
+    plan = LaunchPlan(workers=1, store=store, preset="cpu_smoke", iterations=2)
+    reserved = reserved_task(plan, secrets)
+    reserved.update_envs({"RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port),
+                          "TRAINER_DEVICE": "cpu"})  # what `sky launch --env` sets
+    queue = f"rediss://spotlight-worker@127.0.0.1:{port}/0"
+    spot_envs = {"DEVICE": "cpu", "USD_PER_HOUR": "0.25", "END_CHECK_S": "1"}
+    spot = worker_task(plan, secrets, 1, queue)
+    spot.update_envs(spot_envs)
+    wrong_password = worker_task(plan, {**secrets, "SPOTLIGHT_REDIS_PASSWORD": "not-the-run's"}, 2, queue)
+    wrong_password.update_envs(spot_envs)
+    no_ca = worker_task(plan, secrets, 3, queue)
+    no_ca.update_envs({**spot_envs, "SPOTLIGHT_REDIS_RUN_CA": ""})
+    return reserved, spot, {"wrong password": wrong_password, "no CA": no_ca}
 
 
 def _claimed(block: Block) -> bool:
@@ -61,13 +67,17 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     password = secrets.token_hex(16)
     port, run_dir, logs = _free_port(), tmp_path / "run", tmp_path / "logs"
-    reserved_task, spot_task = _tasks(f"s3://{s3_server.bucket}/spotlight", port, run_dir, password)
+    reserved_task, spot_task, refused = _tasks(f"s3://{s3_server.bucket}/spotlight", port, run_dir, password)
     recover_on = list(spot_task.resources)[0].job_recovery["recover_on_exit_codes"]
     blocks: list[Block] = []
+    outsiders: dict[str, Block] = {}
     with ArgvWatch(password.encode()) as argv_watch:
         try:
             blocks.append(reserved := start_block(reserved_task, "reserved", REPO_ROOT, logs, os.environ))
             wait_for(lambda: (run_dir / "redis" / "redis.pid").exists(), 30, "redis-server", blocks)
+            wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 30, "redis-server's port", blocks)
+            outsiders = {why: start_block(task, why.replace(" ", "-"), REPO_ROOT, logs, os.environ)
+                         for why, task in refused.items()}
             blocks += [start_block(spot_task, f"spot{i}", REPO_ROOT, logs, os.environ) for i in (1, 2)]
             wait_for(lambda: any(_claimed(b) for b in blocks[1:]), RUN_TIMEOUT_S, "a spot worker's claim", blocks)
             victim = next(b for b in blocks[1:] if _claimed(b))
@@ -76,12 +86,22 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
             assert exit_code in recover_on, f"a preempted worker exits {exit_code}; job_recovery recovers {recover_on}"
             blocks.append(start_block(spot_task, f"{victim.name}-recovered", REPO_ROOT, logs, os.environ))
             assert reserved.wait(RUN_TIMEOUT_S) == 0, reserved.text()[-3000:]
+            for block in blocks[1:]:  # the run has ended: every live spot job ends by itself, with 0 (not recovered)
+                if block is not victim:
+                    assert block.wait(60) == 0, block.text()[-3000:]
+            for why, block in outsiders.items():  # a worker the run did not set up is refused, saying why
+                code = block.wait(60)
+                expected = "rejected the credentials" if why == "wrong password" else "not signed by a CA this process trusts"
+                assert code == 2 and expected in block.text(), f"{why}: exit {code}\n{block.text()[-2000:]}"
         finally:
-            for block in reversed(blocks):
+            for block in [*reversed(blocks), *outsiders.values()]:
                 block.stop()
             _stop_redis(run_dir)
     assert argv_watch.scans > 10 and not argv_watch.hits, f"the Redis password was on a command line: {argv_watch.hits}"
     _assert_ledger(run_dir / "ledger.duckdb", victim_log=victim.text(), password=password)
+    from resources.stores import open_store  # the record outlives the node's disk (autostop deletes it)
+    archived = open_store(f"s3://{s3_server.bucket}/spotlight").get_bytes(f"archive/{run_dir.name}/ledger.duckdb")
+    assert archived == (run_dir / "ledger.duckdb").read_bytes()
     for log in [*logs.glob("*.log"), *run_dir.rglob("*.log"), *run_dir.rglob("*.stderr")]:
         assert password not in log.read_text(errors="replace"), f"the Redis password is in {log}"
 

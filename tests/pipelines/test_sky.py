@@ -23,12 +23,12 @@ def _python_commands(name: str, workdir: Path, envs: dict | None = None) -> list
     YAML's envs (and `envs`, as `--env` sets them) and its secrets, `python` and `redis-server` stubbed out."""
     import os
 
-    import sky
     from tests.pipelines.sky_blocks import stub_run
 
-    task = sky.Task.from_yaml(str(SKY / name))
+    from resources.cloud import yaml_task
+
+    task = yaml_task(name, {k: "secret-value" for k in _raw(name).get("secrets") or {}})
     task.update_envs({"RUN_DIR": str(workdir / "run"), **(envs or {})})
-    task.update_secrets({k: "secret-value" for k in _raw(name).get("secrets") or {}})
     return [argv[2:] for argv in stub_run(task, workdir, os.environ) if argv[:2] == ["python", "-m"]]
 
 
@@ -116,9 +116,10 @@ def test_the_reserved_node_is_on_demand_opens_redis_and_takes_its_password_from_
     assert not any(r.use_spot for r in task.resources)
     assert any("6379" in (r.ports or []) for r in task.resources)
     raw = _raw("reserved.yaml")
-    assert "SPOTLIGHT_REDIS_PASSWORD" in raw["secrets"] and "SPOTLIGHT_REDIS_PASSWORD" not in (raw.get("envs") or {})
-    # The password reaches redis-server through a config file written by bash's printf builtin, never argv.
-    assert "--requirepass" not in raw["run"] and 'requirepass "%s"' in raw["run"]
+    assert {"SPOTLIGHT_REDIS_PASSWORD", "SPOTLIGHT_REDIS_TLS_KEY"} <= set(raw["secrets"])
+    assert not {"SPOTLIGHT_REDIS_PASSWORD", "SPOTLIGHT_REDIS_TLS_KEY"} & set(raw.get("envs") or {})
+    # The password and the key reach redis-server through files written from the environment, never argv.
+    assert "requirepass" not in raw["run"] and "python -m resources.queue_redis_tls" in raw["run"]
 
 
 def test_the_reserved_coordinator_command_exists_in_the_cli(tmp_path: Path) -> None:
@@ -126,11 +127,9 @@ def test_the_reserved_coordinator_command_exists_in_the_cli(tmp_path: Path) -> N
 
     from pipelines.cli import app
 
-    (argv,) = _python_commands("reserved.yaml", tmp_path)
-    assert argv[0] == "pipelines.cli"
+    argv = _by_module(_python_commands("reserved.yaml", tmp_path))["pipelines.cli"]
     commands = get_command(app).commands
-    if argv[1] not in commands:
-        pytest.skip(f"`spotlight {argv[1]}` (the coordinator, issue 6) is not in the CLI yet")
+    assert argv[1] in commands, f"`spotlight {argv[1]}` is not a command"
     known = {opt for param in commands[argv[1]].params for opt in param.opts}
     used = {a for a in argv[2:] if a.startswith("--")}
     assert used <= known, f"flags the command does not take: {sorted(used - known)}"
@@ -142,14 +141,16 @@ def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(sp_deg
     preemption reaches it: every process of the job."""
     import signal
 
-    import sky
     from tests.pipelines.sky_blocks import start_block, wait_for
 
+    from resources.cloud import yaml_task
+
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    task = sky.Task.from_yaml(str(SKY / "spot_workers.yaml"))
+
+    task = yaml_task("spot_workers.yaml", {"SPOTLIGHT_REDIS_PASSWORD": "unused", "AWS_ACCESS_KEY_ID": "x",
+                                           "AWS_SECRET_ACCESS_KEY": "y"})
     task.update_envs({"SPOTLIGHT_QUEUE": str(tmp_path / "queue.db"), "SPOTLIGHT_STORE": str(tmp_path / "store"),
                       "DEVICE": "cpu", "SP_DEGREE": sp_degree, "SKYPILOT_NUM_GPUS_PER_NODE": "2"})
-    task.update_secrets({"SPOTLIGHT_REDIS_PASSWORD": "unused", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
     (tmp_path / "store").mkdir()
     block = start_block(task, "spot", REPO, tmp_path / "logs", __import__("os").environ)
     try:
@@ -173,7 +174,7 @@ def test_with_model_set_both_run_blocks_hand_the_folder_to_the_coordinator_and_e
     model.mkdir(parents=True)
     (model / "model_index.json").write_text('{"_class_name": "QwenImagePipeline"}')
     for envs, expected in (({"MODEL": str(model)}, ["--model", str(model)]), ({}, [])):
-        (run,) = _python_commands("reserved.yaml", tmp_path / "reserved", envs)
+        run = _by_module(_python_commands("reserved.yaml", tmp_path / "reserved", envs))["pipelines.cli"]
         worker = _by_module(_python_commands("spot_workers.yaml", tmp_path / "spot", envs))["workers.rollout"]
         for argv in (run, worker):
             at = argv.index("--model") if "--model" in argv else None
@@ -200,7 +201,22 @@ def test_trainer_nproc_sync_mode_and_checkpointing_reach_spotlight_run_on_the_re
         ("defaults", {}, (1, None, None)),
         ("ranked", {"TRAINER_NPROC": "8", "SYNC_MODE": "merged", "GRADIENT_CHECKPOINTING": "1"}, (8, "merged", True)),
     ):
-        (argv,) = _python_commands("reserved.yaml", tmp_path / name, envs)
+        argv = _by_module(_python_commands("reserved.yaml", tmp_path / name, envs))["pipelines.cli"]
         assert argv[:2] == ["pipelines.cli", "run"] and "--resume" in argv
         params = run.make_context("run", argv[2:]).params
         assert (params["nproc"], params["sync_mode"], params["gradient_checkpointing"]) == expected, argv
+
+
+def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_line(tmp_path: Path) -> None:
+    """In this order: Redis's TLS files and config written, the run marked running (a relaunch resumes it), `spotlight run`, the run folder copied to
+    the store (the node's disk goes with autostop's down), the run marked ended (the spot workers then stop)."""
+    commands = _python_commands("reserved.yaml", tmp_path, {"SPOTLIGHT_STORE": "s3://b/p"})
+    assert [argv[0] for argv in commands] == ["resources.queue_redis_tls", "resources.run_status", "pipelines.cli",
+                                              "resources.run_archive", "resources.run_status"]
+    queue = commands[2][commands[2].index("--queue") + 1]
+    assert queue.startswith("rediss://127.0.0.1:")  # the coordinator too talks TLS to its own Redis
+    assert commands[1][1:] == ["--queue", queue, "--mark", "running"]
+    assert commands[4][1:] == ["--queue", queue, "--mark", "ended"]
+    assert commands[3][1:] == ["--run-dir", str(tmp_path / "run"), "--store", "s3://b/p"]
+    autostop = _raw("reserved.yaml")["resources"]["autostop"]
+    assert autostop["down"] is True and autostop["wait_for"] == "jobs"

@@ -88,3 +88,22 @@ def test_dagster_queue_resource_checks_the_url_at_load_and_opens_a_working_queue
     with QueueResource(url=str(tmp_path / "q.db"), max_deliveries=2).get_queue() as opened:
         assert opened.config.max_deliveries == 2
         assert opened.put([rollout("r0")]) == 1
+
+
+def test_the_runs_ca_must_be_a_base64_certificate(monkeypatch) -> None:
+    import base64
+
+    from resources.queue_redis_tls import make_run_tls
+    from resources.urls import RUN_CA_ENV
+
+    monkeypatch.setenv(RUN_CA_ENV, "not base64!")
+    with pytest.raises(ValueError, match=f"{RUN_CA_ENV} is not a base64 PEM certificate"):
+        parse_queue_url("rediss://example.org:6379/0")
+    monkeypatch.setenv(RUN_CA_ENV, base64.b64encode(b"hello").decode())
+    with pytest.raises(ValueError, match=RUN_CA_ENV):
+        parse_queue_url("rediss://example.org:6379/0")
+    ca = make_run_tls().ca_pem
+    monkeypatch.setenv(RUN_CA_ENV, base64.b64encode(ca).decode())
+    address = parse_queue_url("rediss://spotlight-worker@example.org:6379/0")
+    assert address.run_ca == ca.decode() and address.username == "spotlight-worker" and "BEGIN" not in repr(address)
+    assert parse_queue_url("redis://example.org:6379/0").run_ca is None  # only TLS reads it

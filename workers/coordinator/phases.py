@@ -53,6 +53,7 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
 
     books.begin_iteration(ctx.ledger, ctx, k)
     with books.phase(ctx.ledger, k, "sync"):
+        publish_run_rewards(ctx)
         out = publish_version(ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint,
                               model=ctx.model)
         if ctx.model is not None and ctx.sampling.mode != "inprocess":
@@ -72,6 +73,18 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
             "weights_hash": out.trainer_hash, "anchor_stored": out.anchored, **phase_cost(ctx, k, "sync")}
     check = (out.reproduced, {"trainer_hash": out.trainer_hash, "receiver_hash": out.receiver_hash})
     return PhaseResult(meta, checks={PATCH_CHECK: check})
+
+
+def publish_run_rewards(ctx: RunContext) -> None:
+    """The rewards this run scores with, where every worker reads them (resources.keys.run_rewards_key): a worker
+    refuses a request whose reward is not among them."""
+    import json
+
+    from resources.keys import run_rewards_key
+    from workers.task.validation import resolve_validation
+
+    validation = resolve_validation(ctx.validation, ctx.train.reward, model=ctx.model is not None).reward
+    ctx.store.put_bytes(run_rewards_key(ctx.run), json.dumps(sorted({ctx.train.reward, validation})).encode())
 
 
 def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:

@@ -18,7 +18,7 @@ from resources.queue import QueueUnavailableError, RequestQueue
 from resources.queue_keepalive import LeaseKeeper
 from resources.queue_records import Lease
 from resources.store import StoreError, TensorStore
-from workers.rollout.request import StepHooks, work_request
+from workers.rollout.request import StepHooks, check_run_reward, work_request
 from workers.rollout.weights import ModelMismatchError
 
 
@@ -97,6 +97,7 @@ class WorkerLoop:
             return
         with LeaseKeeper(self.queue, lease):
             try:
+                check_run_reward(self.store, lease.request.payload.get("run", ""), lease.request.payload.get("reward", ""))
                 outcome = work_explore_request(lease.request, self.store, self.holder, worker_id=self.args.worker_id,
                                                attempt=lease.attempts, report=self.report)
             except (ValueError, LookupError, StoreError) as err:

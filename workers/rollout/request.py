@@ -73,12 +73,40 @@ class StepHooks:
     """Called after each step (benchmarks raise here to simulate a kill without notice)."""
 
 
+REMOTE_MARKERS = ("http://", "https://")
+
+
+def check_run_reward(store: TensorStore, run: str, reward: str) -> None:
+    """ValueError unless `reward` is one the run's coordinator named in the store (run_rewards_key). Whoever can
+    write to the queue can put any reward in a request, an http:// URL among them, which would send this worker's
+    images and its reward token there; the store is written only by the run. Without that list (a run started
+    before the coordinator wrote it) a remote reward is refused and a registry name allowed."""
+    import json
+
+    from resources.keys import run_rewards_key
+    from resources.store import ObjectNotFoundError
+
+    try:
+        named = json.loads(store.get_bytes(run_rewards_key(run)))
+    except ObjectNotFoundError:
+        named = None
+    if named is None:
+        if any(marker in reward for marker in REMOTE_MARKERS):
+            raise ValueError(f"request for run {run!r} names a remote reward, and the run names no rewards in the store "
+                             f"({run_rewards_key(run)}): refused")
+        return
+    if reward not in named:
+        raise ValueError(f"request for run {run!r} names reward {reward[:200]!r}, which is not one of the run's "
+                         f"({', '.join(map(repr, named))}): refused")
+
+
 def work_request(request: Request, attempt: int, store: TensorStore, holder: PolicyHolder, *,
                  worker_id: str, commit_every: int, hooks: StepHooks = StepHooks()) -> RequestOutcome:
     """Run one attempt at `request`; ValueError for a malformed payload (before any compute)."""
     if commit_every < 1:
         raise ValueError(f"commit_every must be >= 1, got {commit_every}")
     spec = RolloutSpec.from_payload(request.payload)
+    check_run_reward(store, spec.run, spec.reward)
     check_per_request_reward(spec.reward, "a rollout worker")  # a z-scored multi-reward: refused before compute
     rid = request.request_id
     result_keys = [rollout_key(spec.run, request.iteration, sid) for sid in (spec.sample_ids or (rid,))]

@@ -83,20 +83,32 @@ def encode_png(image_HW3: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def decode_png(text: str) -> np.ndarray:
-    """(H, W, 3) uint8 from base64 PNG; ValueError if it is not one (PIL's decompression-bomb limit applies)."""
+MAX_PIXELS = 4096 * 4096
+"""Largest image (width x height) a server decodes by default: a 4096x4096 RGB image is 48 MiB decoded."""
+
+
+def decode_png(text: str, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """(H, W, 3) uint8 from base64 PNG; ValueError if it is not one, or if its header (read before any pixel is
+    decoded) says it has more than `max_pixels` pixels: a small PNG can decode to gigabytes."""
     try:
-        with Image.open(io.BytesIO(base64.b64decode(text, validate=True)), formats=["PNG"]) as img:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+        img = Image.open(io.BytesIO(base64.b64decode(text, validate=True)), formats=["PNG"])  # reads the header only
     except (ValueError, OSError, Image.DecompressionBombError) as err:
         raise ValueError(f"an image is not a base64 PNG: {err}") from None
+    with img:
+        if img.width * img.height > max_pixels:
+            raise ValueError(f"an image is {img.width}x{img.height} pixels; this server decodes at most {max_pixels} "
+                             "pixels per image (send smaller images, or start it with a larger --max-pixels)")
+        try:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+        except (ValueError, OSError, Image.DecompressionBombError) as err:
+            raise ValueError(f"an image is not a base64 PNG: {err}") from None
 
 
 def encode_request(images_NHW3: np.ndarray, prompts: list[str]) -> bytes:
     return json.dumps({"prompts": list(prompts), "images": [encode_png(img) for img in images_NHW3]}).encode()
 
 
-def decode_request(body: bytes, max_images: int) -> tuple[np.ndarray, list[str]]:
+def decode_request(body: bytes, max_images: int, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, list[str]]:
     """The server's side: (images (N, H, W, 3) uint8, prompts), or ValueError saying what is wrong with the request."""
     try:
         request = json.loads(body)
@@ -110,7 +122,7 @@ def decode_request(body: bytes, max_images: int) -> tuple[np.ndarray, list[str]]
         raise ValueError(f"{len(images)} images and {len(prompts)} prompts: send 1 to {max_images} of each, one prompt per image")
     if not all(isinstance(p, str) for p in prompts) or not all(isinstance(i, str) for i in images):
         raise ValueError("prompts and images must be strings")
-    decoded = [decode_png(i) for i in images]
+    decoded = [decode_png(i, max_pixels) for i in images]
     if len({d.shape for d in decoded}) != 1:
         raise ValueError(f"the images of one request must share a size, got {sorted({d.shape for d in decoded})}")
     return np.stack(decoded), prompts
