@@ -23,8 +23,9 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/spotlight run --run-dir runs/demo --overwrite
 
-# Two test processes (pytest-xdist): a test file, and every reader of the session's shared runs, stay in one.
-XDIST := -n 2 --dist loadgroup
+# Two test processes (pytest-xdist): a test file, and every reader of the session's shared runs, stay in one
+# (tests/conftest.py's scheduler).
+XDIST := -n 2
 
 # What CI runs: every behaviour a user would notice, in under 25 minutes on 2 idle cores.
 test: setup

@@ -188,18 +188,38 @@ def rollout_store(tmp_store, tiny_policy):
 
 
 SHARED_RUN_FIXTURES = {"smoke_train", "smoke_nft_train", "smoke_run", "smoke_cluster_run"}
-"""Session fixtures that start a whole run: every test that reads one runs in the same xdist worker, so each run
-is started once, not once per worker."""
+"""Session fixtures that start a whole run (below)."""
+SHARED_RUN_FILES = {
+    "tests/workers/coordinator/test_golden.py", "tests/pipelines/test_outside_checkout.py",
+    "tests/pipelines/test_pipeline_cluster.py", "tests/pipelines/test_train_nproc.py",
+    "tests/pipelines/test_run_nproc.py",
+}
+"""The files whose tests read them. Under pytest-xdist they all run in one worker, so each run starts once."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`): a test file's tests stay together in
-    one worker (module fixtures, such as a `dagster dev` server, start once), and so do all readers of the
-    session's shared runs."""
-    for item in items:
-        group = "shared-runs" if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ())) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    """The readers of the shared runs go first (the longest group of tests should not start last), and a reader
+    outside SHARED_RUN_FILES is an error: under xdist it would start the runs a second time."""
+    readers = [item.nodeid for item in items if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    strays = [nodeid for nodeid in readers if nodeid.split("::")[0] not in SHARED_RUN_FILES]
+    if strays:
+        raise pytest.UsageError(f"add these tests' files to SHARED_RUN_FILES in tests/conftest.py: {strays}")
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in SHARED_RUN_FILES)  # stable: order kept within
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test`'s two xdist workers take whole test files (module fixtures, such as a `dagster dev` server,
+    start once) and the readers of the shared runs as one group. xdist's own `--dist loadgroup` cannot do this on
+    pytest 9.2 (it renames node ids through an attribute pytest no longer reads)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndSharedRuns(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return "shared-runs" if path in SHARED_RUN_FILES else path
+
+    return FilesAndSharedRuns(config, log)
 
 
 @pytest.fixture(scope="session")
