@@ -88,3 +88,15 @@ def test_dagster_queue_resource_checks_the_url_at_load_and_opens_a_working_queue
     with QueueResource(url=str(tmp_path / "q.db"), max_deliveries=2).get_queue() as opened:
         assert opened.config.max_deliveries == 2
         assert opened.put([rollout("r0")]) == 1
+
+
+@pytest.mark.parametrize("url,public,password", [
+    ("redis://:s%40cret@reserved:6379/0", "redis://reserved:6379/0", "s@cret"),
+    ("rediss://user:pw@reserved:6380/2", "rediss://user@reserved:6380/2", "pw"),
+    ("redis://reserved:6379/0", "redis://reserved:6379/0", None),
+    ("runs/demo/queue.db", "runs/demo/queue.db", None),
+])
+def test_a_child_process_gets_the_queue_url_without_its_password(url: str, public: str, password: str | None) -> None:
+    from resources.urls import split_password
+
+    assert split_password(url) == (public, password)
