@@ -127,10 +127,10 @@ def test_the_20b_projection_adds_the_measured_fixed_costs_to_the_assumed_transfe
     assert base["label"].startswith("PROJECTION") and "NCCL" in base["excluded"]
     assert base["elastic.total_s"] == pytest.approx(0.1 + base["elastic.weight_transfer_s"], abs=1e-3)
     for case in ("best", "typical"):
-        assert base[f"naive_{case}.total_s"] == pytest.approx(10.2 + base[f"naive_{case}.weight_transfer_s"], abs=0.01)
+        assert base[f"naive_{case}.total_s"] == pytest.approx(10.2 + base[f"naive_{case}.weight_transfer_s"], abs=0.02)  # rounded to 0.01 s each
     moved = figures(1.1, 2.2, 13.0)  # +1 s elastic rendezvous; +2 s naive rendezvous, +3 s process start
     assert moved["elastic.total_s"] - base["elastic.total_s"] == pytest.approx(1.0, abs=1e-3)
     for case in ("best", "typical"):
-        assert moved[f"naive_{case}.total_s"] - base[f"naive_{case}.total_s"] == pytest.approx(5.0, abs=0.01)
+        assert moved[f"naive_{case}.total_s"] - base[f"naive_{case}.total_s"] == pytest.approx(5.0, abs=0.02)
         assert moved[f"naive_{case}.weight_transfer_s"] == base[f"naive_{case}.weight_transfer_s"]
     assert moved["elastic.weight_transfer_s"] == base["elastic.weight_transfer_s"]
