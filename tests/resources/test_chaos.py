@@ -65,8 +65,8 @@ def test_a_preempted_batch_completes_exactly_once_with_the_fault_free_results(tm
     hashes = {r.request_id: r.result_hash for r in result_records(rollout_store, requests)}
     assert hashes == expected  # bit-identical to the fault-free run, request by request
 
-    # Every one of the three first workers was preempted by the trace (64 requests of 8 steps at 0.02 s each
-    # take over 3 s of step delays alone, so the batch is still running at the last event, 2.5 s in).
+    # Every one of the three first workers was preempted by the trace: 64 requests x 8 steps x 0.02 s are 10 s of
+    # step delays alone, over 3 s on three workers, so the batch is still running at the last event, 2.5 s in.
     preempted = {p.worker_id for p in summary.preemptions}
     assert preempted == {"w0.0", "w1.0", "w2.0"} and summary.skipped_events == 0, (preempted, summary.skipped_events)
     assert {p.notice_s > 0 for p in summary.preemptions} == {True, False}  # SIGTERMs and SIGKILLs
