@@ -2,10 +2,10 @@
 
 Example:
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = ProcessLines(proc)
-    lines.expect("ready", timeout_s=60)                  # the next line, or an AssertionError naming it
-    event = lines.wait_for_json(lambda e: e["event"] == "step", timeout_s=60)
-    rest, stderr = lines.finish(timeout_s=30)            # waits for the exit; kills the child on timeout
+    with ProcessLines(proc) as lines:                      # leaving the block kills a child still running
+        lines.expect("ready", timeout_s=60)                # the next line, or an AssertionError naming it
+        event = lines.wait_for_json(lambda e: e["event"] == "step", timeout_s=60)
+        rest, stderr = lines.finish(timeout_s=30)          # waits for the exit; kills the child on timeout
 """
 
 from __future__ import annotations
@@ -34,6 +34,15 @@ class ProcessLines:
             self._readers.append(threading.Thread(target=self._read_stderr, daemon=True))
         for reader in self._readers:
             reader.start()
+
+    def __enter__(self) -> "ProcessLines":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Kill the child if a failed check left it running (no process outlives its test)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
     def _read_stdout(self) -> None:
         for line in self.proc.stdout:

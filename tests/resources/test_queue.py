@@ -5,6 +5,7 @@ URLs, credentials and connection errors: tests/resources/test_queue_urls.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -322,14 +323,16 @@ def test_concurrent_worker_processes_complete_every_request_exactly_once(queue: 
     ids = [f"r{i:03d}" for i in range(150)]
     queue.put([rollout(rid, kind=("rollout", "explore")[i % 2]) for i, rid in enumerate(ids)])
     command = [sys.executable, "-c", _WORKER, queue.url]
-    workers = [ProcessLines(subprocess.Popen([*command, f"w{n}"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True)) for n in range(3)]
-    for worker in workers:
-        worker.expect("ready", timeout_s=60)
-    for worker in workers:
-        worker.proc.stdin.write("go\n")
-        worker.proc.stdin.flush()
-    finished = [worker.finish(timeout_s=120) for worker in workers]
+    with contextlib.ExitStack() as stack:  # no worker outlives the test
+        workers = [stack.enter_context(ProcessLines(subprocess.Popen(
+            [*command, f"w{n}"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            for n in range(3)]
+        for worker in workers:
+            worker.expect("ready", timeout_s=60)
+        for worker in workers:
+            worker.proc.stdin.write("go\n")
+            worker.proc.stdin.flush()
+        finished = [worker.finish(timeout_s=120) for worker in workers]
     assert all(worker.proc.returncode == 0 for worker in workers), [err for _, err in finished]
     claimed = [json.loads(rest[-1]) for rest, _ in finished]
     everything = [rid for per_worker in claimed for rid in per_worker]

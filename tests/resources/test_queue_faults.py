@@ -164,17 +164,17 @@ def test_a_worker_whose_clock_is_off_by_a_lease_neither_steals_a_live_lease_nor_
         mine = queue.claim("honest", lease_s=lease_s)
         assert mine.request_id == "mine"
         with LeaseKeeper(queue, mine, interval_s=0.1) as keeper:  # a beat may stall 1.9 s on a loaded machine
-            skewed = ProcessLines(subprocess.Popen(
-                [sys.executable, "-c", _SKEWED_WORKER, aof_redis.server.url(), str(skew * lease_s), str(lease_s)],
-                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            skewed.expect("holding", timeout_s=60)
-            mine_claims = []
-            deadline = time.monotonic() + 60
-            while skewed.proc.poll() is None:  # the honest worker tries to take the skewed one's request meanwhile
-                assert time.monotonic() < deadline, "the skewed worker did not finish within 60 s"
-                mine_claims.append(queue.claim("honest", lease_s=lease_s))
-                time.sleep(0.05)
-            rest, err = skewed.finish(timeout_s=30)
+            with ProcessLines(subprocess.Popen(
+                    [sys.executable, "-c", _SKEWED_WORKER, aof_redis.server.url(), str(skew * lease_s), str(lease_s)],
+                    cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) as skewed:
+                skewed.expect("holding", timeout_s=60)
+                mine_claims = []
+                deadline = time.monotonic() + 60
+                while skewed.proc.poll() is None:  # the honest worker tries to take the skewed one's request meanwhile
+                    assert time.monotonic() < deadline, "the skewed worker did not finish within 60 s"
+                    mine_claims.append(queue.claim("honest", lease_s=lease_s))
+                    time.sleep(0.05)
+                rest, err = skewed.finish(timeout_s=30)
             report = json.loads(rest[-1]) if rest else err
             assert not keeper.lost
         assert queue.ack(mine, "results/mine") is True

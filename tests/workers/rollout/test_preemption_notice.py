@@ -121,14 +121,15 @@ def test_a_worker_on_a_preempted_aws_vm_commits_its_state_and_exits_cleanly(tmp_
     spec = RolloutSpec("demo", "a red circle", 5, 0, SamplerConfig(num_steps=8))
     queue = open_queue(tmp_path / "queue.db")
     queue.put([rollout_request("r0", 0, spec)])
-    worker = ProcessLines(subprocess.Popen(
-        [sys.executable, "-m", "workers.rollout", "--queue", str(tmp_path / "queue.db"), "--store", str(rollout_store.root),
-         "--commit-every", "100", "--step-delay-s", "0.3", "--preemption-notice", "aws", "--notice-url", _url(metadata, "aws"),
-         "--notice-interval-s", "0.1", "--threads", "1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}))
-    worker.wait_for_json(lambda e: e["event"] == "step", timeout_s=120, what="the first step")
-    metadata.preempted = True
-    rest, err = worker.finish(timeout_s=60)
+    command = [sys.executable, "-m", "workers.rollout", "--queue", str(tmp_path / "queue.db"), "--store",
+               str(rollout_store.root), "--commit-every", "100", "--step-delay-s", "0.3", "--preemption-notice", "aws",
+               "--notice-url", _url(metadata, "aws"), "--notice-interval-s", "0.1", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with ProcessLines(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env=env)) as worker:
+        worker.wait_for_json(lambda e: e["event"] == "step", timeout_s=120, what="the first step")
+        metadata.preempted = True
+        rest, err = worker.finish(timeout_s=60)
     assert worker.proc.returncode == 0, err
     events = [json.loads(line) for line in rest]
     assert [e["event"] for e in events if e["event"] in ("notice", "preempted", "exit")] == ["notice", "preempted", "exit"]

@@ -123,12 +123,23 @@ def test_a_worker_reaches_a_newer_version_through_pulse_patches(tmp_store, tiny_
 # --- the worker process ------------------------------------------------------------------
 
 
+_STARTED: list[ProcessLines] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test():
+    yield
+    while _STARTED:
+        _STARTED.pop().__exit__()
+
+
 def _start_worker(tmp_path: Path, store, *extra: str) -> ProcessLines:
     command = [sys.executable, "-m", "workers.rollout", "--queue", str(tmp_path / "queue.db"), "--store", str(store.root),
                "--threads", "1", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return ProcessLines(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                         env=env))
+    _STARTED.append(ProcessLines(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                  text=True, env=env)))
+    return _STARTED[-1]
 
 
 def _events_until_exit(worker: ProcessLines, timeout_s: float = 60.0) -> list[dict]:
