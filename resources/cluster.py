@@ -36,7 +36,7 @@ from resources.keys import check_name
 from resources.ledger import Ledger
 from resources.preemption import PreemptionEvent
 from resources.prices import load_prices
-from resources.urls import absolute_url
+from resources.urls import PASSWORD_ENV, absolute_url, split_password
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,8 @@ class LocalCluster:
         worker_id = f"{name}.{self._generation[name]}"
         self._generation[name] += 1
         price = slot.price()
-        command = [sys.executable, "-m", "workers.rollout", "--queue", slot.queue_url or cfg.queue_url,
+        queue_url, password = split_password(slot.queue_url or cfg.queue_url)  # the password stays off the argv
+        command = [sys.executable, "-m", "workers.rollout", "--queue", queue_url,
                    "--store", cfg.store_url, "--worker-id", worker_id, "--commit-every", str(cfg.commit_every),
                    "--lease-s", str(cfg.lease_s), "--instance-type", slot.instance_type,
                    "--spot" if slot.spot else "--reserved", "--usd-per-hour", str(price),
@@ -249,7 +250,7 @@ class LocalCluster:
         if cfg.log_dir is not None:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
             stderr = open(Path(cfg.log_dir) / f"{worker_id}.stderr", "w")
-        env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads_per_worker)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads_per_worker), **({PASSWORD_ENV: password} if password else {})}
         popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         if cfg.nice:
             with contextlib.suppress(OSError):  # the child exited already: its exit is handled like any other

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 PASSWORD_ENV = "SPOTLIGHT_REDIS_PASSWORD"
 """Environment variable holding the Redis password (SkyPilot's `secrets:` set it on the node)."""
@@ -105,6 +105,20 @@ def _run_ca(env: Mapping[str, str]) -> str | None:
         raise ValueError(f"{RUN_CA_ENV} is not a base64 PEM certificate: set it to the run's CA as spotlight launch "
                          "hands it to the workers (or unset it)")
     return pem
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """A URL without its `:password@` part, and that password (None when it has none).
+
+    For handing a queue to a child process: the URL goes on its command line, the password
+    into its environment as SPOTLIGHT_REDIS_PASSWORD, so `ps` never shows it.
+    """
+    parsed = urlsplit(url)
+    if parsed.password is None:
+        return url, None
+    user = f"{parsed.username}@" if parsed.username else ""
+    netloc = user + parsed.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parsed._replace(netloc=netloc)), unquote(parsed.password)
 
 
 def redis_password(env: Mapping[str, str] = os.environ) -> str | None:

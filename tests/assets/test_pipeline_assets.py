@@ -108,11 +108,55 @@ def test_definitions_load_from_the_environment_and_refuse_a_bad_one(tmp_path):
     assert proc.returncode != 0 and "unknown preset 'nope'" in proc.stderr
 
 
-def test_queue_password_never_reaches_the_ledger():
-    from workers.coordinator.books import public_url
+@pytest.mark.slow  # a worker process and a Dagster run: about 20 CPU-seconds, 70 s on the loaded 2-core dev VM
+def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_command_line(
+        tmp_path, tiny_policy, redis_server, monkeypatch, capfd):
+    """Iteration 0 of a cpu_smoke run whose rollouts go through Redis to a local worker process, the password
+    given in the queue URL: the ledger, store, worker logs, Dagster's event log, this process's output and the
+    worker's argv (what `ps` shows every user) must not hold it."""
+    import subprocess
 
-    assert public_url("redis://:s3cret@reserved:6379/0") == "redis://reserved:6379/0"
-    assert public_url("runs/demo/queue.db") == "runs/demo/queue.db"
+    import dagster as dg
+    import torch
+
+    import resources.cluster
+    from pipelines.deploy import build_resources
+    from pipelines.run_walk import materialize_iteration
+    from resources.queue import PASSWORD_ENV
+    from workers.model.policy import save_policy
+
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)  # the URL is the only place the password is given
+    redis_server.flush()
+    commands = []
+
+    class RecordingPopen(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            commands.append(list(args))
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(resources.cluster.subprocess, "Popen", RecordingPopen)
+    torch.set_num_threads(1)
+    save_policy(tiny_policy, tmp_path / "tiny")
+    run_dir = tmp_path / "run"
+    secret = redis_server.password
+    run = build_resources(run_dir=run_dir, run="t", preset="cpu_smoke", iterations=1, checkpoint=str(tmp_path / "tiny"),
+                          queue=redis_server.url(secret), rollouts="local_cluster",
+                          workers={"num_workers": 1, "preemptions_per_hour": 0.0, "log_dir": str(run_dir / "logs")})
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize_iteration(instance, run, 0)
+    assert result.success
+    ledger = run["ledger"].get_ledger()
+    assert ledger.query("SELECT queue_url FROM runs").rows == [(f"redis://127.0.0.1:{redis_server.port}/0",)]
+    assert ledger.query("SELECT worker_id, count(*) FROM requests GROUP BY 1").rows == [("it0w0.0", 8)]  # via Redis
+    ledger.close()
+
+    assert commands and all(secret not in " ".join(map(str, c)) for c in commands), commands
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"ledger.duckdb"} and any(p.parent.name == "logs" for p in files)
+    assert [p for p in files if secret.encode() in p.read_bytes()] == []
+    assert [r for r in instance.all_logs(result.run_id) if secret in str(r)] == []
+    out, err = capfd.readouterr()
+    assert secret not in out + err
 
 
 def test_sensor_requests_the_next_iteration_then_the_final_one_then_stops():

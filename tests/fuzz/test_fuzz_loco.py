@@ -1,19 +1,21 @@
 """Fuzzing PULSELoCo / DiLoCo payloads: only PayloadError comes out, and what decodes is safe to average.
 
-Crafted payloads carry a correct body checksum (`_signed`), so they reach the stream decoders.
+Crafted payloads carry a correct checksum (`_signed`), so they reach the stream decoders;
+random bytes and damaged real payloads must be refused, whichever byte was damaged.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
-import xxhash
 import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzz.fuzzing import FUZZ, count_input
-from workers.pulse.loco.codec import FORMAT, KINDS, MAGIC, PREFIX, PayloadError, decode_dense, decode_sparse, encode_sparse
+from workers.pulse.loco.codec import (FORMAT, KINDS, MAGIC, PREFIX, PayloadError, checksum, decode_dense, decode_sparse,
+                                      encode_sparse)
 from workers.pulse.loco.maths import SparseUpdate
 
 LAYOUT = 0x1234
@@ -27,8 +29,8 @@ frames = (st.just(b"") | st.binary(max_size=64)
 
 def _signed(kind: int, numel: int, count: int, width: int, parts: list[bytes], fmt: int = FORMAT) -> bytes:
     body = b"".join(parts)
-    return PREFIX.pack(MAGIC, fmt, kind, LAYOUT, numel, count, 3, 1, width, *(len(p) for p in parts),
-                       xxhash.xxh3_64_intdigest(body)) + body
+    head = PREFIX.pack(MAGIC, fmt, kind, LAYOUT, numel, count, 3, 1, width, *(len(p) for p in parts), 0)[:-8]
+    return head + checksum(head, body).to_bytes(8, "little") + body
 
 
 def _check_decoded(decode, payload: bytes, numel: int | None) -> None:
@@ -57,7 +59,9 @@ def test_crafted_payloads_decode_safely_or_raise_payload_error(kind, numel, coun
 @FUZZ
 @given(st.binary(max_size=200), st.sampled_from([decode_sparse, decode_dense]))
 def test_random_bytes_raise_payload_error(data: bytes, decode) -> None:
-    _check_decoded(decode, data, None)
+    count_input("loco_payload")
+    with pytest.raises(PayloadError):
+        decode(data, LAYOUT, None)
 
 
 @FUZZ
@@ -68,7 +72,22 @@ def test_damaged_real_payloads_raise_payload_error(positions: list[int], data: s
     payload = bytearray(encode_sparse(update, LAYOUT, round_index=3, replica=1))
     at = data.draw(st.integers(0, len(payload) - 1))
     payload[at] ^= data.draw(st.integers(1, 255))
-    _check_decoded(decode_sparse, bytes(payload), NUMEL)
+    count_input("loco_payload")
+    with pytest.raises(PayloadError):  # any byte: prefix fields (count, round, replica) included
+        decode_sparse(bytes(payload), LAYOUT, NUMEL)
+
+
+def test_a_damaged_round_or_replica_field_is_refused() -> None:
+    payload = encode_sparse(SparseUpdate(torch.tensor([1, 7]), torch.tensor([0.5, -1.0]), NUMEL), LAYOUT,
+                            round_index=3, replica=1)
+    header, _ = decode_sparse(payload, LAYOUT, NUMEL)
+    assert (header.round_index, header.replica) == (3, 1)
+    round_at = PREFIX.size - 8 - 1 - 4 * 4 - 4 - 4  # u32 round, u32 replica, u8 width, 4 x u32 lengths, u64 checksum
+    for at in (round_at, round_at + 4):
+        damaged = bytearray(payload)
+        damaged[at] ^= 1
+        with pytest.raises(PayloadError, match="corrupted"):
+            decode_sparse(bytes(damaged), LAYOUT, NUMEL)
 
 
 def test_a_payload_declaring_a_huge_stream_is_refused_before_allocating() -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import struct
 
+import pytest
 import torch
 import zstandard
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from resources.tensors import tensors_from_bytes, tensors_to_bytes
@@ -48,7 +49,8 @@ def _receiver() -> dict:
 
 
 def _apply_or_refuse(patch: bytes) -> None:
-    """The property: applying either succeeds or raises PatchError with the weights unchanged."""
+    """The property of a crafted, correctly signed patch: applying either raises PatchError with the weights
+    unchanged, or writes only into the tensors the header names, keeping every name, shape and dtype."""
     count_input("pulse_patch")
     receiver = _receiver()
     before = weights_hash(receiver)
@@ -56,6 +58,21 @@ def _apply_or_refuse(patch: bytes) -> None:
         apply_patch(receiver, patch, base_version=0)
     except PatchError:
         assert weights_hash(receiver) == before
+        return
+    named = {entry.name for entry in read_patch_header(patch).tensors}
+    for name, tensor in receiver.items():
+        assert (tensor.shape, tensor.dtype) == (PAIR[0][name].shape, PAIR[0][name].dtype), name
+        assert name in named or torch.equal(tensor.view(torch.int16), PAIR[0][name].view(torch.int16)), name
+
+
+def _refused(patch: bytes) -> None:
+    """The property of damaged bytes: applying must raise PatchError and leave the weights unchanged."""
+    count_input("pulse_patch")
+    receiver = _receiver()
+    before = weights_hash(receiver)
+    with pytest.raises(PatchError):
+        apply_patch(receiver, patch, base_version=0)
+    assert weights_hash(receiver) == before
 
 
 def _header_and_payload(patch: bytes) -> tuple[dict, bytes]:
@@ -67,7 +84,7 @@ def _header_and_payload(patch: bytes) -> tuple[dict, bytes]:
 @FUZZ
 @given(st.binary(max_size=600))
 def test_random_bytes_are_refused_as_patches(data: bytes) -> None:
-    _apply_or_refuse(data)
+    _refused(data)
 
 
 @FUZZ
@@ -78,7 +95,21 @@ def test_damaged_patches_are_refused_untouched(mode: str, data: st.DataObject) -
         at = data.draw(st.integers(0, len(patch) - 1))
         patch[at] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(patch)))
-    _apply_or_refuse(bytes(patch[:cut]) + data.draw(st.binary(max_size=8)))
+    damaged = bytes(patch[:cut]) + data.draw(st.binary(max_size=8))
+    assume(damaged != PATCHES[mode])  # every other byte string is damage, whatever byte it hit: refused
+    _refused(damaged)
+
+
+@pytest.mark.parametrize("mode", sorted(PATCHES))
+def test_one_flipped_bit_anywhere_is_refused(mode: str) -> None:
+    """Every byte of the prefix and the header (both checksums included), and 32 spread over the payload."""
+    patch = PATCHES[mode]
+    start = read_patch_header(patch).header_size
+    for at in [*range(start), *range(start, len(patch), max(1, (len(patch) - start) // 32))]:
+        for bit in (0, 7):
+            damaged = bytearray(patch)
+            damaged[at] ^= 1 << bit
+            _refused(bytes(damaged))
 
 
 @FUZZ
@@ -125,10 +156,8 @@ def test_a_chain_with_a_crafted_patch_is_refused_with_a_patch_error(bad: int, da
     chain = MemoryChain(anchors={0: PAIR[0]}, patches={v: PATCHES["absolute"] for v in range(1, 6)})
     chain.patches[bad + 1] = data.draw(st.binary(max_size=64))
     count_input("pulse_chain")
-    try:
+    with pytest.raises(PatchError):
         sync_weights({}, None, 5, chain)
-    except PatchError:
-        pass
 
 
 def _safetensors(header: object, body: bytes) -> bytes:
@@ -158,3 +187,10 @@ def test_anchor_bytes_load_or_raise_value_error(data: bytes) -> None:
 
 def test_a_real_anchor_still_loads() -> None:
     assert weights_hash(tensors_from_bytes(tensors_to_bytes(PAIR[0]))) == weights_hash(PAIR[0])
+
+
+@pytest.mark.parametrize("mode", sorted(PATCHES))
+def test_the_undamaged_patches_apply_to_the_target_weights(mode: str) -> None:
+    receiver = _receiver()
+    apply_patch(receiver, PATCHES[mode], base_version=0)
+    assert weights_hash(receiver) == weights_hash(PAIR[1]) != weights_hash(PAIR[0])

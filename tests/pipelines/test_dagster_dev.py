@@ -1,8 +1,10 @@
-"""`dagster dev` end to end: launch iteration 0 over GraphQL, the sensor runs the next one; a screenshot of the asset graph."""
+"""`dagster dev` end to end: launch iteration 0 over GraphQL, the sensor runs the next one; the asset graph as a
+browser renders it (its DOM, and a screenshot)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -112,24 +114,42 @@ def test_ui_runs_iteration_zero_and_the_sensor_runs_the_next(dagster_dev):
     assert rows == [(0, "succeeded"), (1, "succeeded")]
 
 
+ASSET_NODE_NAMES = re.compile(r'class="[^"]*assetName[^"]*"[^>]*>([^<]+)<')
+"""The label of each node of the UI's asset graph (Dagster's AssetNode component)."""
+
+
+def _rendered(browser: str, url: str, *output: str) -> str:
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
+                           "--virtual-time-budget=20000", *output, url], check=True, timeout=180, capture_output=True,
+                          text=True)
+    return done.stdout
+
+
 @pytest.mark.slow
-def test_headless_chromium_screenshots_the_asset_graph(dagster_dev):
-    """Skipped where Debian's chromium is absent (CI installs it)."""
+def test_headless_chromium_shows_every_iteration_asset_in_the_graph_and_an_error_page_fails_the_check(dagster_dev):
+    """The page's DOM after its scripts ran (chromium --dump-dom) holds one graph node per asset; a page of a
+    location that does not exist, rendered the same way, holds none. Skipped where Debian's chromium is absent
+    (CI installs it)."""
+    from tests.pipelines.test_layout import ITERATION_ASSETS
+
     port, tmp = dagster_dev
-    _client(port)
+    client = _client(port)
+    listed = client._execute("{ assetNodes { assetKey { path } } }")["assetNodes"]
+    assert {"/".join(node["assetKey"]["path"]) for node in listed} == ITERATION_ASSETS
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium); the pipeline itself was checked")
+    base = f"http://127.0.0.1:{port}/locations/__repository__@"
+    graph = _rendered(browser, f"{base}{LOCATION}/asset-groups/iteration", "--dump-dom")
+    assert sorted(ASSET_NODE_NAMES.findall(graph)) == sorted(ITERATION_ASSETS), graph[-2000:]
+    error_page = _rendered(browser, f"{base}no_such_location/asset-groups/iteration", "--dump-dom")
+    assert len(error_page) > 1000 and ASSET_NODE_NAMES.findall(error_page) == []  # a page, but not the graph
+
     out = tmp / "asset_graph.png"
-    url = f"http://127.0.0.1:{port}/locations/__repository__@{LOCATION}/asset-groups/iteration"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
-                    "--virtual-time-budget=20000", f"--screenshot={out}", url], check=True, timeout=180,
-                   capture_output=True)
+    _rendered(browser, f"{base}{LOCATION}/asset-groups/iteration", f"--screenshot={out}")
     from PIL import Image
 
-    image = Image.open(out).convert("L")
-    assert image.size == (1400, 900)
-    assert len(set(image.getdata())) > 20, "the screenshot is blank: the UI did not render"
+    assert Image.open(out).size == (1400, 900)
     keep = os.environ.get("SPOTLIGHT_SCREENSHOT_DIR")
     if keep:
         shutil.copy(out, Path(keep) / "asset_graph.png")

@@ -21,10 +21,6 @@ def test_importing_every_worker_module_loads_no_dagster():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-def test_sky_folder_has_no_init_that_would_shadow_skypilot():
-    assert not (ROOT / "sky" / "__init__.py").exists()
-
-
 def test_cli_module_imports_no_torch_so_help_is_instant():
     code = "import sys; import pipelines.cli; assert 'torch' not in sys.modules and 'dagster' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -1,4 +1,4 @@
-"""Chaos: a rollout batch on local workers while a third or more of them are preempted (SIGTERM and SIGKILL).
+"""Chaos: a rollout batch on three local workers while every one of them is preempted once (a SIGTERM, two SIGKILLs).
 
 Every request must complete exactly once, and the results must be bit-identical to a
 fault-free run: resumption from committed state changes nothing.
@@ -65,8 +65,10 @@ def test_a_preempted_batch_completes_exactly_once_with_the_fault_free_results(tm
     hashes = {r.request_id: r.result_hash for r in result_records(rollout_store, requests)}
     assert hashes == expected  # bit-identical to the fault-free run, request by request
 
+    # Every one of the three first workers was preempted by the trace: 64 requests x 8 steps x 0.02 s are 10 s of
+    # step delays alone, over 3 s on three workers, so the batch is still running at the last event, 2.5 s in.
     preempted = {p.worker_id for p in summary.preemptions}
-    assert len(preempted) >= 0.3 * summary.workers_started
+    assert preempted == {"w0.0", "w1.0", "w2.0"} and summary.skipped_events == 0, (preempted, summary.skipped_events)
     assert {p.notice_s > 0 for p in summary.preemptions} == {True, False}  # SIGTERMs and SIGKILLs
     assert all(p.steps_lost == 0 for p in summary.preemptions if p.notice_s > 0)
 

@@ -18,6 +18,7 @@ from resources.ledger import Ledger
 from resources.ledger_db import LedgerLockedError, LedgerQueryError, query_ledger
 from resources.ledger_schema import SCHEMA_VERSION, LedgerSchemaError
 from tests.paths import REPO_ROOT
+from tests.procs import ProcessLines
 
 REPO = REPO_ROOT
 
@@ -130,16 +131,17 @@ _WRITER = textwrap.dedent("""
 
 def test_a_reader_works_while_a_writer_is_recording(tmp_path: Path) -> None:
     path = tmp_path / "ledger.duckdb"
-    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), "3"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    writer = ProcessLines(subprocess.Popen([sys.executable, "-c", _WRITER, str(path), "3"], cwd=REPO,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
-        assert writer.stdout.readline().strip() == "ready"
+        writer.expect("ready", timeout_s=60)
         seen = []
         for _ in range(8):
             seen.append(query_ledger(path, "SELECT count(*) FROM requests", timeout_s=10).rows[0][0])
             time.sleep(0.1)
-        written = int(writer.communicate(timeout=60)[0].strip())
+        written = int(writer.finish(timeout_s=60)[0][-1])
     finally:
-        writer.kill()
+        writer.proc.kill()
     assert seen == sorted(seen) and seen[0] < seen[-1] <= written  # reads interleaved with writes
     assert query_ledger(path, "SELECT count(*) FROM requests").rows[0][0] == written
 
@@ -151,7 +153,7 @@ def test_a_ledger_held_open_elsewhere_gives_a_clear_locked_message(tmp_path: Pat
         [sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(path)!r}); print('held', flush=True); time.sleep(20)"],
         stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        ProcessLines(holder).expect("held", timeout_s=60)
         with pytest.raises(LedgerLockedError, match=r"stayed locked for 0.5 s by another process .*PID"):
             query_ledger(path, "SELECT 1", timeout_s=0.5)
     finally:

@@ -5,6 +5,7 @@ URLs, credentials and connection errors: tests/resources/test_queue_urls.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -19,9 +20,20 @@ from resources.queue_keepalive import LeaseKeeper
 from resources.queue_records import Request
 from resources.queues import open_queue
 from tests.paths import REPO_ROOT
+from tests.procs import ProcessLines
 
 REPO = REPO_ROOT
-SHORT_LEASE_S = 0.3
+SHORT_LEASE_S = 1.0
+"""A lease meant to expire: longer than any stall of a loaded machine between a claim and the next call
+(those checks say "still leased"); the waits for its expiry poll the queue, so they last about the lease."""
+
+
+def _wait_until_expired(queue: RequestQueue, leased: int = 0, timeout_s: float = 30.0) -> None:
+    """Poll until no more than `leased` leases are live (expired ones count as pending)."""
+    deadline = time.monotonic() + timeout_s
+    while queue.stats().leased > leased:
+        assert time.monotonic() < deadline, f"a lease of {SHORT_LEASE_S} s did not expire within {timeout_s} s"
+        time.sleep(0.05)
 
 
 # --- fixtures ------------------------------------------------------------------------------
@@ -107,7 +119,7 @@ def test_an_expired_lease_is_reclaimed_by_another_worker_with_one_more_attempt(q
     queue.put([rollout("r0")])
     first = queue.claim("w1", lease_s=SHORT_LEASE_S)
     assert queue.claim("w2", lease_s=10) is None
-    time.sleep(SHORT_LEASE_S + 0.1)
+    _wait_until_expired(queue)
     assert queue.stats().pending == 1
     second = queue.claim("w2", lease_s=10)
     assert (second.request_id, second.worker_id, second.attempts) == ("r0", "w2", 2)
@@ -122,7 +134,7 @@ def test_an_expired_lease_is_reclaimed_by_another_worker_with_one_more_attempt(q
 def test_the_same_worker_reclaiming_its_expired_lease_cannot_renew_the_old_one(queue: RequestQueue) -> None:
     queue.put([rollout("r0")])
     old = queue.claim("w1", lease_s=SHORT_LEASE_S)
-    time.sleep(SHORT_LEASE_S + 0.1)
+    _wait_until_expired(queue)
     new = queue.claim("w1", lease_s=10)
     assert new.attempts == 2
     assert queue.heartbeat(old) is False
@@ -132,24 +144,38 @@ def test_the_same_worker_reclaiming_its_expired_lease_cannot_renew_the_old_one(q
 def test_heartbeats_keep_a_lease_beyond_its_length(queue: RequestQueue) -> None:
     queue.put([rollout("r0")])
     lease = queue.claim("w1", lease_s=SHORT_LEASE_S)
-    for _ in range(3):
-        time.sleep(SHORT_LEASE_S / 2)
+    ends = time.monotonic() + 1.5 * SHORT_LEASE_S
+    while time.monotonic() < ends:  # beats often, so a stalled beat still lands inside the lease
         assert queue.heartbeat(lease) is True
+        time.sleep(0.1)
+    assert queue.heartbeat(lease) is True
     assert queue.claim("w2", lease_s=10) is None
     assert queue.stats().leased == 1
 
 
 def test_a_lease_keeper_holds_the_lease_and_reports_when_it_is_lost(queue: RequestQueue) -> None:
     queue.put([rollout("r0", iteration=1)])
-    lease = queue.claim("w1", lease_s=0.6)  # beats every 0.2 s: slack for a busy machine
-    with LeaseKeeper(queue, lease) as keeper:
-        time.sleep(0.9)
-        assert queue.claim("w2", lease_s=10) is None and not keeper.lost
-        queue.cancel_iteration(1)
-        deadline = time.monotonic() + 3
-        while not keeper.lost and time.monotonic() < deadline:
+    beyond = time.monotonic() + 1.5 * SHORT_LEASE_S
+    lease = queue.claim("w1", lease_s=SHORT_LEASE_S)
+    beats = []
+    heartbeat = queue.heartbeat
+
+    def counted(held):
+        beats.append(heartbeat(held))
+        return beats[-1]
+
+    queue.heartbeat = counted  # the real heartbeat, counted
+    with LeaseKeeper(queue, lease, interval_s=0.1) as keeper:  # a beat may stall 0.9 s and still land in time
+        deadline = time.monotonic() + 30
+        while len(beats) < 3 or time.monotonic() < beyond:
+            assert time.monotonic() < deadline, f"the keeper beat {len(beats)} times in 30 s"
             time.sleep(0.05)
-        assert keeper.lost
+        assert queue.claim("w2", lease_s=10) is None and not keeper.lost and all(beats)
+        queue.cancel_iteration(1)
+        deadline = time.monotonic() + 30
+        while not keeper.lost:
+            assert time.monotonic() < deadline, "the keeper did not notice the cancellation within 30 s"
+            time.sleep(0.05)
 
 
 def test_a_released_request_is_claimable_at_once(queue: RequestQueue) -> None:
@@ -167,7 +193,7 @@ def test_a_request_goes_to_the_dead_letters_after_max_deliveries(twice_queue: Re
     for attempt in (1, 2):
         lease = queue.claim(f"w{attempt}", lease_s=SHORT_LEASE_S)
         assert (lease.request_id, lease.attempts) == ("poison", attempt)
-        time.sleep(SHORT_LEASE_S + 0.1)
+        _wait_until_expired(queue)
     assert queue.claim("w3", lease_s=10).request_id == "fine"  # poison is skipped and buried
     [dead] = queue.dead_letters()
     assert (dead.request.request_id, dead.request.iteration, dead.attempts) == ("poison", 4, 2)
@@ -180,7 +206,7 @@ def test_a_late_ack_of_a_dead_letter_still_completes_it(twice_queue: RequestQueu
     queue.put([rollout("slow")])
     for _ in range(2):
         lease = queue.claim("w1", lease_s=SHORT_LEASE_S)
-        time.sleep(SHORT_LEASE_S + 0.1)
+        _wait_until_expired(queue)
     assert queue.claim("w2", lease_s=10) is None
     assert queue.ack(lease, "results/slow") is True
     assert queue.dead_letters() == []
@@ -297,17 +323,18 @@ def test_concurrent_worker_processes_complete_every_request_exactly_once(queue: 
     ids = [f"r{i:03d}" for i in range(150)]
     queue.put([rollout(rid, kind=("rollout", "explore")[i % 2]) for i, rid in enumerate(ids)])
     command = [sys.executable, "-c", _WORKER, queue.url]
-    workers = [
-        subprocess.Popen([*command, f"w{n}"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        for n in range(3)
-    ]
-    for worker in workers:
-        assert worker.stdout.readline() == "ready\n"
-    for worker in workers:
-        worker.stdin.write("go\n")
-        worker.stdin.flush()
-    claimed = [json.loads(worker.communicate(timeout=60)[0]) for worker in workers]
-    assert all(worker.returncode == 0 for worker in workers)
+    with contextlib.ExitStack() as stack:  # no worker outlives the test
+        workers = [stack.enter_context(ProcessLines(subprocess.Popen(
+            [*command, f"w{n}"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            for n in range(3)]
+        for worker in workers:
+            worker.expect("ready", timeout_s=60)
+        for worker in workers:
+            worker.proc.stdin.write("go\n")
+            worker.proc.stdin.flush()
+        finished = [worker.finish(timeout_s=120) for worker in workers]
+    assert all(worker.proc.returncode == 0 for worker in workers), [err for _, err in finished]
+    claimed = [json.loads(rest[-1]) for rest, _ in finished]
     everything = [rid for per_worker in claimed for rid in per_worker]
     assert sorted(everything) == ids  # no request twice: leases were long enough never to expire
     assert sum(1 for per_worker in claimed if per_worker) >= 2, "the workers did not run concurrently"

@@ -23,6 +23,7 @@ from resources.queue_keepalive import LeaseKeeper
 from resources.queues import open_queue
 from tests.conftest import RedisServer, _free_port, _wait_for_ping
 from tests.paths import REPO_ROOT
+from tests.procs import ProcessLines
 
 
 class PersistentRedis:
@@ -90,7 +91,10 @@ def test_a_redis_restart_mid_run_loses_no_request_and_completes_none_twice(aof_r
         workers = [threading.Thread(target=_worker, args=(url, f"w{n}", acks, errors, stop)) for n in range(3)]
         for worker in workers:
             worker.start()
+        deadline = time.monotonic() + 60
         while len(acks) < 10:
+            assert not errors, errors
+            assert time.monotonic() < deadline, f"the workers acked {len(acks)} of 10 requests within 60 s"
             time.sleep(0.01)
         aof_redis.stop()  # mid-run: workers are claiming and acking
         done_before = len(acks)
@@ -139,7 +143,7 @@ claimed = []
 first = queue.claim("skewed", lease_s=lease_s)
 claimed.append(first.request_id)
 print("holding", flush=True)
-with LeaseKeeper(queue, first) as keeper:
+with LeaseKeeper(queue, first, interval_s=0.1) as keeper:  # a beat may stall 1.9 s on a loaded machine
     ends = real_monotonic() + 3 * lease_s
     while real_monotonic() < ends:                  # keeps trying to take more work meanwhile
         other = queue.claim("skewed", lease_s=lease_s)
@@ -159,18 +163,22 @@ def test_a_worker_whose_clock_is_off_by_a_lease_neither_steals_a_live_lease_nor_
         queue.put([_rollout("mine"), _rollout("theirs")])
         mine = queue.claim("honest", lease_s=lease_s)
         assert mine.request_id == "mine"
-        with LeaseKeeper(queue, mine) as keeper:
-            skewed = subprocess.Popen([sys.executable, "-c", _SKEWED_WORKER, aof_redis.server.url(), str(skew * lease_s),
-                                       str(lease_s)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-            assert skewed.stdout.readline() == "holding\n"
-            mine_claims = []
-            while skewed.poll() is None:  # the honest worker tries to take the skewed one's request meanwhile
-                mine_claims.append(queue.claim("honest", lease_s=lease_s))
-                time.sleep(0.05)
-            report = json.loads(skewed.stdout.read())
+        with LeaseKeeper(queue, mine, interval_s=0.1) as keeper:  # a beat may stall 1.9 s on a loaded machine
+            with ProcessLines(subprocess.Popen(
+                    [sys.executable, "-c", _SKEWED_WORKER, aof_redis.server.url(), str(skew * lease_s), str(lease_s)],
+                    cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) as skewed:
+                skewed.expect("holding", timeout_s=60)
+                mine_claims = []
+                deadline = time.monotonic() + 60
+                while skewed.proc.poll() is None:  # the honest worker tries to take the skewed one's request meanwhile
+                    assert time.monotonic() < deadline, "the skewed worker did not finish within 60 s"
+                    mine_claims.append(queue.claim("honest", lease_s=lease_s))
+                    time.sleep(0.05)
+                rest, err = skewed.finish(timeout_s=30)
+            report = json.loads(rest[-1]) if rest else err
             assert not keeper.lost
         assert queue.ack(mine, "results/mine") is True
-    assert skewed.returncode == 0
+    assert skewed.proc.returncode == 0, err
     assert report == {"claimed": ["theirs"], "lost": False, "acked": True}  # never took "mine", kept "theirs"
     assert mine_claims and all(c is None for c in mine_claims)
 

@@ -60,7 +60,8 @@ def test_a_worker_busy_on_long_requests_is_never_mistaken_for_a_stall(queue):
         outcome = queue.wait_until_done(["r0", "r1"], timeout_s=120, poll_s=0.02, stall_s=STALL_S)
     finally:
         stop.set()
-        worker.join()
+        worker.join(timeout=60)
+    assert not worker.is_alive(), "the fake worker did not stop within 60 s"
     assert outcome.complete and outcome.results == {"r0": "results/r0", "r1": "results/r1"}
 
 

@@ -107,3 +107,15 @@ def test_the_runs_ca_must_be_a_base64_certificate(monkeypatch) -> None:
     address = parse_queue_url("rediss://spotlight-worker@example.org:6379/0")
     assert address.run_ca == ca.decode() and address.username == "spotlight-worker" and "BEGIN" not in repr(address)
     assert parse_queue_url("redis://example.org:6379/0").run_ca is None  # only TLS reads it
+
+
+@pytest.mark.parametrize("url,public,password", [
+    ("redis://:s%40cret@reserved:6379/0", "redis://reserved:6379/0", "s@cret"),
+    ("rediss://user:pw@reserved:6380/2", "rediss://user@reserved:6380/2", "pw"),
+    ("redis://reserved:6379/0", "redis://reserved:6379/0", None),
+    ("runs/demo/queue.db", "runs/demo/queue.db", None),
+])
+def test_a_child_process_gets_the_queue_url_without_its_password(url: str, public: str, password: str | None) -> None:
+    from resources.urls import split_password
+
+    assert split_password(url) == (public, password)

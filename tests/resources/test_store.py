@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from resources.store import (
 from resources.store_local import LocalTensorStore
 from resources.store_s3 import S3TensorStore
 from resources.stores import open_store
+from tests.procs import ProcessLines
 from tests.resources.s3_faults import S3FaultProxy
 
 
@@ -254,6 +255,7 @@ from pathlib import Path
 from resources.store_local import LocalTensorStore
 root, writer = sys.argv[1], sys.argv[2]
 store = LocalTensorStore(root)
+print("polling", flush=True)
 while not Path(root, "go").exists():
     time.sleep(0.001)
 print(store.publish("race/p", {"r": writer.encode()}, exclusive=True).won)
@@ -262,14 +264,15 @@ print(store.publish("race/p", {"r": writer.encode()}, exclusive=True).won)
 
 def test_lost_commit_race_across_processes_has_exactly_one_winner(tmp_path: Path) -> None:
     root = tmp_path / "store"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _RACER, str(root), str(i)], stdout=subprocess.PIPE, text=True)
-        for i in range(4)
-    ]
-    time.sleep(0.5)  # let the racers import and start polling
-    (root / "go").parent.mkdir(parents=True, exist_ok=True)
-    (root / "go").touch()
-    outcomes = [p.communicate(timeout=60)[0].strip() for p in procs]
+    with contextlib.ExitStack() as stack:
+        racers = [stack.enter_context(ProcessLines(subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(root), str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            for i in range(4)]
+        for racer in racers:  # every racer is polling before the start: they really race
+            racer.expect("polling", timeout_s=120)
+        (root / "go").parent.mkdir(parents=True, exist_ok=True)
+        (root / "go").touch()
+        outcomes = [racer.finish(timeout_s=60)[0][-1] for racer in racers]
     assert sorted(outcomes) == ["False", "False", "False", "True"]
     assert LocalTensorStore(root).load_bytes("race/p", "r") == str(outcomes.index("True")).encode()
 

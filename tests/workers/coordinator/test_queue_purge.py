@@ -46,6 +46,7 @@ def test_a_long_run_keeps_at_most_two_iterations_of_done_requests_in_the_queue(t
             latest = queue.states([request_id(7, 0, 0), request_id(6, 0, 0), request_id(0, 0, 0)])
     finally:
         stop.set()
-        worker.join()
+        worker.join(timeout=60)
+    assert not worker.is_alive(), "the draining worker did not stop within 60 s"
     assert done_per_iteration == [NUM_PROMPTS] + [2 * NUM_PROMPTS] * 7  # flat, not 8 x NUM_PROMPTS
     assert list(latest.values()) == ["done", "done", "unknown"]  # the last two iterations are still answered

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -19,6 +18,7 @@ from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.algo.sampler import SamplerConfig
 from tests.paths import REPO_ROOT
+from tests.procs import ProcessLines
 
 REPO = REPO_ROOT
 
@@ -98,11 +98,20 @@ def test_notices_are_off_by_default_and_bad_sources_are_refused() -> None:
 
 def test_the_watcher_calls_back_once_when_the_notice_arrives(metadata) -> None:
     fired = []
-    watcher = NoticeWatcher(notice_checker("gcp", _url(metadata, "gcp")), lambda: fired.append(1), interval_s=0.05).start()
-    time.sleep(0.2)
-    assert not fired
+    checks = threading.Semaphore(0)
+    check = notice_checker("gcp", _url(metadata, "gcp"))
+
+    def counted() -> bool:
+        answer = check()
+        checks.release()
+        return answer
+
+    watcher = NoticeWatcher(counted, lambda: fired.append(1), interval_s=0.05).start()
+    for _ in range(3):  # three real "no notice" answers, however slow the machine
+        assert checks.acquire(timeout=30), "the watcher stopped checking"
+    assert not fired and not watcher.noticed.is_set()
     metadata.preempted = True
-    assert watcher.noticed.wait(5)
+    assert watcher.noticed.wait(30)
     watcher.stop()
     assert fired == [1]
 
@@ -111,18 +120,17 @@ def test_a_worker_on_a_preempted_aws_vm_commits_its_state_and_exits_cleanly(tmp_
     spec = RolloutSpec("demo", "a red circle", 5, 0, SamplerConfig(num_steps=8))
     queue = open_queue(tmp_path / "queue.db")
     queue.put([rollout_request("r0", 0, spec)])
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.rollout", "--queue", str(tmp_path / "queue.db"), "--store", str(rollout_store.root),
-         "--commit-every", "100", "--step-delay-s", "0.3", "--preemption-notice", "aws", "--notice-url", _url(metadata, "aws"),
-         "--notice-interval-s", "0.1", "--threads", "1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    for line in worker.stdout:
-        if json.loads(line)["event"] == "step":
-            break
-    metadata.preempted = True
-    out, err = worker.communicate(timeout=30)
-    assert worker.returncode == 0, err
-    events = [json.loads(line) for line in out.splitlines()]
+    command = [sys.executable, "-m", "workers.rollout", "--queue", str(tmp_path / "queue.db"), "--store",
+               str(rollout_store.root), "--commit-every", "100", "--step-delay-s", "0.3", "--preemption-notice", "aws",
+               "--notice-url", _url(metadata, "aws"), "--notice-interval-s", "0.1", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with ProcessLines(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env=env)) as worker:
+        worker.wait_for_json(lambda e: e["event"] == "step", timeout_s=120, what="the first step")
+        metadata.preempted = True
+        rest, err = worker.finish(timeout_s=60)
+    assert worker.proc.returncode == 0, err
+    events = [json.loads(line) for line in rest]
     assert [e["event"] for e in events if e["event"] in ("notice", "preempted", "exit")] == ["notice", "preempted", "exit"]
     preempted = next(e for e in events if e["event"] == "preempted")
     assert preempted["committed_step"] == preempted["step"] >= 1

@@ -4,6 +4,7 @@ the same weights; a value the policy cannot serve is refused before any sampling
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -107,5 +108,5 @@ def test_payload_resolution_and_guidance_parse_or_raise_value_error(resolution, 
     except ValueError:
         return
     assert spec.resolution is None or (type(spec.resolution) is int and 1 <= spec.resolution <= 8192)
-    assert spec.guidance is None or (spec.guidance >= 0 and spec.guidance == spec.guidance != float("inf"))
+    assert spec.guidance is None or (spec.guidance >= 0 and math.isfinite(spec.guidance))
     assert RolloutSpec.from_payload(json.loads(json.dumps(spec.to_payload()))) == spec

@@ -21,6 +21,7 @@ from workers.rollout.weights import PolicyHolder
 from workers.algo.sampler import SamplerConfig
 from tests.paths import REPO_ROOT
 from tests.hooks import stop_after
+from tests.procs import ProcessLines
 
 REPO = REPO_ROOT
 SPEC = RolloutSpec("demo", "two red circles", 11, 0, SamplerConfig(num_steps=8, sde_window=(0, 4)))
@@ -122,37 +123,37 @@ def test_a_worker_reaches_a_newer_version_through_pulse_patches(tmp_store, tiny_
 # --- the worker process ------------------------------------------------------------------
 
 
-def _start_worker(tmp_path: Path, store, *extra: str) -> subprocess.Popen:
+_STARTED: list[ProcessLines] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test():
+    yield
+    while _STARTED:
+        _STARTED.pop().__exit__()
+
+
+def _start_worker(tmp_path: Path, store, *extra: str) -> ProcessLines:
     command = [sys.executable, "-m", "workers.rollout", "--queue", str(tmp_path / "queue.db"), "--store", str(store.root),
                "--threads", "1", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    _STARTED.append(ProcessLines(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                  text=True, env=env)))
+    return _STARTED[-1]
 
 
-def _wait_for(worker: subprocess.Popen, predicate, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = worker.stdout.readline()
-        if not line:
-            raise AssertionError(f"worker exited early: {worker.stderr.read()}")
-        event = json.loads(line)
-        if predicate(event):
-            return event
-    raise AssertionError("timed out waiting for a worker event")
-
-
-def _events_until_exit(worker: subprocess.Popen, timeout_s: float = 30.0) -> list[dict]:
-    out, err = worker.communicate(timeout=timeout_s)
-    assert worker.returncode == 0, err
-    return [json.loads(line) for line in out.splitlines()]
+def _events_until_exit(worker: ProcessLines, timeout_s: float = 60.0) -> list[dict]:
+    rest, err = worker.finish(timeout_s)
+    assert worker.proc.returncode == 0, err
+    return [json.loads(line) for line in rest]
 
 
 def test_sigterm_commits_the_state_at_once_gives_the_request_back_and_exits_cleanly(tmp_path, rollout_store) -> None:
     queue = open_queue(tmp_path / "queue.db")
     queue.put([rollout_request("r0", 0, SPEC)])
     worker = _start_worker(tmp_path, rollout_store, "--worker-id", "w1", "--commit-every", "100", "--step-delay-s", "0.3")
-    _wait_for(worker, lambda e: e["event"] == "step" and e["step"] >= 2)
-    worker.send_signal(signal.SIGTERM)
+    worker.wait_for_json(lambda e: e["event"] == "step" and e["step"] >= 2, timeout_s=120, what="step 2")
+    worker.proc.send_signal(signal.SIGTERM)
     events = _events_until_exit(worker)
     preempted = next(e for e in events if e["event"] == "preempted")
     assert preempted["committed_step"] == preempted["step"] >= 2  # nothing lost
@@ -168,13 +169,15 @@ def test_after_sigkill_the_lease_expires_and_another_worker_resumes_from_the_las
     queue = open_queue(tmp_path / "queue.db")
     queue.put([rollout_request("r0", 0, SPEC)])
     worker = _start_worker(tmp_path, rollout_store, "--worker-id", "w1", "--commit-every", "2", "--step-delay-s", "0.3",
-                           "--lease-s", "1.5")
-    _wait_for(worker, lambda e: e["event"] == "commit" and e["step"] == 4)
-    worker.kill()
-    worker.communicate(timeout=10)
+                           "--lease-s", "4")
+    worker.wait_for_json(lambda e: e["event"] == "commit" and e["step"] == 4, timeout_s=120, what="the commit of step 4")
+    worker.proc.kill()
+    worker.finish(timeout_s=30)
     assert queue.claim("w2", lease_s=30) is None  # still leased to the dead worker
-    time.sleep(1.6)
-    lease = queue.claim("w2", lease_s=30)
+    deadline = time.monotonic() + 60
+    while (lease := queue.claim("w2", lease_s=30)) is None:  # until the dead worker's lease expires
+        assert time.monotonic() < deadline, "the killed worker's 4 s lease did not expire within 60 s"
+        time.sleep(0.1)
     assert lease is not None and lease.attempts == 2
     out = work_request(lease.request, lease.attempts, rollout_store, PolicyHolder(rollout_store), worker_id="w2", commit_every=2)
     reference = work_request(_request("ref"), 1, rollout_store, PolicyHolder(rollout_store), worker_id="w0", commit_every=8)

@@ -107,18 +107,31 @@ def test_closing_the_agent_leaves_no_worker_process(scenario):
     assert scenario["alive_after_close"] == [False, False, False]
 
 
-def test_agent_refuses_a_degree_the_workers_cannot_form(tmp_path):
+def test_a_bad_agent_config_or_request_payload_is_refused_before_any_worker_starts(tmp_path):
     with pytest.raises(ValueError, match="commit_every"):
         AgentConfig(policy_config=TINY, store_url=str(tmp_path), weights_key="k", commit_every=0)
     with pytest.raises(ValueError, match="payload lacks"):
         SPRequest.from_payload("r", {"prompt": "a red circle"})
 
 
-def test_projection_is_labelled_and_moves_20b_weights_over_nvlink_faster_than_from_the_store():
+def test_the_20b_projection_adds_the_measured_fixed_costs_to_the_assumed_transfer_times():
+    """The projection's only inputs from this machine are the measured rendezvous and process start: each must
+    move its path's total by exactly its own amount, and nothing else."""
     from workers.bench.projection import project_20b
 
-    join = {"rendezvous_s": 0.1, "process_start_s": 10.0}
-    figures = project_20b({"elastic": {"join": join}, "naive": {"join": join}})
-    assert figures["label"].startswith("PROJECTION")
-    assert figures["elastic.weight_transfer_s"] == pytest.approx(40e9 / 450e9, abs=1e-3)
-    assert figures["elastic.total_s"] < 1 < figures["naive_best.total_s"] < figures["naive_typical.total_s"]
+    def figures(elastic_rdv: float, naive_rdv: float, start: float) -> dict:
+        return project_20b({"elastic": {"join": {"rendezvous_s": elastic_rdv, "process_start_s": 99.0}},
+                            "naive": {"join": {"rendezvous_s": naive_rdv, "process_start_s": start}}})
+
+    base = figures(0.1, 0.2, 10.0)
+    assert base["label"].startswith("PROJECTION") and "NCCL" in base["excluded"]
+    assert base["elastic.total_s"] == pytest.approx(0.1 + base["elastic.weight_transfer_s"], abs=1e-3)
+    for case in ("best", "typical"):  # each figure is rounded to 0.01 s
+        transfer_s = base[f"naive_{case}.weight_transfer_s"]
+        assert base[f"naive_{case}.total_s"] == pytest.approx(10.2 + transfer_s, abs=0.02)
+    moved = figures(1.1, 2.2, 13.0)  # +1 s elastic rendezvous; +2 s naive rendezvous, +3 s process start
+    assert moved["elastic.total_s"] - base["elastic.total_s"] == pytest.approx(1.0, abs=1e-3)
+    for case in ("best", "typical"):
+        assert moved[f"naive_{case}.total_s"] - base[f"naive_{case}.total_s"] == pytest.approx(5.0, abs=0.02)
+        assert moved[f"naive_{case}.weight_transfer_s"] == base[f"naive_{case}.weight_transfer_s"]
+    assert moved["elastic.weight_transfer_s"] == base["elastic.weight_transfer_s"]

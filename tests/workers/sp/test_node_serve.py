@@ -141,7 +141,7 @@ def _serve(tmp_path: Path, act, *flags: str) -> tuple[int, list[dict]]:
             "--workers", "2", "--max-idle-s", "2", "--node-id", "n0", "--step-delay-s", "0.5", *flags]
     proc = subprocess.Popen(args, cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
-    guard = threading.Timer(600, lambda: os.killpg(proc.pid, signal.SIGKILL))  # a hang fails, never blocks CI
+    guard = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))  # a hang fails before pytest-timeout
     guard.start()
     events, pids = [], {}
     try:

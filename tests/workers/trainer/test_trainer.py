@@ -52,9 +52,33 @@ def test_kl_penalty_uses_a_frozen_reference(tiny_policy):
 
 
 def test_prompts_and_seeds_are_a_pure_function_of_run_seed_and_iteration():
-    assert iteration_prompts(0, 3, 8) == iteration_prompts(0, 3, 8)
-    assert iteration_prompts(0, 3, 8) != iteration_prompts(0, 4, 8)
-    assert request_seed(0, 1, 2, 3) == request_seed(0, 1, 2, 3) != request_seed(0, 1, 2, 4)
+    """The same in another process (another hash seed) and whatever the global RNGs hold: a resumed run or a
+    worker on another machine draws what the first process drew."""
+    import json
+    import random
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from tests.paths import REPO_ROOT
+
+    code = ("import json; from workers.task.prompts import iteration_prompts; from workers.algo.seeds import request_seed; "
+            "print(json.dumps([iteration_prompts(0, 3, 8), iteration_prompts(0, 4, 8), request_seed(0, 1, 2, 3), "
+            "request_seed(0, 1, 2, 4), request_seed(1, 1, 2, 3)]))")
+    other = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                           env={"PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO_ROOT)}, check=True)
+    saved = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng():
+        random.seed(7)  # the draws must not read the global generators
+        np.random.seed(7)
+        torch.manual_seed(7)
+        here = [iteration_prompts(0, 3, 8), iteration_prompts(0, 4, 8), request_seed(0, 1, 2, 3),
+                request_seed(0, 1, 2, 4), request_seed(1, 1, 2, 3)]
+    random.setstate(saved[0])
+    np.random.set_state(saved[1])
+    assert json.loads(other.stdout) == here
+    assert here[0] != here[1] and len({here[2], here[3], here[4]}) == 3  # iteration, sample and run seed all count
 
 
 def test_config_refuses_more_minibatches_than_samples():

@@ -3,14 +3,16 @@
 Layout (little-endian)::
 
     prefix: magic "PULSELOC" | u8 format | u8 kind | u64 layout hash | u64 numel | u64 count
-            | u32 round | u32 replica | u8 gap width | 4 x u32 frame lengths | u64 xxh3-64 of body
+            | u32 round | u32 replica | u8 gap width | 4 x u32 frame lengths
+            | u64 xxh3-64 of everything else (the prefix's other fields, then the body)
     body:   sparse: zstd frames gap8, gap16, gap64 (PULSESync's delta-coded index levels over
             the flat parameter vector) and the byte-shuffled FP32 values
             dense:  the raw FP32 vector (what DiLoCo sends)
 
 The layout hash (names and shapes of the model) makes a replica refuse a payload from a
-different model; round and replica make a stray or replayed payload detectable. Nothing
-here unpickles.
+different model; round and replica make a stray or replayed payload detectable. The
+checksum covers every other byte, so a damaged count, round or replica is refused like a
+damaged body. Nothing here unpickles.
 
 Example:
     payload = encode_sparse(update, layout_hash, round_index=3, replica=1)
@@ -44,7 +46,8 @@ from workers.pulse.streams import (
 )
 
 MAGIC = b"PULSELOC"
-FORMAT = 1
+FORMAT = 2
+"""Format 2: the checksum covers the prefix too (format 1 covered the body only)."""
 KINDS = {"sparse": 0, "dense": 1}
 PREFIX = struct.Struct("<8sBBQQQIIB4IQ")
 _STREAMS = (("gap8", "uint8", "plain"), ("gap16", "uint16", "shuffle"), ("gap64", "uint64", "shuffle"))
@@ -102,7 +105,7 @@ def encode_dense(vector_N: torch.Tensor, layout: int, *, round_index: int, repli
 
 
 def read_header(payload: bytes, layout: int, numel: int | None = None) -> PayloadHeader:
-    """Parse and check the prefix and body checksum; refuse a payload for another model
+    """Parse and check the prefix and the checksum; refuse a payload for another model
     (another layout hash, or, when given, another parameter count `numel`)."""
     if len(payload) < PREFIX.size:
         raise PayloadError(f"payload truncated: {len(payload)} bytes, shorter than the {PREFIX.size}-byte prefix")
@@ -114,8 +117,8 @@ def read_header(payload: bytes, layout: int, numel: int | None = None) -> Payloa
     if got_layout != layout:
         raise PayloadError(f"payload is for another model layout ({got_layout:#x}, expected {layout:#x})")
     body = memoryview(payload)[PREFIX.size :]
-    if len(body) != sum(lengths) or xxhash.xxh3_64_intdigest(body) != digest:
-        raise PayloadError("payload body truncated or corrupted: size or checksum mismatch")
+    if len(body) != sum(lengths) or checksum(payload[: PREFIX.size - 8], body) != digest:
+        raise PayloadError("payload truncated or corrupted: size or checksum mismatch")
     if count > numel:
         raise PayloadError(f"payload claims {count} values for {numel} parameters")
     if expected_numel is not None and numel != expected_numel:
@@ -165,12 +168,20 @@ def decode_dense(payload: bytes, layout: int, numel: int | None = None) -> tuple
     return header, torch.from_numpy(vector)
 
 
+def checksum(head: bytes, body: bytes) -> int:
+    """xxh3-64 of the prefix without its checksum field (`head`), then the body."""
+    digest = xxhash.xxh3_64()
+    digest.update(head)
+    digest.update(body)
+    return digest.intdigest()
+
+
 def _pack(kind: str, layout: int, numel: int, count: int, round_index: int, replica: int, width: int,
           frames: list[bytes]) -> bytes:
     body = b"".join(frames)
-    prefix = PREFIX.pack(MAGIC, FORMAT, KINDS[kind], layout, numel, count, round_index, replica, width,
-                         *(len(f) for f in frames), xxhash.xxh3_64_intdigest(body))
-    return prefix + body
+    fields = (MAGIC, FORMAT, KINDS[kind], layout, numel, count, round_index, replica, width, *(len(f) for f in frames))
+    head = PREFIX.pack(*fields, 0)[:-8]
+    return head + struct.pack("<Q", checksum(head, body)) + body
 
 
 def _frames(payload: bytes) -> list[bytes]:
