@@ -18,6 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip check
 	touch $@
 
 demo: setup
