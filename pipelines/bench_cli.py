@@ -276,6 +276,11 @@ def bench_exploration(
     workers: Optional[int] = typer.Option(None, help="Rollout worker processes of the timing runs, one thread each (default 2)."),
     jobs: Optional[int] = typer.Option(None, help="Learning runs at once, one process and one thread each (default 1)."),
     strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these strategies (repeat: random, explore, wider_draw)."),
+    preset: Optional[str] = typer.Option(None, help="Training preset (default cpu_tiny_spot; cpu_tiny_hard: strict reward)."),
+    keep_factor: Optional[list[float]] = typer.Option(None, "--keep-factor", help="Explore arms keep W = f x G seeds for the "
+                                                      "rollout (repeat; default 1.0; 1.5: a pre-filter)."),
+    control_prompts: Optional[int] = typer.Option(None, help="Explore: prompts per iteration kept on random seeds (default 0)."),
+    min_arm_tau: Optional[float] = typer.Option(None, help="Explore: drop an arm whose measured tau is below this."),
     out: Optional[Path] = typer.Option(None, help="Folder for the learning runs' records; a rerun reuses the ones it holds."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
 ) -> None:
@@ -290,7 +295,9 @@ def bench_exploration(
                                  "validate_every": validate_every, "target_gain": target_gain,
                                  "explore_samples": explore_samples, "wider_draw": wider_draw,
                                  "timing_iterations": timing_iterations, "num_workers": workers, "jobs": jobs,
-                                 "strategies": tuple(strategy) if strategy else None}.items() if v is not None}
+                                 "strategies": tuple(strategy) if strategy else None, "preset": preset,
+                                 "keep_factors": tuple(keep_factor) if keep_factor else None,
+                                 "control_prompts": control_prompts, "min_arm_tau": min_arm_tau}.items() if v is not None}
     try:
         bench = dataclasses.replace(ExplorationBench.quick() if quick else ExplorationBench(), **changes)
     except ValueError as err:
