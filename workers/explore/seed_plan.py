@@ -70,11 +70,12 @@ class SeedPlan:
     def check_matches(self, config: TrainConfig) -> None:
         """ValueError when the plan was made for other prompts or group sizes than `config` samples."""
         expected = iteration_prompts(config.seed, self.iteration, config.prompts_per_iteration, config.train_categories)
-        widest = max(config.rollouts_per_prompt or config.group_size, *(len(g) for g in self.seeds))
-        # A pre-filter plan keeps more than G seeds for some prompts; the train phase keeps G of them.
-        if self.prompts != expected or any(not config.group_size <= len(g) <= widest for g in self.seeds) or (
-                not self.explored and any(len(g) not in {config.group_size, config.rollouts_per_prompt or config.group_size}
-                                          for g in self.seeds)):
+        sizes = {config.group_size, config.rollouts_per_prompt or config.group_size}
+        if self.explored:  # a pre-filter plan keeps the arm's W seeds of a contested prompt; the train phase keeps G
+            from workers.algo.bandit import Arm
+
+            sizes.add(Arm.parse(self.planner.split(":", 1)[1]).kept(config.group_size))
+        if self.prompts != expected or any(len(g) not in sizes for g in self.seeds):
             raise ValueError(f"seed plan of iteration {self.iteration} does not match the training config "
                              f"({len(self.prompts)} prompts x {[len(g) for g in self.seeds]} seeds); "
                              "was the run restarted with another preset?")

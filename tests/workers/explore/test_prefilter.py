@@ -91,3 +91,11 @@ def test_a_pre_filter_review_judges_the_g_the_train_phase_keeps() -> None:
 def test_bad_pre_filter_settings_are_refused_with_the_field_named(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ExploreConfig(**change)
+
+
+def test_a_pre_filter_plan_is_refused_by_a_config_whose_groups_it_cannot_fill() -> None:
+    explored = _explored([np.linspace(0, 1, M).tolist()] * 3)
+    plan = plan_from_exploration(CONFIG, 5, explored, "explore:m12-half_steps-w6", keep=6)
+    plan.check_matches(CONFIG)
+    with pytest.raises(ValueError, match="does not match"):
+        plan.check_matches(dataclasses.replace(CONFIG, group_size=8))  # 6 seeds per prompt for groups of 8
