@@ -108,6 +108,14 @@ class ExploreConfig:
         return UCBBandit(self.arms(group_size), self.bandit, weights)
 
 
+def explore_config_for(preset: str) -> ExploreConfig:
+    """A training preset's exploration settings when the run gives none: `cpu_tiny_hard` explores as a pre-filter
+    (W = 1.5 G) with one control prompt per iteration; every other preset, the defaults (W = G, no control)."""
+    if preset == "cpu_tiny_hard":
+        return ExploreConfig(keep_factors=(1.5,), control_prompts=1)
+    return ExploreConfig()
+
+
 @dataclass
 class ExplorationState:
     bandit: UCBBandit

@@ -67,7 +67,9 @@ def cpu_tiny_hard() -> TrainConfig:
     """A task where seed choice matters: cpu_tiny_spot on the all-or-nothing reward (`minigeneval_strict`: 1 only
     when every criterion of the prompt holds) over counting, position and binding prompts. Random groups often
     all fail (or all pass) and teach nothing; a plan that finds a seed that passes gives the group its only
-    contrast. Its zero-variance share: `spotlight bench selection --preset cpu_tiny_hard` (docs/BENCHMARKS.md)."""
+    contrast. Its pipeline runs explore as a pre-filter with one control prompt per iteration
+    (`workers.explore.state.explore_config_for`). Its zero-variance share: `spotlight bench selection --preset
+    cpu_tiny_hard` (docs/BENCHMARKS.md)."""
     return dataclasses.replace(cpu_tiny_spot(), reward="minigeneval_strict", train_categories=HARD_CATEGORIES)
 
 
