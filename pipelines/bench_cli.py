@@ -224,6 +224,44 @@ def bench_preemption(
     show(figures, as_json, format_preemption_report)
 
 
+@bench_app.command("selection")
+def bench_selection(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    preset: str = typer.Option("cpu_tiny_spot", help="Training preset (workers/trainer/presets.py), e.g. cpu_tiny_hard."),
+    prompts: int = typer.Option(16, help="Prompts sampled at every version."),
+    candidates: int = typer.Option(32, help="M: candidate seeds per prompt."),
+    pair: Optional[list[int]] = typer.Option(None, "--pair", help="k of a pair (v_k, v_k+1) (repeat; default 0, 1, 2)."),
+    level: Optional[list[str]] = typer.Option(None, "--level", help="Cheap levels on the stale weights (repeat; default "
+                                              "fbcache, half_steps, quarter_steps)."),
+    keep_factor: float = typer.Option(1.5, help="Pre-filter: W = keep_factor x G seeds kept for the rollout."),
+    planner_level: str = typer.Option("half_steps", help="The planner arm's level (M candidates, W kept)."),
+    seed: int = typer.Option(0, help="Run seed of the training run."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
+) -> None:
+    """Reward contrast each seed strategy buys on checkpoint pairs (v_k, v_k+1) of one training run: trained groups'
+    variance over concurrent random groups', zero-variance share, rollout cost; Kendall tau of each stale level."""
+    import sys
+
+    from workers.bench.selection import SelectionBench, run_selection_bench, selection_text
+
+    changes = {k: v for k, v in {"pairs_at": tuple(pair) if pair else None, "levels": tuple(level) if level else None}.items()
+               if v is not None}
+    try:
+        bench = SelectionBench(preset=preset, num_prompts=prompts, num_candidates=candidates, keep_factor=keep_factor,
+                               planner_level=planner_level, seed=seed, **changes)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if checkpoint is not None and not (checkpoint / "policy.json").exists():
+        raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
+    policy = None
+    if checkpoint is not None:
+        from workers.model.policy import load_policy
+
+        policy = load_policy(checkpoint)
+    figures = run_selection_bench(bench, policy, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    show(figures, as_json, selection_text)
+
+
 @bench_app.command("exploration")
 def bench_exploration(
     as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
@@ -238,6 +276,11 @@ def bench_exploration(
     workers: Optional[int] = typer.Option(None, help="Rollout worker processes of the timing runs, one thread each (default 2)."),
     jobs: Optional[int] = typer.Option(None, help="Learning runs at once, one process and one thread each (default 1)."),
     strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="Only these strategies (repeat: random, explore, wider_draw)."),
+    preset: Optional[str] = typer.Option(None, help="Training preset (default cpu_tiny_spot; cpu_tiny_hard: strict reward)."),
+    keep_factor: Optional[list[float]] = typer.Option(None, "--keep-factor", help="Explore arms keep W = f x G seeds for the "
+                                                      "rollout (repeat; default 1.0; 1.5: a pre-filter)."),
+    control_prompts: Optional[int] = typer.Option(None, help="Explore: prompts per iteration kept on random seeds (default 0)."),
+    min_arm_tau: Optional[float] = typer.Option(None, help="Explore: drop an arm whose measured tau is below this."),
     out: Optional[Path] = typer.Option(None, help="Folder for the learning runs' records; a rerun reuses the ones it holds."),
     checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
 ) -> None:
@@ -252,7 +295,9 @@ def bench_exploration(
                                  "validate_every": validate_every, "target_gain": target_gain,
                                  "explore_samples": explore_samples, "wider_draw": wider_draw,
                                  "timing_iterations": timing_iterations, "num_workers": workers, "jobs": jobs,
-                                 "strategies": tuple(strategy) if strategy else None}.items() if v is not None}
+                                 "strategies": tuple(strategy) if strategy else None, "preset": preset,
+                                 "keep_factors": tuple(keep_factor) if keep_factor else None,
+                                 "control_prompts": control_prompts, "min_arm_tau": min_arm_tau}.items() if v is not None}
     try:
         bench = dataclasses.replace(ExplorationBench.quick() if quick else ExplorationBench(), **changes)
     except ValueError as err:

@@ -58,6 +58,13 @@ class ExplorationBench:
     """wider_draw: seeds drawn per prompt on the critical path, as a multiple of the group size."""
     seed_multipliers: tuple[int, ...] = (2, 3, 4)
     cache_levels: tuple[str, ...] = ("fbcache", "half_steps", "quarter_steps")
+    keep_factors: tuple[float, ...] = (1.0,)
+    """Explore's arms keep W = f x G seeds per prompt for the rollout (1.0: the plan is the final pick; 1.5: a
+    pre-filter, the rollout samples 1.5 G on fresh weights and trains the G of largest variance)."""
+    control_prompts: int = 0
+    """Explore: prompts per iteration kept on random seeds as a concurrent control (the bandit's baseline)."""
+    min_arm_tau: float | None = None
+    """Explore: the bandit drops an arm whose mean measured Kendall tau is below this (None: no floor)."""
     timing_iterations: int = 3
     """Iterations of each strategy's pipeline run that measures critical-path seconds (0: no timing runs)."""
     num_workers: int = 2
@@ -117,8 +124,11 @@ class ExplorationBench:
     def explore_config(self):
         from workers.explore.state import ExploreConfig
 
+        from workers.algo.bandit import BanditConfig
+
         return ExploreConfig(seed_multipliers=self.seed_multipliers, cache_levels=self.cache_levels,
-                             num_workers=self.num_workers)
+                             num_workers=self.num_workers, keep_factors=self.keep_factors,
+                             control_prompts=self.control_prompts, bandit=BanditConfig(min_arm_tau=self.min_arm_tau))
 
     def learning_runs(self, checkpoint: str | None) -> list[LearningRun]:
         config, explore = self.train_config(), self.explore_config()

@@ -106,11 +106,22 @@ def save_state(store: TensorStore, run: str, state: ExplorationState) -> None:
     store.publish(bandit_state_key(run), {STATE_NAME: json.dumps(state.to_dict(), sort_keys=True).encode()})
 
 
-def explore_requests(config: TrainConfig, run: str, iteration: int, arm: Arm) -> list[dict]:
-    """Queue requests exploring iteration+1's prompts on weights v(iteration): one per prompt, M candidates."""
+def explored_prompts(config: TrainConfig, explore_config: ExploreConfig | None, iteration: int) -> list[int]:
+    """Indices of iteration+1's prompts that exploration samples: all but the plan's control prompts."""
+    controls = set() if explore_config is None else set(explore_config.controls(iteration + 1, config.prompts_per_iteration))
+    return [i for i in range(config.prompts_per_iteration) if i not in controls]
+
+
+def explore_requests(config: TrainConfig, run: str, iteration: int, arm: Arm,
+                     explore_config: ExploreConfig | None = None) -> list[dict]:
+    """Queue requests exploring iteration+1's prompts on weights v(iteration): one per explored prompt (every prompt
+    but the control prompts of `explore_config`), M candidates, in prompt order."""
     prompts = iteration_prompts(config.seed, iteration + 1, config.prompts_per_iteration, config.train_categories)
+    keep = set(explored_prompts(config, explore_config, iteration))
     out = []
     for i, prompt in enumerate(prompts):
+        if i not in keep:
+            continue
         seeds = candidate_seeds(config.seed, iteration + 1, i, config.group_size, arm.seeds_per_prompt)
         spec = ExploreSpec(run, prompt, tuple(seeds), iteration, config.sampler, arm.cache_level, config.reward)
         out.append({"request_id": explore_request_id(iteration, i), "iteration": iteration, "kind": "explore",
@@ -164,16 +175,18 @@ def start_exploration(store: TensorStore, queue, run: str, config: TrainConfig, 
         session = load_session(store, run, iteration)
     else:
         state = load_state(store, run, explore_config, config.group_size)
-        choice = state.bandit.choose(state.budget_s(), config.prompts_per_iteration, explore_config.num_workers)
+        num_explored = max(1, len(explored_prompts(config, explore_config, iteration)))
+        choice = state.bandit.choose(state.budget_s(), num_explored, explore_config.num_workers)
         session = Session(iteration, None if choice.arm is None else choice.arm.name, state.budget_s(), choice.predicted_s,
                           choice.ucb, choice.reason, started_at=time.time(), num_workers=explore_config.num_workers)
         if choice.arm is not None:
-            requests = explore_requests(config, run, iteration, choice.arm)
+            requests = explore_requests(config, run, iteration, choice.arm, explore_config)
             session.request_ids = [r["request_id"] for r in requests]
-            session.prompt_indices = list(range(len(requests)))
+            session.prompt_indices = explored_prompts(config, explore_config, iteration)
         publish_session(store, run, session)
     if session.arm is not None:
-        queue.put(explore_requests(config, run, iteration, session.arm_spec))  # ids already known are skipped
+        known = set(session.request_ids)  # ids already on the queue are skipped
+        queue.put([r for r in explore_requests(config, run, iteration, session.arm_spec) if r["request_id"] in known])
     return session
 
 
@@ -197,7 +210,7 @@ def finish_exploration(store: TensorStore, queue, run: str, config: TrainConfig,
     elif session.arm is not None and train_s:
         # Not one prompt finished while training ran: the arm costs at least the phase per prompt and worker.
         state.record_time(iteration, session.arm_spec, train_s * session.num_workers, 1)
-    plan = next_plan(config, iteration + 1, session.arm, state, results)
+    plan = next_plan(config, iteration + 1, session.arm, state, results, explore_config)
     publish_seed_plan(store, run, plan)
     save_state(store, run, state)
     return Finished(session, plan, len(results), cancelled, compute_s / session.num_workers,
@@ -229,8 +242,9 @@ def explored_results(store: TensorStore, run: str, iteration: int) -> dict[int, 
 
 
 def next_plan(config: TrainConfig, iteration: int, arm: str | None, state: ExplorationState,
-              results: dict[int, tuple[list[int], list[float]]]) -> SeedPlan:
-    """The plan of `iteration` from what exploration finished; its planner says why it is random when it is."""
+              results: dict[int, tuple[list[int], list[float]]], explore_config: ExploreConfig | None = None) -> SeedPlan:
+    """The plan of `iteration` from what exploration finished; its planner says why it is random when it is.
+    An explored plan keeps the arm's W seeds per contested prompt and names `explore_config`'s control prompts."""
     if arm is None:
         return plan_from_exploration(config, iteration, {}, "random:no-arm-fits-budget", use_exploration=False)
     if state.fallback:
@@ -238,7 +252,10 @@ def next_plan(config: TrainConfig, iteration: int, arm: str | None, state: Explo
                                      use_exploration=False)
     if not results:
         return plan_from_exploration(config, iteration, {}, "random:nothing-explored-in-time", use_exploration=False)
-    return plan_from_exploration(config, iteration, results, f"explore:{arm}")
+    ec = explore_config or ExploreConfig()
+    return plan_from_exploration(config, iteration, results, f"explore:{arm}", keep=Arm.parse(arm).kept(config.group_size),
+                                 controls=tuple(ec.controls(iteration, config.prompts_per_iteration)),
+                                 min_contest_std=ec.min_contest_std)
 
 
 def load_session(store: TensorStore, run: str, iteration: int) -> Session:

@@ -25,8 +25,8 @@ import time
 
 from resources.keys import explore_result_key, exploration_key
 from resources.store import TensorStore
-from workers.coordinator.explore import (Finished, Session, explore_requests, load_session, load_state, next_plan,
-                                         publish_session, save_state)
+from workers.coordinator.explore import (Finished, Session, explore_requests, explored_prompts, load_session,
+                                         load_state, next_plan, publish_session, save_state)
 from workers.explore.request import ExploreSpec, commit_explore_result, explore_rewards
 from workers.explore.seed_plan import publish_seed_plan
 from workers.explore.state import ExploreConfig, explored_variance
@@ -42,19 +42,20 @@ def explore_in_process(store: TensorStore, run: str, config: TrainConfig, iterat
     if not budget_samples > 0:
         raise ValueError(f"budget_samples must be > 0, got {budget_samples}")
     state = load_state(store, run, explore_config, config.group_size)
-    session = _session(store, run, config, iteration, state, budget_samples)
+    session = _session(store, run, config, iteration, state, budget_samples, explore_config)
     arm = session.arm_spec
-    requests = [] if arm is None else explore_requests(config, run, iteration, arm)
+    requests = [] if arm is None else explore_requests(config, run, iteration, arm, explore_config)
     results: dict[int, tuple[list[int], list[float]]] = {}
     spent = 0.0
     if requests:
         per_prompt = state.bandit.work_units(arm)
-        fit = requests[: int(budget_samples // per_prompt)]  # what the pool finishes before training ends
+        # What the pool finishes before training ends (the small tolerance: an arm costing exactly the budget fits).
+        fit = list(zip(session.prompt_indices, requests))[: int(budget_samples / per_prompt + 1e-9)]
         results = _explore(store, run, iteration, fit, device, per_prompt)
         spent = per_prompt * len(results)
         if results:
             state.record_time(iteration, arm, spent, len(results))
-    plan = next_plan(config, iteration + 1, session.arm, state, results)
+    plan = next_plan(config, iteration + 1, session.arm, state, results, explore_config)
     publish_seed_plan(store, run, plan)
     save_state(store, run, state)
     now = time.time()
@@ -63,30 +64,34 @@ def explore_in_process(store: TensorStore, run: str, config: TrainConfig, iterat
                     {i: now for i in results}, {i: WORKER_ID for i in results})
 
 
-def _session(store: TensorStore, run: str, config: TrainConfig, iteration: int, state, budget_samples: float) -> Session:
-    """The bandit's choice for this iteration, committed (a redone iteration reuses the committed one)."""
+def _session(store: TensorStore, run: str, config: TrainConfig, iteration: int, state, budget_samples: float,
+             explore_config: ExploreConfig) -> Session:
+    """The bandit's choice for this iteration, committed (a redone iteration reuses the committed one). Costs in
+    samples are exact, so an arm fits when it costs at most the budget (no safety margin)."""
     if store.read_manifest(exploration_key(run, iteration)) is not None:
         return load_session(store, run, iteration)
-    choice = state.bandit.choose(budget_samples, config.prompts_per_iteration, 1, unit_cost=1.0)
+    indices = explored_prompts(config, explore_config, iteration)
+    choice = state.bandit.choose(budget_samples, max(1, len(indices)), 1, unit_cost=1.0)
     session = Session(iteration, None if choice.arm is None else choice.arm.name, budget_samples, choice.predicted_s,
                       choice.ucb, f"{choice.reason} (budget counted in samples)", started_at=time.time())
     if choice.arm is not None:
-        session.request_ids = [r["request_id"] for r in explore_requests(config, run, iteration, choice.arm)]
-        session.prompt_indices = list(range(len(session.request_ids)))
+        session.request_ids = [r["request_id"] for r in explore_requests(config, run, iteration, choice.arm, explore_config)]
+        session.prompt_indices = indices
     publish_session(store, run, session)
     return session
 
 
-def _explore(store: TensorStore, run: str, iteration: int, requests: list[dict], device: str,
+def _explore(store: TensorStore, run: str, iteration: int, requests: list[tuple[int, dict]], device: str,
              per_prompt: float) -> dict[int, tuple[list[int], list[float]]]:
-    """Prompt index -> (candidate seeds, explored rewards), each committed where a worker would commit it."""
+    """Prompt index -> (candidate seeds, explored rewards) of (prompt index, request) pairs, each committed where a
+    worker would commit it."""
     from workers.trainer.checkpoint import load_checkpoint
 
     if not requests:
         return {}
     policy, _ = load_checkpoint(store, run, iteration, device)  # the stale weights v(iteration)
     out = {}
-    for i, request in enumerate(requests):
+    for i, request in requests:
         spec = ExploreSpec.from_payload(request["payload"])
         rewards = explore_rewards(policy, spec)
         key = explore_result_key(run, iteration, request["request_id"])

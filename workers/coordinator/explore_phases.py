@@ -22,12 +22,13 @@ from workers.coordinator.phases import PhaseResult
 
 
 def explore_config(ctx: RunContext):
-    """The run's exploration settings, sized to the rollout workers alive now (the configured count before any
-    started)."""
-    from workers.explore.state import ExploreConfig
+    """The run's exploration settings (the preset's when the run gives none), sized to the rollout workers alive
+    now (the configured count before any started)."""
+    from workers.explore.state import explore_config_for
 
     alive = ctx.ledger.query("SELECT count(*) FROM workers WHERE ended_at IS NULL AND role = 'rollout'").rows[0][0]
-    return dataclasses.replace(ctx.explore_config or ExploreConfig(), num_workers=int(alive) or ctx.sampling.num_workers)
+    return dataclasses.replace(ctx.explore_config or explore_config_for(ctx.preset),
+                               num_workers=int(alive) or ctx.sampling.num_workers)
 
 
 def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:

@@ -44,6 +44,8 @@ class SeedPlan:
     default plan of a config that sets it)."""
     explored_rewards: list[list[float] | None] | None = None
     """explored_rewards[i][j]: the stale, cheap reward of seeds[i][j] (None for a prompt not explored)."""
+    control_prompts: tuple[int, ...] = ()
+    """Prompts kept on their random seeds as a concurrent control (their groups measure the random baseline)."""
 
     def __post_init__(self) -> None:
         if len(self.prompts) != len(self.seeds):
@@ -52,6 +54,9 @@ class SeedPlan:
                 len(self.explored_rewards) != len(self.seeds)
                 or any(r is not None and len(r) != len(g) for r, g in zip(self.explored_rewards, self.seeds))):
             raise ValueError(f"seed plan of iteration {self.iteration}: explored rewards do not match the seeds")
+        if any(not 0 <= i < len(self.seeds) for i in self.control_prompts):
+            raise ValueError(f"seed plan of iteration {self.iteration}: control prompts {list(self.control_prompts)} "
+                             f"outside its {len(self.seeds)} prompts")
 
     @property
     def explored(self) -> bool:
@@ -66,6 +71,10 @@ class SeedPlan:
         """ValueError when the plan was made for other prompts or group sizes than `config` samples."""
         expected = iteration_prompts(config.seed, self.iteration, config.prompts_per_iteration, config.train_categories)
         sizes = {config.group_size, config.rollouts_per_prompt or config.group_size}
+        if self.explored:  # a pre-filter plan keeps the arm's W seeds of a contested prompt; the train phase keeps G
+            from workers.algo.bandit import Arm
+
+            sizes.add(Arm.parse(self.planner.split(":", 1)[1]).kept(config.group_size))
         if self.prompts != expected or any(len(g) not in sizes for g in self.seeds):
             raise ValueError(f"seed plan of iteration {self.iteration} does not match the training config "
                              f"({len(self.prompts)} prompts x {[len(g) for g in self.seeds]} seeds); "
@@ -80,25 +89,34 @@ def default_seed_plan(config: TrainConfig, iteration: int) -> SeedPlan:
 
 
 def plan_from_exploration(config: TrainConfig, iteration: int, explored: dict[int, tuple[list[int], list[float]]],
-                          planner: str, use_exploration: bool = True) -> SeedPlan:
+                          planner: str, use_exploration: bool = True, keep: int | None = None,
+                          controls: tuple[int, ...] = (), min_contest_std: float = 0.0) -> SeedPlan:
     """The plan of `iteration` from explored candidates (prompt index -> (candidate seeds, explored rewards)).
 
-    With `use_exploration`, an explored prompt gets the G candidates of largest explored reward
-    variance; otherwise (a fallback to random seeds) every prompt keeps its default seeds, and the
-    explored rewards of those seeds are kept where they were explored, for the monitor."""
+    With `use_exploration`, an explored prompt gets the `keep` (default G) candidates of largest explored
+    reward variance; a prompt whose explored rewards' std is at most `min_contest_std` (uncontested: nothing
+    to choose between) keeps its G default request seeds, and a control prompt its default seeds. Otherwise (a fallback to random
+    seeds) every prompt keeps its default seeds. The explored rewards of the kept seeds are kept where they
+    were explored, for the monitor."""
+    import numpy as np
+
     from workers.algo.selection import select_max_variance
 
     plan = default_seed_plan(config, iteration)
     seeds, rewards = [list(g) for g in plan.seeds], [None] * len(plan.seeds)
+    width = config.group_size if keep is None else keep
     for i, (candidates, values) in sorted(explored.items()):
         if not 0 <= i < len(seeds):
             raise ValueError(f"explored prompt index {i} is outside iteration {iteration}'s {len(seeds)} prompts")
         by_seed = dict(zip(candidates, values))
-        if use_exploration:
-            seeds[i] = select_max_variance(candidates, values, config.group_size)
+        if use_exploration and i not in controls:
+            contested = float(np.std(values)) > min_contest_std
+            # Uncontested: the first G candidates, i.e. the G default request seeds (workers/algo/seeds.py).
+            seeds[i] = select_max_variance(candidates, values, min(width, len(candidates))) if contested \
+                else list(candidates[:config.group_size])
         if all(s in by_seed for s in seeds[i]):
             rewards[i] = [float(by_seed[s]) for s in seeds[i]]
-    return SeedPlan(iteration, planner, plan.prompts, seeds, rewards)
+    return SeedPlan(iteration, planner, plan.prompts, seeds, rewards, tuple(controls))
 
 
 def publish_seed_plan(store: TensorStore, run: str, plan: SeedPlan) -> None:
@@ -116,7 +134,8 @@ def load_seed_plan(store: TensorStore, run: str, iteration: int) -> SeedPlan:
     raw = json.loads(store.load_bytes(key, PLAN_NAME))
     rewards = raw.get("explored_rewards")  # absent in plans written before exploration existed
     return SeedPlan(raw["iteration"], raw["planner"], list(raw["prompts"]), [list(map(int, g)) for g in raw["seeds"]],
-                    None if rewards is None else [None if r is None else [float(x) for x in r] for r in rewards])
+                    None if rewards is None else [None if r is None else [float(x) for x in r] for r in rewards],
+                    tuple(int(i) for i in raw.get("control_prompts", ())))
 
 
 def plan_for_iteration(store: TensorStore, run: str, config: TrainConfig, iteration: int) -> SeedPlan:

@@ -52,6 +52,15 @@ class ExploreConfig:
     """Weight of a new measurement in the running reward variance of random-seed groups."""
     num_workers: int = 1
     """Workers exploring at once: the predicted exploration time is divided by it."""
+    keep_factors: tuple[float, ...] = (1.0,)
+    """Arms' seeds kept per prompt for the rollout, as multiples of G (W = round(f x G), at most M): 1.0 = the
+    plan is the final pick; 1.5 = a pre-filter keeping 1.5 G for the rollout to choose G from on fresh weights."""
+    control_prompts: int = 0
+    """Prompts per iteration that keep their random seeds (not explored; a different one each iteration): a
+    concurrent control, so an arm's gain is measured against random seeds on the same weights."""
+    min_contest_std: float = 0.0
+    """A prompt whose explored rewards' std is at most this is uncontested: it keeps its G default seeds
+    (no pre-filter extras in the rollout), whatever the arm keeps."""
     bandit: BanditConfig = field(default_factory=BanditConfig)
 
     def __post_init__(self) -> None:
@@ -69,15 +78,42 @@ class ExploreConfig:
             raise ValueError(f"ExploreConfig.baseline_decay must lie in (0, 1], got {self.baseline_decay}")
         if self.num_workers < 1:
             raise ValueError(f"ExploreConfig.num_workers must be >= 1, got {self.num_workers}")
+        if not self.keep_factors or any(isinstance(f, bool) or not f >= 1 for f in self.keep_factors):
+            raise ValueError(f"ExploreConfig.keep_factors must be numbers >= 1, got {self.keep_factors}")
+        if isinstance(self.control_prompts, bool) or not isinstance(self.control_prompts, int) or self.control_prompts < 0:
+            raise ValueError(f"ExploreConfig.control_prompts must be an int >= 0, got {self.control_prompts!r}")
+        if not self.min_contest_std >= 0:
+            raise ValueError(f"ExploreConfig.min_contest_std must be >= 0, got {self.min_contest_std}")
 
     def arms(self, group_size: int) -> list[Arm]:
-        return [Arm(m * group_size, level) for m in self.seed_multipliers for level in self.cache_levels]
+        """Every (M, level, W) with W <= M; W = G is named as before (`m16-half_steps`)."""
+        out = []
+        for m in self.seed_multipliers:
+            for level in self.cache_levels:
+                for f in self.keep_factors:
+                    keep = round(f * group_size)
+                    if keep <= m * group_size:
+                        out.append(Arm(m * group_size, level, None if keep == group_size else keep))
+        return list(dict.fromkeys(out))
+
+    def controls(self, iteration: int, num_prompts: int) -> list[int]:
+        """The control prompts of `iteration`: `control_prompts` indices, rotating over the iterations."""
+        n = min(self.control_prompts, num_prompts)
+        return sorted({(iteration * n + j) % num_prompts for j in range(n)})
 
     def new_bandit(self, group_size: int) -> UCBBandit:
         from workers.explore.request import CACHE_LEVELS
 
         weights = {name: CACHE_LEVELS[name].nominal_cost for name in self.cache_levels}
         return UCBBandit(self.arms(group_size), self.bandit, weights)
+
+
+def explore_config_for(preset: str) -> ExploreConfig:
+    """A training preset's exploration settings when the run gives none: `cpu_tiny_hard` explores as a pre-filter
+    (W = 1.5 G) with one control prompt per iteration; every other preset, the defaults (W = G, no control)."""
+    if preset == "cpu_tiny_hard":
+        return ExploreConfig(keep_factors=(1.5,), control_prompts=1)
+    return ExploreConfig()
 
 
 @dataclass
@@ -160,13 +196,14 @@ def review_rollout(state: ExplorationState, config: ExploreConfig, iteration: in
     if len(real_rewards) != len(plan.seeds) or any(len(r) != len(s) for r, s in zip(real_rewards, plan.seeds)):
         raise ValueError(f"iteration {iteration}: real rewards do not match the plan's seeds")
     explored = plan.explored_rewards or [None] * len(plan.seeds)
+    controls = set(plan.control_prompts)
     pairs = [(e, r) for e, r in zip(explored, real_rewards) if e is not None]
     xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
     tau = mean_over_groups(kendall_tau_b, xs, ys)
     variances = [trained_variance(r, group_size) for r in real_rewards]
     planned = float(np.mean(variances))
     # Groups that kept their default seeds are random-seed groups: they refresh the baseline.
-    is_explored = [plan.explored and e is not None for e in explored]
+    is_explored = [plan.explored and e is not None and i not in controls for i, e in enumerate(explored)]
     random_groups = [v for v, x in zip(variances, is_explored) if not x]
     first = iteration not in state.reviewed
     if first and random_groups:
@@ -176,6 +213,8 @@ def review_rollout(state: ExplorationState, config: ExploreConfig, iteration: in
     if first:
         if gain is not None:
             state.bandit.observe_gain(Arm.parse(plan.planner.split(":", 1)[1]), gain)
+        if plan.explored and tau is not None:
+            state.bandit.observe_tau(Arm.parse(plan.planner.split(":", 1)[1]), tau)
         if tau is not None:
             state.last_kendall_tau = tau
             state.fallback = tau < config.min_kendall_tau

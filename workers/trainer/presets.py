@@ -59,6 +59,20 @@ def cpu_tiny_spot() -> TrainConfig:
     return dataclasses.replace(base, iterations=30, rollouts_per_prompt=None, seeds_per_request=8, validate_every=10)
 
 
+HARD_CATEGORIES = ("counting", "position", "color_binding", "counting_binding")
+"""The categories cpu_tiny_hard trains on: counting, spatial relations, attribute binding."""
+
+
+def cpu_tiny_hard() -> TrainConfig:
+    """A task where seed choice matters: cpu_tiny_spot on the all-or-nothing reward (`minigeneval_strict`: 1 only
+    when every criterion of the prompt holds) over counting, position and binding prompts. Random groups often
+    all fail (or all pass) and teach nothing; a plan that finds a seed that passes gives the group its only
+    contrast. Its pipeline runs explore as a pre-filter with one control prompt per iteration
+    (`workers.explore.state.explore_config_for`). Its zero-variance share: `spotlight bench selection --preset
+    cpu_tiny_hard` (docs/BENCHMARKS.md)."""
+    return dataclasses.replace(cpu_tiny_spot(), reward="minigeneval_strict", train_categories=HARD_CATEGORIES)
+
+
 def cpu_tiny_flow_grpo() -> TrainConfig:
     """Flow-GRPO's recipe on the same budget: SDE rollouts (noise level 0.7) on a 4-step window,
     PPO-clip on the step log-probs. Kept for comparison (docs/RECIPE.md)."""
@@ -122,7 +136,7 @@ def flux1_lora() -> TrainConfig:
 
 PRESETS: dict[str, Callable[[], TrainConfig]] = {
     "cpu_tiny": cpu_tiny, "cpu_tiny_long": cpu_tiny_long, "cpu_tiny_spot": cpu_tiny_spot,
-    "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
+    "cpu_tiny_hard": cpu_tiny_hard, "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
     "cpu_smoke": cpu_smoke, "cpu_smoke_nft": cpu_smoke_nft,
     "sd35m_lora": sd35m_lora, "qwen_image_lora": qwen_image_lora, "flux1_lora": flux1_lora,
 }

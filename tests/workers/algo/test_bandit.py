@@ -93,6 +93,11 @@ def test_a_gain_far_above_the_cap_counts_only_as_the_cap() -> None:
     (lambda: UCBBandit([Arm(16, "a"), Arm(16, "a")]), "distinct"),
     (lambda: _bandit().choose(-1.0, 8, 1), "budget_s"),
     (lambda: _bandit().observe_gain(Arm(99, "cheap"), 1.0), "not one of"),
+    (lambda: Arm(16, "half_steps", keep=17), "keep"),
+    (lambda: Arm(16, "half_steps", keep=1), "keep"),
+    (lambda: Arm.parse("m32-half_steps-12"), "m32-half_steps-w12"),
+    (lambda: BanditConfig(min_arm_tau=1.5), "min_arm_tau"),
+    (lambda: BanditConfig(min_tau_observations=0), "min_tau_observations"),
 ])
 def test_bad_settings_are_refused_with_the_field_named(make, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -104,3 +109,48 @@ def test_the_budget_is_the_median_of_the_last_three_training_times() -> None:
     assert predict_budget_s([10.0]) == 10.0
     assert predict_budget_s([100.0, 10.0, 12.0, 50.0]) == 12.0  # the oldest is out of the window
     assert predict_budget_s([10.0, 12.0]) == 11.0
+
+
+def test_a_pre_filter_arm_is_named_by_what_it_keeps_and_parses_back() -> None:
+    arm = Arm(32, "half_steps", keep=12)
+    assert arm.name == "m32-half_steps-w12" and Arm.parse(arm.name) == arm
+    assert arm.kept(8) == 12 and Arm(32, "half_steps").kept(8) == 8
+    assert Arm.parse("m16-half_steps") == Arm(16, "half_steps")  # the arms of before keep their names
+
+
+def test_an_arm_costing_exactly_a_budget_counted_in_samples_fits_but_an_estimated_one_keeps_the_margin() -> None:
+    exact = Arm(32, "half_steps")  # 32 x 0.5 = 16 samples per prompt, 8 prompts: exactly 128
+    bandit = UCBBandit([Arm(16, "quarter_steps"), exact], cost_weights={"half_steps": 0.5, "quarter_steps": 0.25})
+    bandit.observe_gain(Arm(16, "quarter_steps"), 1.0)  # tried: the untried exact arm has the larger bound
+    assert bandit.choose(128.0, 8, 1, unit_cost=1.0).arm == exact
+    # Timed in seconds (estimates), the same cost does not fit within safety 0.9 of the budget.
+    bandit.observe_time(exact, 16.0 * 8, 8)
+    bandit.observe_time(Arm(16, "quarter_steps"), 4.0 * 8, 8)
+    assert bandit.choose(128.0, 8, 1).arm == Arm(16, "quarter_steps")
+
+
+def test_an_arm_whose_measured_fidelity_falls_below_the_floor_is_no_longer_chosen() -> None:
+    good, bad = Arm(16, "half_steps"), Arm(16, "quarter_steps")
+    bandit = UCBBandit([good, bad], BanditConfig(min_arm_tau=0.3, min_tau_observations=2),
+                       cost_weights={"half_steps": 0.5, "quarter_steps": 0.25})
+    for arm, gain in ((good, 1.0), (bad, 3.0)):
+        bandit.observe_gain(arm, gain)
+    assert bandit.choose(100.0, 8, 1, unit_cost=1.0).arm == bad  # the larger gain, fidelity not yet measured
+    bandit.observe_tau(bad, 0.1)
+    assert bandit.choose(100.0, 8, 1, unit_cost=1.0).arm == bad  # one measurement is not enough to drop it
+    bandit.observe_tau(bad, 0.2)
+    choice = bandit.choose(100.0, 8, 1, unit_cost=1.0)
+    assert choice.arm == good and "1 below the fidelity floor" in choice.reason
+    bandit.observe_tau(good, 0.0)
+    bandit.observe_tau(good, 0.1)
+    assert bandit.choose(100.0, 8, 1, unit_cost=1.0).arm is None  # every arm dropped: random seeds
+    restored = UCBBandit.from_dict(json.loads(json.dumps(bandit.to_dict())))
+    assert restored.dropped(good) and restored.dropped(bad)
+
+
+def test_a_state_saved_before_fidelity_was_measured_still_loads() -> None:
+    state = _bandit().to_dict()
+    for stats in state["stats"].values():
+        del stats["tau_sum"], stats["tau_count"]
+    del state["config"]["min_arm_tau"], state["config"]["min_tau_observations"]
+    assert UCBBandit.from_dict(state).stats["m16-cheap"].mean_tau is None

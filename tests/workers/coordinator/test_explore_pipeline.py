@@ -158,3 +158,19 @@ def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path
         assert planner.startswith("explore:") == (done > 0 and not planner.startswith("random:fallback")), planner
     assert "explore" in {r[0] for r in ledger.query("SELECT phase FROM phases").rows}
     assert (tmp_path / "run" / "report" / "exploration.png").is_file()
+
+
+def test_a_control_prompt_is_never_sent_to_the_pool_and_keeps_its_random_seeds_in_the_plan(queue, rollout_store) -> None:
+    control = ExploreConfig(seed_multipliers=(2,), cache_levels=("half_steps",), control_prompts=1)
+    session = start_exploration(rollout_store, queue, "demo", CONFIG, 0, control)
+    assert control.controls(1, 2) == [1] and session.prompt_indices == [0] and session.request_ids == ["explore-it0-p0"]
+    claimed = queue.claim("w1", lease_s=60)
+    assert claimed.request.request_id == "explore-it0-p0" and queue.claim("w2", lease_s=60) is None  # one request only
+    from workers.explore.request import work_explore_request
+    from workers.rollout.weights import PolicyHolder
+
+    outcome = work_explore_request(claimed.request, rollout_store, PolicyHolder(rollout_store), worker_id="w1")
+    assert queue.ack(claimed, outcome.result_key)
+    finished = finish_exploration(rollout_store, queue, "demo", CONFIG, 0, control, train_s=3.0)
+    assert finished.plan.planner == "explore:m8-half_steps" and finished.plan.control_prompts == (1,)
+    assert finished.plan.seeds[1] == default_seed_plan(CONFIG, 1).seeds[1]
