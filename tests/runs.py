@@ -47,21 +47,27 @@ def outside_env() -> dict[str, str]:
     return env
 
 
-def spotlight(cwd: Path, *args: str, timeout_s: float = 240, check: bool = True) -> CommandRun:
-    """`spotlight ARGS` in `cwd`, in its own process group; on a timeout the command and every process it started
-    are killed and the test fails saying so. With `check`, a non-zero exit fails the test with its stderr."""
-    assert REPO_ROOT not in cwd.resolve().parents and cwd.resolve() != REPO_ROOT, "run it outside the checkout"
-    proc = subprocess.Popen([str(SPOTLIGHT), *args], cwd=cwd, env=outside_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run_command(cwd: Path, *args: str, timeout_s: float = 240) -> CommandRun:
+    """ARGS (a program and its arguments) in `cwd` with `outside_env()`, in its own process group; on a timeout the
+    command and every process it started are killed and the test fails saying so."""
+    proc = subprocess.Popen(list(args), cwd=cwd, env=outside_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        pytest.fail(f"spotlight {' '.join(args)} did not finish in {timeout_s:g} s; stderr:\n{stderr[-3000:]}")
-    done = CommandRun(cwd, tuple(args), proc.returncode, stdout, stderr)
+        pytest.fail(f"{' '.join(args)} in {cwd} did not finish in {timeout_s:g} s; stderr:\n{stderr[-3000:]}")
+    return CommandRun(cwd, tuple(args), proc.returncode, stdout, stderr)
+
+
+def spotlight(cwd: Path, *args: str, timeout_s: float = 240, check: bool = True) -> CommandRun:
+    """`spotlight ARGS` in `cwd`, outside the checkout (`run_command`). With `check`, a non-zero exit fails the test
+    with its stderr."""
+    assert REPO_ROOT not in cwd.resolve().parents and cwd.resolve() != REPO_ROOT, "run it outside the checkout"
+    done = run_command(cwd, str(SPOTLIGHT), *args, timeout_s=timeout_s)
     if check:
-        assert done.returncode == 0, f"spotlight {' '.join(args)} exited {done.returncode}:\n{stderr[-3000:]}"
+        assert done.returncode == 0, f"spotlight {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}"
     return done
 
 

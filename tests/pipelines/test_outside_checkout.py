@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from tests.paths import REPO_ROOT
+from tests.runs import run_command
 
 ROOT = REPO_ROOT
 SPOTLIGHT = Path(sys.executable).parent / "spotlight"
@@ -31,19 +29,9 @@ def elsewhere(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _run(cwd: Path, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    """Run a command in `cwd`; on timeout kill it and every worker it started, then fail saying so."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed package, not a path hack
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(args)} in {cwd} did not finish in {timeout_s:g} s; stderr:\n{stderr[-3000:]}")
-    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+def _run(cwd: Path, *args: str, timeout_s: float = 120):
+    """Run a command in `cwd` as a user's shell would (tests/runs.py)."""
+    return run_command(cwd, *args, timeout_s=timeout_s)
 
 
 @pytest.mark.parametrize("args", [[], ["train"], ["run"], ["pretrain"], ["ledger"]]
