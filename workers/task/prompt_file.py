@@ -2,7 +2,7 @@
 iteration deterministically by the run seed.
 
 Formats, by what the path is:
-- a `.jsonl` file: one JSON object a line with a "prompt" string; its other fields travel with the prompt to the
+- a `.jsonl` file: one JSON object a line (blank and # lines skipped) with a "prompt" string; its other fields travel with the prompt to the
   reward (a reference text for OCR, metadata for GenEval-style checks): `prompt_fields`;
 - a `.parquet` file, or a folder written by Hugging Face `datasets`' `save_to_disk`: a "prompt" column, the other
   columns as fields (these need pyarrow, or datasets, installed; without them the file is refused, saying so);
@@ -130,7 +130,7 @@ def _text_rows(text: str) -> list[PromptRow]:
 def _jsonl_rows(text: str, path: Path) -> list[PromptRow]:
     rows = []
     for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
             record = json.loads(line)
