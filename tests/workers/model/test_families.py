@@ -111,4 +111,5 @@ def test_the_gpu_checks_code_path_runs_at_toy_size_and_pulse_is_lossless(tmp_pat
         assert figures[mode]["samples_per_s"] > 0 and figures[mode]["grpo_update_s"] > 0
         assert 0 <= figures[mode]["off_device_share"] < 1
         assert figures[mode]["pulse"]["lossless"]
+        assert figures[mode]["first_ratio_dev"] == {"rollout_vs_train": 0.0, "recomputed": 0.0}  # on the CPU
     assert figures["lora"]["trainable_params_M"] < figures["full"]["trainable_params_M"]
