@@ -250,7 +250,7 @@ class GRPOTrainer:
                 with torch.no_grad():
                     ref_emb, ref_mask = self.reference.encode_prompts(prompts)
                     _, ref_mean, _ = step_log_prob(self.reference, traj.latents, t, ref_emb, ref_mask, c, index)
-                kl = kl_to_reference(mean, ref_mean, std, sigmas[t + 1] - sigmas[t]).mean()
+                kl = kl_to_reference(mean, ref_mean, std, sigmas[t + 1] - sigmas[t], g.kl_form).mean()
                 loss = loss + g.kl_beta * kl
                 sums["kl"] += kl.item() / len(steps)
             (loss * loss_scale / len(steps)).backward()

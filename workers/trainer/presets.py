@@ -94,7 +94,9 @@ def sd35m_lora() -> TrainConfig:
     return TrainConfig(
         iterations=300, prompts_per_iteration=16, group_size=24, reward=NO_REWARD,
         sampler=SamplerConfig(num_steps=10, noise_level=0.7, forward_dtype="bf16"),
-        grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.04, num_epochs=1, num_minibatches=4),
+        # kl_form "flow_grpo": the KL term as flow_grpo computes it, so its beta 0.04 weighs what it weighed there
+        grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.04, kl_form="flow_grpo", num_epochs=1,
+                        num_minibatches=4),
         validate_every=10, validation_seeds=1)
 
 
