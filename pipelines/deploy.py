@@ -17,6 +17,7 @@ preset, reward, store scheme, queue scheme or rollout mode fails with the allowe
 | SPOTLIGHT_EXPLORE_SAMPLES | unset (in-process runs do not explore) | unset (the spot workers explore) |
 | SPOTLIGHT_DEVICE | cpu | the trainer's device on the reserved node (cuda) |
 | SPOTLIGHT_MODEL / _LORA_RANK / _RESOLUTION / _GUIDANCE / _SYNC_MODE | unset (the pixel policy) | a diffusers pipeline folder on every node (docs/MODELS.md) |
+| SPOTLIGHT_PROMPTS / _PROMPTS_HELDOUT | unset (MiniGenEval's grammar) | the training prompts file on the reserved node, and the share held out |
 | SPOTLIGHT_VALIDATION_REWARD / _PROMPTS | unset (the detector, or with a model the run's reward; MiniGenEval's held-out prompts) | a reward spec; a prompts file on the reserved node |
 """
 
@@ -89,7 +90,22 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
         rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env),
         device=env.get("SPOTLIGHT_DEVICE", "cpu"), workers=_workers_env(env),
         validation={f"validation_{name}": env[f"SPOTLIGHT_VALIDATION_{name.upper()}"] for name in ("reward", "prompts")
-                    if env.get(f"SPOTLIGHT_VALIDATION_{name.upper()}")})
+                    if env.get(f"SPOTLIGHT_VALIDATION_{name.upper()}")},
+        prompts=_prompts_env(env))
+
+
+def _prompts_env(env: Mapping[str, str]) -> dict:
+    """SPOTLIGHT_PROMPTS (a training prompts file) and SPOTLIGHT_PROMPTS_HELDOUT (the share held out)."""
+    out: dict = {}
+    if env.get("SPOTLIGHT_PROMPTS"):
+        out["prompts"] = str(Path(env["SPOTLIGHT_PROMPTS"]).expanduser().resolve())
+    if env.get("SPOTLIGHT_PROMPTS_HELDOUT"):
+        try:
+            out["prompts_heldout"] = float(env["SPOTLIGHT_PROMPTS_HELDOUT"])
+        except ValueError:
+            raise DeploymentError(f"SPOTLIGHT_PROMPTS_HELDOUT must be a number in [0, 1), got "
+                                  f"{env['SPOTLIGHT_PROMPTS_HELDOUT']!r}") from None
+    return out
 
 
 def _workers_env(env: Mapping[str, str]) -> Optional[dict]:

@@ -216,7 +216,10 @@ def work_explore_request(request, store, holder, *, worker_id: str, attempt: int
     done = store.read_manifest(key)
     if done is not None:
         return ExploreOutcome(request.request_id, "already_done", key, list(done.metadata.get("rewards", [])))
+    from workers.task.request_fields import check_policy_reads
+
     policy = holder.policy_at(spec.run, spec.weights_version)
+    check_policy_reads(policy, spec.prompt)  # the pixel policy reads MiniGenEval's words only: refused before sampling
     report("claim", request_id=request.request_id, kind="explore", attempt=attempt, resumed_from_step=0)
     started = time.perf_counter()
     rewards = explore_rewards(policy, spec)
