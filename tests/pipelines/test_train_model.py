@@ -144,8 +144,10 @@ def test_run_samples_a_local_pipeline_on_queue_workers_through_preemptions(tmp_p
 
     model = build_tiny_pipeline(family, tmp_path / family)
     run = tmp_path / "run"
+    _prompts_file(tmp_path)  # free text: the workers' requests carry it, and each prompt's fields
     done = subprocess.run([*SPOTLIGHT, "run", "--model", str(model), "--preset", "cpu_smoke", "--iterations", "1",
                            "--resolution", "32", "--lora-rank", "4", "--reward", "jpeg_compressibility",
+                           "--prompts", "prompts.jsonl",
                            "--workers", "2", "--preemptions-per-hour", "600", "--run-dir", str(run)],
                           capture_output=True, text=True, timeout=900, cwd=tmp_path,
                           env=_env(tmp_path))
@@ -155,10 +157,12 @@ def test_run_samples_a_local_pipeline_on_queue_workers_through_preemptions(tmp_p
                            "WHERE kind = 'rollout'").fetchone()
         workers = db.execute("SELECT count(DISTINCT worker_id) FROM requests WHERE kind = 'rollout'").fetchone()[0]
         rewards = [r[0] for r in db.execute("SELECT reward FROM requests WHERE kind = 'rollout'").fetchall()]
+        prompts = {r[0] for r in db.execute("SELECT prompt FROM requests WHERE kind = 'rollout'").fetchall()}
         preemptions = db.execute("SELECT count(*) FROM preemptions").fetchone()[0]
     assert done_once == (8, 8, 8), done_once  # cpu_smoke: 2 prompts x 4 samples, each done once, with a result
     assert preemptions >= 1, "600 preemptions per worker-hour over the run gave none: the trace is not applied"
     assert workers >= 1 and len(set(rewards)) > 1, "every sample scored alike: the VAE decode or the seeds are wrong"
+    assert len(prompts) == 2 and prompts <= {r["prompt"] for r in FREE_TEXT}
     report = json.loads((run / "run.json").read_text())
     assert report["model"] == str(model.resolve()) and report["lora_rank"] == 4
 
