@@ -51,18 +51,14 @@ def train_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
 ) -> None:
-    """Synchronous GRPO post-training in this process (the pipeline's phases, sampled in-process): on MiniGenEval, or on
-    a diffusers pipeline (--model) with your prompts (--prompts) and reward (--reward)."""
-    config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
+    """Synchronous GRPO post-training in this process: MiniGenEval, or --model DIR on --prompts FILE with --reward."""
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
-    config = with_prompts(config, prompts, prompts_heldout, model, model_fields)
+    config = with_prompts(_config(preset, iterations, seed, lr, rollouts_per_prompt, reward), prompts, prompts_heldout,
+                          model, model_fields)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None, config.prompts)
-    if explore_samples is not None and not explore_samples > 0:
-        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
+    _check_amounts(explore_samples, usd_per_hour)
     _check_device(device)
     check_ranks(nproc, device, config)
-    if usd_per_hour < 0:
-        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
     if checkpoint is not None and not (checkpoint / "policy.json").is_file():
         raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json); pass a folder written "
                                  "by `spotlight pretrain` or `spotlight train --out`")
@@ -82,6 +78,13 @@ def train_command(
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _check_amounts(explore_samples: Optional[float], usd_per_hour: float) -> None:
+    if explore_samples is not None and not explore_samples > 0:
+        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
+    if usd_per_hour < 0:
+        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
 
 
 def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: str, model: bool, train_prompts=None):
