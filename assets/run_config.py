@@ -12,6 +12,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from typing import Optional
 
 from dagster import ConfigurableResource
@@ -47,6 +49,10 @@ class RunConfigResource(ConfigurableResource):
                                              "with model; workers/task/validation.py).")
     validation_prompts: Optional[str] = Field(default=None, description="A text file of held-out prompts, one a line "
                                               "(default: MiniGenEval's held-out split).")
+    prompts: Optional[str] = Field(default=None, description="The training prompts file: text, JSON Lines, Parquet or a "
+                                   "datasets folder (default: MiniGenEval's grammar; workers/task/prompt_file.py).")
+    prompts_heldout: Optional[float] = Field(default=None, ge=0, lt=1, description="With prompts: the share held out "
+                                             "for validation.")
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of the reserved node (trainer + coordinator).")
 
     @field_validator("run")
@@ -93,8 +99,9 @@ class RunConfigResource(ConfigurableResource):
         read now), checked against the run's reward and policy."""
         from workers.task.validation import validation_from_options
 
-        return validation_from_options(self.validation_reward, self.validation_prompts, self.train_config().reward,
-                                       model=self.model is not None)
+        config = self.train_config()
+        return validation_from_options(self.validation_reward, self.validation_prompts, config.reward,
+                                       model=self.model is not None, train_prompts=config.prompts)
 
     def model_spec_fields(self) -> Optional[dict]:
         """ModelSpec fields of a run on a diffusers pipeline (None for the pixel policy); the folder and the
@@ -116,9 +123,19 @@ class RunConfigResource(ConfigurableResource):
         """The preset's TrainConfig with this resource's overrides."""
         from workers.trainer.presets import get_preset
 
+        from workers.trainer.grpo_trainer import check_reward_chosen
+
         config = get_preset(self.preset)
         changes = {"iterations": self.iterations, "reward": self.reward, "seed": self.seed}
-        return dataclasses.replace(config, **{k: v for k, v in changes.items() if v is not None})
+        if self.prompts is not None:
+            changes.update(prompts=_prompt_source(self.prompts, self.prompts_heldout or 0.0, self.model,
+                                                  json.dumps(self.model_spec_fields(), sort_keys=True)),
+                           train_categories=None)
+        elif self.prompts_heldout:
+            raise ValueError("prompts_heldout (--prompts-heldout) applies to a prompts file (--prompts)")
+        config = dataclasses.replace(config, **{k: v for k, v in changes.items() if v is not None})
+        check_reward_chosen(config, self.preset)
+        return config
 
     @property
     def num_iterations(self) -> int:
@@ -130,3 +147,11 @@ class RunConfigResource(ConfigurableResource):
         validate_every iterations, and the final weights)."""
         every = self.train_config().validate_every
         return iteration % every == 0 or iteration >= self.num_iterations
+
+
+@functools.lru_cache(maxsize=4)
+def _prompt_source(path: str, heldout: float, model: Optional[str], model_fields_json: str):
+    """The run's prompts file, read and checked once per process (the config is rebuilt every iteration)."""
+    from workers.trainer.presets import training_prompts
+
+    return training_prompts(path, heldout, model, json.loads(model_fields_json))

@@ -17,6 +17,7 @@ preset, reward, store scheme, queue scheme or rollout mode fails with the allowe
 | SPOTLIGHT_EXPLORE_SAMPLES | unset (in-process runs do not explore) | unset (the spot workers explore) |
 | SPOTLIGHT_DEVICE | cpu | the trainer's device on the reserved node (cuda) |
 | SPOTLIGHT_MODEL / _LORA_RANK / _RESOLUTION / _GUIDANCE / _SYNC_MODE | unset (the pixel policy) | a diffusers pipeline folder on every node (docs/MODELS.md) |
+| SPOTLIGHT_PROMPTS / _PROMPTS_HELDOUT | unset (MiniGenEval's grammar) | the training prompts file on the reserved node, and the share held out |
 | SPOTLIGHT_VALIDATION_REWARD / _PROMPTS | unset (the detector, or with a model the run's reward; MiniGenEval's held-out prompts) | a reward spec; a prompts file on the reserved node |
 """
 
@@ -43,7 +44,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
                     store: Optional[str] = None, queue: Optional[str] = None, ledger: Optional[str] = None,
                     rollouts: Optional[str] = None, checkpoint: Optional[str] = None,
                     workers: Optional[dict] = None, model: Optional[dict] = None, device: str = "cpu",
-                    validation: Optional[dict] = None) -> dict:
+                    validation: Optional[dict] = None, prompts: Optional[dict] = None) -> dict:
     """The resource dict of a deployment (pydantic validates each resource as it is built)."""
     if deployment not in DEPLOYMENTS:
         raise DeploymentError(f"unknown deployment {deployment!r}; choose one of {DEPLOYMENTS}")
@@ -61,7 +62,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
         resources = {
             "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations, seed=seed,
                                         reward=reward, checkpoint=checkpoint, device=device, **(model or {}),
-                                        **(validation or {})),
+                                        **(validation or {}), **(prompts or {})),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
             "ledger": LedgerResource(path=ledger or str(run_dir / "ledger.duckdb")),
@@ -89,7 +90,22 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
         rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env),
         device=env.get("SPOTLIGHT_DEVICE", "cpu"), workers=_workers_env(env),
         validation={f"validation_{name}": env[f"SPOTLIGHT_VALIDATION_{name.upper()}"] for name in ("reward", "prompts")
-                    if env.get(f"SPOTLIGHT_VALIDATION_{name.upper()}")})
+                    if env.get(f"SPOTLIGHT_VALIDATION_{name.upper()}")},
+        prompts=_prompts_env(env))
+
+
+def _prompts_env(env: Mapping[str, str]) -> dict:
+    """SPOTLIGHT_PROMPTS (a training prompts file) and SPOTLIGHT_PROMPTS_HELDOUT (the share held out)."""
+    out: dict = {}
+    if env.get("SPOTLIGHT_PROMPTS"):
+        out["prompts"] = str(Path(env["SPOTLIGHT_PROMPTS"]).expanduser().resolve())
+    if env.get("SPOTLIGHT_PROMPTS_HELDOUT"):
+        try:
+            out["prompts_heldout"] = float(env["SPOTLIGHT_PROMPTS_HELDOUT"])
+        except ValueError:
+            raise DeploymentError(f"SPOTLIGHT_PROMPTS_HELDOUT must be a number in [0, 1), got "
+                                  f"{env['SPOTLIGHT_PROMPTS_HELDOUT']!r}") from None
+    return out
 
 
 def _workers_env(env: Mapping[str, str]) -> Optional[dict]:

@@ -122,7 +122,7 @@ class RewardHandler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ok", "reward": self.server.spec, "protocol": PROTOCOL})
 
     def do_POST(self) -> None:  # noqa: N802
-        from workers.task.rewards_remote import decode_request
+        from workers.task.rewards_remote import decode_scoring_request
 
         if self.path.rstrip("/") != "/score":
             return self._send(404, {"error": f"no {self.path}: GET /health, POST /score"})
@@ -143,17 +143,17 @@ class RewardHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             return None  # the client hung up mid-body: nobody to answer
         try:
-            images, prompts = decode_request(body, self.server.max_images, self.server.max_pixels)
+            images, prompts, fields = decode_scoring_request(body, self.server.max_images, self.server.max_pixels)
         except ValueError as err:
             return self._send(400, {"error": str(err)})
-        return self._score(images, prompts)
+        return self._score(images, prompts, fields)
 
-    def _score(self, images, prompts) -> None:
+    def _score(self, images, prompts, fields=None) -> None:
         from workers.task.rewards import score_with_components
 
         try:
             with self.server.score_lock:
-                total, parts = score_with_components(self.server.reward_fn, images, prompts)
+                total, parts = score_with_components(self.server.reward_fn, images, prompts, fields)
         except ValueError as err:  # the reward refuses these inputs: the same request fails again
             return self._send(400, {"error": str(err)})
         except Exception as err:  # noqa: BLE001 - the client must hear why (it retries a 500); traceback kept here

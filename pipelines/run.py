@@ -78,6 +78,10 @@ class RunSpec:
     """Reward that scores the held-out images; None = the detector (pixel policy) or the run's reward (--model)."""
     validation_prompts: Optional[str] = None
     """A file of held-out prompts, one a line (absolute); None = MiniGenEval's held-out split."""
+    prompts: Optional[str] = None
+    """The training prompts file (absolute; workers/task/prompt_file.py); None = MiniGenEval's grammar."""
+    prompts_heldout: Optional[float] = None
+    """With prompts: the share held out for validation (None = 0)."""
 
     def __post_init__(self) -> None:
         # Worker processes and a --resume from another directory must find the same files.
@@ -85,7 +89,7 @@ class RunSpec:
         for name in ("store", "queue"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, absolute_url(getattr(self, name)))
-        for name in ("checkpoint", "model", "validation_prompts"):
+        for name in ("checkpoint", "model", "validation_prompts", "prompts"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, str(Path(getattr(self, name)).expanduser().resolve()))
         if self.rollouts not in ROLLOUT_MODES:
@@ -149,7 +153,8 @@ class RunSpec:
                                model={"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
                                       "guidance": self.guidance, "sync_mode": self.sync_mode}, device=self.device,
                                validation={"validation_reward": self.validation_reward,
-                                           "validation_prompts": self.validation_prompts})
+                                           "validation_prompts": self.validation_prompts},
+                               prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout})
 
 
 class BudgetReachedError(RuntimeError):

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from pipelines.prompts_cli import PROMPTS_HELDOUT_HELP, PROMPTS_HELP
 from pipelines.ranks_cli import CHECKPOINTING_HELP, NPROC_HELP
 from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
 
@@ -19,6 +20,8 @@ def run_command(
     preset: Optional[str] = typer.Option(None, help="Training preset (workers/trainer/presets.py; default cpu_tiny_spot)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Run seed: the prompt schedule and every request's seed (default: the preset's, 0)."),
     reward: Optional[str] = typer.Option(None, help="Reward overriding the preset's: a name (minigeneval, minigeneval_strict, jpeg_compressibility), clip:PATH, multi:a=1,b=0.1, or a reward server's http:// URL (docs/MODELS.md)."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
+    prompts_heldout: Optional[float] = typer.Option(None, "--prompts-heldout", help=PROMPTS_HELDOUT_HELP),
     store: Optional[str] = typer.Option(None, help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."),
     queue: Optional[str] = typer.Option(None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."),
     run_dir: Path = typer.Option(Path("runs/run"), "--run-dir", help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default."),
@@ -48,7 +51,8 @@ def run_command(
              "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance,
              "sync_mode": sync_mode, "device": device, "nproc": nproc, "gradient_checkpointing": gradient_checkpointing,
              "validation_reward": validation_reward,
-             "validation_prompts": None if validation_prompts is None else str(validation_prompts)}
+             "validation_prompts": None if validation_prompts is None else str(validation_prompts),
+             "prompts": None if prompts is None else str(prompts), "prompts_heldout": prompts_heldout}
     spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
     _check_reachable(spec)
     if overwrite and run_dir.exists():

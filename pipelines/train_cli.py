@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from pipelines.prompts_cli import PROMPTS_HELDOUT_HELP, PROMPTS_HELP, with_prompts
 from pipelines.ranks_cli import CHECKPOINTING_HELP, NPROC_HELP, check_ranks, in_ranks
 
 RUN_FILES = ("metrics.jsonl", "ledger.duckdb", "store", "report", "policy")
@@ -31,6 +32,8 @@ def train_command(
                                             "rollout workers, lora (the adapter; default) or merged (BF16 base + "
                                             "LoRA delta of every weight: workers need no adapter)."),
     reward: Optional[str] = typer.Option(None, help="Reward name (default: the preset's)."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
+    prompts_heldout: float = typer.Option(0.0, "--prompts-heldout", help=PROMPTS_HELDOUT_HELP),
     validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector; with --model the run's reward)."),
     validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split)."),
     device: str = typer.Option("cpu", help="Where training, sampling and validation run: cpu, cuda or cuda:N."),
@@ -48,16 +51,14 @@ def train_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
 ) -> None:
-    """Synchronous GRPO post-training on MiniGenEval, in this process (the pipeline's phases, sampled in-process)."""
-    config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
+    """Synchronous GRPO post-training in this process: MiniGenEval, or --model DIR on --prompts FILE with --reward."""
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
-    validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
-    if explore_samples is not None and not explore_samples > 0:
-        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
+    config = with_prompts(_config(preset, iterations, seed, lr, rollouts_per_prompt, reward), prompts, prompts_heldout,
+                          model, model_fields)
+    validation = _validation(validation_reward, validation_prompts, config.reward, model is not None, config.prompts)
+    _check_amounts(explore_samples, usd_per_hour)
     _check_device(device)
     check_ranks(nproc, device, config)
-    if usd_per_hour < 0:
-        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
     if checkpoint is not None and not (checkpoint / "policy.json").is_file():
         raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json); pass a folder written "
                                  "by `spotlight pretrain` or `spotlight train --out`")
@@ -79,11 +80,18 @@ def train_command(
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: str, model: bool):
+def _check_amounts(explore_samples: Optional[float], usd_per_hour: float) -> None:
+    if explore_samples is not None and not explore_samples > 0:
+        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
+    if usd_per_hour < 0:
+        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
+
+
+def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: str, model: bool, train_prompts=None):
     from workers.task.validation import validation_from_options
 
     try:
-        return validation_from_options(reward, prompts, train_reward, model)
+        return validation_from_options(reward, prompts, train_reward, model, train_prompts)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
 
@@ -121,6 +129,7 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt, reward=None)
     """The preset with the command line's overrides; a bad value fails here, before any compute."""
     import dataclasses
 
+    from workers.trainer.grpo_trainer import check_reward_chosen
     from workers.trainer.presets import get_preset
 
     try:
@@ -130,7 +139,9 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt, reward=None)
                    if v is not None}
         if lr is not None:
             changes["grpo"] = dataclasses.replace(config.grpo, lr=lr)
-        return dataclasses.replace(config, **changes)
+        config = dataclasses.replace(config, **changes)
+        check_reward_chosen(config, preset)
+        return config
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
 

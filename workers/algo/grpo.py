@@ -18,6 +18,7 @@ from workers.algo.nft import WEIGHTINGS
 OBJECTIVES = ("flow_grpo", "nft")
 LR_SCHEDULES = ("constant", "cosine")
 ADV_NORMS = ("group", "batch")
+KL_FORMS = ("step", "flow_grpo")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class GRPOConfig:
     """Weight of the KL to the reference (base) policy; 0 skips the reference forward.
     flow_grpo: on the SDE step means (Flow-GRPO); nft: the squared velocity difference
     to the reference at the same noisy sample (v-space, as DiffusionNFT's trainers do)."""
+    kl_form: str = "step"
+    """flow_grpo objective: the KL term's denominator (`kl_to_reference`). "step": the Gaussian KL of one SDE step,
+    ||mu - mu_ref||^2 / (2 std^2 |dt|); "flow_grpo": flow_grpo's train_sd3.py, ||mu - mu_ref||^2 / (2 std^2), i.e.
+    |dt| times "step" (about 1/10 at 10 steps), the form its published kl_beta (0.04) was tuned with."""
     num_epochs: int = 1
     """Passes over each iteration's rollouts."""
     num_minibatches: int = 2
@@ -88,6 +93,8 @@ class GRPOConfig:
             raise ValueError(f"adv_clip must be > 0, got {self.adv_clip}")
         if self.kl_beta < 0:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
+        if self.kl_form not in KL_FORMS:
+            raise ValueError(f"kl_form must be one of {KL_FORMS}, got {self.kl_form!r}")
         if self.num_epochs < 1 or self.num_minibatches < 1:
             raise ValueError(f"num_epochs and num_minibatches must be >= 1, got {self.num_epochs}, {self.num_minibatches}")
         if self.adv_norm not in ADV_NORMS:
@@ -157,11 +164,15 @@ def clipped_policy_loss(log_prob_N: torch.Tensor, old_log_prob_N: torch.Tensor, 
 
 
 def kl_to_reference(mean: torch.Tensor, ref_mean: torch.Tensor, std_dev_t: torch.Tensor,
-                    dt: torch.Tensor) -> torch.Tensor:
-    """KL between the Gaussian SDE steps of the policy and the reference, per sample (N,).
+                    dt: torch.Tensor, form: str = "step") -> torch.Tensor:
+    """KL between the Gaussian SDE steps of the policy and the reference, per sample (N,), averaged over non-batch
+    dims (as the log-prob). std_dev_t is Flow-GRPO's sqrt(sigma / (1 - sigma)) * noise_level; dt < 0.
 
-    ||mu - mu_ref||^2 / (2 (std sqrt(-dt))^2), averaged over non-batch dims (as the log-prob).
+    form "step":      ||mu - mu_ref||^2 / (2 (std sqrt(-dt))^2)   (the step's own variance)
+    form "flow_grpo": ||mu - mu_ref||^2 / (2 std^2)                (flow_grpo's train_sd3.py: |dt| times "step")
     """
-    var = (std_dev_t * torch.sqrt(-dt)) ** 2
+    if form not in KL_FORMS:
+        raise ValueError(f"kl form must be one of {KL_FORMS}, got {form!r}")
+    var = (std_dev_t * torch.sqrt(-dt)) ** 2 if form == "step" else std_dev_t ** 2 + torch.zeros_like(dt)
     kl = (mean - ref_mean.detach()) ** 2 / (2 * var)
     return kl.mean(dim=tuple(range(1, kl.dim())))

@@ -51,14 +51,14 @@ def audit_ranking(policy, config: TrainConfig, iteration: int, results: dict, nu
     """Kendall tau / Spearman rho of explored (stale, cheap) rewards against fresh full-quality rewards of
     *all* candidates of a few prompts: the monitor only sees the planned seeds, a biased sample."""
     from workers.algo.sampler import rollout
-    from workers.task.prompts import iteration_prompts
+    from workers.task.prompt_file import train_prompts
     from workers.task.render import to_uint8
     from workers.task.rewards import get_reward
 
     out = []
     for i in sorted(results)[:num_prompts]:
         seeds, explored = results[i]
-        prompt = iteration_prompts(config.seed, iteration, config.prompts_per_iteration, config.train_categories)[i]
+        prompt = train_prompts(config, iteration)[i]
         traj = rollout(policy, [prompt] * len(seeds), seeds, config.sampler)
         fresh = [float(r) for r in get_reward(config.reward)(to_uint8(traj.images), [prompt] * len(seeds))]
         out.append({"kendall_tau": kendall_tau_b(explored, fresh), "spearman_rho": spearman_rho(explored, fresh)})

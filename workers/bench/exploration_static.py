@@ -25,7 +25,7 @@ from workers.algo.seeds import candidate_seeds
 from workers.algo.selection import select_max_variance
 from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, spearman_rho
 from workers.trainer.grpo_trainer import TrainConfig
-from workers.task.prompts import iteration_prompts
+from workers.task.prompt_file import train_prompts
 
 REWARDS = ("minigeneval", "minigeneval_strict")
 
@@ -62,7 +62,7 @@ def static_selection(policy, config: TrainConfig, iterations: int, num_candidate
     cheap = {lv: {name: [] for name in REWARDS} for lv in levels}
     seconds = {None: 0.0, **{lv: 0.0 for lv in levels}}
     for k in range(1, iterations + 1):
-        for i, prompt in enumerate(iteration_prompts(config.seed, k, config.prompts_per_iteration, config.train_categories)):
+        for i, prompt in enumerate(train_prompts(config, k)):
             seeds = candidate_seeds(config.seed, k, i, g, num_candidates)
             for lv in (None, *levels):
                 rewards, spent = _sample_rewards(policy, prompt, seeds, lv, config)

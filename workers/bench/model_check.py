@@ -6,12 +6,14 @@ and loaded back as a user's folder is. At the given resolution it runs one LoRA 
 full fine-tuning iteration (rollout of a batch, reward, NFT update) and reports samples/s, update
 seconds, the share of rollout time outside the transformer's forward, peak device memory, the
 peak's growth per transformer block (2 blocks minus 1: what the 60-block model adds per block), and
-PULSE encode/apply GB/s on the trained weights. `--widths tiny` runs the same path at toy size on
+PULSE encode/apply GB/s on the trained weights, and how far the first minibatch's PPO ratio is from 1 before any
+step (BF16 forwards, true CFG; `first_ratio_dev`). `--widths tiny` runs the same path at toy size on
 a CPU (what the tests do).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -76,6 +78,26 @@ def _pulse_after_update(path: Path, resolution: int, lora_rank: int, device: str
     return pulse_throughput(before, policy.weights())
 
 
+def _first_ratio(path: Path, resolution: int, lora_rank: int, device: str) -> dict:
+    """max |ratio - 1| of the first minibatch before any step (workers/trainer/old_log_probs.py): Flow-GRPO with true
+    CFG 4, 4 SDE steps, 2 minibatches; against the rollout's log-probs and the recomputed ones."""
+    from workers.algo.sampler import SamplerConfig
+    from workers.model.spec import load_any
+    from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+    from workers.trainer.old_log_probs import first_minibatch_ratio
+    from workers.trainer.presets import cpu_tiny_flow_grpo
+
+    policy = load_any(path, resolution=resolution, lora_rank=lora_rank, guidance=4.0,
+                      base_dtype="bf16" if device.startswith("cuda") else "fp32").to(device)
+    config = TrainConfig(prompts_per_iteration=1, group_size=8, reward="jpeg_compressibility",
+                         # BF16 as on GPUs; "auto" on a CPU (emulated BF16 is slow there; the tests cover it)
+                         sampler=SamplerConfig(num_steps=4, noise_level=0.7,
+                                               forward_dtype="bf16" if device.startswith("cuda") else "auto"),
+                         grpo=dataclasses.replace(cpu_tiny_flow_grpo().grpo, num_minibatches=2))
+    trainer = GRPOTrainer(policy, config)
+    return first_minibatch_ratio(trainer, trainer.collect(0))
+
+
 def run_model_check(device: str = "cuda", widths: str = "real", resolution: int = 512, batch_size: int = 8,
                     num_steps: int = 10, lora_rank: int = 64, workdir: str | None = None) -> dict:
     from workers.model.families.tiny import build_tiny_pipeline
@@ -93,4 +115,5 @@ def run_model_check(device: str = "cuda", widths: str = "real", resolution: int 
         if two["peak_memory_GB"] is not None:
             figures[mode]["peak_memory_per_block_GB"] = round(two["peak_memory_GB"] - one["peak_memory_GB"], 3)
         figures[mode]["pulse"] = _pulse_after_update(paths[2], resolution, rank, device)
+        figures[mode]["first_ratio_dev"] = _first_ratio(paths[1], resolution, rank, device)
     return figures

@@ -38,7 +38,7 @@ from workers.algo.seeds import candidate_seeds
 from workers.explore.state import ExplorationState, ExploreConfig, Review, explored_variance, review_rollout
 from workers.explore.seed_plan import SeedPlan, load_seed_plan, plan_from_exploration, publish_seed_plan
 from workers.trainer.grpo_trainer import TrainConfig
-from workers.task.prompts import iteration_prompts
+from workers.task.prompt_file import prompt_fields, train_prompts
 
 STATE_NAME = "state.json"
 SESSION_NAME = "session.json"
@@ -116,14 +116,15 @@ def explore_requests(config: TrainConfig, run: str, iteration: int, arm: Arm,
                      explore_config: ExploreConfig | None = None) -> list[dict]:
     """Queue requests exploring iteration+1's prompts on weights v(iteration): one per explored prompt (every prompt
     but the control prompts of `explore_config`), M candidates, in prompt order."""
-    prompts = iteration_prompts(config.seed, iteration + 1, config.prompts_per_iteration, config.train_categories)
+    prompts = train_prompts(config, iteration + 1)
     keep = set(explored_prompts(config, explore_config, iteration))
     out = []
     for i, prompt in enumerate(prompts):
         if i not in keep:
             continue
         seeds = candidate_seeds(config.seed, iteration + 1, i, config.group_size, arm.seeds_per_prompt)
-        spec = ExploreSpec(run, prompt, tuple(seeds), iteration, config.sampler, arm.cache_level, config.reward)
+        spec = ExploreSpec(run, prompt, tuple(seeds), iteration, config.sampler, arm.cache_level, config.reward,
+                           prompt_fields(config.prompts, prompt) or None)
         out.append({"request_id": explore_request_id(iteration, i), "iteration": iteration, "kind": "explore",
                     "payload": spec.to_payload()})
     return out
@@ -296,7 +297,7 @@ def explore_request_records(finished: Finished, config: TrainConfig, run: str, e
     s = finished.session
     if s.arm is None:
         return []
-    prompts = iteration_prompts(config.seed, s.iteration + 1, config.prompts_per_iteration, config.train_categories)
+    prompts = train_prompts(config, s.iteration + 1)
     rows = []
     for i, rid in zip(s.prompt_indices, s.request_ids):
         seeds = candidate_seeds(config.seed, s.iteration + 1, i, config.group_size, s.arm_spec.seeds_per_prompt)

@@ -59,11 +59,11 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
         if ctx.model is not None and ctx.sampling.mode != "inprocess":
             # Workers read iteration k's and k+1's (explore) prompt embeddings; the pixel policy has none to cache.
             from workers.model.families.prompt_store import publish_run_prompt_embeddings
-            from workers.task.prompts import iteration_prompts
+            from workers.task.prompt_file import train_prompts
 
             c = ctx.train
             publish_run_prompt_embeddings(ctx.store, ctx.run, [p for i in range(k, min(k + 2, ctx.num_iterations))
-                                          for p in iteration_prompts(c.seed, i, c.prompts_per_iteration, c.train_categories)])
+                                          for p in train_prompts(c, i)])
     ctx.ledger.record_sync(SyncRecord(version=k, kind=out.kind, dense_bytes=out.dense_bytes, patch_bytes=out.sent_bytes,
                                       iteration=k, changed_fraction=out.changed_fraction, encode_s=out.encode_s,
                                       apply_s=out.apply_s, weights_hash=out.trainer_hash))

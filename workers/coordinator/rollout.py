@@ -48,9 +48,12 @@ def request_id(iteration: int, prompt_index: int, sample_index: int) -> str:
 def iteration_requests(config: TrainConfig, run: str, iteration: int, weights_version: int,
                        plan: SeedPlan) -> list[PlannedRequest]:
     """The iteration's requests in batch order (prompt-major), seeds from the plan."""
+    from workers.task.prompt_file import prompt_fields
+
     plan.check_matches(config)
     return [PlannedRequest(request_id(iteration, i, j), i, j,
-                           RolloutSpec(run, prompt, seed, weights_version, config.sampler, config.reward))
+                           RolloutSpec(run, prompt, seed, weights_version, config.sampler, config.reward,
+                                       prompt_fields=prompt_fields(config.prompts, prompt) or None))
             for i, (prompt, seeds) in enumerate(zip(plan.prompts, plan.seeds)) for j, seed in enumerate(seeds)]
 
 

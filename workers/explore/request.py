@@ -96,9 +96,11 @@ class ExploreSpec:
     """The rollout's sampler; `cache_level` derives the cheap one from it."""
     cache_level: str = "half_steps"
     reward: str = "minigeneval"
+    prompt_fields: dict[str, Any] | None = None
+    """The prompt's other fields from the run's prompts file, for a reward that takes them (absent: None)."""
 
     def __post_init__(self) -> None:
-        from workers.task.request_fields import check_request_fields
+        from workers.task.request_fields import check_prompt_fields, check_request_fields
 
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"explore request: seeds must be distinct and non-empty, got {list(self.seeds)[:5]}")
@@ -106,6 +108,7 @@ class ExploreSpec:
             if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
                 raise ValueError(f"explore request: seeds must be ints in [0, 2**63), got {seed!r}")
         check_request_fields(self.run, self.prompt, self.weights_version, self.reward)
+        check_prompt_fields(self.prompt_fields)
         cache_level(self.cache_level)
 
     @property
@@ -116,22 +119,27 @@ class ExploreSpec:
         sampler = dataclasses.asdict(self.sampler)
         if sampler["sde_window"] is not None:
             sampler["sde_window"] = list(sampler["sde_window"])
-        return {"run": self.run, "prompt": self.prompt, "seeds": list(self.seeds), "weights_version": self.weights_version,
-                "sampler": sampler, "cache_level": self.cache_level, "reward": self.reward}
+        payload = {"run": self.run, "prompt": self.prompt, "seeds": list(self.seeds),
+                   "weights_version": self.weights_version, "sampler": sampler, "cache_level": self.cache_level,
+                   "reward": self.reward}
+        if self.prompt_fields is not None:  # absent otherwise: the payload and fingerprint are what they were
+            payload["prompt_fields"] = self.prompt_fields
+        return payload
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> "ExploreSpec":
         """Parse a queue payload; ValueError names what is missing or wrong."""
         if not isinstance(payload, Mapping):
             raise ValueError(f"an explore payload must be a dict, got {type(payload).__name__}")
-        missing, extra = sorted(_PAYLOAD_FIELDS - set(payload)), sorted(set(payload) - _PAYLOAD_FIELDS)
+        missing = sorted(_PAYLOAD_FIELDS - set(payload))
+        extra = sorted(set(payload) - _PAYLOAD_FIELDS - {"prompt_fields"})
         if missing or extra:
             raise ValueError(f"explore payload: missing fields {missing}, unknown fields {extra}")
         config = SamplerConfig.from_json(payload["sampler"], "explore payload")
         if not isinstance(payload["seeds"], list):
             raise ValueError("explore payload: seeds must be a list")
         return cls(payload["run"], payload["prompt"], tuple(payload["seeds"]), payload["weights_version"], config,
-                   payload["cache_level"], payload["reward"])
+                   payload["cache_level"], payload["reward"], payload.get("prompt_fields"))
 
     @property
     def fingerprint(self) -> str:
@@ -172,6 +180,7 @@ def cache_hooks(transformer, level: CacheLevel) -> Iterator[None]:
 def explore_rewards(policy, spec: ExploreSpec) -> list[float]:
     """Sample the request's candidate seeds as one batch with the cheap sampler and score them."""
     from workers.task.render import decode_images
+    from workers.task.reward_inputs import call_reward
     from workers.task.rewards import get_reward
     from workers.algo.sampler import rollout
 
@@ -179,7 +188,9 @@ def explore_rewards(policy, spec: ExploreSpec) -> list[float]:
     prompts = [spec.prompt] * len(spec.seeds)
     with cache_hooks(policy.transformer, level):
         traj = rollout(policy, prompts, list(spec.seeds), level.sampler(spec.sampler))
-    return [float(r) for r in get_reward(spec.reward)(decode_images(policy, traj.images), prompts)]
+    fields = None if spec.prompt_fields is None else [spec.prompt_fields] * len(prompts)
+    images = decode_images(policy, traj.images)
+    return [float(r) for r in call_reward(get_reward(spec.reward), images, prompts, fields)]
 
 
 @dataclass
@@ -205,7 +216,10 @@ def work_explore_request(request, store, holder, *, worker_id: str, attempt: int
     done = store.read_manifest(key)
     if done is not None:
         return ExploreOutcome(request.request_id, "already_done", key, list(done.metadata.get("rewards", [])))
+    from workers.task.request_fields import check_policy_reads
+
     policy = holder.policy_at(spec.run, spec.weights_version)
+    check_policy_reads(policy, spec.prompt)  # the pixel policy reads MiniGenEval's words only: refused before sampling
     report("claim", request_id=request.request_id, kind="explore", attempt=attempt, resumed_from_step=0)
     started = time.perf_counter()
     rewards = explore_rewards(policy, spec)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from resources.keys import seed_plan_key
 from resources.store import TensorStore
 from workers.trainer.grpo_trainer import TrainConfig, default_seeds
-from workers.task.prompts import iteration_prompts
+from workers.task.prompt_file import train_prompts
 
 PLAN_NAME = "seed_plan.json"
 
@@ -69,7 +69,7 @@ class SeedPlan:
 
     def check_matches(self, config: TrainConfig) -> None:
         """ValueError when the plan was made for other prompts or group sizes than `config` samples."""
-        expected = iteration_prompts(config.seed, self.iteration, config.prompts_per_iteration, config.train_categories)
+        expected = train_prompts(config, self.iteration)
         sizes = {config.group_size, config.rollouts_per_prompt or config.group_size}
         if self.explored:  # a pre-filter plan keeps the arm's W seeds of a contested prompt; the train phase keeps G
             from workers.algo.bandit import Arm
@@ -84,7 +84,7 @@ class SeedPlan:
 def default_seed_plan(config: TrainConfig, iteration: int) -> SeedPlan:
     """The unexplored plan: every prompt draws its default seeds, rollouts_per_prompt of them when the
     config sets it (the train phase keeps the group_size of largest reward variance), else group_size."""
-    prompts = iteration_prompts(config.seed, iteration, config.prompts_per_iteration, config.train_categories)
+    prompts = train_prompts(config, iteration)
     return SeedPlan(iteration, "default", prompts, default_seeds(config, iteration))
 
 

@@ -199,7 +199,8 @@ def _publish_result(store: TensorStore, policy, flight: InFlight, me: dict, outc
 
     batch = len(spec.seeds)
     images_u8 = decode_images(policy, flight.latents[flight.step])  # (B, H, W, 3); a family's VAE decodes latents
-    totals, parts = score_with_components(get_reward(spec.reward), images_u8, [spec.prompt] * batch)
+    fields = None if spec.prompt_fields is None else [spec.prompt_fields] * batch
+    totals, parts = score_with_components(get_reward(spec.reward), images_u8, [spec.prompt] * batch, fields)
     rewards = [float(r) for r in totals]
     import torch
 

@@ -45,7 +45,7 @@ from workers.algo.sampler import SamplerConfig
 STATE_FORMAT = "spotlight-rollout-state/1"
 RESULT_FORMAT = "spotlight-rollout-result/1"
 _PAYLOAD_FIELDS = {"run", "prompt", "seed", "weights_version", "sampler", "reward", "batch_seeds", "sample_ids",
-                   "resolution", "guidance"}
+                   "resolution", "guidance", "prompt_fields"}
 MAX_RESOLUTION = 8192
 """Largest image side a request may ask for, in pixels."""
 MAX_BATCH = 256
@@ -79,10 +79,13 @@ class RolloutSpec:
     (a multiple of the VAE factor x patch size), before sampling."""
     guidance: float | None = None
     """CFG scale (true CFG, or FLUX.1-dev's guidance embedding); None = the run's ModelSpec."""
+    prompt_fields: dict[str, Any] | None = None
+    """The prompt's other fields from the run's prompts file (a JSON object), handed to a reward that takes them;
+    None = none (absent from the payload)."""
 
     def __post_init__(self) -> None:
         from resources.keys import check_name
-        from workers.task.request_fields import check_request_fields
+        from workers.task.request_fields import check_prompt_fields, check_request_fields
 
         for seed in self.seeds:
             if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -106,6 +109,7 @@ class RolloutSpec:
                                           or not math.isfinite(self.guidance) or self.guidance < 0):
             raise ValueError(f"guidance must be a finite number >= 0 or absent, got {self.guidance!r}")
         check_request_fields(self.run, self.prompt, self.weights_version, self.reward)
+        check_prompt_fields(self.prompt_fields)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -141,7 +145,7 @@ class RolloutSpec:
             raise ValueError("rollout payload: batch_seeds and sample_ids must be lists")
         return cls(payload["run"], payload["prompt"], payload["seed"], payload["weights_version"],
                    config, payload.get("reward", "minigeneval"), tuple(batch_seeds), tuple(sample_ids),
-                   payload.get("resolution"), payload.get("guidance"))
+                   payload.get("resolution"), payload.get("guidance"), payload.get("prompt_fields"))
 
     def to_payload(self) -> dict[str, Any]:
         """Plain JSON payload for the queue (the inverse of `from_payload`)."""
@@ -152,7 +156,8 @@ class RolloutSpec:
                    "sampler": sampler, "reward": self.reward}
         if self.batch_seeds:  # absent for one sample: its payload and fingerprint are what they always were
             payload.update(batch_seeds=list(self.batch_seeds), sample_ids=list(self.sample_ids))
-        payload.update({k: v for k, v in (("resolution", self.resolution), ("guidance", self.guidance)) if v is not None})
+        payload.update({k: v for k, v in (("resolution", self.resolution), ("guidance", self.guidance),
+                                          ("prompt_fields", self.prompt_fields)) if v is not None})
         return payload
 
     @property

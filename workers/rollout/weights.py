@@ -82,7 +82,10 @@ class PolicyHolder:
         """The policy at a RolloutSpec's version, resolution and guidance (None: the run's ModelSpec). ValueError,
         before any sampling, for a field the policy cannot serve (a resolution the family cannot pack; either
         field on the pixel policy, which has one size and no guidance)."""
+        from workers.task.request_fields import check_policy_reads
+
         policy = self.policy_at(spec.run, spec.weights_version)
+        check_policy_reads(policy, spec.prompt)
         if spec.resolution is None and spec.guidance is None:
             return policy
         key = (spec.resolution, spec.guidance)

@@ -79,15 +79,18 @@ def evaluate(policy, prompts: list[str], seeds_per_prompt: int = 2, num_steps: i
 
 
 def evaluate_reward(policy, prompts: list[str], reward: str, seeds_per_prompt: int, sampler: SamplerConfig,
-                    batch_size: int = REWARD_BATCH_SIZE, keep_images: bool = False) -> EvalResult:
+                    batch_size: int = REWARD_BATCH_SIZE, keep_images: bool = False, fields=None) -> EvalResult:
     """Score the policy on prompts x fixed seeds with `reward`, sampling as the run does (its steps, shift and
-    dtype) but as an ODE. The score is the reward's mean over every image; a multi-reward's components are
+    dtype) but as an ODE; `fields` (a PromptSource) hands each prompt's fields to the reward. The score is the reward's mean over every image; a multi-reward's components are
     reported as `reward/<name>`, and MiniGenEval prompts also give a mean per category."""
     from workers.task.rewards import get_reward, score_with_components
 
     config = dataclasses.replace(sampler, noise_level=0.0, sde_window=None)
     all_prompts, images_np = _sample(policy, prompts, seeds_per_prompt, config, batch_size)
-    totals, parts = score_with_components(get_reward(reward), images_np, all_prompts)
+    from workers.task.prompt_file import prompt_fields
+
+    per_image = None if fields is None else [prompt_fields(fields, p) for p in all_prompts]
+    totals, parts = score_with_components(get_reward(reward), images_np, all_prompts, per_image)
     return EvalResult(
         score=float(np.mean(totals)), partial=None, per_category=_category_means(all_prompts, totals),
         per_criterion={f"reward/{name}": float(np.mean(v)) for name, v in parts.items()},

@@ -14,6 +14,9 @@ spec fails when the config is built, before any compute. A spec is either
   - `multi:minigeneval=1.0,jpeg_compressibility=0.1`: a weighted sum that reports each component
     (workers/task/rewards_multi.py).
 
+A reward that declares a `fields` keyword (`fn(images, prompts, fields=None)`) also gets one dict per image: the
+prompt's other fields from a JSON Lines or Parquet prompts file (`--prompts`), e.g. a reference text for OCR.
+
 A reward may also have `components(images, prompts) -> dict[str, np.ndarray]` and
 `combine(components) -> np.ndarray` (a multi-reward does); `score_with_components` returns both
 the total and the components, and the trainer reports each component's mean as `reward/<name>`.
@@ -33,6 +36,7 @@ from PIL import Image
 
 from workers.task import rewards_clip, rewards_multi, rewards_remote
 from workers.task.detect import score_images
+from workers.task.reward_inputs import call_reward
 
 RewardFn = Callable[[np.ndarray, list[str]], np.ndarray]
 RewardFactory = Callable[[str], RewardFn]
@@ -93,14 +97,15 @@ def reward_kinds() -> list[str]:
     return sorted(_KINDS)
 
 
-def score_with_components(reward_fn: RewardFn, images_NHW3: np.ndarray,
-                          prompts: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The (N,) total and, for a reward with components, each component's (N,) raw values ({} otherwise)."""
+def score_with_components(reward_fn: RewardFn, images_NHW3: np.ndarray, prompts: list[str],
+                          fields: list[dict] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The (N,) total and, for a reward with components, each component's (N,) raw values ({} otherwise).
+    `fields`: each image's prompt fields (a prompts file's other columns), for rewards that take a `fields` keyword."""
     if hasattr(reward_fn, "components"):
-        parts = reward_fn.components(images_NHW3, prompts)
+        parts = call_reward(reward_fn.components, images_NHW3, prompts, fields)
         total = reward_fn.combine(parts)
     else:
-        parts, total = {}, reward_fn(images_NHW3, prompts)
+        parts, total = {}, call_reward(reward_fn, images_NHW3, prompts, fields)
     total = np.asarray(total, dtype=np.float64)
     if total.shape != (len(images_NHW3),):
         raise ValueError(f"the reward returned shape {total.shape} for {len(images_NHW3)} images; expected one float each")

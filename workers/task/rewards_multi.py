@@ -124,11 +124,14 @@ class MultiReward:
             if callable(getattr(fn, "load", None)):
                 fn.load()
 
-    def components(self, images_NHW3: np.ndarray, prompts: list[str]) -> dict[str, np.ndarray]:
-        """Each component's raw (N,) float64 values, by name."""
+    def components(self, images_NHW3: np.ndarray, prompts: list[str],
+                   fields: list[dict] | None = None) -> dict[str, np.ndarray]:
+        """Each component's raw (N,) float64 values, by name (`fields` reach the components that take them)."""
+        from workers.task.reward_inputs import call_reward
+
         out = {}
         for name, fn, _ in self.parts:
-            values = np.asarray(fn(images_NHW3, prompts), dtype=np.float64)
+            values = np.asarray(call_reward(fn, images_NHW3, prompts, fields), dtype=np.float64)
             if values.shape != (len(images_NHW3),):
                 raise ValueError(f"multi reward component {name!r} returned shape {values.shape} for "
                                  f"{len(images_NHW3)} images")
@@ -143,8 +146,8 @@ class MultiReward:
         normal = zscore if self.config.normalize == "zscore" else (lambda v: v)
         return sum(w * normal(np.asarray(components[name], dtype=np.float64)) for name, _, w in self.parts)
 
-    def __call__(self, images_NHW3: np.ndarray, prompts: list[str]) -> np.ndarray:
-        return self.combine(self.components(images_NHW3, prompts))
+    def __call__(self, images_NHW3: np.ndarray, prompts: list[str], fields: list[dict] | None = None) -> np.ndarray:
+        return self.combine(self.components(images_NHW3, prompts, fields))
 
 
 def multi_reward(arg: str, resolve: Callable[[str], Callable]) -> MultiReward:

@@ -1,18 +1,22 @@
 """The remote reward protocol's client (and wire format): a reward model served on its own GPUs over HTTP + JSON.
 
 Protocol 1 (`spotlight reward-serve`, pipelines/reward_cli.py, is the server):
-- `POST {url}/score` with `{"prompts": [str], "images": [base64 PNG, RGB]}` answers
+- `POST {url}/score` with `{"prompts": [str], "images": [base64 PNG, RGB]}` (and optionally `"fields": [object]`,
+  each prompt's other fields from a prompts file, for rewards that take them) answers
   `{"rewards": [float]}` (one per image, in order; plus `"components"` for a multi-reward);
   a 4xx answer is the caller's fault and is not retried, a 5xx or a dropped connection is.
 - `GET {url}/health` answers `{"status": "ok", "reward": SPEC, "protocol": 1}`.
 - With $SPOTLIGHT_REWARD_TOKEN set on both sides, requests carry `Authorization: Bearer <token>`;
   credentials never go in the URL, which ends up in configs and logs.
 
+A batch larger than `max_images` goes as several requests, up to `concurrency` of them in flight at once (threads:
+the client waits on the network, not the CPU); the rewards come back in the batch's order.
+
 JSON only: nothing is ever unpickled. Standard library only (urllib).
 
 Example:
-    reward_fn = get_reward("http://rewards-node:8200?timeout_s=30&retries=4&max_images=16")
-    scores = reward_fn(images_NHW3, prompts)   # (N,) float64, one request per 16 images
+    reward_fn = get_reward("http://rewards-node:8200?timeout_s=30&retries=4&max_images=16&concurrency=4")
+    scores = reward_fn(images_NHW3, prompts)   # (N,) float64, one request per 16 images, 4 at a time
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import io
 import json
 import math
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +36,7 @@ from resources.reward_http import RemoteRewardError, get_json, post_with_retries
 from workers.task.reward_inputs import check_reward_batch
 
 PROTOCOL = 1
+MAX_CONCURRENCY = 64
 TOKEN_ENV = "SPOTLIGHT_REWARD_TOKEN"
 
 
@@ -46,6 +52,8 @@ class RemoteRewardConfig:
     """Wait before the first retry; doubles on each further retry."""
     max_images: int = 16
     """Images per request; a larger batch is split into several requests."""
+    concurrency: int = 4
+    """Requests of one batch in flight at once (1 = one after another)."""
 
     def __post_init__(self):
         parts = urllib.parse.urlsplit(self.url)
@@ -59,16 +67,19 @@ class RemoteRewardConfig:
         if not self.timeout_s > 0 or self.retries < 0 or self.backoff_s < 0 or self.max_images < 1:
             raise ValueError(f"remote reward: need timeout_s > 0, retries >= 0, backoff_s >= 0, max_images >= 1; got "
                              f"{self.timeout_s}, {self.retries}, {self.backoff_s}, {self.max_images}")
+        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"remote reward: concurrency must be in [1, {MAX_CONCURRENCY}], got {self.concurrency}")
 
 
 def parse_remote_spec(spec: str) -> RemoteRewardConfig:
-    """`http://host:port[/prefix][?timeout_s=..&retries=..&backoff_s=..&max_images=..]` -> config."""
+    """`http://host:port[/prefix][?timeout_s=..&retries=..&backoff_s=..&max_images=..&concurrency=..]` -> config."""
     parts = urllib.parse.urlsplit(spec)
     options: dict[str, object] = {}
     for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        kind = {"timeout_s": float, "backoff_s": float, "retries": int, "max_images": int}.get(key)
+        kind = {"timeout_s": float, "backoff_s": float, "retries": int, "max_images": int, "concurrency": int}.get(key)
         if kind is None:
-            raise ValueError(f"remote reward option {key!r}: choose from timeout_s, retries, backoff_s, max_images")
+            raise ValueError(f"remote reward option {key!r}: choose from timeout_s, retries, backoff_s, max_images, "
+                             "concurrency")
         try:
             options[key] = kind(value)
         except ValueError:
@@ -104,12 +115,23 @@ def decode_png(text: str, max_pixels: int = MAX_PIXELS) -> np.ndarray:
             raise ValueError(f"an image is not a base64 PNG: {err}") from None
 
 
-def encode_request(images_NHW3: np.ndarray, prompts: list[str]) -> bytes:
-    return json.dumps({"prompts": list(prompts), "images": [encode_png(img) for img in images_NHW3]}).encode()
+def encode_request(images_NHW3: np.ndarray, prompts: list[str], fields: list[dict] | None = None) -> bytes:
+    request = {"prompts": list(prompts), "images": [encode_png(img) for img in images_NHW3]}
+    if fields is not None:
+        request["fields"] = list(fields)
+    return json.dumps(request).encode()
 
 
 def decode_request(body: bytes, max_images: int, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, list[str]]:
     """The server's side: (images (N, H, W, 3) uint8, prompts), or ValueError saying what is wrong with the request."""
+    images, prompts, _ = decode_scoring_request(body, max_images, max_pixels)
+    return images, prompts
+
+
+def decode_scoring_request(body: bytes, max_images: int,
+                           max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, list[str], list[dict] | None]:
+    """(images, prompts, each prompt's fields or None when the request sends none); ValueError if malformed or if
+    an image's header says it is larger than `max_pixels`."""
     try:
         request = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -122,10 +144,14 @@ def decode_request(body: bytes, max_images: int, max_pixels: int = MAX_PIXELS) -
         raise ValueError(f"{len(images)} images and {len(prompts)} prompts: send 1 to {max_images} of each, one prompt per image")
     if not all(isinstance(p, str) for p in prompts) or not all(isinstance(i, str) for i in images):
         raise ValueError("prompts and images must be strings")
+    fields = request.get("fields")
+    if fields is not None and (not isinstance(fields, list) or len(fields) != len(prompts)
+                               or not all(isinstance(f, dict) for f in fields)):
+        raise ValueError('"fields", when sent, must be one JSON object per prompt')
     decoded = [decode_png(i, max_pixels) for i in images]
     if len({d.shape for d in decoded}) != 1:
         raise ValueError(f"the images of one request must share a size, got {sorted({d.shape for d in decoded})}")
-    return np.stack(decoded), prompts
+    return np.stack(decoded), prompts, fields
 
 
 def decode_rewards(body: bytes, num_images: int) -> np.ndarray:
@@ -143,17 +169,26 @@ def decode_rewards(body: bytes, num_images: int) -> np.ndarray:
 
 
 class RemoteReward:
-    """Scores through a reward server: batches of max_images per request, retried with exponential backoff."""
+    """Scores through a reward server: batches of max_images per request, up to `concurrency` requests at once, each
+    retried with exponential backoff."""
 
     def __init__(self, config: RemoteRewardConfig):
         self.config = config
 
-    def __call__(self, images_NHW3: np.ndarray, prompts: list[str]) -> np.ndarray:
+    def __call__(self, images_NHW3: np.ndarray, prompts: list[str], fields: list[dict] | None = None) -> np.ndarray:
         check_reward_batch(images_NHW3, prompts)
         step = self.config.max_images
-        chunks = [self._post(encode_request(images_NHW3[i:i + step], prompts[i:i + step]), len(prompts[i:i + step]))
+        bodies = [(encode_request(images_NHW3[i:i + step], prompts[i:i + step],
+                                  None if fields is None else fields[i:i + step]), len(prompts[i:i + step]))
                   for i in range(0, len(prompts), step)]
-        return np.concatenate(chunks) if chunks else np.zeros(0)
+        if not bodies:
+            return np.zeros(0)
+        workers = min(self.config.concurrency, len(bodies))
+        if workers == 1:
+            return np.concatenate([self._post(body, n) for body, n in bodies])
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="remote-reward") as pool:
+            # map keeps the batch's order and re-raises the first failed request's error (after its retries)
+            return np.concatenate(list(pool.map(lambda item: self._post(*item), bodies)))
 
     def health(self) -> dict:
         """The server's /health answer (one attempt); RemoteRewardError if it does not answer."""

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.task.prompt_file import PromptSource
 
 DETECTOR_REWARD = "minigeneval_strict"
 """The reward whose mean is MiniGenEval's detector score: validating with it keeps the detector's breakdowns."""
@@ -34,6 +38,8 @@ class ValidationConfig:
     for a diffusers pipeline."""
     prompts: tuple[str, ...] | None = None
     """Held-out prompts; None = MiniGenEval's held-out split."""
+    fields: "PromptSource | None" = None
+    """The prompts file the held-out prompts came from (its held-out split), whose other fields reach the reward."""
 
     def __post_init__(self) -> None:
         if self.reward is not None:
@@ -51,6 +57,8 @@ class ValidationPlan:
     detector: bool
     """True: MiniGenEval's detector (GenEval's strict score and its breakdowns), sampled as it always was;
     False: the mean of `reward`, sampled with the run's sampler as an ODE."""
+    fields: "PromptSource | None" = None
+    """Where each held-out prompt's fields come from (a prompts file), or None."""
 
     def evaluate(self, policy, seeds_per_prompt: int, sampler, keep_images: bool = False):
         """Score `policy` on the plan's prompts x `seeds_per_prompt` fixed seeds (workers/task/evaluate.py)."""
@@ -59,7 +67,7 @@ class ValidationPlan:
         if self.detector:
             return evaluate(policy, list(self.prompts), seeds_per_prompt, keep_images=keep_images)
         return evaluate_reward(policy, list(self.prompts), self.reward, seeds_per_prompt, sampler,
-                               keep_images=keep_images)
+                               keep_images=keep_images, fields=self.fields)
 
 
 def resolve_validation(config: ValidationConfig | None, train_reward: str, model: bool) -> ValidationPlan:
@@ -79,15 +87,19 @@ def resolve_validation(config: ValidationConfig | None, train_reward: str, model
         check_minigeneval_prompts(prompts, "MiniGenEval's detector (validation reward minigeneval_strict) reads only "
                                   "those; pass a --validation-reward that scores any prompt (e.g. "
                                   "clip:/models/PickScore_v1)")
-    return ValidationPlan(reward, prompts, detector)
+    return ValidationPlan(reward, prompts, detector, config.fields)
 
 
 def validation_from_options(reward: str | None, prompts_file: str | Path | None, train_reward: str,
-                            model: bool) -> ValidationConfig:
+                            model: bool, train_prompts: "PromptSource | None" = None) -> ValidationConfig:
     """The ValidationConfig of `--validation-reward` / `--validation-prompts` (the file read now), checked against
-    the run's reward and policy (the defaults too); ValueError saying what to change, before any compute."""
-    prompts = None if prompts_file is None else read_prompts_file(prompts_file)
-    config = ValidationConfig(reward=reward, prompts=prompts)
+    the run's reward and policy (the defaults too); ValueError saying what to change, before any compute. Without
+    --validation-prompts, a training prompts file with a held-out share (`train_prompts`) gives the held-out
+    prompts."""
+    prompts, fields = None if prompts_file is None else read_prompts_file(prompts_file), None
+    if prompts is None and train_prompts is not None and train_prompts.heldout_fraction > 0:
+        prompts, fields = train_prompts.table().heldout, train_prompts
+    config = ValidationConfig(reward=reward, prompts=prompts, fields=fields)
     resolve_validation(config, train_reward, model)
     return config
 

@@ -23,13 +23,26 @@ from workers.algo.seeds import candidate_seeds, domain_seed
 from workers.algo.selection import select_max_variance
 from workers.algo.grpo import GRPOConfig, clipped_policy_loss, group_reward_stats, kl_to_reference
 from workers.algo.nft import nft_loss, noise_levels, noisy_sample, optimality
-from workers.task.prompts import CATEGORIES, iteration_prompts
+from workers.task.prompt_file import PromptSource, prompt_fields, train_prompts
+from workers.task.prompts import CATEGORIES
 from workers.task.render import decode_images
 from workers.task.rewards import get_reward, score_with_components
 from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, rollout, sampler_sigmas, step_log_prob
 from workers.trainer.frozen import V_OLD_ADAPTER, frozen_policy, refresh
 from workers.trainer.old_log_probs import first_epoch_minibatches, with_policy_log_probs
 from workers.trainer.step_guard import StepGuard
+
+
+NO_REWARD = ""
+"""A preset's reward when it names none (the GPU presets): a run must choose one (`check_reward_chosen`)."""
+
+
+def check_reward_chosen(config: "TrainConfig", preset: str) -> None:
+    """ValueError, before any compute, when neither the preset nor the run names a reward."""
+    if config.reward == NO_REWARD:
+        raise ValueError(f"preset {preset!r} names no reward: pass --reward SPEC, e.g. "
+                         "clip:/models/PickScore_v1,processor=/models/CLIP-ViT-H-14 (PickScore), "
+                         "http://HOST:8200 (a spotlight reward-serve server) or multi:... (docs/MODELS.md, Rewards)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,7 @@ class TrainConfig:
     highest rewards). Drawing an image costs a fraction of scoring it in the update, so a wider
     draw buys contrast cheaply. None = group_size (keep every sample)."""
     reward: str = "minigeneval"
+    """Reward spec (workers/task/rewards.py); "" (NO_REWARD) = none chosen: the GPU presets leave it to the run."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     seed: int = 0
@@ -54,6 +68,8 @@ class TrainConfig:
     """Fixed seeds per held-out prompt."""
     train_categories: tuple[str, ...] | None = None
     """Train only on prompts of these categories (e.g. the held-out split's); None = all."""
+    prompts: PromptSource | None = None
+    """The user's training prompts (`--prompts FILE`, workers/task/prompt_file.py); None = MiniGenEval's grammar."""
     seeds_per_request: int = 1
     """Queue workers: samples of one prompt per rollout request, sampled as one batch (a prompt's seeds are
     cut into requests of this many, in order). 1 = one request per sample. What is sampled is the same;
@@ -78,7 +94,10 @@ class TrainConfig:
                              "log-probs (use grpo.objective='nft' to train on ODE rollouts)")
         if self.validate_every < 1 or self.validation_seeds < 1:
             raise ValueError("validate_every and validation_seeds must be >= 1")
-        get_reward(self.reward)  # an unknown reward fails here, before any compute
+        if self.reward != NO_REWARD:
+            get_reward(self.reward)  # an unknown reward fails here, before any compute
+        if self.prompts is not None and self.train_categories is not None:
+            raise ValueError("train_categories picks MiniGenEval categories; with a prompts file (prompts) leave it None")
         if self.train_categories is not None:
             unknown = set(self.train_categories) - set(CATEGORIES)
             if unknown or not self.train_categories:
@@ -183,7 +202,7 @@ class GRPOTrainer:
         commits them all and its train phase keeps the high-contrast part).
         """
         c = self.config
-        prompts = iteration_prompts(c.seed, iteration, c.prompts_per_iteration, c.train_categories)
+        prompts = train_prompts(c, iteration)
         if seeds is None:
             groups = default_seeds(c, iteration)
         elif seeds and isinstance(seeds[0], int):
@@ -202,7 +221,8 @@ class GRPOTrainer:
             refresh(self.sampling_policy, self.policy)
         traj = rollout(self.policy, all_prompts, [s for g in groups for s in g], c.sampler)
         images = decode_images(self.policy, traj.images)
-        scores, components = score_with_components(self.reward_fn, images, all_prompts)
+        fields = None if c.prompts is None else [prompt_fields(c.prompts, p) for p in all_prompts]
+        scores, components = score_with_components(self.reward_fn, images, all_prompts, fields)
         rewards = torch.as_tensor(scores, dtype=torch.float32)
         group_ids = torch.arange(len(prompts)).repeat_interleave(torch.tensor([len(g) for g in groups]))
         batch = Rollouts(iteration, traj, rewards, group_ids, c.grpo.advantages(rewards, group_ids), 0.0, images=images,
@@ -230,7 +250,7 @@ class GRPOTrainer:
                 with torch.no_grad():
                     ref_emb, ref_mask = self.reference.encode_prompts(prompts)
                     _, ref_mean, _ = step_log_prob(self.reference, traj.latents, t, ref_emb, ref_mask, c, index)
-                kl = kl_to_reference(mean, ref_mean, std, sigmas[t + 1] - sigmas[t]).mean()
+                kl = kl_to_reference(mean, ref_mean, std, sigmas[t + 1] - sigmas[t], g.kl_form).mean()
                 loss = loss + g.kl_beta * kl
                 sums["kl"] += kl.item() / len(steps)
             (loss * loss_scale / len(steps)).backward()

@@ -12,7 +12,7 @@ from typing import Callable
 
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
-from workers.trainer.grpo_trainer import TrainConfig
+from workers.trainer.grpo_trainer import NO_REWARD, TrainConfig
 
 
 def cpu_tiny() -> TrainConfig:
@@ -111,11 +111,14 @@ def cpu_smoke_nft() -> TrainConfig:
 
 def sd35m_lora() -> TrainConfig:
     """Flow-GRPO's SD3.5-M recipe (../shared/REFERENCES.md): 10 SDE steps at noise level 0.7, groups of 24, clip
-    1e-4, advantage clip 5, KL beta 0.04, LoRA r=32 at lr 3e-4, CFG 4.5 (MODEL_DEFAULTS). For a GPU."""
+    1e-4, advantage clip 5, KL beta 0.04, LoRA r=32 at lr 3e-4, CFG 4.5 (MODEL_DEFAULTS). For a GPU, on the user's
+    prompts (--prompts) and reward (--reward: the preset names none)."""
     return TrainConfig(
-        iterations=300, prompts_per_iteration=16, group_size=24, reward="minigeneval",
+        iterations=300, prompts_per_iteration=16, group_size=24, reward=NO_REWARD,
         sampler=SamplerConfig(num_steps=10, noise_level=0.7, forward_dtype="bf16"),
-        grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.04, num_epochs=1, num_minibatches=4),
+        # kl_form "flow_grpo": the KL term as flow_grpo computes it, so its beta 0.04 weighs what it weighed there
+        grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.04, kl_form="flow_grpo", num_epochs=1,
+                        num_minibatches=4),
         validate_every=10, validation_seeds=1)
 
 
@@ -170,3 +173,32 @@ def model_fields_for(preset: str, model: str, **given) -> dict:
     family = detect_family(path)
     family_for(family).geometry(ModelSpec(path=str(path), family=family, **fields))
     return fields
+
+
+def training_prompts(path: str, heldout_fraction: float, model: str | None, model_fields: dict | None):
+    """The PromptSource of `--prompts PATH` (workers/task/prompt_file.py), checked against the run's policy before
+    any weights load: prompts the pixel policy cannot read (outside MiniGenEval's words), or longer than a diffusers
+    family's text encoder takes, are refused with their line number (ValueError)."""
+    from pathlib import Path
+
+    from workers.task.prompt_file import PromptSource
+
+    source = PromptSource.from_file(path, heldout_fraction)
+    if model is None:
+        from workers.task.prompts import parse_prompt
+
+        for row in source.table().rows:
+            try:
+                parse_prompt(row.text)
+            except ValueError as err:
+                raise ValueError(f"--prompts {source.path}: line {row.line} is not a MiniGenEval prompt ({err}); the "
+                                 "pixel policy reads only those: pass --model DIR to post-train a diffusers pipeline "
+                                 "on free text") from None
+        return source
+    from workers.model.families.detect import detect_family
+    from workers.model.families.prompt_limits import check_prompts_fit
+    from workers.model.families.spec import ModelSpec
+
+    folder = Path(model).expanduser().resolve()
+    check_prompts_fit(source, ModelSpec(path=str(folder), family=detect_family(folder), **(model_fields or {})))
+    return source

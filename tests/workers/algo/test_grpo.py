@@ -66,3 +66,21 @@ def test_kl_to_an_identical_reference_is_zero_and_grows_with_distance():
 def test_bad_grpo_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOConfig(**{field: value})
+
+
+def test_the_gpu_presets_kl_term_weighs_what_flow_grpos_beta_weighed():
+    """flow_grpo's train_sd3.py: beta * mean((mu - mu_ref)^2) / (2 std_dev_t^2) with beta 0.04 (GenEval, OCR). The
+    presets citing it put the same number in the loss; the step's own KL is that divided by |dt|."""
+    from workers.trainer.presets import get_preset
+
+    gen = torch.Generator().manual_seed(0)
+    mean, ref = torch.randn(3, 4, 8, 8, generator=gen), torch.randn(3, 4, 8, 8, generator=gen)
+    std, dt = torch.tensor(0.9), torch.tensor(-0.08)
+    flow_grpo = 0.04 * ((mean - ref) ** 2).mean(dim=(1, 2, 3)) / (2 * std**2)
+    for name in ("sd35m_lora", "qwen_image_lora", "flux1_lora"):
+        g = get_preset(name).grpo
+        torch.testing.assert_close(g.kl_beta * kl_to_reference(mean, ref, std, dt, g.kl_form), flow_grpo)
+    torch.testing.assert_close(kl_to_reference(mean, ref, std, dt, "step"),
+                               kl_to_reference(mean, ref, std, dt, "flow_grpo") / 0.08)
+    with pytest.raises(ValueError, match="kl_form"):
+        GRPOConfig(kl_form="nope")

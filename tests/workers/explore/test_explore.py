@@ -94,7 +94,7 @@ def test_cheap_levels_sample_fewer_steps_and_scale_the_sde_window() -> None:
 @pytest.mark.parametrize("change,message", [
     ({"cache_level": "turbo"}, "unknown cache level"),
     ({"seeds": [3, 3]}, "distinct"),
-    ({"prompt": "a red elephant"}, "elephant"),
+    ({"prompt": "  "}, "prompt must be non-empty text"),
     ({"colour": "red"}, "unknown fields"),
     ({"seeds": [-1, 2]}, "seeds must be ints"),
 ])

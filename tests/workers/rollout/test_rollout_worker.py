@@ -104,6 +104,15 @@ def test_a_malformed_request_fails_before_any_compute(rollout_store, payload, me
         work_request(request, 1, rollout_store, PolicyHolder(rollout_store), worker_id="w", commit_every=2)
 
 
+def test_an_exploration_request_in_words_the_pixel_policy_does_not_know_is_refused_before_sampling(rollout_store):
+    from workers.explore.request import ExploreSpec, work_explore_request
+
+    spec = ExploreSpec("demo", "a red dragon", (1, 2), 0, SPEC.sampler)  # free text passes the payload check
+    with pytest.raises(ValueError, match="unknown word"):
+        work_explore_request(Request("e0", 0, "explore", spec.to_payload()), rollout_store,
+                             PolicyHolder(rollout_store), worker_id="w")
+
+
 def test_a_worker_reaches_a_newer_version_through_pulse_patches(tmp_store, tiny_policy) -> None:
     import torch
 

@@ -102,3 +102,46 @@ def test_a_server_error_is_retried_then_reported():
         get_reward(f"{url}?retries=1&backoff_s=0")(IMAGES, ["a"] * 3)
     server.shutdown()
     assert calls == [3, 3]
+
+
+def test_a_large_batch_goes_as_bounded_concurrent_requests_and_keeps_its_order():
+    """6 requests of 1 image with concurrency=3: three are in flight at once, never more, and the rewards come back
+    in the batch's order; each prompt's fields travel with it."""
+    lock, all_in = threading.Lock(), threading.Event()
+    state = {"in_flight": 0, "most": 0, "fields": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                state["in_flight"] += 1
+                state["most"] = max(state["most"], state["in_flight"])
+                state["fields"] += request["fields"]
+                if state["in_flight"] == 3:
+                    all_in.set()
+            all_in.wait(timeout=2.0)  # a client that sends one at a time never gets 3 in flight: the test fails
+            body = json.dumps({"rewards": [float(decode_png(i)[0, 0, 0]) for i in request["images"]]}).encode()
+            with lock:
+                state["in_flight"] -= 1
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        images = np.zeros((6, 4, 4, 3), dtype=np.uint8)
+        images[:, 0, 0, 0] = [5, 1, 4, 2, 6, 3]
+        reward = get_reward(f"http://127.0.0.1:{server.server_port}?max_images=1&concurrency=3&retries=0")
+        rewards = reward(images, [f"p{i}" for i in range(6)], fields=[{"i": i} for i in range(6)])
+    finally:
+        server.shutdown()
+    assert rewards.tolist() == [5, 1, 4, 2, 6, 3]
+    assert state["most"] == 3, state
+    assert sorted(f["i"] for f in state["fields"]) == list(range(6))
+    with pytest.raises(ValueError, match="concurrency"):
+        parse_remote_spec("http://h:1?concurrency=0")

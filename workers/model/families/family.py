@@ -82,6 +82,11 @@ class Family(ABC):
     lora_targets: tuple[str, ...] = ()
     uses_true_cfg = True
     """True CFG (a second, unconditional transformer pass) when guidance > 1; False: guidance is an embedding."""
+    negative_prompt = ""
+    """The unconditional prompt of true CFG when the run names none: what the family's pipeline uses."""
+    pipeline_passes_sigmas = True
+    """True: the pipeline hands its scheduler `linspace(1, 1/N, N)` as sigmas (QwenImagePipeline, FluxPipeline);
+    False: it calls `set_timesteps(N)` (StableDiffusion3Pipeline)."""
     packed = True
 
     # -- loading -------------------------------------------------------------------------------------
@@ -133,16 +138,19 @@ class Family(ABC):
 
     def sigmas(self, spec: ModelSpec, geometry: Geometry, num_steps: int) -> torch.Tensor:
         """num_steps + 1 sigmas from the folder's own FlowMatchEulerDiscreteScheduler config (static shift,
-        or the dynamic shift for this image's token count), ending at 0; the same numbers the pipeline uses."""
+        or the dynamic shift for this image's token count, then any terminal stretch), ending at 0: the numbers
+        the family's pipeline walks, set the way it sets them (`pipeline_passes_sigmas`)."""
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(spec.path, subfolder="scheduler",
                                                                     local_files_only=True)
-        base = np.linspace(1.0, 1.0 / num_steps, num_steps)
         kwargs = {}
         if scheduler.config.get("use_dynamic_shifting", False):
             kwargs["mu"] = dynamic_shift_mu(scheduler.config, (geometry.latent_h // 2) * (geometry.latent_w // 2))
-        scheduler.set_timesteps(sigmas=base, **kwargs)
+        if self.pipeline_passes_sigmas:
+            scheduler.set_timesteps(sigmas=np.linspace(1.0, 1.0 / num_steps, num_steps), **kwargs)
+        else:
+            scheduler.set_timesteps(num_steps, **kwargs)
         return scheduler.sigmas.detach().float().cpu()
 
     # -- per family ----------------------------------------------------------------------------------
@@ -161,6 +169,10 @@ class Family(ABC):
     @abstractmethod
     def forward(self, transformer, x, sigma_N, cond: dict, geometry: Geometry, spec: ModelSpec) -> torch.Tensor:
         """Supplied by each family."""
+
+    def negative_prompt_for(self, spec: ModelSpec) -> str:
+        """The run's negative prompt, else the family pipeline's own default."""
+        return self.negative_prompt if spec.negative_prompt is None else spec.negative_prompt
 
     def combine_cfg(self, v_cond: torch.Tensor, v_uncond: torch.Tensor, scale: float) -> torch.Tensor:
         return v_uncond + scale * (v_cond - v_uncond)

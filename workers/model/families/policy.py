@@ -156,7 +156,7 @@ class DiffusersPolicy(nn.Module):
     def encode_prompts(self, prompts: list[str]) -> tuple[Conditioning, None]:
         """The batch's conditioning (and the unconditional one under true CFG): each prompt's embeddings come from
         the store's prompt cache when there is one, else the pipeline's frozen text encoder(s), once per process."""
-        negative = self.model_spec.negative_prompt
+        negative = self.family.negative_prompt_for(self.model_spec)
         cfg = self.model_spec.guidance > 1 and self.family.uses_true_cfg
         found = self.frozen.embeddings([*prompts, negative] if cfg else list(prompts))
         cond = self.family.collate([found[p] for p in prompts], self.device)
@@ -183,7 +183,9 @@ class DiffusersPolicy(nn.Module):
             return v
         with self._cache_branch("uncond"):
             v_uncond = self.family.forward(self.transformer, x, sigma_N, cond.uncond, self.geometry, spec)
-        return self.family.combine_cfg(v, v_uncond, spec.guidance)
+        # FP32 here: under BF16 autocast the guided difference (scale x (v_cond - v_uncond)) would round in BF16
+        with torch.autocast(v.device.type, enabled=False):
+            return self.family.combine_cfg(v.float(), v_uncond.float(), spec.guidance)
 
     def _cache_branch(self, name: str):
         """A diffusers cache hook (exploration's cheap levels) keeps one cache per guidance branch, as diffusers'
@@ -260,15 +262,32 @@ def load_model_policy(path: str | Path, **fields) -> DiffusersPolicy:
 
 
 def save_model_policy(policy: DiffusersPolicy, out: str | Path) -> Path:
-    """The trained part, loadable by diffusers: a LoRA adapter (`transformer.load_lora_adapter(out / "lora")`) or
-    the whole fine-tuned transformer (`from_pretrained(out / "transformer")`), plus spec.json (its base folder)."""
+    """The trained part, in the form diffusers loads the standard way, plus spec.json (its base folder):
+    - LoRA: `out/lora/pytorch_lora_weights.safetensors`, written by the family pipeline's own `save_lora_weights`
+      (keys under `transformer.`, the LoRA config (rank, alpha, targets) in the file's metadata), so
+      `Pipeline.from_pretrained(base).load_lora_weights(out / "lora")` gives the trained transformer;
+    - full fine-tuning: `out/transformer/`, for `TransformerClass.from_pretrained(out / "transformer")`."""
     import json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if policy.is_lora:
-        policy.transformer.save_lora_adapter(out / "lora", safe_serialization=True)
+        save_lora_folder(policy, out / "lora")
     else:
         policy.transformer.save_pretrained(out / "transformer", safe_serialization=True)
     (out / "spec.json").write_text(json.dumps(policy.spec(), indent=2))
     return out
+
+
+def save_lora_folder(policy: DiffusersPolicy, folder: Path) -> None:
+    """The trained adapter through the family pipeline's `save_lora_weights` (what its `load_lora_weights` reads)."""
+    import diffusers
+    from peft import get_peft_model_state_dict
+
+    transformer = policy.transformer
+    layers = get_peft_model_state_dict(transformer, adapter_name=TRAINED_ADAPTER)
+    config = transformer.peft_config[TRAINED_ADAPTER].to_dict()
+    metadata = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}  # JSON has no sets
+    pipeline_class = getattr(diffusers, policy.family.pipeline_class)
+    pipeline_class.save_lora_weights(folder, transformer_lora_layers=layers,
+                                     transformer_lora_adapter_metadata=metadata, safe_serialization=True)

@@ -36,7 +36,8 @@ def encoder_settings(spec: ModelSpec) -> dict:
 
 def prompts_to_cache(spec: ModelSpec, prompts: Iterable[str]) -> list[str]:
     """The prompts, plus the negative prompt of true CFG (any request may ask for guidance > 1)."""
-    extra = [spec.negative_prompt] if family_for(spec.family).uses_true_cfg else []
+    family = family_for(spec.family)
+    extra = [family.negative_prompt_for(spec)] if family.uses_true_cfg else []
     return list(dict.fromkeys([*prompts, *extra]))
 
 

@@ -16,6 +16,7 @@ class QwenImage(Family):
     # Attention projections of both streams and the MLPs (as DiffSynth-Studio's and flow_grpo's Qwen-Image LoRAs).
     lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                     "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+    negative_prompt = " "  # QwenImagePipeline runs true CFG only with a negative prompt; its examples pass " "
 
     def vae_scale_factor(self, spec: ModelSpec) -> int:
         return 2 ** len(read_config(spec.path, "vae")["temperal_downsample"])

@@ -17,6 +17,8 @@ class StableDiffusion3(Family):
     lora_targets = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
                     "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v")
     packed = False
+    pipeline_passes_sigmas = False  # StableDiffusion3Pipeline calls set_timesteps(num_inference_steps)
+    negative_prompt = ""  # the pipeline's default (`negative_prompt or ""`), as in flow_grpo's SD3 trainer
     embedding_names = ("prompt_embeds", "pooled")
 
     def vae_scale_factor(self, spec) -> int:

@@ -25,8 +25,8 @@ class ModelSpec:
     """LoRA scale numerator (None = lora_rank, i.e. scale 1)."""
     guidance: float = 1.0
     """True CFG scale (Qwen-Image, SD3; > 1 runs an unconditional pass too) or FLUX.1-dev's guidance embedding."""
-    negative_prompt: str = " "
-    """The unconditional prompt of true CFG (Qwen-Image's pipeline needs a non-empty one)."""
+    negative_prompt: str | None = None
+    """The unconditional prompt of true CFG; None = the family's pipeline default (Qwen-Image " ", SD3 "")."""
     max_sequence_length: int = 512
     """Text tokens kept per prompt (the families' T5 / Qwen2.5-VL context)."""
     base_dtype: str = "fp32"

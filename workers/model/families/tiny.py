@@ -4,7 +4,9 @@ They have the real pipelines' classes and folder layout (model_index.json, trans
 encoder(s) and tokenizer(s), scheduler/), so `spotlight train --model DIR` loads them through exactly
 the path a user's checkpoint takes. The tokenizers are made locally with the `tokenizers` library: a
 word-level vocabulary of MiniGenEval's words plus the families' template words, wrapped as a
-`PreTrainedTokenizerFast`. `widths="real"` on Qwen-Image keeps the real model's transformer widths
+`PreTrainedTokenizerFast`. Each scheduler config is the real model's published one (`PUBLISHED_SCHEDULERS`), and
+each VAE carries the real model's latent normalisation (Qwen-Image's per-channel latents_mean/std, SD3.5's and
+FLUX.1's scaling and shift factors), so a normalisation or schedule bug shows on them. `widths="real"` on Qwen-Image keeps the real model's transformer widths
 (3072 wide, 24 heads of 128) with fewer layers: the GPU check's model.
 
 Example:
@@ -19,6 +21,26 @@ from pathlib import Path
 import torch
 
 from workers.task.prompts import VOCAB
+
+PUBLISHED_SCHEDULERS = {
+    "qwen-image": {"base_image_seq_len": 256, "base_shift": 0.5, "invert_sigmas": False, "max_image_seq_len": 8192,
+                   "max_shift": 0.9, "num_train_timesteps": 1000, "shift": 1.0, "shift_terminal": 0.02,
+                   "stochastic_sampling": False, "time_shift_type": "exponential", "use_beta_sigmas": False,
+                   "use_dynamic_shifting": True, "use_exponential_sigmas": False, "use_karras_sigmas": False},
+    "sd3": {"num_train_timesteps": 1000, "shift": 3.0},
+    "flux": {"base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15,
+             "num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True},
+}
+"""scheduler/scheduler_config.json of Qwen/Qwen-Image, stabilityai/stable-diffusion-3.5-medium and
+black-forest-labs/FLUX.1-dev (FlowMatchEulerDiscreteScheduler; the `_class_name` and `_diffusers_version` keys left out)."""
+QWEN_IMAGE_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+                           0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
+QWEN_IMAGE_LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                          3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+"""Qwen-Image's VAE (vae/config.json): the per-channel statistics its latents are normalised by."""
+VAE_FACTORS = {"sd3": {"scaling_factor": 1.5305, "shift_factor": 0.0609},
+               "flux": {"scaling_factor": 0.3611, "shift_factor": 0.1159}}
+"""SD3.5's and FLUX.1's AutoencoderKL (vae/config.json): latents = (z - shift) * scaling."""
 
 TEMPLATE_WORDS = ("system user assistant describe the image by detailing color shape size texture quantity text "
                   "spatial relationships of objects and background").split()
@@ -69,16 +91,17 @@ def _qwen_image(widths: str, num_layers: int = 2, num_heads: int = 3):
         transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=num_layers,
                                                   attention_head_dim=128, num_attention_heads=24,
                                                   joint_attention_dim=16, axes_dims_rope=(16, 56, 56))
-        vae = AutoencoderKLQwenImage(z_dim=16, latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
+        vae = AutoencoderKLQwenImage(z_dim=16, latents_mean=list(QWEN_IMAGE_LATENTS_MEAN),
+                                     latents_std=list(QWEN_IMAGE_LATENTS_STD))
     else:
         transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
                                                   attention_head_dim=16, num_attention_heads=num_heads, joint_attention_dim=16,
                                                   axes_dims_rope=(8, 4, 4))
         vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
-                                     temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
-    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
-                                                base_image_seq_len=256, max_image_seq_len=8192,
-                                                time_shift_type="exponential")
+                                     temperal_downsample=[False, True],
+                                     latents_mean=list(QWEN_IMAGE_LATENTS_MEAN[:4]),
+                                     latents_std=list(QWEN_IMAGE_LATENTS_STD[:4]))
+    scheduler = FlowMatchEulerDiscreteScheduler(**PUBLISHED_SCHEDULERS["qwen-image"])
     return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=Qwen2_5_VLForConditionalGeneration(config),
                              tokenizer=tiny_tokenizer(1058), transformer=transformer)
 
@@ -102,13 +125,13 @@ def _t5(d_model: int):
     return T5EncoderModel(config), tok
 
 
-def _kl_vae(latent_channels: int):
+def _kl_vae(latent_channels: int, family: str):
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(8, 8), layers_per_block=1,
                          down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
                          latent_channels=latent_channels, norm_num_groups=4, use_quant_conv=False,
-                         use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035, sample_size=32)
+                         use_post_quant_conv=False, sample_size=32, **VAE_FACTORS[family])
 
 
 def _sd3():
@@ -119,7 +142,8 @@ def _sd3():
     transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
                                         attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
                                         joint_attention_dim=64, pooled_projection_dim=64, out_channels=4)
-    return StableDiffusion3Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=_kl_vae(4),
+    return StableDiffusion3Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**PUBLISHED_SCHEDULERS["sd3"]),
+                                    vae=_kl_vae(4, "sd3"),
                                     text_encoder=clip_l, tokenizer=tok_l, text_encoder_2=clip_g, tokenizer_2=tok_g,
                                     text_encoder_3=t5, tokenizer_3=tok_t5, transformer=transformer)
 
@@ -133,9 +157,8 @@ def _flux():
                                          num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
                                          joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 4, 8),
                                          guidance_embeds=True)
-    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                                                base_image_seq_len=256, max_image_seq_len=4096)
-    return FluxPipeline(scheduler=scheduler, vae=_kl_vae(4), text_encoder=clip, tokenizer=tok, text_encoder_2=t5,
+    scheduler = FlowMatchEulerDiscreteScheduler(**PUBLISHED_SCHEDULERS["flux"])
+    return FluxPipeline(scheduler=scheduler, vae=_kl_vae(4, "flux"), text_encoder=clip, tokenizer=tok, text_encoder_2=t5,
                         tokenizer_2=tok_t5, transformer=transformer)
 
 
