@@ -28,6 +28,8 @@ def launch_command(
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: sky/reserved.yaml's)."),
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
     model: Optional[str] = typer.Option(None, "--model", help="A diffusers pipeline folder to post-train (absolute; the same path on every node: MODEL in both tasks, and no CPU workers on the reserved node). Default: the pixel policy."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="The run's reward spec (spotlight run --reward: a name, clip:PATH, http://HOST:PORT, multi:...); default: the preset's. The GPU presets name none."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="A prompts file on the reserved node, absolute (spotlight run --prompts: text or JSON Lines); default: the preset's task."),
     model_source: Optional[str] = typer.Option(None, "--model-source", help="A bucket URL holding the --model folder (s3://bucket/models/Qwen-Image): SkyPilot copies it to that path on every node at start."),
     sp_degree: Optional[str] = typer.Option(None, "--sp-degree", help="SP nodes instead of rollout workers: each job runs the elastic SP node agent over its node's GPUs, sampling in Ulysses groups of this many GPUs (2..8), or auto (per round). Checked against --model's transformer when the folder is on this machine. Default: one rollout worker per job."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs of each SP node (default: the --sp-degree)."),
@@ -41,9 +43,10 @@ def launch_command(
     try:
         plan = LaunchPlan(workers=workers, store=store, gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
                           max_usd=max_usd, preset=_checked_preset(preset), iterations=iterations, cluster=cluster,
-                          model=model, model_source=model_source, sp_degree=_sp_degree(sp_degree),
-                          gpus_per_node=gpus_per_node)
+                          model=model, reward=reward, prompts=prompts, model_source=model_source,
+                          sp_degree=_sp_degree(sp_degree), gpus_per_node=gpus_per_node)
         _check_sp_against_model(plan)
+        _check_reward_chosen(plan)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     try:
@@ -66,6 +69,18 @@ def launch_command(
     except CloudError as err:
         _fail("launch", err)
     typer.echo(f"queue {queue_url}; follow the run with: spotlight status --queue {queue_url}")
+
+
+def _check_reward_chosen(plan) -> None:
+    """A preset that names no reward (the GPU presets) needs --reward: refused here, before any node bills, rather
+    than by `spotlight run` on the reserved node."""
+    from resources.cloud import reserved_task
+    from workers.trainer.grpo_trainer import check_reward_chosen
+    from workers.trainer.presets import get_preset
+
+    if plan.reward is None:
+        preset = reserved_task(plan, {}).envs["PRESET"]
+        check_reward_chosen(get_preset(preset), preset)
 
 
 def _checked_preset(preset: Optional[str]) -> Optional[str]:

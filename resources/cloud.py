@@ -85,6 +85,12 @@ class LaunchPlan:
     cluster: str = RESERVED_CLUSTER
     model: str | None = None
     """A diffusers pipeline folder to post-train, an absolute path that every node holds; None = the pixel policy."""
+    reward: str | None = None
+    """The run's reward spec (`spotlight run --reward`: a name, clip:PATH, http://HOST:PORT, multi:...); None = the
+    preset's. The GPU presets name none."""
+    prompts: str | None = None
+    """A prompts file for `spotlight run --prompts`, an absolute path that the reserved node holds; None = the
+    preset's task (MiniGenEval)."""
     model_source: str | None = None
     """A bucket URL holding that folder (s3://bucket/models/Qwen-Image): mounted (copied) at `model` on every node.
     None: the nodes hold it another way (an image, a file_mounts of your own)."""
@@ -136,6 +142,8 @@ class LaunchPlan:
                              f"groups of {degree}, and the rest would idle at full price")
 
     def _check_model(self) -> None:
+        if self.prompts is not None and not self.prompts.startswith("/"):
+            raise ValueError(f"--prompts {self.prompts!r} must be an absolute file path on the reserved node")
         if self.model is not None and (not self.model.startswith("/") or self.model.rstrip("/") == ""):
             raise ValueError(f"--model {self.model!r} must be an absolute folder path: every node loads the weights "
                              "from that same path (the run's anchor names it)")
@@ -193,6 +201,7 @@ def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
     envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
     if plan.model is not None:
         envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
+    envs.update({k: v for k, v in (("REWARD", plan.reward), ("PROMPTS", plan.prompts)) if v is not None})
     return _finish(task, envs, plan)
 
 

@@ -178,7 +178,8 @@ def _yaml_secrets(name: str) -> list[str]:
 
 
 PLANS = {"default": {}, "one_gpu": {"gpus": ("A100",)}, "sp_nodes": {"sp_degree": "auto", "gpus_per_node": 4},
-         "model": {"model": "/models/Qwen-Image", "model_source": "s3://weights/Qwen-Image", "preset": "qwen_image_lora"}}
+         "model": {"model": "/models/Qwen-Image", "model_source": "s3://weights/Qwen-Image", "preset": "qwen_image_lora",
+                   "reward": "http://rewards:8200", "prompts": "/data/prompts.jsonl"}}
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -248,10 +249,12 @@ def test_dry_run_with_a_model_hands_it_to_both_tasks_and_mounts_its_bucket_at_th
 
     model, source = "/models/Qwen-Image", "s3://weights/models/Qwen-Image"
     result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", model,
-                     "--model-source", source, "--dry-run")
+                     "--model-source", source, "--reward", "http://rewards:8200", "--prompts", "/data/prompts.jsonl",
+                     "--dry-run")
     assert result.exit_code == 0, result.output
     reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
     assert reserved["envs"]["MODEL"] == model and reserved["envs"]["PRESET"] == "qwen_image_lora"
+    assert (reserved["envs"]["REWARD"], reserved["envs"]["PROMPTS"]) == ("http://rewards:8200", "/data/prompts.jsonl")
     assert reserved["envs"]["LOCAL_WORKERS"] == "0"  # the node's CPU workers cannot sample a diffusers pipeline
     assert all(w["envs"]["MODEL"] == model for w in workers)
     assert all(t["file_mounts"] == {model: source} for t in (reserved, *workers)) and not fake_sky.calls
@@ -262,6 +265,16 @@ def test_dry_run_with_a_model_hands_it_to_both_tasks_and_mounts_its_bucket_at_th
         assert again.file_mounts == {model: source} and again.envs["MODEL"] == model
     plain = json.loads(_invoke("launch", "--workers", "1", "--store", "s3://b/p", "--dry-run").output.splitlines()[-1])
     assert plain["envs"]["MODEL"] == "" and plain["file_mounts"] == {}  # the pixel policy, nothing mounted
+
+
+def test_a_gpu_preset_without_a_reward_or_a_relative_prompts_file_is_refused_before_anything_is_submitted(
+        fake_sky) -> None:
+    base = ("launch", "--workers", "1", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", "/m/Qwen")
+    no_reward = _invoke(*base)
+    assert no_reward.exit_code == 2 and "names no reward: pass --reward" in no_reward.output
+    relative = _invoke(*base, "--reward", "minigeneval", "--prompts", "prompts.jsonl")
+    assert relative.exit_code == 2 and "must be an absolute file path" in relative.output
+    assert not fake_sky.calls
 
 
 def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_the_node_agent(fake_sky, tmp_path) -> None:

@@ -207,6 +207,25 @@ def test_trainer_nproc_sync_mode_and_checkpointing_reach_spotlight_run_on_the_re
         assert (params["nproc"], params["sync_mode"], params["gradient_checkpointing"]) == expected, argv
 
 
+def test_reward_and_prompts_reach_spotlight_run_on_the_reserved_node_only_when_set(tmp_path: Path) -> None:
+    """REWARD and PROMPTS (spotlight launch --reward/--prompts), empty by default, become `spotlight run --reward
+    SPEC --prompts FILE`, each one argument whatever it holds; the coordinator's argv parses into those values."""
+    from typer.main import get_command
+
+    from pipelines.cli import app
+
+    run = get_command(app).commands["run"]
+    reward = "multi:clip:/models/Pick Score=1,jpeg_compressibility=0.1"
+    for name, envs, expected in (
+        ("defaults", {}, (None, None)),
+        ("set", {"REWARD": reward, "PROMPTS": "/data/my prompts.jsonl"}, (reward, "/data/my prompts.jsonl")),
+    ):
+        argv = _by_module(_python_commands("reserved.yaml", tmp_path / name, envs))["pipelines.cli"]
+        params = run.make_context("run", argv[2:]).params
+        prompts = params["prompts"] and str(params["prompts"])
+        assert (params["reward"], prompts) == expected, argv
+
+
 def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_line(tmp_path: Path) -> None:
     """In this order: Redis's TLS files and config written, the run marked running (a relaunch resumes it), `spotlight run`, the run folder copied to
     the store (the node's disk goes with autostop's down), the run marked ended (the spot workers then stop)."""
