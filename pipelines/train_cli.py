@@ -11,7 +11,9 @@ from typing import Optional
 
 import typer
 
-from pipelines.ranks_cli import CHECKPOINTING_HELP, NPROC_HELP, check_ranks, in_ranks
+from pipelines.config_file import config_option
+from pipelines.ranks_cli import (CHECKPOINTING_HELP, MICRO_BATCH_HELP, NPROC_HELP, ROLLOUT_BATCH_HELP, check_ranks,
+                                 in_ranks, with_batch_options)
 
 RUN_FILES = ("metrics.jsonl", "ledger.duckdb", "store", "report", "policy")
 """What `--out` holds after a run (`--overwrite` removes them first)."""
@@ -47,9 +49,16 @@ def train_command(
     usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
+    rollout_batch: Optional[int] = typer.Option(None, "--rollout-batch", help=ROLLOUT_BATCH_HELP),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help=MICRO_BATCH_HELP),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="Samples per prompt the update compares (GRPO's group; default: the preset's)."),
+    prompts_per_iteration: Optional[int] = typer.Option(None, "--prompts-per-iteration", help="Prompts sampled per iteration (default: the preset's)."),
+    minibatches: Optional[int] = typer.Option(None, "--minibatches", help="Optimizer steps per epoch: the iteration's samples split into this many minibatches (default: the preset's)."),
+    config_file: Optional[Path] = config_option(),
 ) -> None:
     """Synchronous GRPO post-training on MiniGenEval, in this process (the pipeline's phases, sampled in-process)."""
     config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
+    config = with_batch_options(config, rollout_batch, micro_batch, group_size, prompts_per_iteration, minibatches)
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
     if explore_samples is not None and not explore_samples > 0:
@@ -184,9 +193,9 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
 
 def _save_final_policy(ctx, run_dir: Path) -> None:
     from workers.model.policy import save_policy
-    from workers.trainer.checkpoint import load_checkpoint
+    from workers.trainer.resident import resident_checkpoint
 
-    policy, _ = load_checkpoint(ctx.store, ctx.run, ctx.num_iterations)
+    policy, _ = resident_checkpoint(ctx.store, ctx.run, ctx.num_iterations)
     if ctx.model is not None:
         from workers.model.families.policy import save_model_policy
 

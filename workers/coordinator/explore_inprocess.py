@@ -80,11 +80,11 @@ def _session(store: TensorStore, run: str, config: TrainConfig, iteration: int, 
 def _explore(store: TensorStore, run: str, iteration: int, requests: list[dict], device: str,
              per_prompt: float) -> dict[int, tuple[list[int], list[float]]]:
     """Prompt index -> (candidate seeds, explored rewards), each committed where a worker would commit it."""
-    from workers.trainer.checkpoint import load_checkpoint
+    from workers.trainer.resident import resident_checkpoint
 
     if not requests:
         return {}
-    policy, _ = load_checkpoint(store, run, iteration, device)  # the stale weights v(iteration)
+    policy, _ = resident_checkpoint(store, run, iteration, device)  # the stale weights v(iteration), in place
     out = {}
     for i, request in enumerate(requests):
         spec = ExploreSpec.from_payload(request["payload"])

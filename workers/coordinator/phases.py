@@ -135,12 +135,14 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     if not ctx.validates(k):
         return PhaseResult({"validated": False, "validate_every": ctx.train.validate_every},
                            checks={GUARD_CHECK: (True, {"validated": False})}, record=validation_record(None, named))
-    from workers.trainer.checkpoint import load_checkpoint
+    from workers.trainer.resident import release_memory, resident_checkpoint
 
-    policy, _ = load_checkpoint(ctx.store, ctx.run, k, ctx.device)
+    policy, _ = resident_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
     with books.phase(ctx.ledger, k, "validate"):
         result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=ctx.draws(k))
+    del policy
+    release_memory()
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
     ctx.ledger.record_validation(k, weights_version=k, score=result.score, num_prompts=len(set(result.prompts)),
                                  criteria=criteria, reward=plan.reward)
