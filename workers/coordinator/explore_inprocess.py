@@ -50,7 +50,7 @@ def explore_in_process(store: TensorStore, run: str, config: TrainConfig, iterat
     if requests:
         per_prompt = state.bandit.work_units(arm)
         fit = requests[: int(budget_samples // per_prompt)]  # what the pool finishes before training ends
-        results = _explore(store, run, iteration, fit, device, per_prompt)
+        results = _explore(store, run, iteration, fit, device, per_prompt, config.rollout_batch)
         spent = per_prompt * len(results)
         if results:
             state.record_time(iteration, arm, spent, len(results))
@@ -78,8 +78,9 @@ def _session(store: TensorStore, run: str, config: TrainConfig, iteration: int, 
 
 
 def _explore(store: TensorStore, run: str, iteration: int, requests: list[dict], device: str,
-             per_prompt: float) -> dict[int, tuple[list[int], list[float]]]:
-    """Prompt index -> (candidate seeds, explored rewards), each committed where a worker would commit it."""
+             per_prompt: float, chunk: int | None = None) -> dict[int, tuple[list[int], list[float]]]:
+    """Prompt index -> (candidate seeds, explored rewards), each committed where a worker would commit it; each
+    request sampled `chunk` seeds at a time (None: whole)."""
     from workers.trainer.resident import resident_checkpoint
 
     if not requests:
@@ -88,7 +89,7 @@ def _explore(store: TensorStore, run: str, iteration: int, requests: list[dict],
     out = {}
     for i, request in enumerate(requests):
         spec = ExploreSpec.from_payload(request["payload"])
-        rewards = explore_rewards(policy, spec)
+        rewards = explore_rewards(policy, spec, chunk)
         key = explore_result_key(run, iteration, request["request_id"])
         if store.read_manifest(key) is None:  # a redone iteration keeps its first commit
             commit_explore_result(store, key, spec, rewards, compute_s=per_prompt, worker_id=WORKER_ID)

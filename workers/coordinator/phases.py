@@ -140,7 +140,8 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     policy, _ = resident_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
     with books.phase(ctx.ledger, k, "validate"):
-        result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=ctx.draws(k))
+        result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=ctx.draws(k),
+                               batch_size=ctx.train.rollout_batch)
     del policy
     release_memory()
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}

@@ -101,3 +101,20 @@ def test_config_refuses_a_chunk_of_zero():
         TrainConfig(micro_batch=0)
     with pytest.raises(ValueError, match="rollout_batch"):
         TrainConfig(rollout_batch=0)
+
+
+@pytest.mark.parametrize("level", ["fbcache", "half_steps"])
+def test_exploring_in_chunks_scores_the_candidates_as_one_batch_does(qwen_folder, level):
+    """Chunks of 3 of 5 candidate seeds, each chunk in a cache context of its own (a hook's state never crosses
+    chunks), give the one-batch rewards."""
+    from workers.explore.request import ExploreSpec, explore_rewards
+
+    policy = load_model_policy(qwen_folder, resolution=32, guidance=3.0)
+    sampler = SamplerConfig(num_steps=4, noise_level=0.0, forward_dtype="fp32")
+    spec = ExploreSpec("demo", "two red circles", (1, 2, 3, 4, 5), 0, sampler, level, reward="jpeg_compressibility")
+    seen = _vae_batches(policy)
+    whole = explore_rewards(policy, spec)
+    seen.clear()
+    chunked = explore_rewards(policy, spec, chunk=3)
+    assert seen == [3, 2]
+    assert chunked == pytest.approx(whole, rel=1e-3, abs=1e-3)
