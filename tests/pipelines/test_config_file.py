@@ -33,3 +33,15 @@ def test_an_unknown_key_names_the_options_this_command_takes(tmp_path):
     done = _train(tmp_path, "rollout-batchh: 8\n")
     assert done.exit_code != 0
     assert "rollout-batchh" in done.output and "rollout-batch" in done.output.replace("rollout-batchh", "")
+
+
+def test_spotlight_run_reads_the_same_file_and_refuses_a_bad_batch_shape_before_writing(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: cpu_smoke\nmicro-batch: 0\n")
+    run_dir = tmp_path / "run"
+    done = CliRunner().invoke(app, ["run", "--run-dir", str(run_dir), "--config", str(path)])
+    assert done.exit_code != 0 and "micro_batch" in done.output
+    done = CliRunner().invoke(app, ["run", "--run-dir", str(run_dir), "--config", str(path), "--micro-batch", "3",
+                                    "--minibatches", "99"])
+    assert done.exit_code != 0 and "num_minibatches=99 exceeds" in done.output
+    assert not run_dir.exists(), "a refused run must write nothing"
