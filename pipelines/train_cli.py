@@ -45,7 +45,7 @@ def train_command(
         "within this many full-sampler samples per iteration (a spot pool's budget, in this process: docs/EXPLORATION.md)."),
     out: Optional[Path] = typer.Option(None, help="Run folder: metrics.jsonl, ledger.duckdb, store/, report/ and the final policy/."),
     nproc: int = typer.Option(1, "--nproc", help=NPROC_HELP),
-    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help=CHECKPOINTING_HELP),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help=CHECKPOINTING_HELP + " Default: on for the GPU presets.", show_default=False),
     usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
@@ -82,6 +82,10 @@ def train_command(
                   "model_fields": model_fields, "device": device, "validation": validation,
                   "explore_samples": explore_samples}
     try:
+        if gradient_checkpointing is None:
+            from workers.trainer.presets import checkpointing_by_default
+
+            gradient_checkpointing = checkpointing_by_default(preset)
         in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
     finally:
         if out is None:
