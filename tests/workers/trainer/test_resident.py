@@ -47,6 +47,9 @@ def test_spotlight_train_loads_the_base_transformer_once_over_three_iterations(t
     # sync, rollout, train and validate of 3 iterations plus the final one and the saved policy: one build
     assert transformers == [("QwenImageTransformer2DModel", "transformer")], loads
     assert [c for c in loads if c[1] == "vae"] == [("AutoencoderKLQwenImage", "vae")]
+    frozen = resident.resident_policy().frozen
+    # Every prompt of the run was encoded at the base version, then the text encoders went.
+    assert frozen.loaded.count("text_encoders") == 1 and frozen.text_encoders_dropped and frozen._text_pipe is None
 
 
 def test_a_resident_checkpoint_takes_each_versions_weights_in_place(tmp_path, loads):
