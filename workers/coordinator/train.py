@@ -66,10 +66,12 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
                                else load_checkpoint(store, run, k, order.device))
     if alone:
         forget_version()  # until the update is published, the resident weights match no checkpoint
-    if setup.gradient_checkpointing:
-        from workers.trainer.memory import enable_gradient_checkpointing
+    from workers.trainer.memory import enable_gradient_checkpointing, gradient_checkpointing_enabled
 
+    if setup.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
+    elif gradient_checkpointing_enabled(policy):  # a resident policy a checkpointed run of this process left so
+        policy.transformer.disable_gradient_checkpointing()
     # The KL reference is the run's starting policy, version 0. Under LoRA that is the base itself (a fresh
     # adapter's B is 0): the trainer runs it with the adapter disabled, so no second transformer is loaded.
     lora = getattr(policy, "is_lora", False)

@@ -166,10 +166,10 @@ class GRPOTrainer:
         self.reward_fn = get_reward(config.reward)
         g = config.grpo
         self.sampling_policy = frozen_policy(policy, V_OLD_ADAPTER) if g.objective == "nft" else None
-        if self.sampling_policy is not None and shares_transformer(self.sampling_policy, policy):
-            refresh(self.sampling_policy, policy)  # an adapter left by an earlier trainer of this policy is stale
         """NFT's v_old: the weights the current batch was sampled with (under LoRA, a second adapter on the same
         transformer; workers/trainer/frozen.py)."""
+        if self.sampling_policy is not None and shares_transformer(self.sampling_policy, policy):
+            refresh(self.sampling_policy, policy)  # an adapter left by an earlier trainer of this policy is stale
         self.reference = None
         """The KL reference (kl_beta > 0): `reference` when given, else under LoRA the base (adapters disabled),
         else a frozen copy of the policy as it is now."""
@@ -300,8 +300,10 @@ class GRPOTrainer:
         n = batch.rewards.shape[0]
         gen = torch.Generator().manual_seed(domain_seed(self.config.seed, "minibatches", batch.iteration))
         if recompute_old_log_probs and g.objective != "nft":
-            batch = with_policy_log_probs(self.policy, batch, self.config.sampler,
-                                          first_epoch_minibatches(gen, n, g.num_minibatches))
+            chunks = first_epoch_minibatches(gen, n, g.num_minibatches)
+            if self.config.micro_batch and self.data_shard is None:  # the micro-batches the update will compute
+                chunks = tuple(c for index in chunks for c in index.split(self.config.micro_batch))
+            batch = with_policy_log_probs(self.policy, batch, self.config.sampler, chunks)
         totals: dict[str, float] = {}
         num_steps = 0
         for _ in range(g.num_epochs):

@@ -118,3 +118,9 @@ def test_exploring_in_chunks_scores_the_candidates_as_one_batch_does(qwen_folder
     chunked = explore_rewards(policy, spec, chunk=3)
     assert seen == [3, 2]
     assert chunked == pytest.approx(whole, rel=1e-3, abs=1e-3)
+
+
+def test_old_log_probs_are_recomputed_in_the_update_s_micro_batches_so_its_first_step_is_exactly_on_policy(qwen_folder):
+    trainer = _trainer(qwen_folder, micro_batch=3)
+    stats = trainer.update(trainer.collect(0), recompute_old_log_probs=True)
+    assert stats["approx_kl"] == 0.0 and stats["clip_frac"] == 0.0
