@@ -77,3 +77,19 @@ def test_a_resident_checkpoint_takes_each_versions_weights_in_place(tmp_path, lo
     assert all(torch.equal(v, fresh.weights()[k]) for k, v in second.weights().items())
     again, _ = resident.resident_checkpoint(store, "r", 0)
     assert all(torch.equal(v, load_checkpoint(store, "r", 0)[0].weights()[k]) for k, v in again.weights().items())
+
+
+@pytest.mark.slow
+def test_spotlight_run_walks_three_iterations_of_dagster_assets_on_one_build(tmp_path, loads):
+    """The Dagster walk runs every asset's step in the command's process: its phases share the resident policy
+    as `spotlight train`'s do (queue workers hold one policy per process of their own: workers/rollout/weights.py)."""
+    from pipelines.cli import app
+
+    model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
+    loads.clear()
+    done = CliRunner().invoke(app, ["run", "--model", str(model), "--preset", "cpu_smoke", "--iterations", "3",
+                                    "--resolution", "32", "--lora-rank", "4", "--reward", "jpeg_compressibility",
+                                    "--rollouts", "inprocess", "--run-dir", str(tmp_path / "run")],
+                              catch_exceptions=False)
+    assert done.exit_code == 0, done.output[-3000:]
+    assert [c for c in loads if c[1] == "transformer"] == [("QwenImageTransformer2DModel", "transformer")], loads
