@@ -54,6 +54,13 @@ class RunConfigResource(ConfigurableResource):
     prompts_heldout: Optional[float] = Field(default=None, ge=0, lt=1, description="With prompts: the share held out "
                                              "for validation.")
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of the reserved node (trainer + coordinator).")
+    rollout_batch: Optional[int] = Field(default=None, ge=1, description="Samples sampled and VAE-decoded together where "
+                                         "the trainer's process samples (default: the preset's).")
+    micro_batch: Optional[int] = Field(default=None, ge=1, description="Samples per forward and backward in the update "
+                                       "(gradient accumulation; default: the preset's).")
+    group_size: Optional[int] = Field(default=None, ge=2, description="Samples per prompt in the update (default: the preset's).")
+    prompts_per_iteration: Optional[int] = Field(default=None, ge=1, description="Prompts per iteration (default: the preset's).")
+    minibatches: Optional[int] = Field(default=None, ge=1, description="Optimizer steps per epoch (default: the preset's).")
 
     @field_validator("run")
     @classmethod
@@ -126,7 +133,11 @@ class RunConfigResource(ConfigurableResource):
         from workers.trainer.grpo_trainer import check_reward_chosen
 
         config = get_preset(self.preset)
-        changes = {"iterations": self.iterations, "reward": self.reward, "seed": self.seed}
+        changes = {"iterations": self.iterations, "reward": self.reward, "seed": self.seed,
+                   "rollout_batch": self.rollout_batch, "micro_batch": self.micro_batch, "group_size": self.group_size,
+                   "prompts_per_iteration": self.prompts_per_iteration}
+        if self.minibatches is not None:
+            changes["grpo"] = dataclasses.replace(config.grpo, num_minibatches=self.minibatches)
         if self.prompts is not None:
             changes.update(prompts=_prompt_source(self.prompts, self.prompts_heldout or 0.0, self.model,
                                                   json.dumps(self.model_spec_fields(), sort_keys=True)),

@@ -360,3 +360,37 @@ def bench_coordinator(
         raise typer.BadParameter(str(err)) from None
     figures = run_coordinator_bench(bench, progress=lambda line: typer.echo(line, err=True))
     show(figures, as_json, format_coordinator_report)
+
+
+@bench_app.command("memory")
+def bench_memory(
+    model: Optional[Path] = typer.Option(None, help="A diffusers pipeline folder (default: a Qwen-Image of the real "
+                                         "transformer widths with --layers blocks and the real VAE, built now)."),
+    layers: int = typer.Option(2, help="Without --model: transformer blocks of the real-widths Qwen-Image (of 60)."),
+    samples: list[int] = typer.Option([8, 64], "--samples", help="Samples per iteration to measure (repeatable)."),
+    rollout_batch: Optional[int] = typer.Option(8, "--rollout-batch", help="Samples sampled and decoded together (0: all at once)."),
+    micro_batch: Optional[int] = typer.Option(8, "--micro-batch", help="Samples per forward and backward in the update (0: the whole minibatch)."),
+    resolution: int = typer.Option(128, help="Image side in pixels."),
+    num_steps: int = typer.Option(2, help="Denoising steps (all SDE, all trained)."),
+    threads: int = typer.Option(2, help="Torch threads of each measuring process."),
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+) -> None:
+    """Peak RSS of one training iteration (sample, decode, score, update) per samples per iteration, each in a fresh
+    process, on the CPU: with chunks everywhere the largest iteration should need about what the smallest needs."""
+    import tempfile
+
+    from workers.bench.memory import MemoryBench, format_memory_report, run_memory_bench
+
+    if model is None:
+        from workers.model.families.tiny import build_tiny_pipeline
+
+        model = build_tiny_pipeline("qwen-image", Path(tempfile.mkdtemp(prefix="spotlight-memory-")) / "qwen",
+                                    widths="real", num_layers=layers)
+    try:
+        bench = MemoryBench(model=str(Path(model).resolve()), samples=tuple(samples), rollout_batch=rollout_batch or None,
+                            micro_batch=micro_batch or None, resolution=resolution, num_steps=num_steps, threads=threads)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    figures = run_memory_bench(bench, progress=lambda line: typer.echo(line, err=True))
+    figures["model"] = str(model)
+    show(figures, as_json, format_memory_report)

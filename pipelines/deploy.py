@@ -44,8 +44,10 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
                     store: Optional[str] = None, queue: Optional[str] = None, ledger: Optional[str] = None,
                     rollouts: Optional[str] = None, checkpoint: Optional[str] = None,
                     workers: Optional[dict] = None, model: Optional[dict] = None, device: str = "cpu",
-                    validation: Optional[dict] = None, prompts: Optional[dict] = None) -> dict:
-    """The resource dict of a deployment (pydantic validates each resource as it is built)."""
+                    validation: Optional[dict] = None, prompts: Optional[dict] = None,
+                    batch: Optional[dict] = None) -> dict:
+    """The resource dict of a deployment (pydantic validates each resource as it is built). batch: the run's
+    batch-shape fields (rollout_batch, micro_batch, group_size, prompts_per_iteration, minibatches)."""
     if deployment not in DEPLOYMENTS:
         raise DeploymentError(f"unknown deployment {deployment!r}; choose one of {DEPLOYMENTS}")
     run_dir = Path(run_dir)
@@ -62,7 +64,7 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
         resources = {
             "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations, seed=seed,
                                         reward=reward, checkpoint=checkpoint, device=device, **(model or {}),
-                                        **(validation or {}), **(prompts or {})),
+                                        **(validation or {}), **(prompts or {}), **(batch or {})),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
             "ledger": LedgerResource(path=ledger or str(run_dir / "ledger.duckdb")),

@@ -35,9 +35,12 @@ DEFAULT_WORKERS = 2
 DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
 """Per spot worker-hour, Poisson, half of them without notice: far more often than clouds preempt, so that a
 default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
-RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing")
-"""Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, to
-float rounding), so a relaunch on another number of GPUs continues the run; unset, they keep the stored values."""
+BATCH_FIELDS = ("rollout_batch", "micro_batch", "group_size", "prompts_per_iteration", "minibatches")
+"""The run's batch shape beyond the preset (RunConfigResource's fields of the same names)."""
+RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "rollout_batch", "micro_batch")
+"""Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, and
+chunks and micro-batches compute what the whole batch does, to float rounding), so a relaunch on another number or
+size of GPUs continues the run; unset, they keep the stored values."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ class RunSpec:
     """The training prompts file (absolute; workers/task/prompt_file.py); None = MiniGenEval's grammar."""
     prompts_heldout: Optional[float] = None
     """With prompts: the share held out for validation (None = 0)."""
+    rollout_batch: Optional[int] = None
+    """Samples sampled and VAE-decoded together in the trainer's process; None = the preset's."""
+    micro_batch: Optional[int] = None
+    """Samples per forward and backward in the update; None = the preset's."""
+    group_size: Optional[int] = None
+    prompts_per_iteration: Optional[int] = None
+    minibatches: Optional[int] = None
 
     def __post_init__(self) -> None:
         # Worker processes and a --resume from another directory must find the same files.
@@ -154,7 +164,8 @@ class RunSpec:
                                       "guidance": self.guidance, "sync_mode": self.sync_mode}, device=self.device,
                                validation={"validation_reward": self.validation_reward,
                                            "validation_prompts": self.validation_prompts},
-                               prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout})
+                               prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout},
+                               batch={k: getattr(self, k) for k in BATCH_FIELDS if getattr(self, k) is not None})
 
 
 class BudgetReachedError(RuntimeError):

@@ -10,8 +10,9 @@ from typing import Optional
 
 import typer
 
+from pipelines.config_file import config_option
 from pipelines.prompts_cli import PROMPTS_HELDOUT_HELP, PROMPTS_HELP
-from pipelines.ranks_cli import CHECKPOINTING_HELP, NPROC_HELP
+from pipelines.ranks_cli import CHECKPOINTING_HELP, MICRO_BATCH_HELP, NPROC_HELP, ROLLOUT_BATCH_HELP
 from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
 
 
@@ -43,6 +44,12 @@ def run_command(
     validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the pixel policy reads only MiniGenEval prompts)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."),
+    rollout_batch: Optional[int] = typer.Option(None, "--rollout-batch", help=ROLLOUT_BATCH_HELP + " --resume keeps the run's unless given."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help=MICRO_BATCH_HELP + " --resume keeps the run's unless given."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="Samples per prompt the update compares (GRPO's group; default: the preset's)."),
+    prompts_per_iteration: Optional[int] = typer.Option(None, "--prompts-per-iteration", help="Prompts sampled per iteration (default: the preset's)."),
+    minibatches: Optional[int] = typer.Option(None, "--minibatches", help="Optimizer steps per epoch (default: the preset's)."),
+    config_file: Optional[Path] = config_option(),
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
     asked = {"preset": preset, "iterations": iterations, "seed": seed, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
@@ -52,7 +59,13 @@ def run_command(
              "sync_mode": sync_mode, "device": device, "nproc": nproc, "gradient_checkpointing": gradient_checkpointing,
              "validation_reward": validation_reward,
              "validation_prompts": None if validation_prompts is None else str(validation_prompts),
-             "prompts": None if prompts is None else str(prompts), "prompts_heldout": prompts_heldout}
+             "prompts": None if prompts is None else str(prompts), "prompts_heldout": prompts_heldout,
+             "rollout_batch": rollout_batch, "micro_batch": micro_batch, "group_size": group_size,
+             "prompts_per_iteration": prompts_per_iteration, "minibatches": minibatches}
+    if gradient_checkpointing is None and not resume:
+        from workers.trainer.presets import checkpointing_by_default
+
+        asked["gradient_checkpointing"] = checkpointing_by_default(preset or "cpu_tiny_spot") or None
     spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
     _check_reachable(spec)
     if overwrite and run_dir.exists():

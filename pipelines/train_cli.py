@@ -11,8 +11,10 @@ from typing import Optional
 
 import typer
 
+from pipelines.config_file import config_option
 from pipelines.prompts_cli import PROMPTS_HELDOUT_HELP, PROMPTS_HELP, with_prompts
-from pipelines.ranks_cli import CHECKPOINTING_HELP, NPROC_HELP, check_ranks, in_ranks
+from pipelines.ranks_cli import (CHECKPOINTING_HELP, MICRO_BATCH_HELP, NPROC_HELP, ROLLOUT_BATCH_HELP, check_ranks,
+                                 in_ranks, with_batch_options)
 
 RUN_FILES = ("metrics.jsonl", "ledger.duckdb", "store", "report", "policy")
 """What `--out` holds after a run (`--overwrite` removes them first)."""
@@ -46,15 +48,22 @@ def train_command(
         "within this many full-sampler samples per iteration (a spot pool's budget, in this process: docs/EXPLORATION.md)."),
     out: Optional[Path] = typer.Option(None, help="Run folder: metrics.jsonl, ledger.duckdb, store/, report/ and the final policy/."),
     nproc: int = typer.Option(1, "--nproc", help=NPROC_HELP),
-    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help=CHECKPOINTING_HELP),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help=CHECKPOINTING_HELP + " Default: on for the GPU presets.", show_default=False),
     usd_per_hour: float = typer.Option(0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
+    rollout_batch: Optional[int] = typer.Option(None, "--rollout-batch", help=ROLLOUT_BATCH_HELP),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help=MICRO_BATCH_HELP),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="Samples per prompt the update compares (GRPO's group; default: the preset's)."),
+    prompts_per_iteration: Optional[int] = typer.Option(None, "--prompts-per-iteration", help="Prompts sampled per iteration (default: the preset's)."),
+    minibatches: Optional[int] = typer.Option(None, "--minibatches", help="Optimizer steps per epoch: the iteration's samples split into this many minibatches (default: the preset's)."),
+    config_file: Optional[Path] = config_option(),
 ) -> None:
     """Synchronous GRPO post-training in this process: MiniGenEval, or --model DIR on --prompts FILE with --reward."""
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
-    config = with_prompts(_config(preset, iterations, seed, lr, rollouts_per_prompt, reward), prompts, prompts_heldout,
-                          model, model_fields)
+    config = with_batch_options(_config(preset, iterations, seed, lr, rollouts_per_prompt, reward), rollout_batch,
+                                micro_batch, group_size, prompts_per_iteration, minibatches)
+    config = with_prompts(config, prompts, prompts_heldout, model, model_fields)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None, config.prompts)
     _check_amounts(explore_samples, usd_per_hour)
     _check_device(device)
@@ -74,6 +83,10 @@ def train_command(
                   "model_fields": model_fields, "device": device, "validation": validation,
                   "explore_samples": explore_samples}
     try:
+        if gradient_checkpointing is None:
+            from workers.trainer.presets import checkpointing_by_default
+
+            gradient_checkpointing = checkpointing_by_default(preset)
         in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
     finally:
         if out is None:
@@ -195,9 +208,9 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
 
 def _save_final_policy(ctx, run_dir: Path) -> None:
     from workers.model.policy import save_policy
-    from workers.trainer.checkpoint import load_checkpoint
+    from workers.trainer.resident import resident_checkpoint
 
-    policy, _ = load_checkpoint(ctx.store, ctx.run, ctx.num_iterations)
+    policy, _ = resident_checkpoint(ctx.store, ctx.run, ctx.num_iterations)
     if ctx.model is not None:
         from workers.model.families.policy import save_model_policy
 

@@ -51,7 +51,7 @@ def explore_in_process(store: TensorStore, run: str, config: TrainConfig, iterat
         per_prompt = state.bandit.work_units(arm)
         # What the pool finishes before training ends (the small tolerance: an arm costing exactly the budget fits).
         fit = list(zip(session.prompt_indices, requests))[: int(budget_samples / per_prompt + 1e-9)]
-        results = _explore(store, run, iteration, fit, device, per_prompt)
+        results = _explore(store, run, iteration, fit, device, per_prompt, config.rollout_batch)
         spent = per_prompt * len(results)
         if results:
             state.record_time(iteration, arm, spent, len(results))
@@ -82,18 +82,18 @@ def _session(store: TensorStore, run: str, config: TrainConfig, iteration: int, 
 
 
 def _explore(store: TensorStore, run: str, iteration: int, requests: list[tuple[int, dict]], device: str,
-             per_prompt: float) -> dict[int, tuple[list[int], list[float]]]:
+             per_prompt: float, chunk: int | None = None) -> dict[int, tuple[list[int], list[float]]]:
     """Prompt index -> (candidate seeds, explored rewards) of (prompt index, request) pairs, each committed where a
-    worker would commit it."""
-    from workers.trainer.checkpoint import load_checkpoint
+    worker would commit it; each request sampled `chunk` seeds at a time (None: whole)."""
+    from workers.trainer.resident import resident_checkpoint
 
     if not requests:
         return {}
-    policy, _ = load_checkpoint(store, run, iteration, device)  # the stale weights v(iteration)
+    policy, _ = resident_checkpoint(store, run, iteration, device)  # the stale weights v(iteration), in place
     out = {}
     for i, request in requests:
         spec = ExploreSpec.from_payload(request["payload"])
-        rewards = explore_rewards(policy, spec)
+        rewards = explore_rewards(policy, spec, chunk)
         key = explore_result_key(run, iteration, request["request_id"])
         if store.read_manifest(key) is None:  # a redone iteration keeps its first commit
             commit_explore_result(store, key, spec, rewards, compute_s=per_prompt, worker_id=WORKER_ID)

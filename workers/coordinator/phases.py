@@ -56,6 +56,14 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
         publish_run_rewards(ctx)
         out = publish_version(ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint,
                               model=ctx.model)
+        cached = None
+        if ctx.model is not None and k == 0:
+            # The base just became the resident policy: encode the whole run's prompts once, drop the encoders.
+            from workers.coordinator.text_encoders import encode_run_prompts
+            from workers.trainer.resident import release_memory, resident_policy
+
+            cached = encode_run_prompts(ctx, resident_policy())
+            release_memory()
         if ctx.model is not None and ctx.sampling.mode != "inprocess":
             # Workers read iteration k's and k+1's (explore) prompt embeddings; the pixel policy has none to cache.
             from workers.model.families.prompt_store import publish_run_prompt_embeddings
@@ -70,7 +78,8 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
     meta = {"weights_version": k, "kind": out.kind, "dense_bytes": out.dense_bytes, "sent_bytes": out.sent_bytes,
             "times_smaller": round(out.dense_bytes / max(out.sent_bytes, 1), 2),
             "changed_fraction": out.changed_fraction, "encode_s": out.encode_s, "apply_s": out.apply_s,
-            "weights_hash": out.trainer_hash, "anchor_stored": out.anchored, **phase_cost(ctx, k, "sync")}
+            "weights_hash": out.trainer_hash, "anchor_stored": out.anchored, **phase_cost(ctx, k, "sync"),
+            **({} if cached is None else {"prompts_cached_then_text_encoders_dropped": cached})}
     check = (out.reproduced, {"trainer_hash": out.trainer_hash, "receiver_hash": out.receiver_hash})
     return PhaseResult(meta, checks={PATCH_CHECK: check})
 
@@ -148,12 +157,15 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     if not ctx.validates(k):
         return PhaseResult({"validated": False, "validate_every": ctx.train.validate_every},
                            checks={GUARD_CHECK: (True, {"validated": False})}, record=validation_record(None, named))
-    from workers.trainer.checkpoint import load_checkpoint
+    from workers.trainer.resident import release_memory, resident_checkpoint
 
-    policy, _ = load_checkpoint(ctx.store, ctx.run, k, ctx.device)
+    policy, _ = resident_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
     with books.phase(ctx.ledger, k, "validate"):
-        result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=ctx.draws(k))
+        result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=ctx.draws(k),
+                               batch_size=ctx.train.rollout_batch)
+    del policy
+    release_memory()
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
     ctx.ledger.record_validation(k, weights_version=k, score=result.score, num_prompts=len(set(result.prompts)),
                                  criteria=criteria, reward=plan.reward)

@@ -125,12 +125,13 @@ def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int
 def collect_in_process(store: TensorStore, run: str, config: TrainConfig, iteration: int,
                        requests: list[PlannedRequest], worker_id: str = "trainer", device: str = "cpu") -> int:
     """The rollout phase without workers: the trainer samples the batch at the iteration's weights
-    version (its FP32 checkpoint) and commits every result; returns how many this call committed."""
-    from workers.trainer.checkpoint import load_checkpoint
+    version (its FP32 checkpoint, on the process's resident policy) and commits every result, sampling and
+    decoding `config.rollout_batch` requests at a time; returns how many this call committed."""
     from workers.trainer.grpo_trainer import GRPOTrainer
+    from workers.trainer.resident import resident_checkpoint
 
     version = requests[0].spec.weights_version
-    policy, _ = load_checkpoint(store, run, version, device)
+    policy, _ = resident_checkpoint(store, run, version, device)
     groups: dict[int, list[int]] = {}
     for r in requests:
         groups.setdefault(r.prompt_index, []).append(r.spec.seed)

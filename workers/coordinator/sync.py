@@ -26,10 +26,12 @@ from pathlib import Path
 
 import torch
 
+from resources.keys import weights_key
 from resources.store import TensorStore
 from resources.store_chain import StoreChain
 from workers.pulse import ChainConfig, ChainPublisher, apply_patch, read_patch_header, sync_weights, weights_hash
-from workers.trainer.checkpoint import bf16_weights, load_checkpoint, save_checkpoint
+from workers.trainer.checkpoint import bf16_weights, save_checkpoint
+from workers.trainer.resident import adopt, resident_checkpoint
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,10 @@ def publish_version(store: TensorStore, run: str, version: int, *, anchor_every:
     if version == 0:
         policy = load_any(base or SHIPPED_BASE, **(model or {}))
         save_checkpoint(store, run, 0, policy)
+        adopt(policy, policy.spec(), store, run, 0)  # the later phases update this object in place
+        receiver_spec, current = published_form(policy)
     else:
-        policy, _ = load_checkpoint(store, run, version)
-    receiver_spec, current = published_form(policy)
+        receiver_spec, current = checkpoint_form(store, run, version)
     chain = StoreChain(store, run, policy_config=receiver_spec, anchor_every=anchor_every)
     config = ChainConfig(anchor_every=anchor_every)
     previous, replay_s = _replay_previous(chain, version, config)
@@ -105,6 +108,17 @@ def published_form(policy) -> tuple[dict, dict[str, torch.Tensor]]:
     from workers.model.families.lora import merged_weights
 
     return spec.receiver().to_json(), merged_weights(policy.transformer)[0]
+
+
+def checkpoint_form(store: TensorStore, run: str, version: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """`published_form` of checkpoint `version`. Read from the checkpoint's tensors when they are what the chain
+    carries (no policy is built); a merged sync needs the transformer to merge into: the resident policy's."""
+    meta = store.read_manifest(weights_key(run, version))
+    spec = None if meta is None else meta.metadata.get("policy_config", {})
+    if spec is None or spec.get("sync_mode") == "merged":
+        return published_form(resident_checkpoint(store, run, version)[0])
+    tensors = store.load_tensors(weights_key(run, version))
+    return spec, {k[len("policy."):]: v.to(torch.bfloat16) for k, v in tensors.items() if k.startswith("policy.")}
 
 
 def _replay_previous(chain: StoreChain, version: int, config: ChainConfig) -> tuple[dict | None, float]:

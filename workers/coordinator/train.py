@@ -20,6 +20,7 @@ from workers.coordinator.rollout import PlannedRequest, load_batch
 from workers.trainer.checkpoint import load_checkpoint, publish_checkpoint, restore_optimizer
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 from workers.trainer.ranks import TrainerSetup, current_setup
+from workers.trainer.resident import forget_version, mark_version, release_memory, resident_checkpoint
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,19 @@ def follow_orders(setup: TrainerSetup) -> int:
 def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) -> dict[str, float]:
     """One update on this process (and, with ranks, the others): checkpoint k -> k+1; rank 0 publishes it."""
     config, run, k = order.config, order.run, order.iteration
-    policy, optimizer_state = load_checkpoint(store, run, k, order.device)
-    if setup.gradient_checkpointing:
-        from workers.trainer.memory import enable_gradient_checkpointing
+    alone = setup.ranks is None
+    # Alone, the process's resident policy trains in place; FSDP2 replaces the parameters it shards, so ranks
+    # train a copy of their own.
+    policy, optimizer_state = (resident_checkpoint(store, run, k, order.device) if alone
+                               else load_checkpoint(store, run, k, order.device))
+    if alone:
+        forget_version()  # until the update is published, the resident weights match no checkpoint
+    from workers.trainer.memory import enable_gradient_checkpointing, gradient_checkpointing_enabled
 
+    if setup.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
+    elif gradient_checkpointing_enabled(policy):  # a resident policy a checkpointed run of this process left so
+        policy.transformer.disable_gradient_checkpointing()
     # The KL reference is the run's starting policy, version 0. Under LoRA that is the base itself (a fresh
     # adapter's B is 0): the trainer runs it with the adapter disabled, so no second transformer is loaded.
     lora = getattr(policy, "is_lora", False)
@@ -76,10 +85,15 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     weights, optimizer = _whole_state(trainer, setup)
     if setup.ranks is None or setup.ranks.rank == 0:
         stats["checkpoint_bytes"] = publish_checkpoint(store, run, k + 1, policy.spec(), weights, optimizer)
+        if alone:
+            mark_version(store, run, k + 1, policy)  # the resident policy holds exactly what was published
         if k >= 2:
             # Only versions k, k+1 (a redone iteration k needs k) and 0 (the KL reference) stay: FP32
             # weights plus AdamW state are 3x the model, per version. Older weights live on in the PULSE chain.
             store.delete_commit(weights_key(run, k - 1))
+    policy.zero_grad(set_to_none=True)  # gradients and the trainer's AdamW state go before the next phase
+    del trainer, weights, optimizer, batch
+    release_memory()
     return stats
 
 

@@ -177,20 +177,28 @@ def cache_hooks(transformer, level: CacheLevel) -> Iterator[None]:
         _forget_child_registries(transformer)
 
 
-def explore_rewards(policy, spec: ExploreSpec) -> list[float]:
-    """Sample the request's candidate seeds as one batch with the cheap sampler and score them."""
+def explore_rewards(policy, spec: ExploreSpec, chunk: int | None = None) -> list[float]:
+    """Sample the request's candidate seeds with the cheap sampler, `chunk` at a time (None: as one batch), and
+    score them. Each chunk runs in a cache context of its own: a cache hook's state never crosses chunks."""
+    import numpy as np
+
+    from workers.algo.sampler import rollout
     from workers.task.render import decode_images
     from workers.task.reward_inputs import call_reward
     from workers.task.rewards import get_reward
-    from workers.algo.sampler import rollout
 
     level = cache_level(spec.cache_level)
-    prompts = [spec.prompt] * len(spec.seeds)
-    with cache_hooks(policy.transformer, level):
-        traj = rollout(policy, prompts, list(spec.seeds), level.sampler(spec.sampler))
+    seeds = list(spec.seeds)
+    size = chunk or len(seeds)
+    images = []
+    for start in range(0, len(seeds), size):
+        part = seeds[start:start + size]
+        with cache_hooks(policy.transformer, level):
+            traj = rollout(policy, [spec.prompt] * len(part), part, level.sampler(spec.sampler))
+        images.append(decode_images(policy, traj.images))
+    prompts = [spec.prompt] * len(seeds)
     fields = None if spec.prompt_fields is None else [spec.prompt_fields] * len(prompts)
-    images = decode_images(policy, traj.images)
-    return [float(r) for r in call_reward(get_reward(spec.reward), images, prompts, fields)]
+    return [float(r) for r in call_reward(get_reward(spec.reward), np.concatenate(images), prompts, fields)]
 
 
 @dataclass

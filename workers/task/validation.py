@@ -60,14 +60,17 @@ class ValidationPlan:
     fields: "PromptSource | None" = None
     """Where each held-out prompt's fields come from (a prompts file), or None."""
 
-    def evaluate(self, policy, seeds_per_prompt: int, sampler, keep_images: bool = False):
-        """Score `policy` on the plan's prompts x `seeds_per_prompt` fixed seeds (workers/task/evaluate.py)."""
+    def evaluate(self, policy, seeds_per_prompt: int, sampler, keep_images: bool = False,
+                 batch_size: int | None = None):
+        """Score `policy` on the plan's prompts x `seeds_per_prompt` fixed seeds (workers/task/evaluate.py), sampled
+        and decoded `batch_size` images at a time (None: evaluate's and evaluate_reward's own defaults)."""
         from workers.task.evaluate import evaluate, evaluate_reward
 
+        sized = {} if batch_size is None else {"batch_size": batch_size}
         if self.detector:
-            return evaluate(policy, list(self.prompts), seeds_per_prompt, keep_images=keep_images)
+            return evaluate(policy, list(self.prompts), seeds_per_prompt, keep_images=keep_images, **sized)
         return evaluate_reward(policy, list(self.prompts), self.reward, seeds_per_prompt, sampler,
-                               keep_images=keep_images, fields=self.fields)
+                               keep_images=keep_images, fields=self.fields, **sized)
 
 
 def resolve_validation(config: ValidationConfig | None, train_reward: str, model: bool) -> ValidationPlan:

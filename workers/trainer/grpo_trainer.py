@@ -25,10 +25,10 @@ from workers.algo.grpo import GRPOConfig, clipped_policy_loss, group_reward_stat
 from workers.algo.nft import nft_loss, noise_levels, noisy_sample, optimality
 from workers.task.prompt_file import PromptSource, prompt_fields, train_prompts
 from workers.task.prompts import CATEGORIES
-from workers.task.render import decode_images
 from workers.task.rewards import get_reward, score_with_components
-from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, rollout, sampler_sigmas, step_log_prob
-from workers.trainer.frozen import V_OLD_ADAPTER, frozen_policy, refresh
+from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, sampler_sigmas, step_log_prob
+from workers.trainer.chunks import micro_parts, sample_in_chunks
+from workers.trainer.frozen import V_OLD_ADAPTER, frozen_policy, refresh, shares_transformer
 from workers.trainer.old_log_probs import first_epoch_minibatches, with_policy_log_probs
 from workers.trainer.step_guard import StepGuard
 
@@ -74,8 +74,20 @@ class TrainConfig:
     """Queue workers: samples of one prompt per rollout request, sampled as one batch (a prompt's seeds are
     cut into requests of this many, in order). 1 = one request per sample. What is sampled is the same;
     batching pays where a forward of one sample leaves the device idle (docs/QUEUE.md)."""
+    rollout_batch: int | None = None
+    """Samples sampled and VAE-decoded together when this process samples (the in-process rollout, exploration
+    and validation): the iteration is walked in chunks of this many, so peak memory follows the chunk, not the
+    iteration. None = the whole iteration in one batch. Chunks change results only by the kernels' rounding."""
+    micro_batch: int | None = None
+    """Samples per forward and backward in the update: each optimizer minibatch is split into micro-batches whose
+    gradients accumulate (each weighted by its share), so the step equals the whole minibatch's up to float
+    rounding while activations are held for one micro-batch only. None = the whole minibatch at once."""
 
     def __post_init__(self):
+        for name in ("rollout_batch", "micro_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (samples per chunk) or None (no chunking), got {value}")
         if not 1 <= self.seeds_per_request <= 256:
             raise ValueError(f"seeds_per_request must be in [1, 256], got {self.seeds_per_request}")
         if self.iterations < 1:
@@ -175,6 +187,8 @@ class GRPOTrainer:
         self.sampling_policy = frozen_policy(policy, V_OLD_ADAPTER) if g.objective == "nft" else None
         """NFT's v_old: the weights the current batch was sampled with (under LoRA, a second adapter on the same
         transformer; workers/trainer/frozen.py)."""
+        if self.sampling_policy is not None and shares_transformer(self.sampling_policy, policy):
+            refresh(self.sampling_policy, policy)  # an adapter left by an earlier trainer of this policy is stale
         self.reference = None
         """The KL reference (kl_beta > 0): `reference` when given, else under LoRA the base (adapters disabled),
         else a frozen copy of the policy as it is now."""
@@ -219,8 +233,8 @@ class GRPOTrainer:
         self.policy.eval()
         if self.sampling_policy is not None:
             refresh(self.sampling_policy, self.policy)
-        traj = rollout(self.policy, all_prompts, [s for g in groups for s in g], c.sampler)
-        images = decode_images(self.policy, traj.images)
+        traj, images = sample_in_chunks(self.policy, all_prompts, [s for g in groups for s in g], c.sampler,
+                                        c.rollout_batch)
         fields = None if c.prompts is None else [prompt_fields(c.prompts, p) for p in all_prompts]
         scores, components = score_with_components(self.reward_fn, images, all_prompts, fields)
         rewards = torch.as_tensor(scores, dtype=torch.float32)
@@ -259,20 +273,19 @@ class GRPOTrainer:
             sums["approx_kl"] += stats["approx_kl"] / len(steps)
         return sums
 
-    def _nft_minibatch_loss(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator,
+    def _nft_minibatch_loss(self, batch: Rollouts, index: torch.Tensor, levels: list[tuple[torch.Tensor, torch.Tensor]],
                             part: slice = slice(None), loss_scale: float = 1.0) -> dict[str, float]:
-        """Accumulate the NFT loss's gradients over nft_timesteps noise levels per sample. part, loss_scale: this
-        rank's samples of the minibatch and their share (data parallelism); noise is drawn for the whole
-        minibatch, so every rank's generator stays in step."""
+        """Accumulate the NFT loss's gradients over nft_timesteps noise levels per sample. levels: (sigma_N, eps)
+        of each noise level for the whole minibatch (`_noise_levels`). part, loss_scale: the samples of the
+        minibatch computed here (this rank's, or one micro-batch of them) and their share of it."""
         g, c = self.config.grpo, self.config.sampler
-        shape = tuple(batch.trajectory.images[index].shape)
         index = index[part]
         x0 = batch.trajectory.images[index]
         prompts = [batch.trajectory.prompts[i] for i in index.tolist()]
         r = optimality(batch.advantages[index], g.nft_adv_scale)
         device = next(self.policy.parameters()).device
         sums = {"loss": 0.0, "fm_loss": 0.0, "drift": 0.0, "kl": 0.0}
-        for sigma, eps in noise_levels(shape, g.nft_timesteps, g.nft_sigma_range, g.nft_antithetic, gen):
+        for sigma, eps in levels:
             sigma, eps = sigma[part], eps[part]
             x, target = noisy_sample(x0, sigma, eps)
             with autocast_for(c, device):
@@ -307,18 +320,17 @@ class GRPOTrainer:
         n = batch.rewards.shape[0]
         gen = torch.Generator().manual_seed(domain_seed(self.config.seed, "minibatches", batch.iteration))
         if recompute_old_log_probs and g.objective != "nft":
-            batch = with_policy_log_probs(self.policy, batch, self.config.sampler,
-                                          first_epoch_minibatches(gen, n, g.num_minibatches))
+            chunks = first_epoch_minibatches(gen, n, g.num_minibatches)
+            if self.config.micro_batch and self.data_shard is None:  # the micro-batches the update will compute
+                chunks = tuple(c for index in chunks for c in index.split(self.config.micro_batch))
+            batch = with_policy_log_probs(self.policy, batch, self.config.sampler, chunks)
         totals: dict[str, float] = {}
         num_steps = 0
         for _ in range(g.num_epochs):
             for index in torch.randperm(n, generator=gen).chunk(g.num_minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
                 part, share = (slice(None), 1.0) if self.data_shard is None else self.data_shard.part(len(index))
-                if g.objective == "nft":
-                    stats = self._nft_minibatch_loss(batch, index, gen, part, share)
-                else:
-                    stats = self._minibatch_loss(batch, index[part], share)
+                stats = self._accumulate(batch, index, gen, part, share)
                 if self.data_shard is not None:
                     stats = self.data_shard.sum_over_ranks(stats, share)
                 stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(list(trainable_parameters(self.policy)),
@@ -337,6 +349,29 @@ class GRPOTrainer:
         out["optimizer_steps"] = num_steps
         out["skipped_steps"] = self.step_guard.skipped_steps
         return out
+
+    def _accumulate(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator, part: slice,
+                    share: float) -> dict[str, float]:
+        """Gradients of this process's `part` of one minibatch, one micro-batch (TrainConfig.micro_batch) at a time,
+        each weighted by its share of the minibatch; returns the part's mean stats. NFT's noise is drawn for the
+        whole minibatch first, so every rank and every micro-batch split draws the same noise."""
+        g = self.config.grpo
+        levels = self._noise_levels(batch, index, gen) if g.objective == "nft" else None
+        total: dict[str, float] = {}
+        for micro, micro_share in micro_parts(part, len(index), self.config.micro_batch):
+            if g.objective == "nft":
+                stats = self._nft_minibatch_loss(batch, index, levels, micro, micro_share)
+            else:
+                stats = self._minibatch_loss(batch, index[micro], micro_share)
+            for k, v in stats.items():
+                total[k] = total.get(k, 0.0) + v * micro_share / share
+        return total
+
+    def _noise_levels(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator) -> list:
+        """NFT's (sigma_N, eps) per noise level for the minibatch `index`, drawn from `gen` in level order."""
+        g = self.config.grpo
+        shape = tuple(batch.trajectory.images[index].shape)
+        return list(noise_levels(shape, g.nft_timesteps, g.nft_sigma_range, g.nft_antithetic, gen))
 
     def _set_learning_rate(self) -> float:
         """Warm-up ramp, then the schedule, keyed on AdamW's own step count (restored with its state on resume)."""

@@ -109,6 +109,19 @@ def cpu_smoke_nft() -> TrainConfig:
                                grpo=dataclasses.replace(recipe.grpo, num_minibatches=1))
 
 
+GPU_ROLLOUT_BATCH = 8
+"""The GPU presets sample and VAE-decode 8 requests at a time: a 512-px Qwen-Image decode holds about 1.7 GB of
+activations per image in BF16 (docs/MODELS.md, "Memory"); the whole iteration (256 samples) would not fit."""
+GPU_MICRO_BATCH = 8
+"""The GPU presets' samples per forward and backward (both CFG passes carry gradients): a 64-sample minibatch in
+8 accumulated micro-batches, the same step."""
+
+
+def checkpointing_by_default(preset: str) -> bool:
+    """Gradient checkpointing is on for the GPU presets (the ones with MODEL_DEFAULTS), off for the CPU ones."""
+    return preset in MODEL_DEFAULTS
+
+
 def sd35m_lora() -> TrainConfig:
     """Flow-GRPO's SD3.5-M recipe (../shared/REFERENCES.md): 10 SDE steps at noise level 0.7, groups of 24, clip
     1e-4, advantage clip 5, KL beta 0.04, LoRA r=32 at lr 3e-4, CFG 4.5 (MODEL_DEFAULTS). For a GPU, on the user's
@@ -119,7 +132,7 @@ def sd35m_lora() -> TrainConfig:
         # kl_form "flow_grpo": the KL term as flow_grpo computes it, so its beta 0.04 weighs what it weighed there
         grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.04, kl_form="flow_grpo", num_epochs=1,
                         num_minibatches=4),
-        validate_every=10, validation_seeds=1)
+        validate_every=10, validation_seeds=1, rollout_batch=GPU_ROLLOUT_BATCH, micro_batch=GPU_MICRO_BATCH)
 
 
 def qwen_image_lora() -> TrainConfig:

@@ -38,6 +38,8 @@ from workers.model.families.registry import family_for
 from workers.model.families.spec import ModelSpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DECODE_BATCH = 8
+"""Latents per VAE call unless the caller chunks otherwise (`DiffusersPolicy.decode`)."""
 
 
 class FrozenParts:
@@ -198,12 +200,27 @@ class DiffusersPolicy(nn.Module):
         return contextlib.nullcontext()
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Latents (N, *latent_shape) -> images (N, 3, H, W) in [-1, 1], through the VAE."""
+    def decode(self, latents: torch.Tensor, batch_size: int = DECODE_BATCH) -> torch.Tensor:
+        """Latents (N, *latent_shape) -> images (N, 3, H, W) in [-1, 1], through the VAE, `batch_size` latents per
+        VAE call: the VAE's activations (about 1.7 GB per 512-px image in BF16 for Qwen-Image's) are held for one
+        chunk only. Images come back on the CPU, as float32."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 (latents per VAE call), got {batch_size}")
         vae = self.frozen.vae
         vae_dtype = next(vae.parameters()).dtype
-        images = self.family.decode(vae, latents.to(self.frozen.device, vae_dtype), self.geometry)
-        return images.float().clamp(-1, 1)
+        chunks = []
+        for start in range(0, latents.shape[0], batch_size):
+            part = latents[start:start + batch_size].to(self.frozen.device, vae_dtype)
+            chunks.append(self.family.decode(vae, part, self.geometry).float().clamp(-1, 1).cpu())
+        return torch.cat(chunks) if chunks else latents.new_zeros((0, 3, self.geometry.height, self.geometry.width))
+
+    def enable_vae_tiling(self) -> None:
+        """Decode each image in overlapping tiles (diffusers' `enable_tiling`, which the Qwen-Image, SD3 and FLUX.1
+        VAEs have): memory bounded at any resolution, at the cost of blended tile seams."""
+        vae = self.frozen.vae
+        if not callable(getattr(vae, "enable_tiling", None)):
+            raise ValueError(f"{type(vae).__name__} has no tiled decoding (enable_tiling)")
+        vae.enable_tiling()
 
     @property
     def device(self) -> torch.device:
