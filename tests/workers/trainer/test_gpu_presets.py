@@ -4,9 +4,12 @@ the preset's model defaults and the command line's overrides. Construction only:
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from workers.trainer.presets import MODEL_DEFAULTS, get_preset
+from workers.trainer.grpo_trainer import NO_REWARD
+from workers.trainer.presets import MODEL_DEFAULTS, checkpointing_by_default, get_preset
 
 GPU_PRESETS = {"sd35m_lora": "sd3", "qwen_image_lora": "qwen-image", "flux1_lora": "flux"}
 
@@ -27,7 +30,9 @@ def test_gpu_presets_carry_flow_grpos_published_settings(name):
     assert config.sampler.num_steps == 10 and config.sampler.forward_dtype == "bf16"
     grpo = config.grpo
     assert (grpo.objective, grpo.clip_range, grpo.adv_clip, grpo.kl_beta, grpo.lr) == ("flow_grpo", 1e-4, 5.0, 0.04, 3e-4)
-    assert config.reward == "minigeneval" and config.prompts_per_iteration == 16
+    assert grpo.kl_form == "flow_grpo"  # beta 0.04 weighs what it weighed in flow_grpo (docs/MODELS.md, the KL term)
+    assert config.reward == NO_REWARD and config.prompts_per_iteration == 16  # a run names its own (--reward)
+    assert (config.rollout_batch, config.micro_batch, checkpointing_by_default(name)) == (8, 8, True)  # memory
     if name == "qwen_image_lora":  # groups of 16, noise level 1.2 on a 2-step SDE window
         assert (config.group_size, config.sampler.noise_level, config.sampler.sde_window) == (16, 1.2, (0, 2))
         assert len(config.sampler.sde_steps) == 2
@@ -53,10 +58,14 @@ def test_a_run_on_a_pipeline_of_the_presets_family_loads_with_its_model_defaults
     from assets.run_config import RunConfigResource
 
     folder = str(pipelines[GPU_PRESETS[name]])
-    resource = RunConfigResource(run="gpu", preset=name, model=folder)  # validates config, folder and geometry at load
+    with pytest.raises(ValueError, match="names no reward: pass --reward"):
+        RunConfigResource(run="gpu", preset=name, model=folder).train_config()
+    reward = "jpeg_compressibility"
+    resource = RunConfigResource(run="gpu", preset=name, model=folder, reward=reward)  # validates folder and geometry
     assert resource.model_spec_fields() == MODEL_DEFAULTS[name]
-    assert resource.train_config() == get_preset(name)
-    overridden = RunConfigResource(run="gpu", preset=name, model=folder, lora_rank=8, resolution=256, guidance=2.0)
+    assert resource.train_config() == dataclasses.replace(get_preset(name), reward=reward)
+    overridden = RunConfigResource(run="gpu", preset=name, model=folder, reward=reward, lora_rank=8, resolution=256,
+                                   guidance=2.0)
     assert overridden.model_spec_fields() == {**MODEL_DEFAULTS[name], "lora_rank": 8, "resolution": 256, "guidance": 2.0}
     with pytest.raises(ValueError, match="resolution 513 must be a multiple of"):
-        RunConfigResource(run="gpu", preset=name, model=folder, resolution=513)  # not a multiple of the VAE x packing stride
+        RunConfigResource(run="gpu", preset=name, model=folder, reward=reward, resolution=513)  # not a multiple of the VAE x packing stride
