@@ -33,6 +33,12 @@ def train_command(
     reward: Optional[str] = typer.Option(None, help="Reward name (default: the preset's)."),
     validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector; with --model the run's reward)."),
     validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split)."),
+    on_hacking: str = typer.Option("warn", "--on-hacking", help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (record it), stop (end the run after that iteration) or rollback (continue from the best-gold weights at a lower lr / stronger KL)."),
+    hacking_window: Optional[int] = typer.Option(None, "--hacking-window", help="Validations back the guard compares the proxy and gold rewards over (default 2)."),
+    hacking_z: Optional[float] = typer.Option(None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."),
+    hacking_max_drift: Optional[float] = typer.Option(None, "--hacking-max-drift", help="Largest relative change of a held-out image statistic from the base's before the guard fires (default 0.5; 0 = off)."),
+    rollback_lr_scale: Optional[float] = typer.Option(None, "--rollback-lr-scale", help="With --on-hacking rollback: multiply the learning rate by this per rollback (default 0.5)."),
+    rollback_kl_beta: Optional[float] = typer.Option(None, "--rollback-kl-beta", help="With --on-hacking rollback: train on with at least this KL coefficient to the base (default: the preset's)."),
     device: str = typer.Option("cpu", help="Where training, sampling and validation run: cpu, cuda or cuda:N."),
     seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
@@ -52,6 +58,8 @@ def train_command(
     config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
+    hacking = hacking_options(on_hacking, hacking_window, hacking_z, hacking_max_drift, rollback_lr_scale,
+                              rollback_kl_beta)
     if explore_samples is not None and not explore_samples > 0:
         raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
     _check_device(device)
@@ -71,12 +79,14 @@ def train_command(
     train_args = {"run_dir": run_dir, "preset": preset, "config": config, "checkpoint": model or checkpoint,
                   "usd_per_hour": usd_per_hour, "as_json": as_json, "keep": out is not None,
                   "model_fields": model_fields, "device": device, "validation": validation,
-                  "explore_samples": explore_samples}
+                  "explore_samples": explore_samples, "hacking": hacking}
     try:
-        in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
+        code = in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)
+    if code:
+        raise typer.Exit(code)
 
 
 def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: str, model: bool):
@@ -84,6 +94,16 @@ def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: st
 
     try:
         return validation_from_options(reward, prompts, train_reward, model)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def hacking_options(on_hacking, window, z, max_drift, lr_scale, kl_beta):
+    """The reward-hacking guard's config from `--on-hacking` and its companions (also `spotlight run`'s)."""
+    from workers.coordinator.hacking_guard import hacking_from_options
+
+    try:
+        return hacking_from_options(on_hacking, window, z, max_drift, lr_scale, kl_beta)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
 
@@ -137,7 +157,8 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt, reward=None)
 
 def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_per_hour: float, as_json: bool,
            keep: bool, model_fields: Optional[dict] = None, device: str = "cpu", validation=None,
-           explore_samples: Optional[float] = None) -> None:
+           explore_samples: Optional[float] = None, hacking=None) -> int:
+    """The run; returns the exit code (3: stopped by the reward-hacking guard, --on-hacking stop)."""
     from rich.console import Console
     from rich.progress import Progress
 
@@ -149,7 +170,7 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
     ctx = RunContext.local(run_dir, run_name_for(run_dir) if keep else "train", preset, config,
                            checkpoint=None if checkpoint is None else str(checkpoint.resolve()),
                            reserved_usd_per_hour=usd_per_hour, report=keep, model=model_fields, device=device,
-                           validation=validation)
+                           validation=validation, hacking=hacking)
     if explore_samples is not None:
         import dataclasses
 
@@ -157,7 +178,7 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
 
         ctx = dataclasses.replace(ctx, sampling=Sampling(mode="inprocess", explore_samples=explore_samples))
     console = Console(stderr=True)
-    succeeded = False
+    succeeded, stopped = False, None
     try:
         with Progress(console=console, transient=True) as progress, \
                 (run_dir / "metrics.jsonl").open("w") as metrics:
@@ -171,15 +192,23 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
                 metrics.write(line + "\n")
                 metrics.flush()
                 progress.update(task, completed=record["iteration"] + 1)
-        succeeded = True
+                if record.get("hacking_action") == "stop":
+                    stopped = record
+        succeeded = stopped is None
     finally:
         if not succeeded:
             books.interrupt_run(ctx.ledger, ctx.run)
         ctx.ledger.close()
+    if stopped is not None:
+        console.print(f"stopped: the reward-hacking guard flagged iteration {stopped['iteration']} "
+                      f"({stopped['hacking_rule']}); the run is marked interrupted, its signals are in "
+                      f"SELECT * FROM reward_hacking (--db {run_dir / 'ledger.duckdb'})")
+        return 3
     if keep:
         _save_final_policy(ctx, run_dir)
         console.print(f"saved the trained policy to {run_dir / 'policy'}; report {run_dir / 'report' / 'index.html'}; "
                       f"query the run with spotlight ledger \"SELECT * FROM validation_curve\" --db {run_dir / 'ledger.duckdb'}")
+    return 0
 
 
 def _save_final_policy(ctx, run_dir: Path) -> None:
@@ -197,6 +226,8 @@ def _save_final_policy(ctx, run_dir: Path) -> None:
 
 def _human_line(r: dict) -> str:
     val = "" if r.get("validation_score") is None else f"  held-out {r['validation_score']:.3f}"
+    if r.get("hacking_flagged"):
+        val += f"  REWARD HACKING? {r['hacking_rule']} ({r['hacking_action']})"
     if "reward_mean" not in r:
         return f"it {r['iteration']:>3}  (final weights){val}"
     return (f"it {r['iteration']:>3}  reward {r['reward_mean']:.3f} ± {r['reward_std']:.3f}  "

@@ -47,6 +47,8 @@ from resources.ledger_records import (
     WORKER_ROLES,
     AttemptRecord,
     ExplorationRecord,
+    HackingRollbackRecord,
+    HackingSignalsRecord,
     PreemptionRecord,
     RequestRecord,
     SyncRecord,
@@ -62,7 +64,7 @@ from resources.ledger_schema import PHASES, upgrade
 from resources.prices import PriceTable, load_prices
 
 _RUN_STATUSES = ("running", "succeeded", "failed", "interrupted")
-_ALWAYS_STAMPED = {"preempted_at", "started_at"}  # NOT NULL times: None means now
+_ALWAYS_STAMPED = {"preempted_at", "started_at", "recorded_at"}  # NOT NULL times: None means now
 _WORKER_COLUMNS = ("worker_id", "role", "instance_type", "gpu_type", "num_gpus", "spot", "usd_per_hour", "price_source",
                    "started_at", "ended_at", "end_reason")
 
@@ -346,6 +348,13 @@ class Ledger:
             con.execute("DELETE FROM validation_scores WHERE iteration = ?", [iteration])
             if scores:
                 con.executemany("INSERT INTO validation_scores VALUES (?, ?, ?)", scores)
+
+    def record_hacking_signals(self, record: HackingSignalsRecord) -> None:
+        """A validation's reward-hacking signals and verdict (view `reward_hacking`); re-recording replaces it."""
+        self._upsert("hacking_signals", [record])
+
+    def record_hacking_rollback(self, record: HackingRollbackRecord) -> None:
+        self._upsert("hacking_rollbacks", [record])
 
     # --- helpers -------------------------------------------------------------------------
 
