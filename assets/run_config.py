@@ -47,6 +47,18 @@ class RunConfigResource(ConfigurableResource):
                                              "with model; workers/task/validation.py).")
     validation_prompts: Optional[str] = Field(default=None, description="A text file of held-out prompts, one a line "
                                               "(default: MiniGenEval's held-out split).")
+    on_hacking: str = Field(default="warn", description="When the reward-hacking guard flags a validation: warn, stop "
+                            "(end the run after that iteration; resumable) or rollback (docs/REWARD_HACKING.md).")
+    hacking_window: Optional[int] = Field(default=None, ge=1, description="Validations back the guard compares the "
+                                          "proxy and gold rewards over (default 2).")
+    hacking_z: Optional[float] = Field(default=None, ge=0, description="Standard errors the proxy's rise and the gold's "
+                                       "fall must each exceed (default 2).")
+    hacking_max_drift: Optional[float] = Field(default=None, ge=0, description="Largest relative change of a held-out "
+                                               "image statistic from the base's (default 0.5; 0 = off).")
+    rollback_lr_scale: Optional[float] = Field(default=None, gt=0, le=1, description="Learning-rate factor per rollback "
+                                               "(default 0.5).")
+    rollback_kl_beta: Optional[float] = Field(default=None, ge=0, description="KL coefficient at least, after a "
+                                              "rollback (default: the preset's).")
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of the reserved node (trainer + coordinator).")
 
     @field_validator("run")
@@ -86,7 +98,15 @@ class RunConfigResource(ConfigurableResource):
         self.train_config()  # any invalid combination fails at load, not mid-run
         self.model_spec_fields()
         self.validation_config()
+        self.hacking_config()
         return self
+
+    def hacking_config(self):
+        """The reward-hacking guard's rule and action (workers.coordinator.hacking_guard.HackingGuardConfig)."""
+        from workers.coordinator.hacking_guard import hacking_from_options
+
+        return hacking_from_options(self.on_hacking, self.hacking_window, self.hacking_z, self.hacking_max_drift,
+                                    self.rollback_lr_scale, self.rollback_kl_beta)
 
     def validation_config(self):
         """The validation reward and held-out prompts (workers.task.validation.ValidationConfig, the prompts file

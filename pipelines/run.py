@@ -35,9 +35,12 @@ DEFAULT_WORKERS = 2
 DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
 """Per spot worker-hour, Poisson, half of them without notice: far more often than clouds preempt, so that a
 default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
-RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing")
+RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "on_hacking")
 """Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, to
-float rounding), so a relaunch on another number of GPUs continues the run; unset, they keep the stored values."""
+float rounding), so a relaunch on another number of GPUs continues the run; and what a reward-hacking flag does
+(a run stopped by one continues with --on-hacking warn or rollback). Unset, they keep the stored values."""
+HACKING_FIELDS = ("on_hacking", "hacking_window", "hacking_z", "hacking_max_drift", "rollback_lr_scale",
+                  "rollback_kl_beta")
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,13 @@ class RunSpec:
     """Reward that scores the held-out images; None = the detector (pixel policy) or the run's reward (--model)."""
     validation_prompts: Optional[str] = None
     """A file of held-out prompts, one a line (absolute); None = MiniGenEval's held-out split."""
+    on_hacking: Optional[str] = None
+    """What a reward-hacking flag does: warn (None), stop or rollback (docs/REWARD_HACKING.md)."""
+    hacking_window: Optional[int] = None
+    hacking_z: Optional[float] = None
+    hacking_max_drift: Optional[float] = None
+    rollback_lr_scale: Optional[float] = None
+    rollback_kl_beta: Optional[float] = None
 
     def __post_init__(self) -> None:
         # Worker processes and a --resume from another directory must find the same files.
@@ -144,11 +154,26 @@ class RunSpec:
                                model={"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
                                       "guidance": self.guidance, "sync_mode": self.sync_mode}, device=self.device,
                                validation={"validation_reward": self.validation_reward,
-                                           "validation_prompts": self.validation_prompts})
+                                           "validation_prompts": self.validation_prompts,
+                                           **{name: getattr(self, name) for name in HACKING_FIELDS
+                                              if getattr(self, name) is not None}})
 
 
 class BudgetReachedError(RuntimeError):
     """The ledger's spend reached --max-usd; the message says how much and how to continue."""
+
+
+class HackingStoppedError(RuntimeError):
+    """The reward-hacking guard flagged a validation and the run stops on a flag (--on-hacking stop)."""
+
+
+def check_hacking_stop(outcome) -> None:
+    """HackingStoppedError, naming the iteration and the rule, when its validation asked the run to stop."""
+    validation = outcome.metadata.get("validation", {})
+    if validation.get("hacking_action") == "stop":
+        raise HackingStoppedError(f"the reward-hacking guard flagged iteration {outcome.iteration} "
+                                  f"({validation.get('hacking_rule')}: {validation.get('hacking_detail')}); its "
+                                  "signals: spotlight ledger \"SELECT * FROM reward_hacking\"")
 
 
 @contextlib.contextmanager
@@ -240,6 +265,7 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
                 progress.update(task, advance=1, description=f"iteration {outcome.iteration + 1}/{total - 1}")
                 if on_iteration is not None:
                     on_iteration(outcome)
+                check_hacking_stop(outcome)
                 check_budget(ledger, max_usd, outcome.iteration)
     except BaseException:
         books.interrupt_run(ledger, resources["run_config"].run)
