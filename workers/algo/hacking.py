@@ -118,7 +118,7 @@ def drift_test(now: Signals, base: Signals, rule: HackingRule) -> Verdict:
         return Verdict(False)
     change, name = worst
     return Verdict(True, f"drift:{name}", f"{name} {now.stats[name]:.4g} is {change:+.0%} from the base's "
-                   f"{base.stats[name]:.4g} (bound ±{rule.max_drift:.0%})")
+                   f"{base.stats[name]:.4g} (bound ±{100 * rule.max_drift:.3g}%)")
 
 
 def judge(history: Sequence[Signals], base: Signals, rule: HackingRule) -> Verdict:

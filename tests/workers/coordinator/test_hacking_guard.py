@@ -132,3 +132,18 @@ def test_a_rollback_on_the_final_iteration_replaces_the_final_weights(tmp_store,
     assert guard_validation(ctx, 1, _signals(1, proxy=-0.8, gold=0.10))[1] == "rollback"
     assert _same(tmp_store, 1, base)  # what `spotlight train --out` saves as the trained policy
     assert mem_ledger.query("SELECT restored_version, into_version FROM hacking_rollbacks").rows == [(0, 1)]
+
+
+def test_the_report_plots_proxy_against_gold_and_lists_each_flag_with_what_the_run_did(
+        tmp_store, mem_ledger, tiny_policy, tmp_path):
+    from workers.coordinator.report import write_report
+
+    ctx = _ctx(tmp_store, mem_ledger, on_hacking="rollback")
+    for k in range(3):
+        _save_perturbed(tmp_store, tiny_policy, k)
+    guard_validation(ctx, 0, _signals(0, proxy=-1.2, gold=0.30))
+    guard_validation(ctx, 1, _signals(1, proxy=-0.8, gold=0.10))
+    written = write_report(mem_ledger, tmp_store, RUN, tmp_path / "report")
+    page = written.index.read_text()
+    assert written.plots["hacking"].startswith(b"\x89PNG") and (tmp_path / "report" / "hacking.png").is_file()
+    assert "1 of 2 validation(s) flagged" in page and "proxy_up_gold_down" in page and "rolled back to v0" in page
