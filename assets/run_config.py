@@ -53,8 +53,10 @@ class RunConfigResource(ConfigurableResource):
                                           "proxy and gold rewards over (default 2).")
     hacking_z: Optional[float] = Field(default=None, ge=0, description="Standard errors the proxy's rise and the gold's "
                                        "fall must each exceed (default 2).")
-    hacking_max_drift: Optional[float] = Field(default=None, ge=0, description="Largest relative change of a held-out "
-                                               "image statistic from the base's (default 0.5; 0 = off).")
+    hacking_max_drop: Optional[float] = Field(default=None, ge=0, lt=1, description="Largest relative fall of a "
+                                              "held-out image statistic below the base's (default 0.5; 0 = off).")
+    hacking_max_rise: Optional[float] = Field(default=None, gt=0, description="Largest relative rise of a held-out "
+                                              "image statistic above the base's (default: rises never fire).")
     rollback_lr_scale: Optional[float] = Field(default=None, gt=0, le=1, description="Learning-rate factor per rollback "
                                                "(default 0.5).")
     rollback_kl_beta: Optional[float] = Field(default=None, ge=0, description="KL coefficient at least, after a "
@@ -105,7 +107,8 @@ class RunConfigResource(ConfigurableResource):
         """The reward-hacking guard's rule and action (workers.coordinator.hacking_guard.HackingGuardConfig)."""
         from workers.coordinator.hacking_guard import hacking_from_options
 
-        return hacking_from_options(self.on_hacking, self.hacking_window, self.hacking_z, self.hacking_max_drift,
+        return hacking_from_options(self.on_hacking, self.hacking_window, self.hacking_z, self.hacking_max_drop,
+                                    self.hacking_max_rise,
                                     self.rollback_lr_scale, self.rollback_kl_beta)
 
     def validation_config(self):

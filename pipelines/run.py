@@ -39,7 +39,7 @@ RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "on_hacking")
 """Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, to
 float rounding), so a relaunch on another number of GPUs continues the run; and what a reward-hacking flag does
 (a run stopped by one continues with --on-hacking warn or rollback). Unset, they keep the stored values."""
-HACKING_FIELDS = ("on_hacking", "hacking_window", "hacking_z", "hacking_max_drift", "rollback_lr_scale",
+HACKING_FIELDS = ("on_hacking", "hacking_window", "hacking_z", "hacking_max_drop", "hacking_max_rise", "rollback_lr_scale",
                   "rollback_kl_beta")
 
 
@@ -85,7 +85,8 @@ class RunSpec:
     """What a reward-hacking flag does: warn (None), stop or rollback (docs/REWARD_HACKING.md)."""
     hacking_window: Optional[int] = None
     hacking_z: Optional[float] = None
-    hacking_max_drift: Optional[float] = None
+    hacking_max_drop: Optional[float] = None
+    hacking_max_rise: Optional[float] = None
     rollback_lr_scale: Optional[float] = None
     rollback_kl_beta: Optional[float] = None
 

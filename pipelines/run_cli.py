@@ -39,7 +39,8 @@ def run_command(
     on_hacking: Optional[str] = typer.Option(None, "--on-hacking", help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (default: record it, fail the Dagster check), stop (end after that iteration; --resume continues, and may change this flag) or rollback (continue from the best-gold weights at a lower lr / stronger KL)."),
     hacking_window: Optional[int] = typer.Option(None, "--hacking-window", help="Validations back the guard compares the proxy and gold rewards over (default 2)."),
     hacking_z: Optional[float] = typer.Option(None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."),
-    hacking_max_drift: Optional[float] = typer.Option(None, "--hacking-max-drift", help="Largest relative change of a held-out image statistic from the base's (default 0.5; 0 = off)."),
+    hacking_max_drop: Optional[float] = typer.Option(None, "--hacking-max-drop", help="Largest relative fall of a held-out image statistic below the base's (default 0.5; 0 = off)."),
+    hacking_max_rise: Optional[float] = typer.Option(None, "--hacking-max-rise", help="Largest relative rise of a held-out image statistic above the base's (default: rises never fire)."),
     rollback_lr_scale: Optional[float] = typer.Option(None, "--rollback-lr-scale", help="With --on-hacking rollback: learning-rate factor per rollback (default 0.5)."),
     rollback_kl_beta: Optional[float] = typer.Option(None, "--rollback-kl-beta", help="With --on-hacking rollback: train on with at least this KL coefficient (default: the preset's)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
@@ -54,7 +55,8 @@ def run_command(
              "validation_reward": validation_reward,
              "validation_prompts": None if validation_prompts is None else str(validation_prompts),
              "on_hacking": on_hacking, "hacking_window": hacking_window, "hacking_z": hacking_z,
-             "hacking_max_drift": hacking_max_drift, "rollback_lr_scale": rollback_lr_scale,
+             "hacking_max_drop": hacking_max_drop, "hacking_max_rise": hacking_max_rise,
+             "rollback_lr_scale": rollback_lr_scale,
              "rollback_kl_beta": rollback_kl_beta}
     spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
     _check_reachable(spec)

@@ -36,7 +36,8 @@ def train_command(
     on_hacking: str = typer.Option("warn", "--on-hacking", help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (record it), stop (end the run after that iteration) or rollback (continue from the best-gold weights at a lower lr / stronger KL)."),
     hacking_window: Optional[int] = typer.Option(None, "--hacking-window", help="Validations back the guard compares the proxy and gold rewards over (default 2)."),
     hacking_z: Optional[float] = typer.Option(None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."),
-    hacking_max_drift: Optional[float] = typer.Option(None, "--hacking-max-drift", help="Largest relative change of a held-out image statistic from the base's before the guard fires (default 0.5; 0 = off)."),
+    hacking_max_drop: Optional[float] = typer.Option(None, "--hacking-max-drop", help="Largest relative fall of a held-out image statistic below the base's before the guard fires (default 0.5; 0 = off)."),
+    hacking_max_rise: Optional[float] = typer.Option(None, "--hacking-max-rise", help="Largest relative rise of a held-out image statistic above the base's (default: rises never fire)."),
     rollback_lr_scale: Optional[float] = typer.Option(None, "--rollback-lr-scale", help="With --on-hacking rollback: multiply the learning rate by this per rollback (default 0.5)."),
     rollback_kl_beta: Optional[float] = typer.Option(None, "--rollback-kl-beta", help="With --on-hacking rollback: train on with at least this KL coefficient to the base (default: the preset's)."),
     device: str = typer.Option("cpu", help="Where training, sampling and validation run: cpu, cuda or cuda:N."),
@@ -58,7 +59,7 @@ def train_command(
     config = _config(preset, iterations, seed, lr, rollouts_per_prompt, reward)
     model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
-    hacking = hacking_options(on_hacking, hacking_window, hacking_z, hacking_max_drift, rollback_lr_scale,
+    hacking = hacking_options(on_hacking, hacking_window, hacking_z, hacking_max_drop, hacking_max_rise, rollback_lr_scale,
                               rollback_kl_beta)
     if explore_samples is not None and not explore_samples > 0:
         raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
@@ -98,12 +99,12 @@ def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: st
         raise typer.BadParameter(str(err)) from None
 
 
-def hacking_options(on_hacking, window, z, max_drift, lr_scale, kl_beta):
+def hacking_options(on_hacking, window, z, max_drop, max_rise, lr_scale, kl_beta):
     """The reward-hacking guard's config from `--on-hacking` and its companions (also `spotlight run`'s)."""
     from workers.coordinator.hacking_guard import hacking_from_options
 
     try:
-        return hacking_from_options(on_hacking, window, z, max_drift, lr_scale, kl_beta)
+        return hacking_from_options(on_hacking, window, z, max_drop, max_rise, lr_scale, kl_beta)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
 

@@ -7,15 +7,17 @@ Two tests, either fires:
   standard errors of the difference and the gold reward fell by more than `z` of its own. Both must move:
   a proxy that rises alone is learning; a gold that falls alone is noise or a bad step, which the validation
   guard already watches.
-- `drift:<statistic>`: a cheap image statistic (workers/task/image_stats.py) of the held-out images moved
-  more than `max_drift` (relative) away from the base's: images going flat, grey, blank or identical.
+- `drift:<statistic>`: a cheap image statistic (workers/task/image_stats.py) of the held-out images fell
+  more than `max_drop` (relative) below the base's: images going flat, grey, blank or identical; or, when
+  `max_rise` is set, rose more than that above it (over-saturation, grid artifacts). Rises are off by
+  default: a healthy run's images gain detail (compressed size +58 % within 5 iterations of the tiny model).
 
 Standard errors are of the mean over the held-out images (sample std / sqrt(n)); the difference of two
 validations takes the root sum of squares, which ignores that the fixed seeds pair the images, so the rule
 errs on the quiet side.
 
 Example:
-    rule = HackingRule(window=2, z=2.0, max_drift=0.5)
+    rule = HackingRule(window=2, z=2.0, max_drop=0.5)
     verdict = judge(history, base, rule)      # history: Signals since the base (or the last rollback), last = now
     if verdict.flagged: print(verdict.rule, verdict.detail)
 """
@@ -54,8 +56,10 @@ class HackingRule:
     """How many validations back the proxy/gold comparison reaches (never past the base or the last rollback)."""
     z: float = 2.0
     """Standard errors of the difference that the proxy's rise and the gold's fall must each exceed."""
-    max_drift: float | None = 0.5
-    """Largest relative change of an image statistic from the base's, |x / x_base - 1|; None: never fires."""
+    max_drop: float | None = 0.5
+    """Largest relative fall of an image statistic below the base's, 1 - x / x_base; None: never fires."""
+    max_rise: float | None = None
+    """Largest relative rise above the base's, x / x_base - 1; None: rises never fire."""
     drift_statistics: tuple[str, ...] = DRIFT_STATISTICS
     """The statistics the drift test watches."""
 
@@ -64,8 +68,10 @@ class HackingRule:
             raise ValueError(f"window (validations back) must be an integer >= 1, got {self.window!r}")
         if not (math.isfinite(self.z) and self.z >= 0):
             raise ValueError(f"z (standard errors) must be a finite number >= 0, got {self.z!r}")
-        if self.max_drift is not None and not (math.isfinite(self.max_drift) and self.max_drift > 0):
-            raise ValueError(f"max_drift (relative change) must be > 0 or None, got {self.max_drift!r}")
+        if self.max_drop is not None and not (math.isfinite(self.max_drop) and 0 < self.max_drop < 1):
+            raise ValueError(f"max_drop (relative fall) must lie in (0, 1) or be None, got {self.max_drop!r}")
+        if self.max_rise is not None and not (math.isfinite(self.max_rise) and self.max_rise > 0):
+            raise ValueError(f"max_rise (relative rise) must be > 0 or None, got {self.max_rise!r}")
         unknown = sorted(set(self.drift_statistics) - set(DRIFT_STATISTICS))
         if unknown:
             raise ValueError(f"drift_statistics: unknown {unknown}; choose from {DRIFT_STATISTICS}")
@@ -103,22 +109,23 @@ def proxy_gold_test(history: Sequence[Signals], rule: HackingRule) -> Verdict:
 
 
 def drift_test(now: Signals, base: Signals, rule: HackingRule) -> Verdict:
-    """`drift:<statistic>` for the statistic that moved furthest past `rule.max_drift` from the base's."""
-    if rule.max_drift is None:
-        return Verdict(False)
-    worst: tuple[float, str] | None = None
+    """`drift:<statistic>` for the statistic furthest past its bound (`max_drop` below, `max_rise` above the
+    base's), measured in multiples of that bound."""
+    worst: tuple[float, float, str] | None = None
     for name in rule.drift_statistics:
         x, x0 = now.stats.get(name), base.stats.get(name)
-        if x is None or x0 is None or not (math.isfinite(x) and math.isfinite(x0)) or x0 == 0:
+        if x is None or x0 is None or not (math.isfinite(x) and math.isfinite(x0)) or x0 <= 0:
             continue
         change = x / x0 - 1.0
-        if abs(change) > rule.max_drift and (worst is None or abs(change) > abs(worst[0])):
-            worst = (change, name)
+        bound = rule.max_drop if change < 0 else rule.max_rise
+        if bound is not None and abs(change) > bound and (worst is None or abs(change) / bound > worst[0]):
+            worst = (abs(change) / bound, change, name)
     if worst is None:
         return Verdict(False)
-    change, name = worst
+    _, change, name = worst
+    bound = rule.max_drop if change < 0 else rule.max_rise
     return Verdict(True, f"drift:{name}", f"{name} {now.stats[name]:.4g} is {change:+.0%} from the base's "
-                   f"{base.stats[name]:.4g} (bound ±{100 * rule.max_drift:.3g}%)")
+                   f"{base.stats[name]:.4g} (bound {'-' if change < 0 else '+'}{100 * bound:.3g}%)")
 
 
 def judge(history: Sequence[Signals], base: Signals, rule: HackingRule) -> Verdict:

@@ -177,13 +177,26 @@ def guarded_train_config(ctx: RunContext, k: int):
 
 
 def hacking_from_options(on_hacking: str | None = None, window: int | None = None, z: float | None = None,
-                         max_drift: float | None = None, rollback_lr_scale: float | None = None,
+                         max_drop: float | None = None, max_rise: float | None = None,
+                         rollback_lr_scale: float | None = None,
                          rollback_kl_beta: float | None = None) -> HackingGuardConfig:
-    """The HackingGuardConfig of the command-line options (None: the default; `max_drift` 0 turns the drift test
+    """The HackingGuardConfig of the command-line options (None: the default; `max_drop` 0 turns the drop test
     off); ValueError naming the option, before any compute."""
-    rule_changes = {"window": window, "z": z}
-    rule_changes = {k: v for k, v in rule_changes.items() if v is not None}
-    if max_drift is not None:
-        rule_changes["max_drift"] = None if max_drift == 0 else max_drift
+    rule_changes = {k: v for k, v in {"window": window, "z": z, "max_rise": max_rise}.items() if v is not None}
+    if max_drop is not None:
+        rule_changes["max_drop"] = None if max_drop == 0 else max_drop
     changes = {"on_hacking": on_hacking, "rollback_lr_scale": rollback_lr_scale, "rollback_kl_beta": rollback_kl_beta}
     return HackingGuardConfig(rule=HackingRule(**rule_changes), **{k: v for k, v in changes.items() if v is not None})
+
+
+def rejudge(ledger, rule: HackingRule) -> list[tuple[int, bool, str | None]]:
+    """(iteration, flagged, rule) of every recorded validation judged again with `rule`, as the run would have,
+    rollbacks included: how other settings would have judged a finished run (defaults are chosen this way)."""
+    rows = ledger.query("SELECT * FROM hacking_signals ORDER BY iteration").as_dicts()
+    out = []
+    for row in rows:
+        history, base = _history(ledger, row["iteration"])
+        now = _signals(row)
+        verdict = judge(history + [now], base or now, rule)
+        out.append((int(row["iteration"]), verdict.flagged, verdict.rule))
+    return out

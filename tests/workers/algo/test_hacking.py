@@ -36,11 +36,18 @@ def test_the_window_reaches_back_at_most_window_validations():
 
 def test_an_image_statistic_past_its_bound_is_flagged_and_the_furthest_one_named():
     flat = _sig(5, -1.2, 0.30, edge_density=0.02, colour_entropy=0.3)
-    verdict = judge([BASE, flat], BASE, HackingRule(max_drift=0.5))
+    verdict = judge([BASE, flat], BASE, HackingRule(max_drop=0.5))
     assert verdict.flagged and verdict.rule == "drift:edge_density" and "-75%" in verdict.detail
-    assert not judge([BASE, flat], BASE, HackingRule(max_drift=None)).flagged
-    assert not judge([BASE, flat], BASE, HackingRule(max_drift=0.8)).flagged
+    assert not judge([BASE, flat], BASE, HackingRule(max_drop=None)).flagged
+    assert not judge([BASE, flat], BASE, HackingRule(max_drop=0.8)).flagged
     assert not judge([BASE, flat], BASE, HackingRule(drift_statistics=("saturation",))).flagged
+
+
+def test_a_rise_fires_only_with_max_rise_set_since_healthy_images_gain_detail():
+    detailed = _sig(5, -1.1, 0.35, compressed_bytes=1100.0, saturation=0.7)  # +57 %, +133 %
+    assert not judge([BASE, detailed], BASE, HackingRule()).flagged
+    verdict = judge([BASE, detailed], BASE, HackingRule(max_rise=1.0))
+    assert verdict.rule == "drift:saturation" and "+133%" in verdict.detail and "bound +100%" in verdict.detail
 
 
 def test_the_base_alone_is_never_flagged():
@@ -52,7 +59,7 @@ def test_standard_error_is_the_sample_std_over_root_n():
     assert standard_error([1.0]) == 0.0
 
 
-@pytest.mark.parametrize("field, value", [("window", 0), ("z", -1.0), ("max_drift", 0.0),
+@pytest.mark.parametrize("field, value", [("window", 0), ("z", -1.0), ("max_drop", 1.0), ("max_rise", 0.0),
                                           ("drift_statistics", ("sharpness",))])
 def test_a_bad_rule_setting_names_its_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -120,7 +120,7 @@ def test_held_out_signals_score_the_images_with_the_training_reward_and_measure_
 def test_a_bad_guard_option_names_itself(options, field):
     with pytest.raises(ValueError, match=field):
         hacking_from_options(**options)
-    assert hacking_from_options(max_drift=0).rule.max_drift is None  # 0 turns the drift test off
+    assert hacking_from_options(max_drop=0).rule.max_drop is None  # 0 turns the drop test off
 
 
 def test_a_rollback_on_the_final_iteration_replaces_the_final_weights(tmp_store, mem_ledger, tiny_policy):
