@@ -9,6 +9,7 @@
     <run-dir>/report/exploration.png       rank consistency (Kendall tau, Spearman rho) and variance gain of each plan
     <run-dir>/report/payoff.png            did exploration pay: explored vs random seeds' reward variance per iteration
     <run-dir>/report/categories.png        held-out score per category (counting, binding, position) per version
+    <run-dir>/report/components.png        a multi-reward's components: each one's rollout mean per iteration
     <run-dir>/report/hacking.png           reward hacking: proxy vs gold reward per version, flagged validations
                                            and rollbacks marked (the page lists each flag with base/flagged grids)
     <run-dir>/report/heldout_samples.png   latest validated weights: held-out samples captioned with pass/fail
@@ -42,7 +43,8 @@ def write_report(ledger: Ledger, store, run: str, out_dir: Path) -> WrittenRepor
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = {"reward": _reward_plot(ledger), "validation": _validation_plot(ledger), "cost": _cost_plot(ledger),
              "preemptions": _preemption_plot(ledger), "sync": _sync_plot(ledger), "exploration": _exploration_plot(ledger),
-             "payoff": _payoff_plot(ledger), "categories": _category_plot(ledger), "hacking": _hacking_plot(ledger)}
+             "payoff": _payoff_plot(ledger), "categories": _category_plot(ledger), "hacking": _hacking_plot(ledger),
+             "components": _components_plot(ledger)}
     for name, png in plots.items():
         (out_dir / f"{name}.png").write_bytes(png)
     index = out_dir / "index.html"
@@ -184,6 +186,20 @@ def _category_plot(ledger: Ledger) -> bytes:
         ys.append(score)
     return line_plot_png(series or {"none": ([], [])}, f"held-out score per category ({_reward_label(validation_rewards(ledger))})",
                          "weights version", "score")
+
+
+def _components_plot(ledger: Ledger) -> bytes:
+    """Each component of a multi training reward: its mean over the iteration's rollouts, so a stalled component
+    shows even while the weighted total climbs."""
+    rows = ledger.query("SELECT iteration, component, mean FROM reward_components WHERE kind = 'rollout' "
+                        "ORDER BY component, iteration").rows
+    series: dict[str, tuple[list, list]] = {}
+    for iteration, component, mean in rows:
+        xs, ys = series.setdefault(component, ([], []))
+        xs.append(iteration)
+        ys.append(mean)
+    title = "reward components (rollout means)" if series else "reward components (a single reward in this run)"
+    return line_plot_png(series or {"none": ([], [])}, title, "iteration", "component mean")
 
 
 def _hacking_plot(ledger: Ledger) -> bytes:

@@ -146,4 +146,5 @@ def test_the_report_plots_proxy_against_gold_and_lists_each_flag_with_what_the_r
     written = write_report(mem_ledger, tmp_store, RUN, tmp_path / "report")
     page = written.index.read_text()
     assert written.plots["hacking"].startswith(b"\x89PNG") and (tmp_path / "report" / "hacking.png").is_file()
+    assert (tmp_path / "report" / "components.png").is_file()
     assert "1 of 2 validation(s) flagged" in page and "proxy_up_gold_down" in page and "rolled back to v0" in page
