@@ -61,21 +61,9 @@ def train_command(
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None)
     hacking = hacking_options(on_hacking, hacking_window, hacking_z, hacking_max_drop, hacking_max_rise, rollback_lr_scale,
                               rollback_kl_beta)
-    if explore_samples is not None and not explore_samples > 0:
-        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
     _check_device(device)
     check_ranks(nproc, device, config)
-    if usd_per_hour < 0:
-        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
-    if checkpoint is not None and not (checkpoint / "policy.json").is_file():
-        raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json); pass a folder written "
-                                 "by `spotlight pretrain` or `spotlight train --out`")
-    if out is not None and any((out / name).exists() for name in RUN_FILES):
-        if not overwrite:
-            raise typer.BadParameter(f"{out} already holds a run; choose another folder or pass --overwrite")
-        for name in RUN_FILES:
-            path = out / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    _check_run_options(explore_samples, usd_per_hour, checkpoint, out, overwrite)
     run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
     train_args = {"run_dir": run_dir, "preset": preset, "config": config, "checkpoint": model or checkpoint,
                   "usd_per_hour": usd_per_hour, "as_json": as_json, "keep": out is not None,
@@ -88,6 +76,24 @@ def train_command(
             shutil.rmtree(run_dir, ignore_errors=True)
     if code:
         raise typer.Exit(code)
+
+
+def _check_run_options(explore_samples, usd_per_hour: float, checkpoint: Optional[Path], out: Optional[Path],
+                       overwrite: bool) -> None:
+    """BadParameter for a bad budget, price or checkpoint, or an --out that holds a run (removed with --overwrite)."""
+    if explore_samples is not None and not explore_samples > 0:
+        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
+    if usd_per_hour < 0:
+        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
+    if checkpoint is not None and not (checkpoint / "policy.json").is_file():
+        raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json); pass a folder written "
+                                 "by `spotlight pretrain` or `spotlight train --out`")
+    if out is not None and any((out / name).exists() for name in RUN_FILES):
+        if not overwrite:
+            raise typer.BadParameter(f"{out} already holds a run; choose another folder or pass --overwrite")
+        for name in RUN_FILES:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: str, model: bool):

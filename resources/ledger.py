@@ -42,13 +42,12 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import duckdb
 
 from resources.ledger_db import QueryResult, RowBuffer, connect, fetch, insert_rows, table_layouts, transaction
+from resources.ledger_hacking import HackingRecords
 from resources.ledger_records import (
     WORKER_END_REASONS,
     WORKER_ROLES,
     AttemptRecord,
     ExplorationRecord,
-    HackingRollbackRecord,
-    HackingSignalsRecord,
     PreemptionRecord,
     RequestRecord,
     SyncRecord,
@@ -69,7 +68,7 @@ _WORKER_COLUMNS = ("worker_id", "role", "instance_type", "gpu_type", "num_gpus",
                    "started_at", "ended_at", "end_reason")
 
 
-class Ledger:
+class Ledger(HackingRecords):
     """Typed writer (and convenience reader) of one run's ledger file, or ':memory:'."""
 
     def __init__(
@@ -348,13 +347,6 @@ class Ledger:
             con.execute("DELETE FROM validation_scores WHERE iteration = ?", [iteration])
             if scores:
                 con.executemany("INSERT INTO validation_scores VALUES (?, ?, ?)", scores)
-
-    def record_hacking_signals(self, record: HackingSignalsRecord) -> None:
-        """A validation's reward-hacking signals and verdict (view `reward_hacking`); re-recording replaces it."""
-        self._upsert("hacking_signals", [record])
-
-    def record_hacking_rollback(self, record: HackingRollbackRecord) -> None:
-        self._upsert("hacking_rollbacks", [record])
 
     # --- helpers -------------------------------------------------------------------------
 
