@@ -3,6 +3,8 @@ compute, naming the option; a resumed run may change what a flag does, and keeps
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -38,3 +40,20 @@ def test_a_resumed_run_may_change_on_hacking_and_keeps_the_other_guard_settings(
     assert (guard.on_hacking, guard.rule.z) == ("rollback", 3.0)
     with pytest.raises(ValueError, match="--hacking-z 2.0"):
         RunSpec.resolve(tmp_path, resume=True, hacking_z=2.0)
+
+
+@pytest.mark.slow
+def test_train_stops_after_a_flagged_iteration_with_exit_code_3_and_an_interrupted_run(tmp_path):
+    from resources.ledger import Ledger
+
+    out = tmp_path / "run"
+    # bounds of 1e-9: the first update of the shipped base changes the held-out images' compressed size
+    result = _invoke("train", "--preset", "cpu_smoke", "--seed", "0", "--out", str(out), "--json", "--on-hacking",
+                     "stop", "--hacking-max-drop", "1e-9", "--hacking-max-rise", "1e-9")
+    assert result.exit_code == 3, result.output
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["hacking_action"]) for r in records] == [(0, None), (1, "stop")]
+    ledger = Ledger(out / "ledger.duckdb")
+    assert ledger.query("SELECT status FROM runs").rows == [("interrupted",)]
+    assert ledger.query("SELECT iteration, flagged, rule LIKE 'drift:%' FROM reward_hacking ORDER BY 1").rows == [
+        (0, False, None), (1, True, True)]
