@@ -109,8 +109,8 @@ def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
 
 def train_phase(ctx: RunContext, k: int) -> PhaseResult:
     """GRPO on the iteration's rollouts: weights version k -> k+1 (checkpoint in the store)."""
-    from workers.coordinator.rollout import iteration_requests
     from workers.coordinator.hacking_guard import guarded_train_config
+    from workers.coordinator.rollout import iteration_requests
     from workers.coordinator.train import train_iteration
     from workers.explore.seed_plan import load_seed_plan
 
@@ -140,9 +140,8 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
         return PhaseResult({"validated": False, "validate_every": ctx.train.validate_every},
                            checks={GUARD_CHECK: (True, {"validated": False}), HACKING_CHECK: (True, {"validated": False})},
                            record=validation_record(None, named))
-    from workers.trainer.checkpoint import load_checkpoint
-
     from workers.coordinator.hacking_guard import held_out_signals
+    from workers.trainer.checkpoint import load_checkpoint
 
     policy, _ = load_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
