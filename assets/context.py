@@ -22,6 +22,6 @@ def run_context(run_config: RunConfigResource, store: TensorStoreResource, ledge
         ledger=ledger.get_ledger(), report_dir=Path(ledger.path).parent / "report", store_url=store.url,
         queue_url=queue.url, queue_config=QueueConfig(queue.max_deliveries, queue.connect_timeout_s),
         sampling=sampling, checkpoint=run_config.model or run_config.checkpoint, model=run_config.model_spec_fields(),
-        device=run_config.device, validation=run_config.validation_config(),
+        device=run_config.device, validation=run_config.validation_config(), hacking=run_config.hacking_config(),
         anchor_every=run_config.anchor_every,
         max_validation_drop=run_config.max_validation_drop, reserved_usd_per_hour=run_config.reserved_usd_per_hour)

@@ -21,6 +21,7 @@ from assets.partitions import ITERATIONS, iteration_of
 from assets.run_config import RunConfigResource
 from resources.dagster_resources import LedgerResource, QueueResource, RolloutWorkersResource, TensorStoreResource
 from workers.coordinator import explore_phases, phases
+from workers.coordinator.hacking_guard import HACKING_CHECK
 
 GROUP = "iteration"
 _ASSET = {"partitions_def": ITERATIONS, "group_name": GROUP}
@@ -75,7 +76,8 @@ def seed_plan(context: AssetExecutionContext, run_config: RunConfigResource, sto
 
 
 @dg.asset(**_ASSET, deps=[weight_patch], kinds={"pytorch"}, check_specs=_check(
-    phases.GUARD_CHECK, "validation", "The held-out score is not more than max_validation_drop below the base's."))
+    phases.GUARD_CHECK, "validation", "The held-out score is not more than max_validation_drop below the base's.") + _check(
+    HACKING_CHECK, "validation", "The reward-hacking guard did not flag this validation (docs/REWARD_HACKING.md)."))
 def validation(context: AssetExecutionContext, run_config: RunConfigResource, store: TensorStoreResource,
                ledger: LedgerResource, queue: QueueResource, rollout_workers: RolloutWorkersResource):
     """Validate: held-out prompts, fixed seeds, ODE sampling, GenEval-style score of weights version k."""

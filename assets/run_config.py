@@ -53,6 +53,20 @@ class RunConfigResource(ConfigurableResource):
                                    "datasets folder (default: MiniGenEval's grammar; workers/task/prompt_file.py).")
     prompts_heldout: Optional[float] = Field(default=None, ge=0, lt=1, description="With prompts: the share held out "
                                              "for validation.")
+    on_hacking: str = Field(default="warn", description="When the reward-hacking guard flags a validation: warn, stop "
+                            "(end the run after that iteration; resumable) or rollback (docs/REWARD_HACKING.md).")
+    hacking_window: Optional[int] = Field(default=None, ge=1, description="Validations back the guard compares the "
+                                          "proxy and gold rewards over (default 2).")
+    hacking_z: Optional[float] = Field(default=None, ge=0, description="Standard errors the proxy's rise and the gold's "
+                                       "fall must each exceed (default 2).")
+    hacking_max_drop: Optional[float] = Field(default=None, ge=0, lt=1, description="Largest relative fall of a "
+                                              "held-out image statistic below the base's (default 0.5; 0 = off).")
+    hacking_max_rise: Optional[float] = Field(default=None, gt=0, description="Largest relative rise of a held-out "
+                                              "image statistic above the base's (default: rises never fire).")
+    rollback_lr_scale: Optional[float] = Field(default=None, gt=0, le=1, description="Learning-rate factor per rollback "
+                                               "(default 0.5).")
+    rollback_kl_beta: Optional[float] = Field(default=None, ge=0, description="KL coefficient at least, after a "
+                                              "rollback (default: the preset's).")
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of the reserved node (trainer + coordinator).")
     rollout_batch: Optional[int] = Field(default=None, ge=1, description="Samples sampled and VAE-decoded together where "
                                          "the trainer's process samples (default: the preset's).")
@@ -99,7 +113,16 @@ class RunConfigResource(ConfigurableResource):
         self.train_config()  # any invalid combination fails at load, not mid-run
         self.model_spec_fields()
         self.validation_config()
+        self.hacking_config()
         return self
+
+    def hacking_config(self):
+        """The reward-hacking guard's rule and action (workers.coordinator.hacking_guard.HackingGuardConfig)."""
+        from workers.coordinator.hacking_guard import hacking_from_options
+
+        return hacking_from_options(self.on_hacking, self.hacking_window, self.hacking_z, self.hacking_max_drop,
+                                    self.hacking_max_rise,
+                                    self.rollback_lr_scale, self.rollback_kl_beta)
 
     def validation_config(self):
         """The validation reward and held-out prompts (workers.task.validation.ValidationConfig, the prompts file

@@ -37,10 +37,13 @@ DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
 default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
 BATCH_FIELDS = ("rollout_batch", "micro_batch", "group_size", "prompts_per_iteration", "minibatches")
 """The run's batch shape beyond the preset (RunConfigResource's fields of the same names)."""
-RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "rollout_batch", "micro_batch")
+RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "rollout_batch", "micro_batch", "on_hacking")
 """Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, and
 chunks and micro-batches compute what the whole batch does, to float rounding), so a relaunch on another number or
-size of GPUs continues the run; unset, they keep the stored values."""
+size of GPUs continues the run; and what a reward-hacking flag does (a run stopped by one continues with
+--on-hacking warn or rollback). Unset, they keep the stored values."""
+HACKING_FIELDS = ("on_hacking", "hacking_window", "hacking_z", "hacking_max_drop", "hacking_max_rise", "rollback_lr_scale",
+                  "rollback_kl_beta")
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,14 @@ class RunSpec:
     group_size: Optional[int] = None
     prompts_per_iteration: Optional[int] = None
     minibatches: Optional[int] = None
+    on_hacking: Optional[str] = None
+    """What a reward-hacking flag does: warn (None), stop or rollback (docs/REWARD_HACKING.md)."""
+    hacking_window: Optional[int] = None
+    hacking_z: Optional[float] = None
+    hacking_max_drop: Optional[float] = None
+    hacking_max_rise: Optional[float] = None
+    rollback_lr_scale: Optional[float] = None
+    rollback_kl_beta: Optional[float] = None
 
     def __post_init__(self) -> None:
         # Worker processes and a --resume from another directory must find the same files.
@@ -163,13 +174,28 @@ class RunSpec:
                                model={"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
                                       "guidance": self.guidance, "sync_mode": self.sync_mode}, device=self.device,
                                validation={"validation_reward": self.validation_reward,
-                                           "validation_prompts": self.validation_prompts},
+                                           "validation_prompts": self.validation_prompts,
+                                           **{name: getattr(self, name) for name in HACKING_FIELDS
+                                              if getattr(self, name) is not None}},
                                prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout},
                                batch={k: getattr(self, k) for k in BATCH_FIELDS if getattr(self, k) is not None})
 
 
 class BudgetReachedError(RuntimeError):
     """The ledger's spend reached --max-usd; the message says how much and how to continue."""
+
+
+class HackingStoppedError(RuntimeError):
+    """The reward-hacking guard flagged a validation and the run stops on a flag (--on-hacking stop)."""
+
+
+def check_hacking_stop(outcome) -> None:
+    """HackingStoppedError, naming the iteration and the rule, when its validation asked the run to stop."""
+    validation = outcome.metadata.get("validation", {})
+    if validation.get("hacking_action") == "stop":
+        raise HackingStoppedError(f"the reward-hacking guard flagged iteration {outcome.iteration} "
+                                  f"({validation.get('hacking_rule')}: {validation.get('hacking_detail')}); its "
+                                  "signals: spotlight ledger \"SELECT * FROM reward_hacking\"")
 
 
 @contextlib.contextmanager
@@ -261,6 +287,7 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
                 progress.update(task, advance=1, description=f"iteration {outcome.iteration + 1}/{total - 1}")
                 if on_iteration is not None:
                     on_iteration(outcome)
+                check_hacking_stop(outcome)
                 check_budget(ledger, max_usd, outcome.iteration)
     except BaseException:
         books.interrupt_run(ledger, resources["run_config"].run)

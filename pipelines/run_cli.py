@@ -42,6 +42,13 @@ def run_command(
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help=CHECKPOINTING_HELP + " --resume keeps the run's unless given.", show_default=False),
     validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector for the pixel policy; with --model the run's reward)."),
     validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the pixel policy reads only MiniGenEval prompts)."),
+    on_hacking: Optional[str] = typer.Option(None, "--on-hacking", help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (default: record it, fail the Dagster check), stop (end after that iteration; --resume continues, and may change this flag) or rollback (continue from the best-gold weights at a lower lr / stronger KL)."),
+    hacking_window: Optional[int] = typer.Option(None, "--hacking-window", help="Validations back the guard compares the proxy and gold rewards over (default 2)."),
+    hacking_z: Optional[float] = typer.Option(None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."),
+    hacking_max_drop: Optional[float] = typer.Option(None, "--hacking-max-drop", help="Largest relative fall of a held-out image statistic below the base's (default 0.5; 0 = off)."),
+    hacking_max_rise: Optional[float] = typer.Option(None, "--hacking-max-rise", help="Largest relative rise of a held-out image statistic above the base's (default: rises never fire)."),
+    rollback_lr_scale: Optional[float] = typer.Option(None, "--rollback-lr-scale", help="With --on-hacking rollback: learning-rate factor per rollback (default 0.5)."),
+    rollback_kl_beta: Optional[float] = typer.Option(None, "--rollback-kl-beta", help="With --on-hacking rollback: train on with at least this KL coefficient (default: the preset's)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."),
     rollout_batch: Optional[int] = typer.Option(None, "--rollout-batch", help=ROLLOUT_BATCH_HELP + " --resume keeps the run's unless given."),
@@ -61,7 +68,11 @@ def run_command(
              "validation_prompts": None if validation_prompts is None else str(validation_prompts),
              "prompts": None if prompts is None else str(prompts), "prompts_heldout": prompts_heldout,
              "rollout_batch": rollout_batch, "micro_batch": micro_batch, "group_size": group_size,
-             "prompts_per_iteration": prompts_per_iteration, "minibatches": minibatches}
+             "prompts_per_iteration": prompts_per_iteration, "minibatches": minibatches,
+             "on_hacking": on_hacking, "hacking_window": hacking_window, "hacking_z": hacking_z,
+             "hacking_max_drop": hacking_max_drop, "hacking_max_rise": hacking_max_rise,
+             "rollback_lr_scale": rollback_lr_scale,
+             "rollback_kl_beta": rollback_kl_beta}
     if gradient_checkpointing is None and not resume:
         from workers.trainer.presets import checkpointing_by_default
 
@@ -90,7 +101,7 @@ def _walk(spec, max_usd: Optional[float]) -> int:
 
     from rich.console import Console
 
-    from pipelines.run import BudgetReachedError, execute
+    from pipelines.run import BudgetReachedError, HackingStoppedError, execute
     from pipelines.run_walk import IterationFailedError
 
     console = Console(stderr=True)
@@ -100,6 +111,10 @@ def _walk(spec, max_usd: Optional[float]) -> int:
     except BudgetReachedError as err:
         console.print(f"spotlight run stopped: {err}")
         return 0
+    except HackingStoppedError as err:
+        console.print(f"spotlight run stopped: {err}")
+        console.print(_resume_hint(spec) + " (with --on-hacking warn or rollback to train on past the flag)")
+        return 3
     except (IterationFailedError, KeyboardInterrupt) as err:
         console.print(f"spotlight run stopped: {str(err) or 'interrupted'}")
         console.print(_resume_hint(spec))

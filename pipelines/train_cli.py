@@ -38,6 +38,13 @@ def train_command(
     prompts_heldout: float = typer.Option(0.0, "--prompts-heldout", help=PROMPTS_HELDOUT_HELP),
     validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector; with --model the run's reward)."),
     validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split)."),
+    on_hacking: str = typer.Option("warn", "--on-hacking", help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (record it), stop (end the run after that iteration) or rollback (continue from the best-gold weights at a lower lr / stronger KL)."),
+    hacking_window: Optional[int] = typer.Option(None, "--hacking-window", help="Validations back the guard compares the proxy and gold rewards over (default 2)."),
+    hacking_z: Optional[float] = typer.Option(None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."),
+    hacking_max_drop: Optional[float] = typer.Option(None, "--hacking-max-drop", help="Largest relative fall of a held-out image statistic below the base's before the guard fires (default 0.5; 0 = off)."),
+    hacking_max_rise: Optional[float] = typer.Option(None, "--hacking-max-rise", help="Largest relative rise of a held-out image statistic above the base's (default: rises never fire)."),
+    rollback_lr_scale: Optional[float] = typer.Option(None, "--rollback-lr-scale", help="With --on-hacking rollback: multiply the learning rate by this per rollback (default 0.5)."),
+    rollback_kl_beta: Optional[float] = typer.Option(None, "--rollback-kl-beta", help="With --on-hacking rollback: train on with at least this KL coefficient to the base (default: the preset's)."),
     device: str = typer.Option("cpu", help="Where training, sampling and validation run: cpu, cuda or cuda:N."),
     seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
@@ -65,9 +72,36 @@ def train_command(
                                 micro_batch, group_size, prompts_per_iteration, minibatches)
     config = with_prompts(config, prompts, prompts_heldout, model, model_fields)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None, config.prompts)
-    _check_amounts(explore_samples, usd_per_hour)
+    hacking = hacking_options(on_hacking, hacking_window, hacking_z, hacking_max_drop, hacking_max_rise, rollback_lr_scale,
+                              rollback_kl_beta)
     _check_device(device)
     check_ranks(nproc, device, config)
+    _check_run_options(explore_samples, usd_per_hour, checkpoint, out, overwrite)
+    run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
+    train_args = {"run_dir": run_dir, "preset": preset, "config": config, "checkpoint": model or checkpoint,
+                  "usd_per_hour": usd_per_hour, "as_json": as_json, "keep": out is not None,
+                  "model_fields": model_fields, "device": device, "validation": validation,
+                  "explore_samples": explore_samples, "hacking": hacking}
+    if gradient_checkpointing is None:
+        from workers.trainer.presets import checkpointing_by_default
+
+        gradient_checkpointing = checkpointing_by_default(preset)
+    try:
+        code = in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
+    finally:
+        if out is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    if code:
+        raise typer.Exit(code)
+
+
+def _check_run_options(explore_samples, usd_per_hour: float, checkpoint: Optional[Path], out: Optional[Path],
+                       overwrite: bool) -> None:
+    """BadParameter for a bad budget, price or checkpoint, or an --out that holds a run (removed with --overwrite)."""
+    if explore_samples is not None and not explore_samples > 0:
+        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
+    if usd_per_hour < 0:
+        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
     if checkpoint is not None and not (checkpoint / "policy.json").is_file():
         raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json); pass a folder written "
                                  "by `spotlight pretrain` or `spotlight train --out`")
@@ -77,27 +111,6 @@ def train_command(
         for name in RUN_FILES:
             path = out / name
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
-    train_args = {"run_dir": run_dir, "preset": preset, "config": config, "checkpoint": model or checkpoint,
-                  "usd_per_hour": usd_per_hour, "as_json": as_json, "keep": out is not None,
-                  "model_fields": model_fields, "device": device, "validation": validation,
-                  "explore_samples": explore_samples}
-    try:
-        if gradient_checkpointing is None:
-            from workers.trainer.presets import checkpointing_by_default
-
-            gradient_checkpointing = checkpointing_by_default(preset)
-        in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
-    finally:
-        if out is None:
-            shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _check_amounts(explore_samples: Optional[float], usd_per_hour: float) -> None:
-    if explore_samples is not None and not explore_samples > 0:
-        raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
-    if usd_per_hour < 0:
-        raise typer.BadParameter(f"--usd-per-hour must be >= 0, got {usd_per_hour}")
 
 
 def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: str, model: bool, train_prompts=None):
@@ -105,6 +118,16 @@ def _validation(reward: Optional[str], prompts: Optional[Path], train_reward: st
 
     try:
         return validation_from_options(reward, prompts, train_reward, model, train_prompts)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def hacking_options(on_hacking, window, z, max_drop, max_rise, lr_scale, kl_beta):
+    """The reward-hacking guard's config from `--on-hacking` and its companions (also `spotlight run`'s)."""
+    from workers.coordinator.hacking_guard import hacking_from_options
+
+    try:
+        return hacking_from_options(on_hacking, window, z, max_drop, max_rise, lr_scale, kl_beta)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
 
@@ -161,7 +184,8 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt, reward=None)
 
 def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_per_hour: float, as_json: bool,
            keep: bool, model_fields: Optional[dict] = None, device: str = "cpu", validation=None,
-           explore_samples: Optional[float] = None) -> None:
+           explore_samples: Optional[float] = None, hacking=None) -> int:
+    """The run; returns the exit code (3: stopped by the reward-hacking guard, --on-hacking stop)."""
     from rich.console import Console
     from rich.progress import Progress
 
@@ -173,7 +197,7 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
     ctx = RunContext.local(run_dir, run_name_for(run_dir) if keep else "train", preset, config,
                            checkpoint=None if checkpoint is None else str(checkpoint.resolve()),
                            reserved_usd_per_hour=usd_per_hour, report=keep, model=model_fields, device=device,
-                           validation=validation)
+                           validation=validation, hacking=hacking)
     if explore_samples is not None:
         import dataclasses
 
@@ -181,7 +205,7 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
 
         ctx = dataclasses.replace(ctx, sampling=Sampling(mode="inprocess", explore_samples=explore_samples))
     console = Console(stderr=True)
-    succeeded = False
+    succeeded, stopped = False, None
     try:
         with Progress(console=console, transient=True) as progress, \
                 (run_dir / "metrics.jsonl").open("w") as metrics:
@@ -195,15 +219,23 @@ def _train(run_dir: Path, preset: str, config, checkpoint: Optional[Path], usd_p
                 metrics.write(line + "\n")
                 metrics.flush()
                 progress.update(task, completed=record["iteration"] + 1)
-        succeeded = True
+                if record.get("hacking_action") == "stop":
+                    stopped = record
+        succeeded = stopped is None
     finally:
         if not succeeded:
             books.interrupt_run(ctx.ledger, ctx.run)
         ctx.ledger.close()
+    if stopped is not None:
+        console.print(f"stopped: the reward-hacking guard flagged iteration {stopped['iteration']} "
+                      f"({stopped['hacking_rule']}); the run is marked interrupted, its signals are in "
+                      f"SELECT * FROM reward_hacking (--db {run_dir / 'ledger.duckdb'})")
+        return 3
     if keep:
         _save_final_policy(ctx, run_dir)
         console.print(f"saved the trained policy to {run_dir / 'policy'}; report {run_dir / 'report' / 'index.html'}; "
                       f"query the run with spotlight ledger \"SELECT * FROM validation_curve\" --db {run_dir / 'ledger.duckdb'}")
+    return 0
 
 
 def _save_final_policy(ctx, run_dir: Path) -> None:
@@ -221,6 +253,8 @@ def _save_final_policy(ctx, run_dir: Path) -> None:
 
 def _human_line(r: dict) -> str:
     val = "" if r.get("validation_score") is None else f"  held-out {r['validation_score']:.3f}"
+    if r.get("hacking_flagged"):
+        val += f"  REWARD HACKING? {r['hacking_rule']} ({r['hacking_action']})"
     if "reward_mean" not in r:
         return f"it {r['iteration']:>3}  (final weights){val}"
     return (f"it {r['iteration']:>3}  reward {r['reward_mean']:.3f} ± {r['reward_std']:.3f}  "

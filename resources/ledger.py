@@ -42,6 +42,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import duckdb
 
 from resources.ledger_db import QueryResult, RowBuffer, connect, fetch, insert_rows, table_layouts, transaction
+from resources.ledger_hacking import HackingRecords
 from resources.ledger_records import (
     WORKER_END_REASONS,
     WORKER_ROLES,
@@ -62,12 +63,12 @@ from resources.ledger_schema import PHASES, upgrade
 from resources.prices import PriceTable, load_prices
 
 _RUN_STATUSES = ("running", "succeeded", "failed", "interrupted")
-_ALWAYS_STAMPED = {"preempted_at", "started_at"}  # NOT NULL times: None means now
+_ALWAYS_STAMPED = {"preempted_at", "started_at", "recorded_at"}  # NOT NULL times: None means now
 _WORKER_COLUMNS = ("worker_id", "role", "instance_type", "gpu_type", "num_gpus", "spot", "usd_per_hour", "price_source",
                    "started_at", "ended_at", "end_reason")
 
 
-class Ledger:
+class Ledger(HackingRecords):
     """Typed writer (and convenience reader) of one run's ledger file, or ':memory:'."""
 
     def __init__(

@@ -302,3 +302,72 @@ def reject_config_secrets(config: Mapping[str, Any], where: str) -> None:
             raise ValueError(f"{where}.{key} looks like a credential; the ledger must never store credentials")
         if isinstance(value, Mapping):
             reject_config_secrets(value, f"{where}.{key}")
+
+
+HACKING_ACTIONS = ("warn", "stop", "rollback")
+
+
+@dataclass(frozen=True)
+class HackingSignalsRecord:
+    """One validation's reward-hacking signals on the held-out images, and the rule's verdict."""
+
+    iteration: int
+    """Validated iteration."""
+    weights_version: int
+    """Weights version scored."""
+    proxy_reward: str
+    """The training reward's spec."""
+    proxy: float
+    """Mean training reward of the held-out images."""
+    proxy_se: float
+    """Its standard error."""
+    gold_reward: str
+    """The gold (validation) reward's spec."""
+    gold: float
+    """Mean gold reward of the held-out images."""
+    gold_se: float
+    """Its standard error."""
+    proxy_components: str | None = None
+    """JSON {component: mean} of a multi training reward (None for a single reward)."""
+    edge_density: float | None = None
+    colour_entropy: float | None = None
+    saturation: float | None = None
+    compressed_bytes: float | None = None
+    diversity: float | None = None
+    flagged: bool = False
+    """Whether the reward-hacking rule fired."""
+    rule: str | None = None
+    """Which test fired (proxy_up_gold_down, drift:<statistic>)."""
+    detail: str | None = None
+    """The numbers behind the verdict."""
+    action: str | None = None
+    """What the run did on a flag: warn, stop or rollback (None when not flagged)."""
+    recorded_at: Timestamp = None
+
+    def __post_init__(self) -> None:
+        check_non_negative(self, "proxy_se", "gold_se", "edge_density", "colour_entropy", "saturation",
+                           "compressed_bytes")
+        if self.action is not None:
+            check_choice(self.action, HACKING_ACTIONS, "HackingSignalsRecord.action")
+
+
+@dataclass(frozen=True)
+class HackingRollbackRecord:
+    """A rollback after a flagged validation: the best-gold weights became the next version."""
+
+    iteration: int
+    """The flagged validation's iteration."""
+    restored_version: int
+    """The weights version restored (best gold so far)."""
+    restored_gold: float
+    """Its gold score."""
+    into_version: int
+    """The weights version it was published as (the next one trained from)."""
+    learning_rate: float
+    """The learning rate training continues with."""
+    kl_beta: float
+    """The KL coefficient training continues with."""
+    recorded_at: Timestamp = None
+
+    def __post_init__(self) -> None:
+        check_non_negative(self, "learning_rate", "kl_beta")

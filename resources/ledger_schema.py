@@ -22,6 +22,10 @@ History:
     v5  `attempts.steps_lost` and `attempts.seconds_lost`: the steps an attempt computed but had not committed when
         it ended, so a preemption of a node running several requests (an SP node) charges each its own loss.
         NULL on rows written before.
+    v6  `hacking_signals`: per validation, the training (proxy) and gold rewards of the held-out images with
+        their standard errors, cheap image statistics, and whether the reward-hacking rule flagged it (and
+        which test fired, and what the run did); `hacking_rollbacks`: each rollback to the best-gold weights.
+        The view `reward_hacking` sets each signal against the base's.
 Views are derived data: they are dropped and re-created by every upgrade.
 """
 
@@ -31,7 +35,7 @@ from typing import Callable
 
 import duckdb
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 PHASES = ("sync", "rollout", "train", "explore", "validate")
 
 
@@ -137,9 +141,22 @@ ALTER TABLE attempts ADD COLUMN steps_lost INTEGER;
 ALTER TABLE attempts ADD COLUMN seconds_lost DOUBLE;
 """
 
+_V6_CHANGES = """
+CREATE TABLE hacking_signals (
+    iteration INTEGER PRIMARY KEY, weights_version INTEGER NOT NULL, proxy_reward VARCHAR NOT NULL,
+    proxy DOUBLE NOT NULL, proxy_se DOUBLE NOT NULL, gold_reward VARCHAR NOT NULL, gold DOUBLE NOT NULL,
+    gold_se DOUBLE NOT NULL, proxy_components JSON, edge_density DOUBLE, colour_entropy DOUBLE,
+    saturation DOUBLE, compressed_bytes DOUBLE, diversity DOUBLE, flagged BOOLEAN NOT NULL, rule VARCHAR,
+    detail VARCHAR, action VARCHAR, recorded_at TIMESTAMP NOT NULL);
+CREATE TABLE hacking_rollbacks (
+    iteration INTEGER PRIMARY KEY, restored_version INTEGER NOT NULL, restored_gold DOUBLE NOT NULL,
+    into_version INTEGER NOT NULL, learning_rate DOUBLE NOT NULL, kl_beta DOUBLE NOT NULL,
+    recorded_at TIMESTAMP NOT NULL);
+"""
+
 # Version -> SQL that upgrades a ledger from version-1 (or from empty for 0).
 MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES, 3: _V3_CHANGES, 4: _V4_CHANGES,
-                              5: _V5_CHANGES}
+                              5: _V5_CHANGES, 6: _V6_CHANGES}
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION + 1))
 
 _NOW = "(current_timestamp AT TIME ZONE 'UTC')"
@@ -245,6 +262,22 @@ VIEWS: dict[str, str] = {
                {_SECONDS.format(a='(SELECT min(started_at) FROM runs)', b='v.recorded_at')} AS elapsed_s,
                (SELECT sum(c.usd_total) FROM cost_per_iteration c WHERE c.iteration <= v.iteration) AS cumulative_usd
         FROM validation v ORDER BY v.iteration""",
+    # One row per validation with reward-hacking signals: each against the base's (weights version 0), whether
+    # the rule flagged it and which test fired, what the run did, and the rollback it caused (if any).
+    "reward_hacking": """
+        WITH base AS (SELECT * FROM hacking_signals WHERE weights_version = 0)
+        SELECT h.iteration, h.weights_version, h.proxy_reward, h.proxy, h.proxy - b.proxy AS proxy_change,
+               h.proxy_se, h.gold_reward, h.gold, h.gold - b.gold AS gold_change, h.gold_se,
+               h.edge_density, h.edge_density / nullif(b.edge_density, 0) - 1 AS edge_density_change,
+               h.colour_entropy, h.colour_entropy / nullif(b.colour_entropy, 0) - 1 AS colour_entropy_change,
+               h.saturation, h.saturation / nullif(b.saturation, 0) - 1 AS saturation_change,
+               h.compressed_bytes, h.compressed_bytes / nullif(b.compressed_bytes, 0) - 1 AS compressed_bytes_change,
+               h.diversity, h.diversity / nullif(b.diversity, 0) - 1 AS diversity_change,
+               h.proxy_components, h.flagged, h.rule, h.detail, h.action,
+               r.restored_version, r.restored_gold, r.learning_rate AS rollback_learning_rate,
+               r.kl_beta AS rollback_kl_beta
+        FROM hacking_signals h LEFT JOIN base b ON true LEFT JOIN hacking_rollbacks r ON r.iteration = h.iteration
+        ORDER BY h.iteration""",
 }
 
 

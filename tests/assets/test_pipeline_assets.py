@@ -67,7 +67,8 @@ def test_asset_checks_pass_on_a_healthy_iteration(tiny_run):
     result = materialize_iteration(dg.DagsterInstance.ephemeral(), tiny_run, 0)
     checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
               for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
-    assert checks == {"patch_reproduces_trainer_hash": True, "rewards_finite": True, "validation_not_below_guard": True}
+    assert checks == {"patch_reproduces_trainer_hash": True, "rewards_finite": True, "validation_not_below_guard": True,
+                      "no_reward_hacking": True}
 
 
 def test_a_later_iteration_without_its_predecessor_fails_with_what_to_run(tiny_run):

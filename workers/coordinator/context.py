@@ -113,6 +113,9 @@ class RunContext:
     validation: Any = None
     """workers.task.validation.ValidationConfig: the validation reward and held-out prompts (None: the defaults,
     MiniGenEval's detector for the pixel policy, the run's reward for a diffusers pipeline)."""
+    hacking: Any = None
+    """workers.coordinator.hacking_guard.HackingGuardConfig: the reward-hacking rule and what a flag does (None:
+    its defaults, warn)."""
 
     @property
     def num_iterations(self) -> int:
@@ -134,7 +137,7 @@ class RunContext:
     @classmethod
     def local(cls, run_dir: Path, run: str, preset: str, train: TrainConfig, *, checkpoint: str | None = None,
               reserved_usd_per_hour: float = 0.10, report: bool = True, model: dict | None = None,
-              device: str = "cpu", validation: Any = None) -> "RunContext":
+              device: str = "cpu", validation: Any = None, hacking: Any = None) -> "RunContext":
         """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
         rewritten on validated iterations, and only the last iteration's rollout results kept (each is about
         15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses."""
@@ -144,7 +147,7 @@ class RunContext:
         store_url = str(run_dir / "store")
         return cls(run, preset, train, open_store(store_url), Ledger(run_dir / "ledger.duckdb"),
                    run_dir / "report" if report else None, store_url, checkpoint=checkpoint, model=model, device=device,
-                   validation=validation,
+                   validation=validation, hacking=hacking,
                    reserved_usd_per_hour=reserved_usd_per_hour, report_every=train.validate_every,
                    keep_rollout_iterations=1)
 

@@ -45,7 +45,8 @@ def run_iteration(ctx: RunContext, k: int) -> dict[str, PhaseResult]:
 def train_records(ctx: RunContext) -> Iterator[dict]:
     """Run every iteration not yet done, yielding `spotlight train`'s record of each (JSON-ready):
     `iteration` k, the update of weights v(k) into v(k+1) (absent on the final iteration), `step_s`,
-    and the held-out validation of v(k) (None fields when k was not validated)."""
+    and the held-out validation of v(k) (None fields when k was not validated). Ends after an iteration whose
+    validation the reward-hacking guard flagged when the run stops on a flag (`hacking_action` "stop")."""
     done = completed_iterations(ctx.ledger)
     for k in range(ctx.num_iterations + 1):
         if k in done:
@@ -58,3 +59,5 @@ def train_records(ctx: RunContext) -> Iterator[dict]:
         if not ctx.is_final(k):
             record["step_s"] = time.perf_counter() - started
         yield {name: round(v, 6) if isinstance(v, float) else v for name, v in record.items()}
+        if record.get("hacking_action") == "stop":
+            return  # --on-hacking stop: iteration k is closed, k+1 is where a resumed run continues

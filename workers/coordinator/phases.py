@@ -131,17 +131,19 @@ def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
 
 def train_phase(ctx: RunContext, k: int) -> PhaseResult:
     """GRPO on the iteration's rollouts: weights version k -> k+1 (checkpoint in the store)."""
+    from workers.coordinator.hacking_guard import guarded_train_config
     from workers.coordinator.rollout import iteration_requests
     from workers.coordinator.train import train_iteration
     from workers.explore.seed_plan import load_seed_plan
 
     requests = iteration_requests(ctx.train, ctx.run, k, weights_version=k, plan=load_seed_plan(ctx.store, ctx.run, k))
+    config = guarded_train_config(ctx, k)  # a reward-hacking rollback lowers the lr / raises the KL from then on
     with books.phase(ctx.ledger, k, "train") as window:
-        stats = train_iteration(ctx.store, ctx.run, ctx.train, k, requests, ctx.device)
+        stats = train_iteration(ctx.store, ctx.run, config, k, requests, ctx.device)
     ctx.ledger.record_train_step(TrainStepRecord(
         iteration=k, step=0, loss=stats.get("loss"), kl=stats.get("kl"), reward_mean=stats["reward_mean"],
         reward_std=stats["reward_std"], zero_std_ratio=stats["zero_std_ratio"], clip_fraction=stats.get("clip_frac"),
-        grad_norm=stats.get("grad_norm"), learning_rate=stats.get("learning_rate", ctx.train.grpo.lr),
+        grad_norm=stats.get("grad_norm"), learning_rate=stats.get("learning_rate", config.grpo.lr),
         duration_s=window.seconds))
     meta = {"weights_version_out": k + 1, **{name: float(v) for name, v in stats.items()}, **phase_cost(ctx, k, "train")}
     return PhaseResult(meta, record={name: v for name, v in stats.items() if name != "checkpoint_bytes"})
@@ -155,15 +157,20 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     plan = resolve_validation(ctx.validation, ctx.train.reward, model=ctx.model is not None)
     named = None if plan.detector else plan.reward  # the detector's records keep their fields
     if not ctx.validates(k):
+        from workers.coordinator.hacking_guard import HACKING_CHECK
+
         return PhaseResult({"validated": False, "validate_every": ctx.train.validate_every},
-                           checks={GUARD_CHECK: (True, {"validated": False})}, record=validation_record(None, named))
+                           checks={GUARD_CHECK: (True, {"validated": False}), HACKING_CHECK: (True, {"validated": False})},
+                           record=validation_record(None, named))
+    from workers.coordinator.hacking_guard import held_out_signals
     from workers.trainer.resident import release_memory, resident_checkpoint
 
     policy, _ = resident_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
     with books.phase(ctx.ledger, k, "validate"):
-        result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=ctx.draws(k),
+        result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=True,  # the guard reads the images
                                batch_size=ctx.train.rollout_batch)
+        signals = held_out_signals(ctx, k, result, plan.reward, seeds)
     del policy
     release_memory()
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
@@ -177,9 +184,24 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     out = PhaseResult(meta, checks={GUARD_CHECK: (guard is None or result.score >= guard,
                                                   {"score": result.score, "guard": guard})},
                       record=validation_record(result, named))
+    hacking_guard_result(ctx, k, signals, out)
     if ctx.draws(k):
         out.pictures = validation_pictures(ctx, k, result, seeds, named)
     return out
+
+
+def hacking_guard_result(ctx: RunContext, k: int, signals, out: PhaseResult) -> None:
+    """Judge version k's reward-hacking signals (workers/coordinator/hacking_guard.py), act on a flag, and add
+    the verdict to the phase's metadata, checks and record (`hacking_action` stop: the driver ends the run)."""
+    from workers.coordinator.hacking_guard import HACKING_CHECK, guard_validation
+
+    verdict, action = guard_validation(ctx, k, signals)
+    fields = {"hacking_flagged": verdict.flagged, "hacking_rule": verdict.rule, "hacking_action": action,
+              "proxy_heldout": round(signals.proxy, 6), "gold_heldout": round(signals.gold, 6)}
+    out.metadata.update({**fields, "hacking_detail": verdict.detail})
+    out.record.update(fields)
+    out.checks[HACKING_CHECK] = (not verdict.flagged, {"rule": verdict.rule, "detail": verdict.detail,
+                                                       "action": action, "proxy": signals.proxy, "gold": signals.gold})
 
 
 def validation_pictures(ctx: RunContext, k: int, result, seeds: int, reward: str | None) -> dict:

@@ -4,6 +4,7 @@ Example:
     png = image_grid_png(images_NHW3, columns=8)
     png = captioned_grid_png(images_NHW3, ["three red circles\ncount.0 ✓ shape.0 ✗", ...], columns=4)
     png = line_plot_png({"held-out": (versions, scores)}, "validation", "weights version", "strict score")
+    png = proxy_gold_png(versions, proxy, gold, flagged, rollbacks=[5], labels=("jpeg_compressibility", "minigeneval"))
 """
 
 from __future__ import annotations
@@ -57,6 +58,29 @@ def line_plot_png(series: dict[str, tuple[Sequence[float], Sequence[float]]], ti
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     if len(series) > 1:
         ax.legend()
+    return to_png(fig)
+
+
+def proxy_gold_png(versions: Sequence[int], proxy: Sequence[float], gold: Sequence[float], flagged: Sequence[bool],
+                   rollbacks: Sequence[int], labels: tuple[str, str]) -> bytes:
+    """The proxy (training) reward on the left axis and the gold reward on the right, per weights version, with the
+    flagged validations marked and each rollback (at the flagged version) as a dashed line."""
+    fig, left = figure()
+    right = left.twinx()
+    left.plot(list(versions), list(proxy), marker="o", markersize=3, color="#4c72b0", label=f"proxy: {labels[0]}")
+    right.plot(list(versions), list(gold), marker="s", markersize=3, color="#55a868", label=f"gold: {labels[1]}")
+    hits = [i for i, f in enumerate(flagged) if f]
+    if hits:
+        left.scatter([versions[i] for i in hits], [proxy[i] for i in hits], s=90, marker="X", color="#c44e52",
+                     zorder=3, label="flagged")
+        right.scatter([versions[i] for i in hits], [gold[i] for i in hits], s=90, marker="X", color="#c44e52", zorder=3)
+    for n, version in enumerate(rollbacks):
+        left.axvline(version, linestyle="--", color="#c44e52", alpha=0.6, label="rollback" if n == 0 else None)
+    title = f"proxy vs gold: {len(hits)} flagged, {len(rollbacks)} rollback(s)" if versions else "proxy vs gold (no validation yet)"
+    left.set(title=title, xlabel="weights version", ylabel="proxy (training reward)")
+    right.set_ylabel("gold (held-out reward)")
+    handles = [h for ax in (left, right) for h in ax.get_legend_handles_labels()[0]]
+    left.legend(handles, [h.get_label() for h in handles], fontsize="small", loc="best")
     return to_png(fig)
 
 
