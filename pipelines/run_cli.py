@@ -59,24 +59,7 @@ def run_command(
     config_file: Optional[Path] = config_option(),
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
-    asked = {"preset": preset, "iterations": iterations, "seed": seed, "reward": reward, "store": store, "queue": queue, "rollouts": rollouts,
-             "explore_samples": explore_samples,
-             "checkpoint": checkpoint, "num_workers": workers, "preemptions_per_hour": preemptions_per_hour,
-             "model": model, "lora_rank": lora_rank, "resolution": resolution, "guidance": guidance,
-             "sync_mode": sync_mode, "device": device, "nproc": nproc, "gradient_checkpointing": gradient_checkpointing,
-             "validation_reward": validation_reward,
-             "validation_prompts": None if validation_prompts is None else str(validation_prompts),
-             "prompts": None if prompts is None else str(prompts), "prompts_heldout": prompts_heldout,
-             "rollout_batch": rollout_batch, "micro_batch": micro_batch, "group_size": group_size,
-             "prompts_per_iteration": prompts_per_iteration, "minibatches": minibatches,
-             "on_hacking": on_hacking, "hacking_window": hacking_window, "hacking_z": hacking_z,
-             "hacking_max_drop": hacking_max_drop, "hacking_max_rise": hacking_max_rise,
-             "rollback_lr_scale": rollback_lr_scale,
-             "rollback_kl_beta": rollback_kl_beta}
-    if gradient_checkpointing is None and not resume:
-        from workers.trainer.presets import checkpointing_by_default
-
-        asked["gradient_checkpointing"] = checkpointing_by_default(preset or "cpu_tiny_spot") or None
+    asked = _asked(locals())  # first: every parameter, nothing else yet
     spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
     _check_reachable(spec)
     if overwrite and run_dir.exists():
@@ -92,6 +75,22 @@ def run_command(
                         failed_hint=_resume_hint(spec))
     if code:
         raise typer.Exit(code)
+
+
+NOT_RUN_SETTINGS = ("run_dir", "resume", "overwrite", "max_usd", "config_file")
+"""run_command's parameters that say what to do with the run folder, not how the run trains (RunSpec's fields)."""
+
+
+def _asked(options: dict) -> dict:
+    """The RunSpec fields run_command was given (None: not given): its parameters, paths as strings, --workers as
+    num_workers; a new run of a GPU preset checkpoints gradients unless told not to."""
+    asked = {("num_workers" if name == "workers" else name): (str(value) if isinstance(value, Path) else value)
+             for name, value in options.items() if name not in NOT_RUN_SETTINGS}
+    if asked["gradient_checkpointing"] is None and not options["resume"]:
+        from workers.trainer.presets import checkpointing_by_default
+
+        asked["gradient_checkpointing"] = checkpointing_by_default(asked["preset"] or "cpu_tiny_spot") or None
+    return asked
 
 
 def _walk(spec, max_usd: Optional[float]) -> int:

@@ -74,20 +74,24 @@ def train_command(
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None, config.prompts)
     hacking = hacking_options(on_hacking, hacking_window, hacking_z, hacking_max_drop, hacking_max_rise, rollback_lr_scale,
                               rollback_kl_beta)
-    _check_device(device)
-    check_ranks(nproc, device, config)
-    _check_run_options(explore_samples, usd_per_hour, checkpoint, out, overwrite)
-    run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
-    train_args = {"run_dir": run_dir, "preset": preset, "config": config, "checkpoint": model or checkpoint,
-                  "usd_per_hour": usd_per_hour, "as_json": as_json, "keep": out is not None,
-                  "model_fields": model_fields, "device": device, "validation": validation,
-                  "explore_samples": explore_samples, "hacking": hacking}
+    _check_run_options(explore_samples, usd_per_hour, checkpoint, out, overwrite, device, nproc, config)
+    _train_in_ranks(out, nproc, gradient_checkpointing, preset=preset, config=config,
+                    checkpoint=model or checkpoint, usd_per_hour=usd_per_hour, as_json=as_json,
+                    model_fields=model_fields, device=device, validation=validation, explore_samples=explore_samples,
+                    hacking=hacking)
+
+
+def _train_in_ranks(out: Optional[Path], nproc: int, gradient_checkpointing: Optional[bool], **train_args) -> None:
+    """`_train` in this process (rank 0 of `nproc`), into `out` or a temporary folder removed afterwards; the
+    command exits with its code. Gradient checkpointing, unless told, is on for the GPU presets."""
     if gradient_checkpointing is None:
         from workers.trainer.presets import checkpointing_by_default
 
-        gradient_checkpointing = checkpointing_by_default(preset)
+        gradient_checkpointing = checkpointing_by_default(train_args["preset"])
+    run_dir = out.resolve() if out is not None else Path(tempfile.mkdtemp(prefix="spotlight-train-"))
     try:
-        code = in_ranks(nproc, gradient_checkpointing, device, _train, train_args)
+        code = in_ranks(nproc, gradient_checkpointing, train_args["device"], _train,
+                        {"run_dir": run_dir, "keep": out is not None, **train_args})
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -96,8 +100,11 @@ def train_command(
 
 
 def _check_run_options(explore_samples, usd_per_hour: float, checkpoint: Optional[Path], out: Optional[Path],
-                       overwrite: bool) -> None:
-    """BadParameter for a bad budget, price or checkpoint, or an --out that holds a run (removed with --overwrite)."""
+                       overwrite: bool, device: str, nproc: int, config) -> None:
+    """BadParameter for a bad device, rank count, budget, price or checkpoint, or an --out that holds a run; with
+    --overwrite that run is removed, last, once everything else has passed."""
+    _check_device(device)
+    check_ranks(nproc, device, config)
     if explore_samples is not None and not explore_samples > 0:
         raise typer.BadParameter(f"--explore-samples must be > 0 (full-sampler samples per iteration), got {explore_samples}")
     if usd_per_hour < 0:

@@ -1,4 +1,4 @@
-"""`spotlight launch / status / down`: what they would submit, what they refuse, and what they show.
+"""`spotlight launch` (and `status` through SkyPilot): what it would submit, what it refuses, and what it shows.
 
 SkyPilot's API is replaced by a recording fake (no cloud here); the tasks themselves are
 real `sky.Task` objects parsed from sky/*.yaml, and the dry run is checked against them.
@@ -6,162 +6,13 @@ real `sky.Task` objects parsed from sky/*.yaml, and the dry run is checked again
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 from tests.paths import REPO_ROOT
-from sky import exceptions as sky_exceptions
-from typer.testing import CliRunner
 
-from pipelines.cli import app
-
-PASSWORD = "launch-pass-Vw2"
-SECRETS = {"SPOTLIGHT_REDIS_PASSWORD": PASSWORD, "AWS_ACCESS_KEY_ID": "AKIATEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t-key"}
-
-
-@dataclass
-class FakeSky:
-    """SkyPilot's client SDK with only its API server replaced. Each SDK function keeps its real signature (every call
-    is bound to the installed function's, so a call SkyPilot would refuse fails here), returns a request id, and
-    `sky.get` answers it as the server would: tasks pass through SkyPilot's own YAML round trip and secret
-    resolution, jobs are SkyPilot's `ManagedJobRecord`s, a stopped controller raises its `ClusterNotUpError`."""
-
-    clouds: Any = field(default_factory=lambda: ["AWS"])
-    address: str = "10.0.0.7:6379"
-    calls: list[tuple[str, Any]] = field(default_factory=list)
-    jobs: list[Any] = field(default_factory=list)
-    """ManagedJobRecords the jobs controller holds."""
-    controller_up: bool = True
-    cluster_exists: bool = True
-    catalog: Any = None
-    """Offers sky.catalog.list_accelerators answers ({name: [InstanceTypeInfo]}), or the exception it raises;
-    None: a ConnectionError, as without network (the catalog downloads its tables)."""
-    _answers: dict[str, Any] = field(default_factory=dict)
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> "FakeSky":
-        import sky
-
-        import resources.cloud as cloud
-
-        def enabled():
-            if isinstance(self.clouds, Exception):
-                raise self.clouds
-            return self.clouds
-
-        monkeypatch.setattr(cloud, "_enabled_clouds", enabled)
-        import sky.catalog
-
-        catalog_signature = inspect.signature(sky.catalog.list_accelerators)
-
-        def list_accelerators(*args, **kwargs):
-            import re
-
-            import requests
-
-            given = catalog_signature.bind(*args, **kwargs).arguments
-            if self.catalog is None or isinstance(self.catalog, Exception):
-                raise self.catalog or requests.exceptions.ConnectionError("Failed to fetch the catalog (no network)")
-            pattern = re.compile(given.get("name_filter") or "", 0 if given.get("case_sensitive", True) else re.I)
-            return {name: [o for o in offers if o.accelerator_count == given.get("quantity_filter", o.accelerator_count)]
-                    for name, offers in self.catalog.items() if pattern.search(name)}
-
-        monkeypatch.setattr(sky.catalog, "list_accelerators", list_accelerators)
-        monkeypatch.setattr(sky, "get", self._get)
-        monkeypatch.setattr(sky, "stream_and_get", self._get)
-        for module, name, answer in ((sky, "launch", self._launch), (sky, "endpoints", self._endpoints),
-                                     (sky, "down", self._down), (sky.jobs, "launch", self._jobs_launch),
-                                     (sky.jobs, "queue_v2", self._queue), (sky.jobs, "cancel", self._cancel)):
-            monkeypatch.setattr(module, name, self._request(getattr(module, name), answer))
-        return self
-
-    def _request(self, real, answer):
-        signature = inspect.signature(real)
-
-        def submit(*args, **kwargs):
-            arguments = signature.bind(*args, **kwargs)
-            arguments.apply_defaults()
-            request_id = f"request-{len(self._answers)}"
-            self._answers[request_id] = lambda: answer(**arguments.arguments)
-            return request_id
-        return submit
-
-    def _get(self, request_id):
-        return self._answers.pop(request_id)()
-
-    def _launch(self, task, cluster_name, **options):
-        self.calls.append(("launch", (served_task(task), cluster_name), options))
-        return 1, None
-
-    def _jobs_launch(self, task, name, **options):
-        self.calls.append(("jobs.launch", (served_task(task), name), options))
-        return [len(self.calls)], None
-
-    def _endpoints(self, cluster, port):
-        return {port: self.address}
-
-    def _down(self, cluster_name, **options):
-        if not self.cluster_exists:
-            raise sky_exceptions.ClusterDoesNotExist(f"Cluster {cluster_name!r} does not exist.")
-        self.calls.append(("down", (cluster_name,), options))
-
-    def _queue(self, refresh, skip_finished, name_match, **options):
-        if not self.controller_up and not refresh:
-            raise sky_exceptions.ClusterNotUpError("Jobs controller is not up.", cluster_status=None)
-        records = [r for r in self.jobs if (name_match or "") in (r.job_name or "")
-                   and not (skip_finished and r.status.is_terminal())]
-        return records, len(records), {}, len(self.jobs)
-
-    def _cancel(self, job_ids, **options):
-        self.calls.append(("jobs.cancel", (list(job_ids),), options))
-
-    @property
-    def submitted(self) -> list[str]:
-        return [name for name, *_ in self.calls if name in ("launch", "jobs.launch")]
-
-
-def served_task(task):
-    """The task as SkyPilot's API server gets it: the client's YAML dump loaded back, then the server's secret
-    resolution (`sky.execution._resolve_managed_secrets`, which refuses a secret with no value)."""
-    from sky import execution
-    from sky.utils import dag_utils
-
-    dag = dag_utils.load_dag_from_yaml_str(dag_utils.dump_dag_to_yaml_str(dag_utils.convert_entrypoint_to_dag(task)))
-    execution._resolve_managed_secrets(dag)
-    (served,) = dag.tasks
-    return served
-
-
-def offer(cloud: str, instance: str, gpu: str, count: int, price: float, spot_price: float):
-    """One catalog row as sky.catalog.list_accelerators returns it."""
-    from sky.catalog.common import InstanceTypeInfo
-
-    return InstanceTypeInfo(cloud, instance, gpu, count, 8.0, 24.0, 32.0, price, spot_price, "us-east-1")
-
-
-def job(name: str, job_id: int, status: str):
-    """A managed job as `sky.jobs.queue_v2` returns it."""
-    from sky.jobs.state import ManagedJobStatus
-    from sky.schemas.api.responses import ManagedJobRecord
-
-    return ManagedJobRecord(job_name=name, job_id=job_id, status=ManagedJobStatus[status])
-
-
-@pytest.fixture
-def fake_sky(monkeypatch: pytest.MonkeyPatch, tmp_path) -> FakeSky:
-    for name, value in SECRETS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("SPOTLIGHT_REDIS_PASSWORD_FILE", raising=False)
-    monkeypatch.setenv("SPOTLIGHT_STATE_DIR", str(tmp_path / "state"))  # the run's TLS files: never in ~
-    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")  # restored after each test: launch and status set it
-    return FakeSky().install(monkeypatch)
-
-
-def _invoke(*args: str):
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})  # one error line, unwrapped
+from tests.pipelines.sky_fakes import PASSWORD, SECRETS, invoke as _invoke, job, node_queue as _node_queue, offer, served_task
 
 
 def _yaml_task(name: str):
@@ -373,60 +224,6 @@ def test_bad_launch_flags_are_refused_before_anything_is_submitted(fake_sky, arg
     assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
 
 
-@dataclass
-class NodeRedis:
-    """The reserved node's Redis as its run block starts it: TLS with the run's CA, the ACL users, the password."""
-
-    port: int
-    password: str
-    folder: Any
-
-    def url(self, user: str = "") -> str:
-        return f"rediss://{user + '@' if user else ''}127.0.0.1:{self.port}/0"
-
-
-@pytest.fixture
-def reserved_redis(fake_sky, tmp_path, monkeypatch):
-    """A redis-server configured by resources.queue_redis_tls from the TLS files `spotlight launch` reads (made here
-    first, in the state folder), with the launch password; the fake node's address points at it."""
-    import os
-    import shutil
-    import signal
-    import socket
-    import subprocess
-
-    from resources.cloud import tls_folder, with_run_tls
-    from resources.queue_redis_tls import run_tls, write_node_files
-    from tests.pipelines.sky_blocks import wait_for
-
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    password = "node-pass-\"q'\\ 7"  # quotes, a backslash and a space: any character is allowed
-    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", password)
-    tls = run_tls(tls_folder("spotlight-reserved"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    folder = tmp_path / "node-redis"
-    conf = write_node_files(folder, port, with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password}, tls))
-    subprocess.run(["redis-server", str(conf)], check=True, timeout=30)  # daemonizes, as on the node
-    wait_for(lambda: (folder / "redis.pid").exists() and socket.socket().connect_ex(("127.0.0.1", port)) == 0, 20,
-             "the node's redis-server")
-    fake_sky.address = f"127.0.0.1:{port}"
-    yield NodeRedis(port, password, folder)
-    os.kill(int((folder / "redis.pid").read_text()), signal.SIGTERM)
-
-
-def _node_queue(node: NodeRedis, monkeypatch):
-    """The coordinator's connection to the node's Redis (this process trusting the run's CA)."""
-    from resources.cloud import use_run_ca
-    from resources.queues import open_queue
-
-    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
-    assert use_run_ca("spotlight-reserved")
-    return open_queue(node.url())
-
-
 def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fake_sky, reserved_redis) -> None:
     """The node gets the password, the server's certificate and key as resolved secrets; each worker gets only the
     run's CA, its queue as the ACL user and that user's own password: never the coordinator's, never the key."""
@@ -513,72 +310,6 @@ def test_a_relaunch_over_the_cap_starts_no_more_workers(fake_sky, reserved_redis
     result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--max-usd", "50")
     assert result.exit_code == 1 and "already spent $51.50" in result.output
     assert fake_sky.submitted == ["launch"]
-
-
-def test_status_shows_iteration_score_spend_workers_and_queue_depth(redis_server, tmp_path, monkeypatch) -> None:
-    from resources.ledger import Ledger
-    from resources.queues import open_queue
-
-    redis_server.flush()
-    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", redis_server.password)
-    with Ledger(tmp_path / "ledger.duckdb") as ledger:
-        ledger.start_worker("vm-1", role="rollout", instance_type="x", spot=True, usd_per_hour=36.0, at=time.time() - 100)
-        ledger.start_iteration(0)
-        ledger.end_iteration(0)
-    with open_queue(f"redis://127.0.0.1:{redis_server.port}/0") as queue:
-        queue.put([{"request_id": f"r{i}", "iteration": 1, "kind": "rollout", "payload": {}} for i in range(3)])
-        queue.publish_info({"heldout_score": 0.4, "max_usd": 10.0})
-    args = ["status", "--queue", f"redis://127.0.0.1:{redis_server.port}/0", "--ledger", str(tmp_path / "ledger.duckdb")]
-    record = json.loads(_invoke(*args, "--json").output)
-    assert record["iteration"] == 0 and record["queue_pending"] == 3 and record["workers_alive"] == 1
-    assert record["usd_total"] == pytest.approx(1.0, abs=0.05) and record["max_usd"] == 10.0
-    text = _invoke(*args).output
-    assert "iteration 0" in text and "3 pending" in text and "of $10" in text
-
-
-def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_skypilot(
-        fake_sky, reserved_redis, monkeypatch) -> None:
-    with _node_queue(reserved_redis, monkeypatch) as queue:
-        queue.publish_info({"iteration": 4, "heldout_score": 0.61, "usd_total": 12.5, "workers_alive": 1})
-    fake_sky.jobs = [job("spotlight-rollout-1", 4, "RECOVERING"), job("spotlight-rollout-2", 5, "SUCCEEDED"),
-                     job("someone-else", 6, "RUNNING")]
-    text = _invoke("status").output
-    assert "iteration 4  held-out 0.610  spent $12.50" in text
-    assert "  spotlight-rollout-1  job 4  RECOVERING\n" in text + "\n" and "ManagedJobStatus" not in text
-    assert "spotlight-rollout-2" not in text and "someone-else" not in text  # finished, and not this project's
-    record = json.loads(_invoke("status", "--json").output)
-    assert record["spot_jobs"] == [{"name": "spotlight-rollout-1", "job_id": 4, "status": "RECOVERING"}]
-    fake_sky.controller_up = False  # it stopped itself after its idle minutes
-    stopped = _invoke("status")
-    assert stopped.exit_code == 0 and "controller is stopped" in stopped.output and "iteration 4" in stopped.output
-    fake_sky.address = "127.0.0.1:1"  # the node is gone
-    gone = _invoke("status")
-    assert gone.exit_code == 1 and "cannot read the queue" in gone.output
-
-
-def test_a_queue_url_with_a_password_is_never_echoed_by_status(fake_sky) -> None:
-    result = _invoke("status", "--queue", "redis://:pa%22ss%5Cword-Xy9@127.0.0.1:1/0")
-    assert result.exit_code == 1 and "cannot read the queue redis://127.0.0.1:1/0" in result.output
-    assert "Xy9" not in result.output and "pa%22ss" not in result.output
-
-
-def test_down_cancels_only_spotlight_worker_jobs_then_the_reserved_node(fake_sky) -> None:
-    fake_sky.jobs = [job("spotlight-rollout-1", 4, "RUNNING"), job("someone-else", 5, "RUNNING"),
-                     job("spotlight-rollout-2", 6, "RECOVERING"), job("spotlight-rollout-3", 7, "CANCELLED")]
-    result = _invoke("down", "--yes")
-    assert result.exit_code == 0, result.output
-    assert [c[:2] for c in fake_sky.calls] == [("jobs.cancel", ([4, 6],)), ("down", ("spotlight-reserved",))]
-
-
-def test_down_takes_the_reserved_node_down_when_the_jobs_controller_has_stopped(fake_sky) -> None:
-    fake_sky.controller_up = False
-    result = _invoke("down", "--yes")
-    assert result.exit_code == 0, result.output
-    assert [c[:2] for c in fake_sky.calls] == [("down", ("spotlight-reserved",))]
-    assert "controller is stopped" in result.output and "spotlight-reserved is down" in result.output
-    fake_sky.cluster_exists = False  # and a second down finds nothing to take down
-    again = _invoke("down", "--yes")
-    assert again.exit_code == 0 and "does not exist (already down)" in again.output
 
 
 def test_run_json_which_keeps_a_queue_url_as_given_is_readable_by_its_owner_only(tmp_path) -> None:

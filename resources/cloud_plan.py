@@ -1,0 +1,102 @@
+"""What `spotlight launch` was asked for (`LaunchPlan`), checked before anything is submitted; resources/cloud.py
+turns a plan into SkyPilot tasks and submits them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from resources.prices import PriceTable
+
+RESERVED_CLUSTER = "spotlight-reserved"
+"""The reserved node's SkyPilot cluster (`spotlight launch --cluster`)."""
+MODEL_SOURCE_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "https")
+"""Bucket URLs SkyPilot can copy a file mount from (https: an Azure blob container)."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `spotlight launch` was asked for."""
+
+    workers: int
+    """Spot rollout workers, one managed job each."""
+    store: str
+    """The tensor store every node shares: s3://bucket/prefix."""
+    gpus: tuple[str, ...] = ()
+    """Accelerators a spot worker may get (any one of them); () = the YAML's any_of list."""
+    max_usd: float = 100.0
+    """Spend cap: the coordinator stops, and spot jobs stop recovering, once the ledger's spend reaches it."""
+    preset: str | None = None
+    """Training preset (workers/trainer/presets.py); None = the YAML's."""
+    iterations: int | None = None
+    cluster: str = RESERVED_CLUSTER
+    model: str | None = None
+    """A diffusers pipeline folder to post-train, an absolute path that every node holds; None = the pixel policy."""
+    reward: str | None = None
+    """The run's reward spec (`spotlight run --reward`: a name, clip:PATH, http://HOST:PORT, multi:...); None = the
+    preset's. The GPU presets name none."""
+    prompts: str | None = None
+    """A prompts file for `spotlight run --prompts`, an absolute path that the reserved node holds; None = the
+    preset's task (MiniGenEval)."""
+    model_source: str | None = None
+    """A bucket URL holding that folder (s3://bucket/models/Qwen-Image): mounted (copied) at `model` on every node.
+    None: the nodes hold it another way (an image, a file_mounts of your own)."""
+    sp_degree: int | str | None = None
+    """SP nodes: every spot job runs the SP node agent, sampling each request in Ulysses groups of this many GPUs,
+    or "auto" (per round, for the queue's backlog). None or 1: one rollout worker per job, on one GPU."""
+    gpus_per_node: int | None = None
+    """GPUs of each SP node; None: the sp_degree (one group per node). Only with an sp_degree."""
+
+    def __post_init__(self) -> None:
+        self._check_model()
+        self._check_sp()
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
+        if not self.store.startswith("s3://") or len(self.store) <= len("s3://"):
+            raise ValueError(f"--store must be s3://bucket/prefix (every node reads and writes it), got {self.store!r}")
+        if not self.max_usd > 0:
+            raise ValueError(f"--max-usd must be a positive number of dollars, got {self.max_usd!r}")
+        if self.iterations is not None and self.iterations < 1:
+            raise ValueError(f"--iterations must be >= 1, got {self.iterations}")
+        known = PriceTable().gpus
+        unknown = [g for g in self.gpus if g not in known]
+        if unknown or len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"--gpu {','.join(self.gpus)}: give distinct accelerator names from "
+                             f"{', '.join(sorted(known))} (comma-separated; add others to a prices file)")
+
+    @property
+    def node_gpus(self) -> int:
+        """GPUs each spot job asks for: 1 for a rollout worker, the node's for an SP node."""
+        return self.gpus_per_node or (self.sp_degree if isinstance(self.sp_degree, int) else 1)
+
+    def _check_sp(self) -> None:
+        degree, gpus = self.sp_degree, self.gpus_per_node
+        if degree is not None and degree != "auto" and (isinstance(degree, bool) or not isinstance(degree, int)
+                                                         or degree < 1):
+            raise ValueError(f"--sp-degree must be an integer >= 1 or auto, got {degree!r}")
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+            raise ValueError(f"--gpus-per-node must be an integer >= 1, got {gpus!r}")
+        if degree in (None, 1):
+            if gpus not in (None, 1):
+                raise ValueError(f"--gpus-per-node {gpus} needs --sp-degree: a rollout worker samples on one GPU "
+                                 "(launch more --workers instead, or SP nodes with --sp-degree 2..8 or auto)")
+        elif degree == "auto":
+            if gpus is None or gpus < 2:
+                raise ValueError("--sp-degree auto needs --gpus-per-node N >= 2: the GPUs the node agent groups")
+        elif self.node_gpus % degree:
+            raise ValueError(f"--sp-degree {degree} must divide --gpus-per-node {self.node_gpus}: the node's GPUs form "
+                             f"groups of {degree}, and the rest would idle at full price")
+
+    def _check_model(self) -> None:
+        if self.prompts is not None and not self.prompts.startswith("/"):
+            raise ValueError(f"--prompts {self.prompts!r} must be an absolute file path on the reserved node")
+        if self.model is not None and (not self.model.startswith("/") or self.model.rstrip("/") == ""):
+            raise ValueError(f"--model {self.model!r} must be an absolute folder path: every node loads the weights "
+                             "from that same path (the run's anchor names it)")
+        if self.model_source is None:
+            return
+        if self.model is None:
+            raise ValueError("--model-source needs --model: the absolute path the weights are mounted at on every node")
+        scheme, sep, rest = self.model_source.partition("://")
+        if not sep or scheme not in MODEL_SOURCE_SCHEMES or not rest.strip("/"):
+            raise ValueError(f"--model-source {self.model_source!r} must be a bucket URL, "
+                             f"{' or '.join(s + '://...' for s in MODEL_SOURCE_SCHEMES)}")
