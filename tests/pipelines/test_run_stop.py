@@ -38,10 +38,10 @@ def prompts(tmp_path) -> Path:
     return path
 
 
-def _smoke_args(run_dir: Path, prompts: Path) -> list[str]:
-    """One training iteration and the final one (validation and report), sampled in this process."""
-    return ["run", "--run-dir", str(run_dir), "--preset", "cpu_smoke", "--rollouts", "inprocess", "--iterations", "1",
-            "--validation-prompts", str(prompts)]
+def _smoke_args(run_dir: Path, prompts: Path, iterations: int = 1) -> list[str]:
+    """`iterations` training iterations and the final one (validation and report), sampled in this process."""
+    return ["run", "--run-dir", str(run_dir), "--preset", "cpu_smoke", "--rollouts", "inprocess", "--iterations",
+            str(iterations), "--validation-prompts", str(prompts)]
 
 
 def _invoke(*args: str):
@@ -52,14 +52,16 @@ def _ledger(run_dir: Path, sql: str) -> list[tuple]:
     return query_ledger(run_dir / "ledger.duckdb", sql).rows
 
 
-def _finished_by_resume(run_dir: Path) -> None:
+def _finished_by_resume(run_dir: Path, iterations: int = 1) -> None:
     """`--resume` skips the iteration done before the stop, does the rest, and the ledger says the run succeeded."""
     done = _invoke("run", "--run-dir", str(run_dir), "--resume")
     assert done.exit_code == 0, done.output
-    assert "it   0  done earlier (resumed)" in done.output and "it   1  held-out" in done.output
-    assert _ledger(run_dir, "SELECT iteration, status FROM iterations ORDER BY 1") == [(0, "succeeded"), (1, "succeeded")]
+    assert "it   0  done earlier (resumed)" in done.output and f"it   {iterations}  held-out" in done.output
+    assert _ledger(run_dir, "SELECT iteration, status FROM iterations ORDER BY 1") == [
+        (k, "succeeded") for k in range(iterations + 1)]
     assert _ledger(run_dir, "SELECT status FROM runs") == [("succeeded",)]
-    assert _ledger(run_dir, "SELECT count(*), count(DISTINCT iteration) FROM train_steps") == [(1, 1)]  # not trained twice
+    assert _ledger(run_dir, "SELECT count(*), count(DISTINCT iteration) FROM train_steps") == [
+        (iterations, iterations)]  # none trained twice
 
 
 def test_max_usd_stops_the_run_after_the_iteration_that_reached_it_and_resume_finishes_it(tmp_path, prompts):
@@ -135,7 +137,9 @@ def _processes_naming(text: str) -> list[str]:
 
 def test_ctrl_c_after_an_iteration_stops_the_run_with_a_resume_hint_and_resume_finishes_it(tmp_path, prompts):
     run_dir = tmp_path / "interrupted"
-    proc = _spotlight(*_smoke_args(run_dir, prompts))
+    # Two training iterations: after iteration 0's line the run still has seconds of work (iteration 1 trains), so
+    # Ctrl-C lands mid-run; with one, the final validation-only iteration could end before the signal arrived.
+    proc = _spotlight(*_smoke_args(run_dir, prompts, iterations=2))
     _wait_for_line(proc, "it   0", timeout_s=240)
     code, stderr = _stopped(proc, signal.SIGINT)
     assert code == 1, stderr[-2000:]
@@ -143,7 +147,7 @@ def test_ctrl_c_after_an_iteration_stops_the_run_with_a_resume_hint_and_resume_f
     assert HINT.format(run_dir) in " ".join(stderr.split())
     assert _ledger(run_dir, "SELECT status FROM runs") == [("interrupted",)]
     assert _ledger(run_dir, "SELECT iteration, status FROM iterations WHERE status = 'succeeded'") == [(0, "succeeded")]
-    _finished_by_resume(run_dir)
+    _finished_by_resume(run_dir, iterations=2)
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="lists processes through /proc")
