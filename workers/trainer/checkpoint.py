@@ -81,10 +81,9 @@ def publish_checkpoint(store: TensorStore, run: str, version: int, spec: dict, w
     return sum(e.size_bytes for e in result.manifest.objects.values())
 
 
-def load_checkpoint(store: TensorStore, run: str, version: int,
-                    device: str = "cpu") -> tuple[Policy, OptimizerState | None]:
-    """The policy at `version` (FP32, eval mode, on `device`) and its optimizer state (None for the base;
-    `restore_optimizer` moves it to the parameters' device)."""
+def checkpoint_metadata(store: TensorStore, run: str, version: int) -> dict:
+    """The manifest metadata of the trainer checkpoint at `version`; LookupError when there is none, ValueError for
+    another format."""
     key = weights_key(run, version)
     manifest = store.read_manifest(key)
     if manifest is None:
@@ -93,6 +92,15 @@ def load_checkpoint(store: TensorStore, run: str, version: int,
     meta = manifest.metadata
     if meta.get("format") != FORMAT:
         raise ValueError(f"{key}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def load_checkpoint(store: TensorStore, run: str, version: int,
+                    device: str = "cpu") -> tuple[Policy, OptimizerState | None]:
+    """The policy at `version` (FP32, eval mode, on `device`) and its optimizer state (None for the base;
+    `restore_optimizer` moves it to the parameters' device)."""
+    key = weights_key(run, version)
+    meta = checkpoint_metadata(store, run, version)
     tensors = store.load_tensors(key)
     policy = build_from_spec(meta["policy_config"])
     policy.load_weights({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})

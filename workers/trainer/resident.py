@@ -29,7 +29,7 @@ import torch
 from resources.keys import weights_key
 from resources.store import TensorStore
 from workers.model.spec import build_from_spec
-from workers.trainer.checkpoint import FORMAT, OptimizerState
+from workers.trainer.checkpoint import OptimizerState, checkpoint_metadata
 
 
 @dataclass
@@ -50,13 +50,7 @@ def resident_checkpoint(store: TensorStore, run: str, version: int,
     updated in place with the checkpoint's weights."""
     global _resident
     key = weights_key(run, version)
-    manifest = store.read_manifest(key)
-    if manifest is None:
-        raise LookupError(f"run {run!r} has no trainer checkpoint at version {version} ({store.url}/{key}): "
-                          f"materialize the previous iteration's policy_update first")
-    meta = manifest.metadata
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{key}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    meta = checkpoint_metadata(store, run, version)
     spec_key = json.dumps(meta["policy_config"], sort_keys=True)
     here = (store.url, run, version)
     fresh = _resident is None or _resident.spec_key != spec_key
