@@ -101,6 +101,8 @@ def _free_port() -> int:
 def _start_redis(binary: str, password: str, folder: Path) -> tuple[RedisServer, subprocess.Popen]:
     """A redis-server on a free port. redis-server cannot take port 0, so a port is picked, released and handed
     to it; another process may take it in between, so a server that does not answer is retried on another port."""
+    import redis
+
     for attempt in range(5):
         server = RedisServer(_free_port(), password)
         args = ["--port", str(server.port), "--bind", "127.0.0.1", "--requirepass", server.password]
@@ -109,7 +111,7 @@ def _start_redis(binary: str, password: str, folder: Path) -> tuple[RedisServer,
         try:
             _wait_for_ping(server, process)
             return server, process
-        except Exception:
+        except (RuntimeError, redis.exceptions.ConnectionError):  # it exited (port taken), or never answered
             process.kill()
             process.wait(timeout=10)
             if attempt == 4:
