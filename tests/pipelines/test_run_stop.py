@@ -135,6 +135,7 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.nightly  # races: under CI's two test processes the run finished before SIGINT took effect (2 of 2 runs)
 def test_ctrl_c_after_an_iteration_stops_the_run_with_a_resume_hint_and_resume_finishes_it(tmp_path, prompts):
     run_dir = tmp_path / "interrupted"
     # Two training iterations: after iteration 0's line the run still has seconds of work (iteration 1 trains), so
