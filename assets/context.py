@@ -7,7 +7,7 @@ from pathlib import Path
 
 from assets.run_config import RunConfigResource
 from resources.dagster_resources import LedgerResource, QueueResource, RolloutWorkersResource, TensorStoreResource
-from resources.queue import QueueConfig
+from resources.queue.base import QueueConfig
 from workers.coordinator.context import RunContext, Sampling
 
 

@@ -110,7 +110,7 @@ def bench_store(
     num_small: int = typer.Option(200, "--num-small", help="Small (64 KiB) objects per measurement."),
 ) -> None:
     """Tensor-store put/get throughput: raw objects and publish/load with checksums."""
-    from resources.store_bench import StoreBenchConfig, run_store_benchmarks
+    from workers.bench.store_bench import StoreBenchConfig, run_store_benchmarks
 
     config = StoreBenchConfig(num_small=num_small, large_bytes=large_mib * 1024 * 1024)
     try:

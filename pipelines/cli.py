@@ -94,7 +94,7 @@ def ledger_query(
     import csv
     import io
 
-    from resources.ledger_db import LedgerLockedError, LedgerQueryError, find_ledger, query_ledger
+    from resources.ledger.db import LedgerLockedError, LedgerQueryError, find_ledger, query_ledger
 
     if as_csv and as_json:
         raise typer.BadParameter("choose one of --csv and --json")

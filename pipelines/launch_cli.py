@@ -1,6 +1,6 @@
 """`spotlight launch`, `spotlight status`, `spotlight down`: the cloud path on SkyPilot (registered in pipelines/cli.py).
 
-Only typer at import time; SkyPilot (resources/cloud.py) loads inside the commands, so
+Only typer at import time; SkyPilot (resources/cloud/__init__.py) loads inside the commands, so
 `--help` stays instant. Every flag and secret is checked before anything is submitted.
 """
 
@@ -38,7 +38,7 @@ def launch_command(
     """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs."""
     from resources.cloud import (CloudError, LaunchPlan, describe_task, launch, launch_secrets, plan_tasks, tls_folder,
                                  use_run_ca, with_run_tls)
-    from resources.queue_redis_tls import make_run_tls, run_tls
+    from resources.queue.redis_tls import make_run_tls, run_tls
 
     try:
         plan = LaunchPlan(workers=workers, store=store, gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
@@ -143,8 +143,8 @@ def _refuse_over_budget(queue_url: str, max_usd: float) -> None:
 
 def _queue_info(queue_url: str) -> Optional[dict]:
     """The queue's depth and the coordinator's published summary; None when the queue cannot be reached."""
-    from resources.queue import QueueError
-    from resources.queues import open_queue
+    from resources.queue.base import QueueError
+    from resources.queue import open_queue
 
     try:
         with open_queue(queue_url) as queue:
@@ -167,7 +167,7 @@ def status_command(
     record: dict = {}
     try:
         if ledger is not None:
-            from resources.ledger_db import query_ledger
+            from resources.ledger.db import query_ledger
             from resources.run_status import ledger_status
 
             record.update(ledger_status(lambda sql: query_ledger(ledger, sql)))
@@ -192,7 +192,7 @@ def status_command(
 
 def _shown(queue: str) -> str:
     """The queue URL without a password it may hold (a status line must not print it)."""
-    from resources.queues import parse_queue_url
+    from resources.queue import parse_queue_url
 
     try:
         where = parse_queue_url(queue)

@@ -215,10 +215,10 @@ def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None)
 
 @contextlib.contextmanager
 def remote_workers(resources: dict, max_usd: Optional[float] = None) -> Iterator[None]:
-    """On a Redis queue: record the spot workers that relay their events through it (resources/worker_events.py),
+    """On a Redis queue: record the spot workers that relay their events through it (resources/cluster/worker_events.py),
     and publish the run's progress and spend there (for `spotlight status` and the spot workers' spend gate)."""
     from resources.run_status import StatusPublisher
-    from resources.worker_events import RemoteWorkers
+    from resources.cluster.worker_events import RemoteWorkers
 
     with contextlib.closing(resources["queue"].get_queue()) as queue:
         if not hasattr(queue, "read_events"):  # a SQLite queue: only local workers, whose pipes the pool reads

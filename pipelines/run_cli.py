@@ -163,10 +163,10 @@ def _resolve_spec(run_dir: Path, resume: bool, overwrite: bool, max_usd: Optiona
 def _check_reachable(spec) -> None:
     """A remote queue or store that cannot be reached stops the run here, in one line naming its address,
     before any compute and before anything is written (a worker would otherwise find it, minutes later)."""
-    from resources.queue import QueueError
-    from resources.queues import check_queue_reachable
-    from resources.store import StoreError
-    from resources.stores import check_store_reachable
+    from resources.queue.base import QueueError
+    from resources.queue import check_queue_reachable
+    from resources.store.base import StoreError
+    from resources.store import check_store_reachable
 
     try:
         if spec.queue is not None:

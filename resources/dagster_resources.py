@@ -21,10 +21,10 @@ from dagster import ConfigurableResource
 from pydantic import ConfigDict, Field, field_validator
 
 from resources.ledger import Ledger
-from resources.queue import QueueConfig, RequestQueue, parse_queue_url
-from resources.queues import open_queue
-from resources.store import TensorStore
-from resources.stores import open_store, parse_store_url
+from resources.queue.base import QueueConfig, RequestQueue, parse_queue_url
+from resources.queue import open_queue
+from resources.store.base import TensorStore
+from resources.store import open_store, parse_store_url
 
 
 class TensorStoreResource(ConfigurableResource):

@@ -2,7 +2,7 @@
 
 All keys are relative to the store root (a folder, or `s3://bucket/prefix`). A *commit
 key* names a folder-like prefix holding content-addressed data objects and a
-`_MANIFEST.json` written last (see `resources/store.py`); readers trust only committed
+`_MANIFEST.json` written last (see `resources/store/base.py`); readers trust only committed
 manifests.
 
 | function | key (commit key unless noted) | holds | written by |

@@ -73,7 +73,7 @@ class StatusPublisher:
         self.publish()
 
     def publish(self) -> None:
-        from resources.queue import QueueError
+        from resources.queue.base import QueueError
 
         try:
             self.queue.publish_info({**ledger_status(self.query), **self.extra, "published_at": time.time()})
@@ -93,7 +93,7 @@ def run_ended(info: Mapping[str, Any]) -> bool:
 
 def _read_info(url: str) -> dict[str, Any]:
     """The run's published summary; QueueError or ValueError when the queue cannot be read."""
-    from resources.queues import open_queue
+    from resources.queue import open_queue
 
     with open_queue(url) as queue:
         return queue.info() if hasattr(queue, "info") else {}
@@ -107,7 +107,7 @@ def supervise(command: list[str], url: str, every_s: float, read_info: Callable[
     import signal
     import subprocess
 
-    from resources.queue import QueueError
+    from resources.queue.base import QueueError
 
     child = subprocess.Popen(command)
     signal.signal(signal.SIGTERM, lambda *_: None)  # the job's SIGTERM reaches the worker directly (same group)
@@ -142,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every-s", type=float, default=30.0, help="How often a supervised worker checks the run.")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the worker's command line, to supervise")
     args = parser.parse_args(argv)
-    from resources.queue import QueueError
+    from resources.queue.base import QueueError
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.mark is not None:
-        from resources.queues import open_queue
+        from resources.queue import open_queue
 
         with open_queue(args.queue) as queue:
             queue.publish_info({ENDED_KEY: args.mark == "ended"})

@@ -16,7 +16,7 @@ CA_FILE_ENV = "SPOTLIGHT_REDIS_CA_FILE"
 """rediss:// only: a PEM bundle to trust instead of the system's CAs (a self-signed server)."""
 RUN_CA_ENV = "SPOTLIGHT_REDIS_RUN_CA"
 """rediss:// only: the run's own CA (base64 of its PEM, made by `spotlight launch`), which signed the run's Redis
-certificate and nothing else: the chain is checked against it, the host name is not (resources/queue_redis_tls.py)."""
+certificate and nothing else: the chain is checked against it, the host name is not (resources/queue/redis_tls.py)."""
 REDIS_SCHEMES = ("redis", "rediss")
 
 

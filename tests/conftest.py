@@ -33,7 +33,7 @@ class S3Endpoint:
 
     def store(self, prefix: str = "store", **config_fields: object):
         """An S3TensorStore on this bucket; keyword arguments become S3Config fields."""
-        from resources.store_s3 import S3Config, S3TensorStore
+        from resources.store.s3 import S3Config, S3TensorStore
 
         return S3TensorStore(self.bucket, prefix, endpoint_url=self.url, config=S3Config(**config_fields))
 
@@ -156,7 +156,7 @@ def _wait_for_ping(server: RedisServer, process: subprocess.Popen | None = None)
 @pytest.fixture
 def tmp_store(tmp_path: Path):
     """A LocalTensorStore in a fresh temporary folder."""
-    from resources.store_local import LocalTensorStore
+    from resources.store.local import LocalTensorStore
 
     return LocalTensorStore(tmp_path / "store")
 

@@ -123,7 +123,7 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
     import resources.cluster
     from pipelines.deploy import build_resources
     from pipelines.run_walk import materialize_iteration
-    from resources.queue import PASSWORD_ENV
+    from resources.queue.base import PASSWORD_ENV
     from workers.model.policy import save_policy
 
     monkeypatch.delenv(PASSWORD_ENV, raising=False)  # the URL is the only place the password is given

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from resources.ledger import Ledger
-from resources.ledger_db import LedgerQueryError, query_ledger
-from resources.ledger_records import RequestRecord
+from resources.ledger.db import LedgerQueryError, query_ledger
+from resources.ledger.records import RequestRecord
 from tests.fuzz.fuzzing import FUZZ, count_input
 
 REFUSED = [  # writes, files, extensions, settings, secrets, the environment: each must be refused

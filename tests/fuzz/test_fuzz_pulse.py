@@ -16,7 +16,7 @@ import zstandard
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from resources.tensors import tensors_from_bytes, tensors_to_bytes
+from resources.store.tensors import tensors_from_bytes, tensors_to_bytes
 from tests.fuzz.fuzzing import FUZZ, count_input
 from workers.pulse import PatchError, apply_patch, encode_patch, read_patch_header, sync_weights, weights_hash
 from workers.pulse.chain import MemoryChain

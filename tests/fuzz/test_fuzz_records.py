@@ -12,8 +12,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resources.manifest import Manifest, ObjectEntry, checksum, object_key
-from resources.queue_records import MAX_BODY_BYTES, Request
+from resources.store.manifest import Manifest, ObjectEntry, checksum, object_key
+from resources.queue.records import MAX_BODY_BYTES, Request
 from tests.fuzz.fuzzing import FUZZ, count_input
 
 COMMIT = "runs/demo/anchors/v000001"

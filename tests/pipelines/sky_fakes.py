@@ -172,7 +172,7 @@ class NodeRedis:
 
 @pytest.fixture
 def reserved_redis(fake_sky, tmp_path, monkeypatch):
-    """A redis-server configured by resources.queue_redis_tls from the TLS files `spotlight launch` reads (made here
+    """A redis-server configured by resources.queue.redis_tls from the TLS files `spotlight launch` reads (made here
     first, in the state folder), with the launch password; the fake node's address points at it."""
     import os
     import shutil
@@ -181,7 +181,7 @@ def reserved_redis(fake_sky, tmp_path, monkeypatch):
     import subprocess
 
     from resources.cloud import tls_folder, with_run_tls
-    from resources.queue_redis_tls import run_tls, write_node_files
+    from resources.queue.redis_tls import run_tls, write_node_files
     from tests.pipelines.sky_blocks import wait_for
 
     if shutil.which("redis-server") is None:
@@ -205,7 +205,7 @@ def reserved_redis(fake_sky, tmp_path, monkeypatch):
 def node_queue(node: NodeRedis, monkeypatch):
     """The coordinator's connection to the node's Redis (this process trusting the run's CA)."""
     from resources.cloud import use_run_ca
-    from resources.queues import open_queue
+    from resources.queue import open_queue
 
     monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
     assert use_run_ca("spotlight-reserved")

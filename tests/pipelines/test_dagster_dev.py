@@ -108,7 +108,7 @@ def test_ui_runs_iteration_zero_and_the_sensor_runs_the_next(dagster_dev):
     assert second["status"] == "SUCCESS", (tmp / "dagster.log").read_text()[-3000:]
     assert {t["key"]: t["value"] for t in second["tags"]}.get("dagster/run_key") == "ui/it-000001"
 
-    from resources.ledger_db import query_ledger
+    from resources.ledger.db import query_ledger
 
     rows = query_ledger(tmp / "run" / "ledger.duckdb", "SELECT iteration, status FROM iterations ORDER BY 1").rows
     assert rows == [(0, "succeeded"), (1, "succeeded")]

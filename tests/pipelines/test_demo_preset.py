@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from resources.ledger_db import query_ledger
+from resources.ledger.db import query_ledger
 from workers.trainer import presets
 
 

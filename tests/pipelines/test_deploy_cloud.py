@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from resources.queue_redis import RedisQueue
-from resources.store_s3 import S3TensorStore
+from resources.queue.redis_streams import RedisQueue
+from resources.store.s3 import S3TensorStore
 
 PASSWORD_IN_ENV = "SPOTLIGHT_REDIS_PASSWORD"
 

@@ -22,7 +22,7 @@ def test_a_hacked_run_is_flagged_rolled_back_and_ends_no_worse_than_the_base(tmp
     import torch
 
     from resources.ledger import Ledger
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.coordinator.hacking_guard import guard_best_key
     from workers.trainer.checkpoint import load_checkpoint
 

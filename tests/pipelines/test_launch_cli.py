@@ -38,7 +38,7 @@ def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_r
     """What SkyPilot's API server does with each task before provisioning: load the client's YAML dump, then
     resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)")."""
     from resources.cloud import LaunchPlan, plan_tasks, with_run_tls
-    from resources.queue_redis_tls import make_run_tls, worker_password
+    from resources.queue.redis_tls import make_run_tls, worker_password
 
     tls = make_run_tls()
     secrets = with_run_tls(SECRETS, tls)
@@ -229,7 +229,7 @@ def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fak
     run's CA, its queue as the ACL user and that user's own password: never the coordinator's, never the key."""
     import base64
 
-    from resources.queue_redis_tls import worker_password
+    from resources.queue.redis_tls import worker_password
 
     node = reserved_redis
     result = _invoke("launch", "--workers", "2", "--gpu", "L4", "--store", "s3://b/p", "--max-usd", "50")

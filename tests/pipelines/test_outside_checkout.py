@@ -68,7 +68,7 @@ def test_train_with_a_relative_out_writes_there_and_the_ledger_command_reads_it(
 def test_a_cluster_run_started_outside_the_checkout_finishes_with_its_files_where_asked(smoke_cluster_run):
     """Regression: the workers ran in the checkout and opened another, empty runs/run/queue.db, while the
     coordinator waited forever on its own. The session's cluster run, `--run-dir rel/cluster` from elsewhere."""
-    from resources.ledger_db import query_ledger
+    from resources.ledger.db import query_ledger
 
     ledger = smoke_cluster_run.path("rel/cluster/ledger.duckdb")
     assert query_ledger(ledger, "SELECT iteration, status FROM iterations ORDER BY 1").rows == [

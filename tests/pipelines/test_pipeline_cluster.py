@@ -33,7 +33,7 @@ def test_rollouts_through_a_local_cluster_land_in_store_and_ledger(tmp_path, tin
 def test_default_run_shows_preemptions_and_spot_cost_in_summary_and_report(smoke_cluster_run):
     """The session's one-iteration run on the default local cluster at 120 preemptions per worker-hour: seed 0's
     trace kills a worker 0.3 s after the cluster is ready, then about every 30 s."""
-    from resources.ledger_db import query_ledger
+    from resources.ledger.db import query_ledger
 
     run = smoke_cluster_run.path("rel/cluster")
 

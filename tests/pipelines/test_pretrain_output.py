@@ -59,7 +59,7 @@ def test_pretrain_output_loads_to_the_weights_it_trained_and_samples_like_them(p
 
 @pytest.mark.slow
 def test_train_from_the_pretrain_output_starts_from_its_weights(pretrained, tmp_path):
-    from resources.ledger_db import query_ledger
+    from resources.ledger.db import query_ledger
     from workers.coordinator.sync import published_form
     from workers.model.policy import load_policy
     from workers.pulse import weights_hash

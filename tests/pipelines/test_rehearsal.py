@@ -38,7 +38,7 @@ def _tasks(store: str, port: int, run_dir: Path, password: str):
     """The reserved task and a spot worker's, as `spotlight launch` builds them (the run's TLS material, the workers'
     ACL user and password), with the envs that make them run here."""
     from resources.cloud import LaunchPlan, reserved_task, with_run_tls, worker_task
-    from resources.queue_redis_tls import make_run_tls
+    from resources.queue.redis_tls import make_run_tls
 
     secrets = with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing",
                             "AWS_SECRET_ACCESS_KEY": "testing"}, make_run_tls())
@@ -99,7 +99,7 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
             _stop_redis(run_dir)
     assert argv_watch.scans > 10 and not argv_watch.hits, f"the Redis password was on a command line: {argv_watch.hits}"
     _assert_ledger(run_dir / "ledger.duckdb", victim_log=victim.text(), password=password)
-    from resources.stores import open_store  # the record outlives the node's disk (autostop deletes it)
+    from resources.store import open_store  # the record outlives the node's disk (autostop deletes it)
     archived = open_store(f"s3://{s3_server.bucket}/spotlight").get_bytes(f"archive/{run_dir.name}/ledger.duckdb")
     assert archived == (run_dir / "ledger.duckdb").read_bytes()
     for log in [*logs.glob("*.log"), *run_dir.rglob("*.log"), *run_dir.rglob("*.stderr")]:
@@ -117,7 +117,7 @@ def _stop_redis(run_dir: Path) -> None:
 def _assert_ledger(path: Path, victim_log: str, password: str) -> None:
     import json
 
-    from resources.ledger_db import query_ledger
+    from resources.ledger.db import query_ledger
 
     def rows(sql: str) -> list[dict]:
         return query_ledger(path, sql).as_dicts()

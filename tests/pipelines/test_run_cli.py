@@ -123,7 +123,7 @@ def _spotlight_run(run_dir: Path, checkpoint: Path, *extra: str) -> subprocess.P
 
 
 def _content(run_dir: Path, queries: dict[str, str]) -> dict:
-    from resources.ledger_db import query_ledger
+    from resources.ledger.db import query_ledger
 
     return {name: query_ledger(run_dir / "ledger.duckdb", sql).rows for name, sql in queries.items()}
 

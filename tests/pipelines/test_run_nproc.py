@@ -58,14 +58,14 @@ def _kill_once_iteration_1_has_results(proc: subprocess.Popen, run_dir: Path) ->
 
 
 def _ledger(run_dir: Path, sql: str) -> list[tuple]:
-    from resources.ledger_db import query_ledger
+    from resources.ledger.db import query_ledger
 
     return query_ledger(run_dir / "ledger.duckdb", sql).rows
 
 
 def _final_state(run_dir: Path) -> tuple[dict, dict]:
     """The run's last checkpoint (version 2 of cpu_smoke): (weights, AdamW state tensors)."""
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.trainer.checkpoint import load_checkpoint
 
     policy, optimizer = load_checkpoint(open_store(str(run_dir / "store")), run_dir.name, 2)

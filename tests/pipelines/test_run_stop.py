@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from resources.ledger_db import query_ledger
+from resources.ledger.db import query_ledger
 from tests.paths import REPO_ROOT
 
 HINT = "continue it with: spotlight run --run-dir {} --resume"

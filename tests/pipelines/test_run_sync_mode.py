@@ -20,7 +20,7 @@ SPOTLIGHT = [sys.executable, "-m", "pipelines.cli"]
 def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path):
     import duckdb
 
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.model.families.lora import merged_weights
     from workers.rollout.weights import PolicyHolder
     from workers.trainer.checkpoint import load_checkpoint

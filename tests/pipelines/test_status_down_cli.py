@@ -13,7 +13,7 @@ from tests.pipelines.sky_fakes import invoke as _invoke, job, node_queue as _nod
 
 def test_status_shows_iteration_score_spend_workers_and_queue_depth(redis_server, tmp_path, monkeypatch) -> None:
     from resources.ledger import Ledger
-    from resources.queues import open_queue
+    from resources.queue import open_queue
 
     redis_server.flush()
     monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", redis_server.password)

@@ -71,7 +71,7 @@ def test_train_posttrains_a_local_pipeline_on_the_users_prompts_and_diffusers_lo
     import diffusers
     import duckdb
 
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.trainer.checkpoint import load_checkpoint
 
     model = build_tiny_pipeline(family, tmp_path / family)
@@ -175,7 +175,7 @@ def test_train_with_merged_sync_publishes_weights_a_worker_runs_without_an_adapt
     into a plain transformer, bit for bit the trainer's merged weights, while the checkpoints keep the adapter."""
     import duckdb
 
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.model.families.lora import merged_weights
     from workers.rollout.weights import PolicyHolder
     from workers.trainer.checkpoint import load_checkpoint

@@ -47,7 +47,7 @@ def _train(cwd: Path, out: Path, *args: str, timeout_s: float = 900) -> list[dic
 
 def _final_state(run_dir: Path) -> tuple[dict, dict]:
     """The run's final checkpoint (version 2) in its store: (weights, AdamW state tensors)."""
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.coordinator.context import run_name_for
     from workers.trainer.checkpoint import load_checkpoint
 

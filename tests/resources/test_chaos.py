@@ -11,12 +11,12 @@ from collections import Counter
 import pytest
 
 from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-from resources.cluster_ledger import result_records
+from resources.cluster.ledger import result_records
 from resources.keys import rollouts_prefix
 from resources.ledger import Ledger
-from resources.preemption import PreemptionEvent
-from resources.queues import open_queue
-from resources.queue_records import Request
+from resources.cluster.preemption import PreemptionEvent
+from resources.queue import open_queue
+from resources.queue.records import Request
 from workers.rollout.request import work_request
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder

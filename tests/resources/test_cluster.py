@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-from resources.cluster_ledger import WorkTracker
-from resources.preemption import PreemptionEvent, load_trace_csv, poisson_trace
+from resources.cluster.ledger import WorkTracker
+from resources.cluster.preemption import PreemptionEvent, load_trace_csv, poisson_trace
 
 
 def test_a_csv_trace_is_read_in_time_order(tmp_path) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from resources.cluster_ledger import WorkTracker
-from resources.worker_events import RemoteWorkers
+from resources.cluster.ledger import WorkTracker
+from resources.cluster.worker_events import RemoteWorkers
 
 G1, G2 = "w0+w1", "w2+w3"
 

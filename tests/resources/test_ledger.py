@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from resources.ledger import Ledger
-from resources.ledger_records import (
+from resources.ledger.records import (
     AttemptRecord,
     ExplorationRecord,
     PreemptionRecord,

@@ -1,6 +1,6 @@
 """Buffered ledger writes: rows recorded in a phase reach the file together, and what a crash may lose.
 
-The durability rules are in resources/ledger.py's module docstring.
+The durability rules are in resources/ledger/__init__.py's module docstring.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import textwrap
 from pathlib import Path
 
 from resources.ledger import Ledger
-from resources.ledger_db import query_ledger
-from resources.ledger_records import AttemptRecord, RequestRecord
+from resources.ledger.db import query_ledger
+from resources.ledger.records import AttemptRecord, RequestRecord
 from tests.paths import REPO_ROOT
 
 
@@ -71,7 +71,7 @@ def test_re_recording_a_key_in_one_batch_keeps_the_last_row_as_one_by_one_writes
 _CRASHER = textwrap.dedent("""
     import os, sys
     from resources.ledger import Ledger
-    from resources.ledger_records import AttemptRecord
+    from resources.ledger.records import AttemptRecord
     ledger = Ledger(sys.argv[1])
     ledger.start_iteration(0)
     for phase, first in (("rollout", 0), ("train", 100)):

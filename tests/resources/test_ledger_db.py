@@ -15,8 +15,8 @@ import duckdb
 import pytest
 
 from resources.ledger import Ledger
-from resources.ledger_db import LedgerLockedError, LedgerQueryError, query_ledger
-from resources.ledger_schema import SCHEMA_VERSION, LedgerSchemaError
+from resources.ledger.db import LedgerLockedError, LedgerQueryError, query_ledger
+from resources.ledger.schema import SCHEMA_VERSION, LedgerSchemaError
 from tests.paths import REPO_ROOT
 from tests.procs import ProcessLines
 
@@ -117,7 +117,7 @@ def test_a_foreign_duckdb_file_is_refused_not_modified(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent("""
     import sys, time
     from resources.ledger import Ledger
-    from resources.ledger_records import RequestRecord
+    from resources.ledger.records import RequestRecord
     ledger = Ledger(sys.argv[1])
     print("ready", flush=True)
     end = time.monotonic() + float(sys.argv[2])
@@ -196,8 +196,8 @@ def test_dagster_resources_reject_bad_urls_at_load_and_open_working_clients(tmp_
 
 
 def test_plain_clients_import_neither_dagster_nor_torch() -> None:
-    code = ("import sys, resources.store, resources.stores, resources.store_local, resources.store_s3, resources.ledger, "
-            "resources.ledger_db, resources.prices, resources.keys; "
+    code = ("import sys, resources.store.base, resources.store, resources.store.local, resources.store.s3, resources.ledger, "
+            "resources.ledger.db, resources.prices, resources.keys; "
             "print(sorted(m for m in ('dagster', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resources.ledger_records import ExplorationRecord
+from resources.ledger.records import ExplorationRecord
 
 
 def _group(iteration: int, index: int, source: str, variance: float, baseline: float, **more) -> dict:

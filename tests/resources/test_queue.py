@@ -15,10 +15,10 @@ from typing import Iterator
 
 import pytest
 
-from resources.queue import PASSWORD_ENV, QueueConfig, RequestQueue
-from resources.queue_keepalive import LeaseKeeper
-from resources.queue_records import Request
-from resources.queues import open_queue
+from resources.queue.base import PASSWORD_ENV, QueueConfig, RequestQueue
+from resources.queue.keepalive import LeaseKeeper
+from resources.queue.records import Request
+from resources.queue import open_queue
 from tests.paths import REPO_ROOT
 from tests.procs import ProcessLines
 
@@ -301,7 +301,7 @@ def test_claim_rejects_lease_lengths_out_of_range(queue: RequestQueue, lease_s: 
 
 _WORKER = """
 import json, sys, time
-from resources.queues import open_queue
+from resources.queue import open_queue
 queue, claimed = open_queue(sys.argv[1]), []
 print("ready", flush=True)
 sys.stdin.readline()  # start together, so the workers really compete

@@ -18,9 +18,9 @@ from typing import Iterator
 
 import pytest
 
-from resources.queue import PASSWORD_ENV, QueueConfig, QueueUnavailableError
-from resources.queue_keepalive import LeaseKeeper
-from resources.queues import open_queue
+from resources.queue.base import PASSWORD_ENV, QueueConfig, QueueUnavailableError
+from resources.queue.keepalive import LeaseKeeper
+from resources.queue import open_queue
 from tests.conftest import RedisServer, _free_port, _wait_for_ping
 from tests.paths import REPO_ROOT
 from tests.procs import ProcessLines
@@ -135,8 +135,8 @@ skew_s = float(sys.argv[2])
 real_time, real_monotonic = time.time, time.monotonic
 time.time = lambda: real_time() + skew_s            # this worker's clocks are off by skew_s
 time.monotonic = lambda: real_monotonic() + skew_s
-from resources.queue_keepalive import LeaseKeeper
-from resources.queues import open_queue
+from resources.queue.keepalive import LeaseKeeper
+from resources.queue import open_queue
 queue = open_queue(sys.argv[1])
 lease_s = float(sys.argv[3])
 claimed = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from resources.queue_sqlite import CLAIM_EXPIRED_SQL, CLAIM_PENDING_SQL, SqliteQueue
+from resources.queue.sqlite import CLAIM_EXPIRED_SQL, CLAIM_PENDING_SQL, SqliteQueue
 
 
 def rollout(rid: str, iteration: int = 0) -> dict:

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from resources.queue import QueueConfig, QueueStalledError
-from resources.queues import open_queue
+from resources.queue.base import QueueConfig, QueueStalledError
+from resources.queue import open_queue
 
 STALL_S = 0.5
 

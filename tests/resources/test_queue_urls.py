@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from resources.queue import PASSWORD_ENV, QueueConfig, QueueUnavailableError, parse_queue_url
-from resources.queues import open_queue
+from resources.queue.base import PASSWORD_ENV, QueueConfig, QueueUnavailableError, parse_queue_url
+from resources.queue import open_queue
 
 
 def rollout(rid: str) -> dict:
@@ -93,7 +93,7 @@ def test_dagster_queue_resource_checks_the_url_at_load_and_opens_a_working_queue
 def test_the_runs_ca_must_be_a_base64_certificate(monkeypatch) -> None:
     import base64
 
-    from resources.queue_redis_tls import make_run_tls
+    from resources.queue.redis_tls import make_run_tls
     from resources.urls import RUN_CA_ENV
 
     monkeypatch.setenv(RUN_CA_ENV, "not base64!")

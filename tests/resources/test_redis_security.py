@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from resources.queue import QueueConfig, QueueUnavailableError, parse_queue_url
-from resources.queues import open_queue
+from resources.queue.base import QueueConfig, QueueUnavailableError, parse_queue_url
+from resources.queue import open_queue
 from resources.urls import CA_FILE_ENV, PASSWORD_ENV, PASSWORD_FILE_ENV
 
 PASSWORD = "tls-pass-Kq7"
@@ -105,12 +105,12 @@ NODE_PASSWORD = "n0de \"pass\" \\ with 'quotes' $HOME `x`"  # any character: the
 
 @pytest.fixture(scope="module")
 def run_redis(tmp_path_factory: pytest.TempPathFactory):
-    """The reserved node's Redis as its run block starts it (resources.queue_redis_tls): (port, the run's TLS)."""
+    """The reserved node's Redis as its run block starts it (resources.queue.redis_tls): (port, the run's TLS)."""
     import base64
     import os
     import signal
 
-    from resources.queue_redis_tls import CERT_ENV, KEY_ENV, make_run_tls, write_node_files
+    from resources.queue.redis_tls import CERT_ENV, KEY_ENV, make_run_tls, write_node_files
     from resources.urls import RUN_CA_ENV
 
     if shutil.which("redis-server") is None:
@@ -148,7 +148,7 @@ def test_the_nodes_config_and_key_are_private_and_hold_no_plain_password(run_red
 def test_a_worker_of_the_run_works_the_queue_and_can_do_nothing_else(run_redis, monkeypatch) -> None:
     import redis
 
-    from resources.queue_redis_tls import WORKER_USER, worker_password
+    from resources.queue.redis_tls import WORKER_USER, worker_password
 
     port, tls, _ = run_redis
     with _run_queue(monkeypatch, f"rediss://127.0.0.1:{port}/0", NODE_PASSWORD, tls.b64("ca_pem")) as coordinator:
@@ -178,7 +178,7 @@ def test_a_worker_of_the_run_works_the_queue_and_can_do_nothing_else(run_redis, 
 ])
 def test_a_worker_without_the_runs_ca_and_its_own_password_is_refused_saying_why(run_redis, monkeypatch, case,
                                                                                    message) -> None:
-    from resources.queue_redis_tls import WORKER_USER, make_run_tls, worker_password
+    from resources.queue.redis_tls import WORKER_USER, make_run_tls, worker_password
 
     port, tls, _ = run_redis
     url, password, ca = f"rediss://{WORKER_USER}@127.0.0.1:{port}/0", worker_password(NODE_PASSWORD), tls.b64("ca_pem")

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from resources.queue import PASSWORD_ENV
+from resources.queue.base import PASSWORD_ENV
 from resources.run_archive import archive_run_dir
 from resources.run_status import EXIT_OVER_BUDGET, main, supervise
-from resources.stores import open_store
+from resources.store import open_store
 
 # A worker stand-in: exits 75 on SIGTERM (what a preempted worker's job recovers on), else sleeps.
 WORKER = [sys.executable, "-c", "import signal, sys, time\n"

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from resources import keys
-from resources.store import (
+from resources.store.base import (
     ChecksumMismatchError,
     NotCommittedError,
     ObjectNotFoundError,
     StoreError,
     TensorStore,
 )
-from resources.store_local import LocalTensorStore
-from resources.store_s3 import S3TensorStore
-from resources.stores import open_store
+from resources.store.local import LocalTensorStore
+from resources.store.s3 import S3TensorStore
+from resources.store import open_store
 from tests.procs import ProcessLines
 from tests.resources.s3_faults import S3FaultProxy
 
@@ -214,7 +214,7 @@ def test_transient_5xx_is_absorbed_by_the_retry(s3_server) -> None:
 
 
 def test_persistent_5xx_fails_with_a_store_error_after_retries(s3_server) -> None:
-    from resources.store_s3 import S3Config
+    from resources.store.s3 import S3Config
 
     with S3FaultProxy(s3_server.url) as proxy:
         proxy.inject("503", times=None)
@@ -252,7 +252,7 @@ def test_local_writes_leave_no_temp_files(tmp_store: LocalTensorStore) -> None:
 _RACER = """
 import sys, time
 from pathlib import Path
-from resources.store_local import LocalTensorStore
+from resources.store.local import LocalTensorStore
 root, writer = sys.argv[1], sys.argv[2]
 store = LocalTensorStore(root)
 print("polling", flush=True)
@@ -325,7 +325,7 @@ def test_key_functions_reject_bad_arguments(call) -> None:
 
 
 def test_store_benchmark_reports_every_operation_and_cleans_up(tmp_store: LocalTensorStore) -> None:
-    from resources.store_bench import StoreBenchConfig, bench_store
+    from workers.bench.store_bench import StoreBenchConfig, bench_store
 
     rows = bench_store(tmp_store, "local", StoreBenchConfig(num_small=3, small_bytes=100, num_large=1, large_bytes=5000))
     assert [(r["objects"], r["op"], r["mode"]) for r in rows][:4] == [

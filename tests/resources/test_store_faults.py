@@ -17,10 +17,10 @@ import pytest
 import torch
 from botocore.exceptions import EndpointConnectionError
 
-from resources import store_local
-from resources.store import ChecksumMismatchError, StoreError, StoreFullError
-from resources.store_local import LocalTensorStore
-from resources.store_s3 import S3Config, S3TensorStore
+from resources.store import local as store_local
+from resources.store.base import ChecksumMismatchError, StoreError, StoreFullError
+from resources.store.local import LocalTensorStore
+from resources.store.s3 import S3Config, S3TensorStore
 from tests.conftest import S3Endpoint, _free_port
 from tests.resources.s3_faults import S3FaultProxy
 
@@ -294,8 +294,8 @@ def test_a_disk_that_fills_at_the_manifest_leaves_the_commit_absent_not_broken(t
 
 _FSIZE_WRITER = """
 import resource, signal, sys
-from resources.store import StoreError
-from resources.store_local import LocalTensorStore
+from resources.store.base import StoreError
+from resources.store.local import LocalTensorStore
 store = LocalTensorStore(sys.argv[1])
 store.publish("ckpt/a", {"x": b"1" * 1000})
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then the kernel answers EFBIG instead of killing us

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resources.store import ObjectNotFoundError, TensorStore
+from resources.store.base import ObjectNotFoundError, TensorStore
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from resources.queue import PASSWORD_ENV
-from resources.queues import open_queue
+from resources.queue.base import PASSWORD_ENV
+from resources.queue import open_queue
 from resources.run_status import EXIT_OVER_BUDGET, StatusPublisher, ledger_status
-from resources.worker_events import RemoteWorkers, relay
+from resources.cluster.worker_events import RemoteWorkers, relay
 
 
 @pytest.fixture

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-from resources.cluster_ledger import result_records
+from resources.cluster.ledger import result_records
 from resources.ledger import Ledger
-from resources.preemption import poisson_trace
-from resources.queue import RequestQueue
-from resources.queue_records import Request
-from resources.queues import open_queue
-from resources.store_local import LocalTensorStore
+from resources.cluster.preemption import poisson_trace
+from resources.queue.base import RequestQueue
+from resources.queue.records import Request
+from resources.queue import open_queue
+from resources.store.local import LocalTensorStore
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a yellow circle", "three purple circles"]
 

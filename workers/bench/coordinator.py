@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from resources.cluster_ledger import WorkTracker
+from resources.cluster.ledger import WorkTracker
 from resources.ledger import Ledger
-from resources.ledger_records import AttemptRecord, RequestRecord, SyncRecord, TrainStepRecord
-from resources.queue import RequestQueue
-from resources.queues import open_queue
+from resources.ledger.records import AttemptRecord, RequestRecord, SyncRecord, TrainStepRecord
+from resources.queue.base import RequestQueue
+from resources.queue import open_queue
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,7 @@ def _bench_redis(folder: Path, bench: CoordinatorBench) -> dict[str, Any]:
 
 
 def _open_when_up(url: str) -> RequestQueue:
-    from resources.queue import QueueUnavailableError
+    from resources.queue.base import QueueUnavailableError
 
     deadline = time.monotonic() + 10
     while True:

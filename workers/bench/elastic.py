@@ -38,7 +38,7 @@ def run_elastic_bench(repeats: int = 3, throughput_requests: int = 4, num_steps:
     import torch
 
     from resources.keys import anchor_key
-    from resources.store_local import LocalTensorStore
+    from resources.store.local import LocalTensorStore
     from workers.sp.node_agent import AgentConfig
     from workers.model.policy import load_policy
 

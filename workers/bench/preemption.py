@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from resources.queue_records import Request
-from resources.store_local import LocalTensorStore
+from resources.queue.records import Request
+from resources.store.local import LocalTensorStore
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder, publish_policy
@@ -132,7 +132,7 @@ def commit_overhead(store, sampler: SamplerConfig, cadences: list[int], repeats:
 
 def _drain(tmp: Path, store_url: str, sampler: SamplerConfig, delays: list[float], num_requests: int, pull: bool) -> dict:
     from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-    from resources.queues import open_queue
+    from resources.queue import open_queue
 
     mode = "pull" if pull else "static"
     requests = [rollout_request(f"{mode}{i:03d}", 1, _spec(i, sampler)) for i in range(num_requests)]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from resources.tensors import tensors_from_bytes, tensors_to_bytes
+from resources.store.tensors import tensors_from_bytes, tensors_to_bytes
 from workers.model.families.lora import merged_weights
 from workers.pulse import apply_patch, encode_patch, read_patch_header, weights_hash
 

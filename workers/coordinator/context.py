@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from resources.ledger import Ledger
-from resources.queue import QueueConfig
-from resources.store import TensorStore
+from resources.queue.base import QueueConfig
+from resources.store.base import TensorStore
 from workers.trainer.grpo_trainer import TrainConfig
 
 SAMPLING_MODES = ("inprocess", "local_cluster", "workers")
@@ -141,7 +141,7 @@ class RunContext:
         """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
         rewritten on validated iterations, and only the last iteration's rollout results kept (each is about
         15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses."""
-        from resources.stores import open_store
+        from resources.store import open_store
 
         run_dir = run_dir.resolve()
         store_url = str(run_dir / "store")

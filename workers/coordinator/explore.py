@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from resources.keys import bandit_state_key, explore_result_key, exploration_key, rollout_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 from workers.algo.bandit import Arm
 from workers.explore.request import ExploreSpec
 from workers.algo.seeds import candidate_seeds
@@ -271,7 +271,7 @@ def exploration_record(finished: Finished):
     """The ledger's `exploration` row of the iteration (rank consistency and gain come one iteration later)."""
     import math
 
-    from resources.ledger_records import ExplorationRecord
+    from resources.ledger.records import ExplorationRecord
 
     s, arm = finished.session, finished.session.arm_spec
     return ExplorationRecord(
@@ -292,7 +292,7 @@ def with_review(record, review: Review):
 
 def explore_request_records(finished: Finished, config: TrainConfig, run: str, enqueued_at: float | None = None) -> list:
     """One ledger `requests` row per exploration request: done (reward = mean explored reward) or cancelled."""
-    from resources.ledger_records import RequestRecord
+    from resources.ledger.records import RequestRecord
 
     s = finished.session
     if s.arm is None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 
 from resources.keys import explore_result_key, exploration_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 from workers.coordinator.explore import (Finished, Session, explore_requests, explored_prompts, load_session,
                                          load_state, next_plan, publish_session, save_state)
 from workers.explore.request import ExploreSpec, commit_explore_result, explore_rewards

@@ -33,7 +33,7 @@ def explore_config(ctx: RunContext):
 
 def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Judge the plan iteration k sampled with, then enqueue iteration k+1's exploration on weights v(k)."""
-    from resources.ledger_records import ExplorationRecord
+    from resources.ledger.records import ExplorationRecord
     from workers.coordinator.explore import review_iteration, seed_groups, start_exploration, with_review
 
     config = explore_config(ctx)
@@ -122,7 +122,7 @@ def consistency_png(ctx: RunContext) -> bytes:
 
 
 def _queue(ctx: RunContext):
-    from resources.queues import open_queue
+    from resources.queue import open_queue
 
     if ctx.queue_url is None:
         raise ValueError("exploration needs a queue: configure the queue resource (SPOTLIGHT_QUEUE)")

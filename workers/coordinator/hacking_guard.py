@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from resources.keys import run_prefix, weights_key
-from resources.ledger_records import HACKING_ACTIONS, HackingRollbackRecord, HackingSignalsRecord
+from resources.ledger.records import HACKING_ACTIONS, HackingRollbackRecord, HackingSignalsRecord
 from workers.algo.hacking import HackingRule, Signals, Verdict, judge, standard_error
 from workers.coordinator.context import RunContext
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from resources.ledger import Ledger
-from resources.ledger_records import SyncRecord
+from resources.ledger.records import SyncRecord
 from workers.pulse.loco.launch import LocoRun, LocoRunConfig, run_loco, sync_rows, sync_totals
 from workers.pulse.loco.maths import LOCO_MODES
 from workers.pulse.loco.tasks import TaskConfig

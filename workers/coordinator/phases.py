@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resources.keys import iteration_label, rollouts_prefix
-from resources.ledger_records import SyncRecord, TrainStepRecord
+from resources.ledger.records import SyncRecord, TrainStepRecord
 from workers.coordinator import books
 from workers.coordinator.context import RunContext
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from resources.keys import rollout_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 from workers.task.render import to_uint8
 from workers.rollout.state import InFlight, RolloutSpec, result_commit, result_components
 from workers.algo.sampler import Trajectory
@@ -144,7 +144,7 @@ def request_records(requests: list[PlannedRequest], results: list[tuple[dict, di
     """One ledger `requests` row per request with a committed result (non-finite rewards marked failed)."""
     import math
 
-    from resources.ledger_records import RequestRecord, components_json
+    from resources.ledger.records import RequestRecord, components_json
 
     rows = []
     for req, (_, meta) in zip(requests, results):

@@ -43,7 +43,7 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
         return summary
     if queue_url is None:
         raise ValueError(f"rollout mode {workers.mode!r} needs a queue: configure the queue resource")
-    from resources.queues import open_queue
+    from resources.queue import open_queue
     from workers.coordinator.rollout import queue_batches
     from workers.rollout.state import rollout_request
 
@@ -73,7 +73,7 @@ def _run_local_cluster(workers: Sampling, store_url: str, queue_url: str, ledger
                        ids: list[str], iteration: int, summary: PhaseSummary) -> None:
     """Worker processes for this phase only; slot names carry the iteration so worker ids stay unique in the ledger."""
     from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-    from resources.preemption import poisson_trace
+    from resources.cluster.preemption import poisson_trace
 
     slots = [WorkerSlot(f"it{iteration}w{i}", spot=i >= workers.num_reserved,
                         usd_per_hour=workers.spot_usd_per_hour if i >= workers.num_reserved else workers.reserved_usd_per_hour)
@@ -91,7 +91,7 @@ def _run_local_cluster(workers: Sampling, store_url: str, queue_url: str, ledger
 
 
 def _preemptions_since(ledger: Ledger, since: float) -> int:
-    from resources.ledger_records import to_utc
+    from resources.ledger.records import to_utc
 
     rows = ledger.query("SELECT count(*) FROM preemptions WHERE preempted_at >= ?", [to_utc(since)]).rows
     return int(rows[0][0])

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from resources.keys import weights_key
-from resources.store import TensorStore
-from resources.store_chain import StoreChain
+from resources.store.base import TensorStore
+from resources.store.chain import StoreChain
 from workers.pulse import ChainConfig, ChainPublisher, apply_patch, read_patch_header, sync_weights, weights_hash
 from workers.trainer.checkpoint import bf16_weights, save_checkpoint
 from workers.trainer.resident import adopt, resident_checkpoint

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resources.keys import weights_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 from workers.coordinator.rollout import PlannedRequest, load_batch
 from workers.trainer.checkpoint import load_checkpoint, publish_checkpoint, restore_optimizer
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
@@ -47,7 +47,7 @@ def train_iteration(store: TensorStore, run: str, config: TrainConfig, iteration
 
 def follow_orders(setup: TrainerSetup) -> int:
     """Ranks 1..N-1: join each train phase rank 0 orders, until it sends None; returns how many were joined."""
-    from resources.stores import open_store
+    from resources.store import open_store
 
     joined = 0
     while (order := setup.ranks.receive()) is not None:

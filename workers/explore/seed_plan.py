@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from resources.keys import seed_plan_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 from workers.trainer.grpo_trainer import TrainConfig, default_seeds
 from workers.task.prompt_file import train_prompts
 

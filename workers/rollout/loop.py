@@ -14,10 +14,10 @@ import argparse
 import threading
 import time
 
-from resources.queue import QueueUnavailableError, RequestQueue
-from resources.queue_keepalive import LeaseKeeper
-from resources.queue_records import Lease
-from resources.store import StoreError, TensorStore
+from resources.queue.base import QueueUnavailableError, RequestQueue
+from resources.queue.keepalive import LeaseKeeper
+from resources.queue.records import Lease
+from resources.store.base import StoreError, TensorStore
 from workers.rollout.request import StepHooks, check_run_reward, work_request
 from workers.rollout.weights import ModelMismatchError
 

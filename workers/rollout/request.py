@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from resources.keys import rollout_key, rollout_state_key
-from resources.queue_records import Request
-from resources.store import TensorStore
+from resources.queue.records import Request
+from resources.store.base import TensorStore
 from workers.rollout.resume import attempt_state_key, committed_states, resume_or_start
 from workers.rollout.state import InFlight, RolloutSpec, result_commit
 from workers.rollout.weights import PolicyHolder
@@ -84,7 +84,7 @@ def check_run_reward(store: TensorStore, run: str, reward: str) -> None:
     import json
 
     from resources.keys import run_rewards_key
-    from resources.store import ObjectNotFoundError
+    from resources.store.base import ObjectNotFoundError
 
     try:
         named = json.loads(store.get_bytes(run_rewards_key(run)))

@@ -21,9 +21,9 @@ import uuid
 from typing import Any, Callable
 
 from resources.keys import rollout_state_key
-from resources.manifest import Manifest
-from resources.store import TENSORS_NAME, StoreError, TensorStore
-from resources.tensors import tensors_from_bytes
+from resources.store.manifest import Manifest
+from resources.store.base import TENSORS_NAME, StoreError, TensorStore
+from resources.store.tensors import tensors_from_bytes
 from workers.rollout.state import InFlight, RolloutSpec
 
 Report = Callable[..., None]

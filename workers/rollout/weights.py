@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from resources.store import TensorStore
-from resources.store_chain import StoreChain
+from resources.store.base import TensorStore
+from resources.store.chain import StoreChain
 from workers.model.families.prompt_store import attach_prompt_store
 from workers.model.policy import Policy
 from workers.model.spec import build_from_spec

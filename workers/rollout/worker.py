@@ -85,7 +85,7 @@ def check_args(args: argparse.Namespace) -> None:
     args.model = args.model or None  # MODEL="" in a SkyPilot task: the pixel policy
     if args.model is not None:
         check_model_folder(args.model)
-    from resources.queue_records import check_worker_id
+    from resources.queue.records import check_worker_id
 
     check_worker_id(args.worker_id)
 
@@ -176,10 +176,10 @@ def default_instance_type(cluster_info: str | None) -> str:
 def open_io(args: argparse.Namespace, who: str = "workers.rollout"):
     """(queue, store) of `args.queue` and `args.store`, checked reachable, or None after printing (as `who`) why
     one cannot be used. The SP node agent opens its own the same way."""
-    from resources.queue import QueueUnavailableError
-    from resources.queues import open_queue
-    from resources.store import StoreError
-    from resources.stores import open_store
+    from resources.queue.base import QueueUnavailableError
+    from resources.queue import open_queue
+    from resources.store.base import StoreError
+    from resources.store import open_store
 
     try:
         queue = open_queue(args.queue)

@@ -23,7 +23,7 @@ from typing import Mapping
 
 import simpy
 
-from resources.queue_records import Lease
+from resources.queue.records import Lease
 from workers.sim.books import SimBooks
 from workers.sim.config import Policy, SimConfig
 from workers.sim.inputs import ServiceTimes, WorkerTimes

@@ -26,9 +26,9 @@ import simpy
 
 from resources.ledger import Ledger
 from resources.prices import PriceTable, load_prices
-from resources.preemption import PreemptionEvent
-from resources.queue import QueueConfig
-from resources.queue_sqlite import SqliteQueue
+from resources.cluster.preemption import PreemptionEvent
+from resources.queue.base import QueueConfig
+from resources.queue.sqlite import SqliteQueue
 from workers.algo.bandit import predict_budget_s
 from workers.explore.request import CACHE_LEVELS
 from workers.explore.state import ExploreConfig

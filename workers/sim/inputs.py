@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from resources.ledger_db import query_ledger
+from resources.ledger.db import query_ledger
 
 
 GAPS = ("start->sync", "sync->rollout", "rollout->explore", "explore->validate", "validate->train",

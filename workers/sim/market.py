@@ -6,7 +6,7 @@
   preempted at the constant hazard -ln(1 - f) / 730 per hour.
 - `renewal:MEAN_H[:SHAPE]`: a renewal process with Weibull gaps of mean MEAN_H hours per
   slot (shape 1 is Poisson; < 1 bursty, as the Alibaba spot trace's lifetimes are).
-- A CSV path in resources/preemption.py's format (time_s,worker,notice_s), replayed as is.
+- A CSV path in resources/cluster/preemption.py's format (time_s,worker,notice_s), replayed as is.
 
 Example:
     market = parse_market("10-15%")
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from resources.preemption import PreemptionEvent, load_trace_csv
+from resources.cluster.preemption import PreemptionEvent, load_trace_csv
 
 HOURS_PER_MONTH = 730.0
 BANDS = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25}

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from resources.ledger_db import query_ledger
-from resources.preemption import PreemptionEvent
+from resources.ledger.db import query_ledger
+from resources.cluster.preemption import PreemptionEvent
 from workers.sim.config import SimConfig, get_policy
 from workers.sim.engine import Setup
 from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, WorkerTimes

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from resources.store import StoreError
+from resources.store.base import StoreError
 from workers.rollout.weights import ModelMismatchError
 
 

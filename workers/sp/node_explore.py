@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from typing import Callable
 
-from resources.queue_records import Lease
+from resources.queue.records import Lease
 from workers.sp.group_policy import GroupChannel, GroupLost, reply_error
 
 

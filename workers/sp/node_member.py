@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from resources.store import StoreError
+from resources.store.base import StoreError
 
 from workers.rollout.weights import ModelMismatchError
 
@@ -39,7 +39,7 @@ REQUEST_ERRORS = (ModelMismatchError, ValueError, LookupError, StoreError)
 
 class RequestMember:
     def __init__(self, worker_id: str, store_url: str, device: str, rendezvous, model: str | None = None):
-        from resources.stores import open_store
+        from resources.store import open_store
         from workers.rollout.weights import PolicyHolder
 
         self.worker_id = worker_id
@@ -147,7 +147,7 @@ class RequestMember:
     def _op_explore(self, msg):
         """One exploration request on this member alone. Ulysses comes off the transformer first (a forward with
         the hooks would wait for the group); the next rollout's prepare turns it on again."""
-        from resources.queue_records import Request
+        from resources.queue.records import Request
         from workers.explore.request import work_explore_request
         from workers.sp.ulysses import disable_sp
 

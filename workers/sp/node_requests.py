@@ -27,9 +27,9 @@ from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from resources.queue_keepalive import LeaseKeeper
-from resources.queue_records import Lease
-from resources.store import StoreError
+from resources.queue.keepalive import LeaseKeeper
+from resources.queue.records import Lease
+from resources.store.base import StoreError
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec
 from workers.rollout.weights import ModelMismatchError

@@ -12,7 +12,7 @@ requests run one per worker at degree 1 (workers/sp/node_explore.py). A lost wor
 request resumes from its last commit; SIGTERM (or a cloud's preemption notice, `--preemption-notice`) commits every
 in-flight request, gives it back and exits with `--notice-exit-code`. Progress goes to stdout as the rollout worker's
 JSON Lines events (ready with the node's price labels, claim, step, commit, done, acked, failed, ..., exit), which
-`python -m resources.worker_events` relays to the ledger as a rollout worker's, plus formed and group_lost.
+`python -m resources.cluster.worker_events` relays to the ledger as a rollout worker's, plus formed and group_lost.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _claim_loop(args, agent, queue, server, stop: threading.Event, report) -> st
 
 
 def _claim(queue, node_id: str, capacity: int, lease_s: float, report) -> list:
-    from resources.queue import QueueUnavailableError
+    from resources.queue.base import QueueUnavailableError
 
     leases = []
     while len(leases) < capacity:

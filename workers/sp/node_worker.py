@@ -92,7 +92,7 @@ class _Worker:
         return reply
 
     def _op_load_store(self, msg):
-        from resources.stores import open_store
+        from resources.store import open_store
         from workers.pulse.weights_hash import weights_hash
 
         tensors = open_store(msg["store_url"]).load_tensors(msg["key"])

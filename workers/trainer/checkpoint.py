@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from resources.keys import weights_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 from workers.model.policy import Policy
 from workers.model.spec import build_from_spec
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from resources.keys import weights_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 from workers.model.spec import build_from_spec
 from workers.trainer.checkpoint import OptimizerState, checkpoint_metadata
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from resources.queues import open_queue
+from resources.queue import open_queue
 from workers.coordinator.context import RunContext, Sampling
 from workers.coordinator.driver import FINAL_PHASES, ITERATION_PHASES
 from workers.explore.state import ExploreConfig

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from resources.queues import open_queue
+from resources.queue import open_queue
 from workers.explore.request import ExploreSpec, explore_rewards
 from workers.algo.selection import select_max_variance
 from workers.coordinator.explore import finish_exploration, review_iteration, start_exploration
@@ -110,7 +110,7 @@ def test_the_monitor_reads_the_real_rewards_of_the_planned_seeds_from_the_rollou
 
 def test_the_report_plots_rank_consistency_and_gain_per_plan(mem_ledger, tmp_path) -> None:
     from workers.coordinator.report import write_report
-    from resources.ledger_records import ExplorationRecord
+    from resources.ledger.records import ExplorationRecord
 
     empty = write_report(mem_ledger, None, "demo", tmp_path / "empty").plots["exploration"]
     for k, tau in ((0, 0.4), (1, 0.1)):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from resources.keys import weights_key
-from resources.ledger_records import HackingSignalsRecord
+from resources.ledger.records import HackingSignalsRecord
 from workers.coordinator.context import RunContext
 from workers.coordinator.hacking_guard import (HackingGuardConfig, guard_validation, guarded_train_config,
                                                hacking_from_options, held_out_signals)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from resources.queues import open_queue
+from resources.queue import open_queue
 from workers.algo.sampler import SamplerConfig
 from workers.coordinator.context import RunContext, Sampling
 from workers.coordinator.rollout import PlannedRequest, request_id

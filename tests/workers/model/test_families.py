@@ -59,7 +59,7 @@ def test_a_policy_rebuilt_from_its_spec_and_weights_samples_bit_identically(pipe
 
 
 def test_pulse_ships_the_lora_adapter_losslessly(pipelines, tmp_path):
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.rollout.weights import PolicyHolder, publish_policy
     from workers.pulse.weights_hash import weights_hash
     from workers.trainer.checkpoint import bf16_weights

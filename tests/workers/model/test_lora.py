@@ -21,7 +21,7 @@ def test_a_lora_starts_from_the_same_adapter_whatever_the_processs_random_state(
 
 
 def test_merged_sync_ships_the_merged_transformer_and_a_worker_runs_it_without_an_adapter(pipelines, tmp_path):
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.coordinator.sync import publish_version
     from workers.model.families.lora import merged_weights
     from workers.pulse import weights_hash

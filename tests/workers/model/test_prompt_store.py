@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from resources.keys import prompt_embeddings_key, rollout_key
-from resources.queues import open_queue
+from resources.queue import open_queue
 from workers.algo.sampler import SamplerConfig
 from workers.model.families import policy as family_policy
 from workers.model.families.policy import load_model_policy

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from resources.ledger import Ledger
-from resources.store_local import LocalTensorStore
+from resources.store.local import LocalTensorStore
 from workers.coordinator.loco import record_loco_ledger
 from workers.pulse.loco.launch import LocoRunConfig, run_loco, sync_totals
 from workers.pulse.loco.tasks import TaskConfig

@@ -7,7 +7,7 @@ from collections import Counter
 import torch
 
 from resources.keys import anchor_key, patch_key
-from resources.store_local import LocalTensorStore
+from resources.store.local import LocalTensorStore
 
 
 class CountingStore(LocalTensorStore):

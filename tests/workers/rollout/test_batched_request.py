@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from resources.keys import rollout_key, rollout_state_key
-from resources.queue_records import Request
-from resources.store_local import LocalTensorStore
+from resources.queue.records import Request
+from resources.store.local import LocalTensorStore
 from workers.algo.sampler import SamplerConfig
 from workers.coordinator.rollout import PlannedRequest, queue_batches
 from workers.rollout.request import StepHooks, work_request

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resources.queue_records import Request
+from resources.queue.records import Request
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
 from workers.coordinator.rollout import PlannedRequest, request_id

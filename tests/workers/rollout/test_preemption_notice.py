@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from resources.queues import open_queue
+from resources.queue import open_queue
 from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.algo.sampler import SamplerConfig

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from resources.keys import rollout_state_key
-from resources.queue_records import Request
+from resources.queue.records import Request
 from workers.algo.sampler import SamplerConfig
 from workers.model.families.policy import load_model_policy
 from workers.model.families.tiny import build_tiny_pipeline

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from resources.keys import run_rewards_key
-from resources.queues import open_queue
+from resources.queue import open_queue
 from workers.rollout.request import check_run_reward
 from workers.rollout.state import rollout_request
 from workers.trainer.presets import get_preset

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from resources.keys import MANIFEST_NAME, rollout_state_key
-from resources.queue_records import Request
-from resources.store_local import LocalTensorStore
-from resources.tensors import tensors_to_bytes
+from resources.queue.records import Request
+from resources.store.local import LocalTensorStore
+from resources.store.tensors import tensors_to_bytes
 from workers.algo.sampler import SamplerConfig
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request

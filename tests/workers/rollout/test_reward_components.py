@@ -13,7 +13,7 @@ import pytest
 
 from resources.keys import rollout_key
 from resources.ledger import Ledger
-from resources.queues import open_queue
+from resources.queue import open_queue
 from workers.algo.sampler import SamplerConfig
 from workers.coordinator.rollout import iteration_requests, load_batch, load_results, publish_batch, queue_batches, \
     request_records

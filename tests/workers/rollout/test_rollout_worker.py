@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from resources.keys import rollout_key, rollout_state_key
-from resources.queues import open_queue
-from resources.queue_records import Request
+from resources.queue import open_queue
+from resources.queue.records import Request
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder

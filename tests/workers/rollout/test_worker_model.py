@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from resources.queues import open_queue
+from resources.queue import open_queue
 from workers.algo.sampler import SamplerConfig
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import ModelMismatchError, PolicyHolder, _check_model

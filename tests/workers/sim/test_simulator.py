@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from resources.ledger_db import query_ledger
-from resources.preemption import PreemptionEvent
+from resources.ledger.db import query_ledger
+from resources.cluster.preemption import PreemptionEvent
 from workers.sim.config import SimConfig, get_policy
 from workers.sim.engine import simulate
 from workers.sim.inputs import default_curve, model_preset

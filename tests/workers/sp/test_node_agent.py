@@ -41,7 +41,7 @@ def _kill_at(agent: NodeAgent, request_id: str, step: int, victim: str):
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
-    from resources.store_local import LocalTensorStore
+    from resources.store.local import LocalTensorStore
 
     store_dir = tmp_path_factory.mktemp("store")
     policy = build_policy(TINY, seed=3)

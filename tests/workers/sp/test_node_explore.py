@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from resources.keys import explore_result_key, rollout_key
-from resources.queue_records import Request
-from resources.store_local import LocalTensorStore
+from resources.queue.records import Request
+from resources.store.local import LocalTensorStore
 from tests.workers.sp.tiny_run import PROMPTS, RUN, SAMPLER, tiny_run
 from workers.explore.request import ExploreSpec
 
@@ -25,7 +25,7 @@ def _explore_request(request_id: str, prompt: str, seeds: tuple[int, ...]) -> di
 
 @pytest.mark.slow  # two device workers as processes and three rounds (~45 s here)
 def test_a_node_explores_one_request_per_member_between_rollouts_at_degree_two(tmp_path, qwen4):
-    from resources.queues import open_queue
+    from resources.queue import open_queue
     from workers.explore.request import work_explore_request
     from workers.rollout.weights import PolicyHolder
     from workers.sp.node_agent import AgentConfig, NodeAgent

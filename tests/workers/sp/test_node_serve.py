@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from resources.keys import rollout_state_key
-from resources.queue_records import Request
-from resources.store_local import LocalTensorStore
+from resources.queue.records import Request
+from resources.store.local import LocalTensorStore
 from workers.rollout.state import RolloutSpec
 from tests.paths import REPO_ROOT
 from tests.workers.sp.tiny_run import RUN, rollout_worker_results, tiny_run
@@ -56,7 +56,7 @@ def test_a_group_of_one_commits_what_the_rollout_worker_commits_bit_for_bit(tmp_
 
 def test_a_node_started_for_another_model_gives_the_request_back_and_stops(tmp_path, qwen4):
     """As a rollout worker started with --model does: every request of that run would fail on this node."""
-    from resources.queues import open_queue
+    from resources.queue import open_queue
     from workers.sp.node_agent import AgentConfig, NodeAgent
     from workers.sp.node_requests import RequestServer, ServeConfig
 
@@ -77,7 +77,7 @@ def test_a_node_started_for_another_model_gives_the_request_back_and_stops(tmp_p
 
 @pytest.mark.slow  # the node agent and two device workers as processes (~40 s here)
 def test_a_node_serving_a_queue_on_a_group_of_two_survives_losing_a_member(tmp_path, qwen4):
-    from resources.queues import open_queue
+    from resources.queue import open_queue
 
     ref, sp = LocalTensorStore(tmp_path / "ref"), LocalTensorStore(tmp_path / "sp")
     run = tiny_run(qwen4, [ref, sp], num_requests=3)
@@ -101,7 +101,7 @@ def test_a_node_serving_a_queue_on_a_group_of_two_survives_losing_a_member(tmp_p
 @pytest.mark.slow  # the node agent and two device workers as processes (~35 s here)
 def test_a_sigterm_to_the_nodes_process_group_commits_in_flight_state_and_exits_with_the_notice_code(tmp_path, qwen4):
     """A spot preemption signals the whole job: the device workers must outlive the step so the agent commits it."""
-    from resources.queues import open_queue
+    from resources.queue import open_queue
 
     run = tiny_run(qwen4, [LocalTensorStore(tmp_path / "sp")], num_requests=1)
     with open_queue(tmp_path / "queue.db") as queue:

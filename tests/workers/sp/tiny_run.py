@@ -42,7 +42,7 @@ def tiny_run(model: Path, stores: list, num_requests: int) -> TinyRun:
 
 def rollout_worker_results(store, requests: list[dict]) -> dict[str, str]:
     """Request id -> result key, each sampled by the rollout worker's own code in this process."""
-    from resources.queue_records import Request
+    from resources.queue.records import Request
     from workers.rollout.request import work_request
     from workers.rollout.weights import PolicyHolder
 

@@ -57,7 +57,7 @@ def test_a_resident_checkpoint_takes_each_versions_weights_in_place(tmp_path, lo
     loads; asking again for the version in place copies nothing."""
     import torch
 
-    from resources.stores import open_store
+    from resources.store import open_store
     from workers.model.families.policy import load_model_policy
     from workers.trainer.checkpoint import load_checkpoint, save_checkpoint
 

@@ -22,7 +22,7 @@ from typing import Iterable
 import torch
 
 from resources.keys import prompt_embeddings_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 from workers.model.families.registry import family_for
 from workers.model.families.spec import ModelSpec
 
@@ -81,7 +81,7 @@ def publish_prompt_embeddings(store: TensorStore, run: str, spec: ModelSpec, pro
 def publish_run_prompt_embeddings(store: TensorStore, run: str, prompts: Iterable[str]) -> PromptCacheOutcome | None:
     """`publish_prompt_embeddings` with the ModelSpec the run's first anchor records; None for a run of the pixel
     policy (its prompts are token ids, nothing to cache) or a run with no anchor yet."""
-    from resources.store_chain import StoreChain
+    from resources.store.chain import StoreChain
 
     chain = StoreChain(store, run)
     anchors = chain.anchor_versions()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from resources.keys import check_key
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 
 MISSING_POLICIES = ("survivors", "wait")
 TRANSPORTS = ("store", "gloo")

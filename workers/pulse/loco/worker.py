@@ -108,7 +108,7 @@ class _Exchanges:
         if self.gloo is not None:
             exchange = self.gloo.exchange
         else:
-            from resources.stores import open_store
+            from resources.store import open_store
             from workers.pulse.loco.transport import StoreExchange
 
             store = open_store(self.spec["store_url"])

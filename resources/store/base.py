@@ -23,7 +23,7 @@ file. A read whose bytes do not match the manifest is retried `read_attempts` ti
 short or damaged answer from the network) before ChecksumMismatchError. Faults and what the
 store does about them: docs/FAULTS.md ("Store faults").
 
-Backends: resources/store_local.py and resources/store_s3.py; `open_store` (resources/stores.py)
+Backends: resources/store/local.py and resources/store/s3.py; `open_store` (resources/store/__init__.py)
 picks one by URL.
 
 Example:
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from resources.keys import MANIFEST_NAME, check_key
-from resources.manifest import Manifest, ObjectEntry, check_metadata, checksum, manifest_key, object_key
-from resources.tensors import tensors_from_bytes, tensors_from_file, tensors_to_bytes
+from resources.store.manifest import Manifest, ObjectEntry, check_metadata, checksum, manifest_key, object_key
+from resources.store.tensors import tensors_from_bytes, tensors_from_file, tensors_to_bytes
 
 if TYPE_CHECKING:
     import torch

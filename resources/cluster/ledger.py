@@ -23,8 +23,8 @@ from typing import Any, Iterable
 
 from resources.keys import rollout_key
 from resources.ledger import Ledger
-from resources.ledger_records import AttemptRecord, PreemptionRecord, RequestRecord
-from resources.store import TensorStore
+from resources.ledger.records import AttemptRecord, PreemptionRecord, RequestRecord
+from resources.store.base import TensorStore
 
 
 @dataclass

@@ -5,7 +5,7 @@ another machine prints them to SkyPilot's log, which the coordinator cannot read
 spot task pipes the worker through the relay, which echoes every line (the job log keeps
 them) and appends the events to the queue's event stream:
 
-    python -m workers.rollout --queue "$SPOTLIGHT_QUEUE" ... | python -m resources.worker_events --queue "$SPOTLIGHT_QUEUE"
+    python -m workers.rollout --queue "$SPOTLIGHT_QUEUE" ... | python -m resources.cluster.worker_events --queue "$SPOTLIGHT_QUEUE"
 
 The coordinator (`RemoteWorkers`, started by `spotlight run` on a Redis queue) reads the
 stream and keeps the ledger as the local cluster does: a `workers` row from each `ready`
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import IO, Any, Iterable
 
-from resources.cluster_ledger import WorkTracker
+from resources.cluster.ledger import WorkTracker
 from resources.ledger import Ledger
 
 log = logging.getLogger("spotlight.worker_events")
@@ -61,7 +61,7 @@ def relay(lines: Iterable[str], queue: Any, out: IO[str]) -> int:
 def _append(queue: Any, events: list[dict]) -> int:
     if queue is None:
         return 0
-    from resources.queue import QueueError
+    from resources.queue.base import QueueError
 
     try:
         queue.append_events(events)
@@ -94,7 +94,7 @@ class RemoteWorkers:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        from resources.queue import QueueError
+        from resources.queue.base import QueueError
 
         try:
             self.pump(block_s=0.001)  # what arrived since the last read
@@ -105,7 +105,7 @@ class RemoteWorkers:
             del self.live[worker_id]
 
     def _loop(self) -> None:
-        from resources.queue import QueueError
+        from resources.queue.base import QueueError
 
         while not self._stop.is_set():
             try:
@@ -163,7 +163,7 @@ def _price(ready: dict) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resources.worker_events", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m resources.cluster.worker_events", description=__doc__.split("\n\n")[0])
     parser.add_argument("--queue", required=True, help="The Redis queue URL the worker pulls from (password from "
                                                        "SPOTLIGHT_REDIS_PASSWORD or SPOTLIGHT_REDIS_PASSWORD_FILE).")
     args = parser.parse_args(argv)
@@ -173,15 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, signal.SIG_IGN)
     queue = None
     try:
-        from resources.queue import QueueError
-        from resources.queues import open_queue
+        from resources.queue.base import QueueError
+        from resources.queue import open_queue
 
         queue = open_queue(args.queue)
         if not hasattr(queue, "append_events"):
-            print("resources.worker_events: only a Redis queue carries worker events; echoing only", file=sys.stderr)
+            print("resources.cluster.worker_events: only a Redis queue carries worker events; echoing only", file=sys.stderr)
             queue = None
     except (ValueError, QueueError) as err:
-        print(f"resources.worker_events: cannot use the queue, echoing only: {err}", file=sys.stderr)
+        print(f"resources.cluster.worker_events: cannot use the queue, echoing only: {err}", file=sys.stderr)
     relay(sys.stdin, queue, sys.stdout)
     return 0
 

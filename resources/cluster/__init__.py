@@ -4,7 +4,7 @@ Each worker slot has an instance type, a spot/reserved flag and a price; the pro
 it is `python -m workers.rollout` pulling from the shared queue (or its own queue, for a
 static-assignment baseline). Local paths (queue, store, log folder) are made absolute when
 the config is built, so a worker reads the same files whatever directory either process
-runs in. A preemption trace (resources/preemption.py) SIGTERMs or SIGKILLs whatever
+runs in. A preemption trace (resources/cluster/preemption.py) SIGTERMs or SIGKILLs whatever
 process holds a spot slot at each event time; `restart_delay_s` later
 the slot gets a fresh process with a new worker id, as spot capacity returns. This
 process is the ledger's single writer: worker starts and ends, attempts and preemptions
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from resources.cluster_ledger import WorkTracker
+from resources.cluster.ledger import WorkTracker
 from resources.keys import check_name
 from resources.ledger import Ledger
-from resources.preemption import PreemptionEvent
+from resources.cluster.preemption import PreemptionEvent
 from resources.prices import load_prices
 from resources.urls import PASSWORD_ENV, absolute_url, split_password
 

@@ -6,7 +6,7 @@ kept: it signs one certificate and is thrown away, so a client that trusts the r
 that one server and nothing else. The node's address is not known when the certificate is made,
 so clients check the chain, not the host name (resources/urls.py, SPOTLIGHT_REDIS_RUN_CA).
 
-On the node, `python -m resources.queue_redis_tls --dir D --port P` writes redis.conf (0600) and
+On the node, `python -m resources.queue.redis_tls --dir D --port P` writes redis.conf (0600) and
 the certificate files from the environment (SkyPilot secrets), never from a command line:
 - TLS only (`port 0`, `tls-port P`): nothing in clear text on the network.
 - The `default` user (the coordinator, on the node) has every command, with SPOTLIGHT_REDIS_PASSWORD;
@@ -146,14 +146,14 @@ def _write_private(path: Path, data: bytes) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the reserved node's redis.conf and TLS files from its secrets; exit 2 saying what is missing."""
-    parser = argparse.ArgumentParser(prog="python -m resources.queue_redis_tls", description=main.__doc__.split(";")[0])
+    parser = argparse.ArgumentParser(prog="python -m resources.queue.redis_tls", description=main.__doc__.split(";")[0])
     parser.add_argument("--dir", type=Path, required=True, help="Redis's folder (data, config, certificates).")
     parser.add_argument("--port", type=int, required=True, help="The TLS port Redis listens on.")
     args = parser.parse_args(argv)
     try:
         print(write_node_files(args.dir, args.port, dict(os.environ)))
     except ValueError as err:
-        print(f"resources.queue_redis_tls: {err}", file=sys.stderr)
+        print(f"resources.queue.redis_tls: {err}", file=sys.stderr)
         return 2
     return 0
 

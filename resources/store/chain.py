@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from resources.keys import anchor_key, patch_key, run_prefix
-from resources.store import TensorStore
+from resources.store.base import TensorStore
 
 if TYPE_CHECKING:
     import torch

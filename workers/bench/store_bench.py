@@ -12,9 +12,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from resources.store import TensorStore
-from resources.stores import open_store
-from resources.store_local import LocalTensorStore
+from resources.store.base import TensorStore
+from resources.store import open_store
+from resources.store.local import LocalTensorStore
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def moto_store() -> Iterator[TensorStore]:
     """
     from moto.server import ThreadedMotoServer
 
-    from resources.store_s3 import S3TensorStore
+    from resources.store.s3 import S3TensorStore
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}

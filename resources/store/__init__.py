@@ -1,7 +1,7 @@
 """Open a tensor store from its URL: a folder path, `file:///absolute/path`, or `s3://bucket/prefix`.
 
-The interface lives in resources/store.py, the backends in resources/store_local.py and
-resources/store_s3.py; this module only picks one, so neither backend imports it back.
+The store room: the interface (resources/store/base.py, re-exported here), the backends
+(resources/store/local.py and resources/store/s3.py) and `open_store`, which picks one by URL.
 
 Example:
     parse_store_url("s3://bucket/runs")                 # ("s3", "bucket", "runs"), nothing opened
@@ -13,9 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
-from resources.store import TensorStore
-from resources.store_local import LocalTensorStore
-from resources.store_s3 import S3TensorStore  # boto3 is imported when the first S3 client is made
+from resources.store.base import (
+    ChecksumMismatchError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreFullError,
+    TensorStore,
+)
+from resources.store.local import LocalTensorStore
+from resources.store.s3 import S3TensorStore  # boto3 is imported when the first S3 client is made
 from resources.urls import is_plain_path
 
 SUPPORTED_SCHEMES = "a folder path, file:///absolute/path, or s3://bucket/prefix"
@@ -65,3 +71,17 @@ def check_store_reachable(url: str | Path) -> None:
     kind, location, prefix = parse_store_url(url)
     if kind == "s3":
         S3TensorStore(location, prefix).check_reachable()
+
+
+__all__ = [
+    "ChecksumMismatchError",
+    "LocalTensorStore",
+    "ObjectNotFoundError",
+    "S3TensorStore",
+    "StoreError",
+    "StoreFullError",
+    "TensorStore",
+    "check_store_reachable",
+    "open_store",
+    "parse_store_url",
+]

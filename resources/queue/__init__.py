@@ -1,7 +1,8 @@
-"""`open_queue`: the request queue backend for a URL (SQLite file or Redis), apart from the interface so no cycle.
+"""The queue room: the interface (resources/queue/base.py, re-exported here) and `open_queue`.
 
-resources/queue.py holds the interface and shared types; the backends import it, and this
-module imports the backends (lazily: Redis's client only when a redis:// URL is opened).
+`open_queue` picks the backend for a URL (SQLite file or Redis); the backends live in
+resources/queue/sqlite.py and resources/queue/redis_streams.py and are imported lazily
+(Redis's client only when a redis:// URL is opened).
 
 Example:
     queue = open_queue("runs/demo/queue.db")                 # or "redis://:pw@host:6379/0"
@@ -12,7 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from resources.queue import QueueConfig, RequestQueue, parse_queue_url
+from resources.queue.base import (
+    QueueConfig,
+    QueueError,
+    QueueStalledError,
+    QueueUnavailableError,
+    RequestQueue,
+    parse_queue_url,
+)
 
 
 def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQueue:
@@ -23,10 +31,10 @@ def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQ
     queue cannot be reached within `config.connect_timeout_s`."""
     where = parse_queue_url(url)
     if isinstance(where, Path):
-        from resources.queue_sqlite import SqliteQueue
+        from resources.queue.sqlite import SqliteQueue
 
         return SqliteQueue(where, config)
-    from resources.queue_redis import RedisQueue
+    from resources.queue.redis_streams import RedisQueue
 
     return RedisQueue(where, config)
 
@@ -38,3 +46,15 @@ def check_queue_reachable(url: str | Path, config: QueueConfig = QueueConfig()) 
     if isinstance(parse_queue_url(url), Path):
         return
     open_queue(url, config).close()
+
+
+__all__ = [
+    "QueueConfig",
+    "QueueError",
+    "QueueStalledError",
+    "QueueUnavailableError",
+    "RequestQueue",
+    "check_queue_reachable",
+    "open_queue",
+    "parse_queue_url",
+]

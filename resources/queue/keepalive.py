@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 
-from resources.queue import QueueUnavailableError, RequestQueue
-from resources.queue_records import Lease
+from resources.queue.base import QueueUnavailableError, RequestQueue
+from resources.queue.records import Lease
 
 
 class LeaseKeeper:

@@ -1,4 +1,4 @@
-"""What `spotlight launch` was asked for (`LaunchPlan`), checked before anything is submitted; resources/cloud.py
+"""What `spotlight launch` was asked for (`LaunchPlan`), checked before anything is submitted; resources/cloud/__init__.py
 turns a plan into SkyPilot tasks and submits them."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from resources.queue import QueueConfig, QueueUnavailableError, RequestQueue
-from resources.queue_records import (
+from resources.queue.base import QueueConfig, QueueUnavailableError, RequestQueue
+from resources.queue.records import (
     KINDS_BY_PRIORITY,
     DeadLetter,
     Lease,

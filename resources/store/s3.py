@@ -7,7 +7,7 @@ explicit `endpoint_url` argument; nothing secret is ever logged or put in an err
 Transient faults are absorbed: botocore's retry mode ("standard" or "adaptive") re-sends a
 call answered 5xx, throttled (SlowDown, 429), timed out or reset; a GET whose body breaks off,
 stalls or fails its S3 checksum is sent again (`S3Config.read_attempts`), and so is one whose
-bytes do not match the manifest (resources/store.py). A fault that persists ends in one
+bytes do not match the manifest (resources/store/base.py). A fault that persists ends in one
 StoreError naming the operation, the s3:// key, the endpoint and what happened, after at
 most max_attempts x (connect_timeout_s + read_timeout_s) plus backoff per call: never a hang.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from resources.keys import check_key, check_prefix
-from resources.store import ObjectNotFoundError, StoreError, TensorStore
+from resources.store.base import ObjectNotFoundError, StoreError, TensorStore
 
 _MIB = 1024 * 1024
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")

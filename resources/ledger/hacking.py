@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resources.ledger_records import HackingRollbackRecord, HackingSignalsRecord
+from resources.ledger.records import HackingRollbackRecord, HackingSignalsRecord
 
 
 class HackingRecords:

@@ -13,9 +13,9 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from resources import queue_redis_lua as lua
-from resources.queue import QueueConfig, QueueError, QueueUnavailableError, RedisAddress, RequestQueue
-from resources.queue_records import (
+from resources.queue import redis_lua as lua
+from resources.queue.base import QueueConfig, QueueError, QueueUnavailableError, RedisAddress, RequestQueue
+from resources.queue.records import (
     KINDS_BY_PRIORITY,
     DeadLetter,
     Lease,
@@ -25,7 +25,7 @@ from resources.queue_records import (
     check_result_key,
     check_worker_id,
 )
-from resources.queue_redis_tls import SERVER_NAME
+from resources.queue.redis_tls import SERVER_NAME
 
 _PREFIX = "spotlight:{queue}"  # one hash tag: all keys in one slot, so the scripts also run on a cluster
 _CHUNK = 500
@@ -210,7 +210,7 @@ class RedisQueue(RequestQueue):
         return out
 
     def append_events(self, events: Iterable[Mapping[str, Any]]) -> None:
-        """Append remote workers' JSON events to the queue's event stream (resources/worker_events.py)."""
+        """Append remote workers' JSON events to the queue's event stream (resources/cluster/worker_events.py)."""
         with self._errors("append_events"), self._redis.pipeline(transaction=False) as pipe:
             for event in events:
                 pipe.xadd(self._events_key, {"json": json.dumps(event, default=str)}, maxlen=EVENTS_MAXLEN, approximate=True)

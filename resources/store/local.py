@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from resources.keys import check_key, check_prefix
-from resources.store import ObjectNotFoundError, StoreError, StoreFullError, TensorStore
+from resources.store.base import ObjectNotFoundError, StoreError, StoreFullError, TensorStore
 
 _TMP_PREFIX = ".tmp-"
 _FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",

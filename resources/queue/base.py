@@ -9,11 +9,11 @@ at-least-once; completion is recorded exactly once per request id (the first `ac
 later ones return False), matching results committed exclusively under the request id.
 
 Backends: `SqliteQueue` (one machine, many processes) and `RedisQueue` (Redis Streams
-consumer groups, many machines); `open_queue` in resources/queues.py picks one by URL (this
+consumer groups, many machines); `open_queue` in resources/queue/__init__.py picks one by URL (this
 module imports neither backend: they import it). See docs/QUEUE.md.
 
 Example:
-    from resources.queues import open_queue
+    from resources.queue import open_queue
     queue = open_queue("runs/demo/queue.db")                 # or "redis://:pw@host:6379/0"
     queue.put([{"request_id": "r0", "iteration": 3, "kind": "rollout", "payload": {"seed": 7}}])
     lease = queue.claim("worker-1", lease_s=60)               # in each worker
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlparse
 
-from resources.queue_records import (
+from resources.queue.records import (
     DeadLetter,
     Lease,
     QueueStats,

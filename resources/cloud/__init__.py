@@ -19,7 +19,7 @@ a node of `gpus_per_node` GPUs (of each type asked for) whose run line starts th
 node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GPUs together.
 
 The reserved node's Redis is TLS-only, signed by a CA made for the run, with an ACL user for
-the workers (resources/queue_redis_tls.py): the node gets the server's key, each worker only
+the workers (resources/queue/redis_tls.py): the node gets the server's key, each worker only
 the CA certificate and its own password. `launch` submits workers once that Redis answers.
 
 Example:
@@ -40,16 +40,16 @@ import sky
 import yaml
 from sky import exceptions as sky_exceptions
 
-from resources.cloud_plan import RESERVED_CLUSTER, LaunchPlan
+from resources.cloud.plan import RESERVED_CLUSTER, LaunchPlan
 from resources.prices import PriceTable
-from resources.queue_redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
+from resources.queue.redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
 from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
 
 WORKER_JOB_PREFIX = "spotlight-rollout"
 """Spot worker i is the managed job `spotlight-rollout-i`; `status` and `down` find them by this prefix."""
 REDIS_PORT = 6379
 SECRET_NAMES = (PASSWORD_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 """The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
 SKY_DIR = CHECKOUT / "sky"
 PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
@@ -274,7 +274,7 @@ def _ping(address: Any, connect_timeout_s: float) -> None:
     """One PING through redis-py: PermissionError for a refused password, OSError while the server is not there."""
     import redis
 
-    from resources.queue_redis import redis_client
+    from resources.queue.redis_streams import redis_client
 
     client = redis_client(address, socket_connect_timeout=connect_timeout_s, socket_timeout=connect_timeout_s)
     try:
@@ -289,7 +289,7 @@ def _ping(address: Any, connect_timeout_s: float) -> None:
 def use_run_ca(cluster: str, env: Any = os.environ) -> bool:
     """Trust the run's CA in this process (SPOTLIGHT_REDIS_RUN_CA in `env`) when its TLS files are on this machine
     and nothing else is set: `spotlight status` and a relaunch then reach the node's Redis. False when absent."""
-    from resources.queue_redis_tls import FILES
+    from resources.queue.redis_tls import FILES
 
     ca = tls_folder(cluster, env) / FILES[0]
     if env.get(RUN_CA_ENV) or not ca.is_file():

@@ -41,9 +41,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import duckdb
 
-from resources.ledger_db import QueryResult, RowBuffer, connect, fetch, insert_rows, table_layouts, transaction
-from resources.ledger_hacking import HackingRecords
-from resources.ledger_records import (
+from resources.ledger.db import QueryResult, RowBuffer, connect, fetch, insert_rows, table_layouts, transaction
+from resources.ledger.hacking import HackingRecords
+from resources.ledger.records import (
     WORKER_END_REASONS,
     WORKER_ROLES,
     AttemptRecord,
@@ -59,7 +59,7 @@ from resources.ledger_records import (
     to_utc,
     union_seconds,
 )
-from resources.ledger_schema import PHASES, upgrade
+from resources.ledger.schema import PHASES, upgrade
 from resources.prices import PriceTable, load_prices
 
 _RUN_STATUSES = ("running", "succeeded", "failed", "interrupted")
