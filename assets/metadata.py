@@ -21,6 +21,8 @@ def materialize(result: PhaseResult) -> dg.MaterializeResult:
     meta.update({name: dg.MetadataValue.md(table) for name, table in result.tables.items()})
     meta.update({name: dg.MetadataValue.path(path) for name, path in result.paths.items()})
     meta.update({name: png_markdown(png, caption) for name, (png, caption) in result.pictures.items()})
-    checks = [dg.AssetCheckResult(check_name=name, passed=passed, metadata=check_meta)
-              for name, (passed, check_meta) in result.checks.items()]
+    checks = [
+        dg.AssetCheckResult(check_name=name, passed=passed, metadata=check_meta)
+        for name, (passed, check_meta) in result.checks.items()
+    ]
     return dg.MaterializeResult(metadata=meta, check_results=checks or None)

@@ -59,14 +59,16 @@ def pretrain(
         raise typer.BadParameter(str(err)) from None
     from rich.progress import Progress
 
-    from workers.task.evaluate import evaluate
     from workers.model.policy import PolicyConfig, build_policy, load_policy, save_policy
     from workers.model.pretrain import pretrain as run_pretrain
+    from workers.task.evaluate import evaluate
     from workers.task.prompts import split_prompts
 
     if init is not None and not (init / "policy.json").exists():
-        raise typer.BadParameter(f"--init {init} holds no policy (no policy.json); pass a folder written by "
-                                 "`spotlight pretrain` or `spotlight train --out`")
+        raise typer.BadParameter(
+            f"--init {init} holds no policy (no policy.json); pass a folder written by "
+            "`spotlight pretrain` or `spotlight train --out`"
+        )
     policy = build_policy(PolicyConfig(), seed=seed) if init is None else load_policy(init)
     with Progress(transient=not as_json) as progress:
         task = progress.add_task("pretraining", total=steps)
@@ -74,9 +76,15 @@ def pretrain(
             progress.update(task, completed=step, description=f"pretraining  loss {loss:.4f}")
     save_policy(policy, out)
     result = evaluate(policy, split_prompts()["heldout"])
-    record = {"steps": steps, "lr": lr, "seed": seed, "init": None if init is None else str(init),
-              "heldout_score": result.score,
-              "heldout_partial": result.partial, "per_category": result.per_category}
+    record = {
+        "steps": steps,
+        "lr": lr,
+        "seed": seed,
+        "init": None if init is None else str(init),
+        "heldout_score": result.score,
+        "heldout_partial": result.partial,
+        "per_category": result.per_category,
+    }
     if as_json:
         emit_json(record)
     else:
@@ -85,8 +93,12 @@ def pretrain(
 
 @app.command("ledger")
 def ledger_query(
-    sql: str = typer.Argument(..., help='Read-only SQL, e.g. "SELECT * FROM cost_per_iteration". Tables and views: docs/LEDGER.md.'),
-    db: Optional[Path] = typer.Option(None, "--db", help="Ledger file. Default: $SPOTLIGHT_LEDGER, else the newest runs/*/ledger.duckdb."),
+    sql: str = typer.Argument(
+        ..., help='Read-only SQL, e.g. "SELECT * FROM cost_per_iteration". Tables and views: docs/LEDGER.md.'
+    ),
+    db: Optional[Path] = typer.Option(
+        None, "--db", help="Ledger file. Default: $SPOTLIGHT_LEDGER, else the newest runs/*/ledger.duckdb."
+    ),
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV instead of a table."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per row (JSON Lines)."),
 ) -> None:

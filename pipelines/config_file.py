@@ -53,13 +53,15 @@ def load_config_file(ctx: typer.Context, param: typer.CallbackParam, value: Opti
     unknown = sorted(str(k) for k in raw if str(k) not in names)
     if unknown:
         accepted = sorted({k for k in names if "_" not in k or k.replace("_", "-") not in names})
-        raise typer.BadParameter(f"{value}: unknown option(s) {unknown}; this command takes {accepted}",
-                                 ctx=ctx, param=param)
+        raise typer.BadParameter(
+            f"{value}: unknown option(s) {unknown}; this command takes {accepted}", ctx=ctx, param=param
+        )
     ctx.default_map = {**(ctx.default_map or {}), **{names[str(k)]: v for k, v in raw.items()}}
     return value
 
 
 def config_option():
     """The `--config` option (eager, so the file is read before the other options take their defaults)."""
-    return typer.Option(None, "--config", help=CONFIG_HELP, is_eager=True, callback=load_config_file,
-                        dir_okay=False, exists=True)
+    return typer.Option(
+        None, "--config", help=CONFIG_HELP, is_eager=True, callback=load_config_file, dir_okay=False, exists=True
+    )

@@ -38,14 +38,27 @@ class DeploymentError(ValueError):
     """The deployment's configuration cannot work; the message says what to set."""
 
 
-def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/dagster", run: Optional[str] = None,
-                    preset: str = "cpu_tiny_spot", iterations: Optional[int] = None, seed: Optional[int] = None,
-                    reward: Optional[str] = None,
-                    store: Optional[str] = None, queue: Optional[str] = None, ledger: Optional[str] = None,
-                    rollouts: Optional[str] = None, checkpoint: Optional[str] = None,
-                    workers: Optional[dict] = None, model: Optional[dict] = None, device: str = "cpu",
-                    validation: Optional[dict] = None, prompts: Optional[dict] = None,
-                    batch: Optional[dict] = None) -> dict:
+def build_resources(
+    *,
+    deployment: str = "local",
+    run_dir: str | Path = "runs/dagster",
+    run: Optional[str] = None,
+    preset: str = "cpu_tiny_spot",
+    iterations: Optional[int] = None,
+    seed: Optional[int] = None,
+    reward: Optional[str] = None,
+    store: Optional[str] = None,
+    queue: Optional[str] = None,
+    ledger: Optional[str] = None,
+    rollouts: Optional[str] = None,
+    checkpoint: Optional[str] = None,
+    workers: Optional[dict] = None,
+    model: Optional[dict] = None,
+    device: str = "cpu",
+    validation: Optional[dict] = None,
+    prompts: Optional[dict] = None,
+    batch: Optional[dict] = None,
+) -> dict:
     """The resource dict of a deployment (pydantic validates each resource as it is built). batch: the run's
     batch-shape fields (rollout_batch, micro_batch, group_size, prompts_per_iteration, minibatches)."""
     if deployment not in DEPLOYMENTS:
@@ -53,18 +66,32 @@ def build_resources(*, deployment: str = "local", run_dir: str | Path = "runs/da
     run_dir = Path(run_dir)
     if deployment == "cloud":
         if not (store or "").startswith("s3://"):
-            raise DeploymentError("the cloud deployment needs SPOTLIGHT_STORE=s3://bucket/prefix (got "
-                                  f"{store!r}); endpoint and credentials come from boto3's configuration")
+            raise DeploymentError(
+                "the cloud deployment needs SPOTLIGHT_STORE=s3://bucket/prefix (got "
+                f"{store!r}); endpoint and credentials come from boto3's configuration"
+            )
         if not (queue or "").startswith(("redis://", "rediss://")):
-            raise DeploymentError("the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db or rediss:// (TLS; the "
-                                  "Redis on the reserved node); put the password in SPOTLIGHT_REDIS_PASSWORD or a file "
-                                  "named by SPOTLIGHT_REDIS_PASSWORD_FILE")
+            raise DeploymentError(
+                "the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db or rediss:// (TLS; the "
+                "Redis on the reserved node); put the password in SPOTLIGHT_REDIS_PASSWORD or a file "
+                "named by SPOTLIGHT_REDIS_PASSWORD_FILE"
+            )
     default_mode = "workers" if deployment == "cloud" else "inprocess"
     try:
         resources = {
-            "run_config": RunConfigResource(run=run or run_name_for(run_dir), preset=preset, iterations=iterations, seed=seed,
-                                        reward=reward, checkpoint=checkpoint, device=device, **(model or {}),
-                                        **(validation or {}), **(prompts or {}), **(batch or {})),
+            "run_config": RunConfigResource(
+                run=run or run_name_for(run_dir),
+                preset=preset,
+                iterations=iterations,
+                seed=seed,
+                reward=reward,
+                checkpoint=checkpoint,
+                device=device,
+                **(model or {}),
+                **(validation or {}),
+                **(prompts or {}),
+                **(batch or {}),
+            ),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
             "ledger": LedgerResource(path=ledger or str(run_dir / "ledger.duckdb")),
@@ -85,15 +112,27 @@ def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
     if iterations is not None and not iterations.isdigit():
         raise DeploymentError(f"SPOTLIGHT_ITERATIONS must be a positive integer, got {iterations!r}")
     return build_resources(
-        deployment=env.get("SPOTLIGHT_DEPLOYMENT", "local"), run_dir=env.get("SPOTLIGHT_RUN_DIR", "runs/dagster"),
-        run=env.get("SPOTLIGHT_RUN"), preset=env.get("SPOTLIGHT_PRESET", "cpu_tiny_spot"),
-        iterations=int(iterations) if iterations else None, reward=env.get("SPOTLIGHT_REWARD"),
-        store=env.get("SPOTLIGHT_STORE"), queue=env.get("SPOTLIGHT_QUEUE"), ledger=env.get("SPOTLIGHT_LEDGER"),
-        rollouts=env.get("SPOTLIGHT_ROLLOUTS"), checkpoint=env.get("SPOTLIGHT_CHECKPOINT"), model=_model_env(env),
-        device=env.get("SPOTLIGHT_DEVICE", "cpu"), workers=_workers_env(env),
-        validation={f"validation_{name}": env[f"SPOTLIGHT_VALIDATION_{name.upper()}"] for name in ("reward", "prompts")
-                    if env.get(f"SPOTLIGHT_VALIDATION_{name.upper()}")},
-        prompts=_prompts_env(env))
+        deployment=env.get("SPOTLIGHT_DEPLOYMENT", "local"),
+        run_dir=env.get("SPOTLIGHT_RUN_DIR", "runs/dagster"),
+        run=env.get("SPOTLIGHT_RUN"),
+        preset=env.get("SPOTLIGHT_PRESET", "cpu_tiny_spot"),
+        iterations=int(iterations) if iterations else None,
+        reward=env.get("SPOTLIGHT_REWARD"),
+        store=env.get("SPOTLIGHT_STORE"),
+        queue=env.get("SPOTLIGHT_QUEUE"),
+        ledger=env.get("SPOTLIGHT_LEDGER"),
+        rollouts=env.get("SPOTLIGHT_ROLLOUTS"),
+        checkpoint=env.get("SPOTLIGHT_CHECKPOINT"),
+        model=_model_env(env),
+        device=env.get("SPOTLIGHT_DEVICE", "cpu"),
+        workers=_workers_env(env),
+        validation={
+            f"validation_{name}": env[f"SPOTLIGHT_VALIDATION_{name.upper()}"]
+            for name in ("reward", "prompts")
+            if env.get(f"SPOTLIGHT_VALIDATION_{name.upper()}")
+        },
+        prompts=_prompts_env(env),
+    )
 
 
 def _prompts_env(env: Mapping[str, str]) -> dict:
@@ -105,8 +144,9 @@ def _prompts_env(env: Mapping[str, str]) -> dict:
         try:
             out["prompts_heldout"] = float(env["SPOTLIGHT_PROMPTS_HELDOUT"])
         except ValueError:
-            raise DeploymentError(f"SPOTLIGHT_PROMPTS_HELDOUT must be a number in [0, 1), got "
-                                  f"{env['SPOTLIGHT_PROMPTS_HELDOUT']!r}") from None
+            raise DeploymentError(
+                f"SPOTLIGHT_PROMPTS_HELDOUT must be a number in [0, 1), got {env['SPOTLIGHT_PROMPTS_HELDOUT']!r}"
+            ) from None
     return out
 
 
@@ -141,6 +181,8 @@ def _short(err: ValueError) -> str:
     """pydantic's message without its URL footer and input echo (which could hold a secret)."""
     errors = getattr(err, "errors", None)
     if callable(errors):
-        return "; ".join(f"{'.'.join(map(str, e.get('loc', ()))) or 'config'}: {e.get('msg', '')}".replace("Value error, ", "")
-                         for e in errors())
+        return "; ".join(
+            f"{'.'.join(map(str, e.get('loc', ()))) or 'config'}: {e.get('msg', '')}".replace("Value error, ", "")
+            for e in errors()
+        )
     return str(err)

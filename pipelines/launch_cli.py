@@ -20,31 +20,85 @@ def _fail(command: str, err: Exception) -> None:
 
 
 def launch_command(
-    workers: int = typer.Option(..., "--workers", help="Spot rollout workers (SP nodes with --sp-degree), one SkyPilot managed job each."),
+    workers: int = typer.Option(
+        ..., "--workers", help="Spot rollout workers (SP nodes with --sp-degree), one SkyPilot managed job each."
+    ),
     store: str = typer.Option(..., "--store", help="Tensor store every node shares: s3://bucket/prefix."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Spot worker accelerator(s), comma-separated (e.g. A100 or L4,A10G); default: sky/spot_workers.yaml's any_of."),
-    max_usd: float = typer.Option(100.0, "--max-usd", help="Spend cap in dollars: the coordinator stops and spot jobs stop recovering once the ledger's spend reaches it."),
+    gpu: Optional[str] = typer.Option(
+        None,
+        "--gpu",
+        help="Spot worker accelerator(s), comma-separated (e.g. A100 or L4,A10G); default: sky/spot_workers.yaml's any_of.",
+    ),
+    max_usd: float = typer.Option(
+        100.0,
+        "--max-usd",
+        help="Spend cap in dollars: the coordinator stops and spot jobs stop recovering once the ledger's spend reaches it.",
+    ),
     preset: Optional[str] = typer.Option(None, help="Training preset (default: sky/reserved.yaml's)."),
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: sky/reserved.yaml's)."),
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
-    model: Optional[str] = typer.Option(None, "--model", help="A diffusers pipeline folder to post-train (absolute; the same path on every node: MODEL in both tasks, and no CPU workers on the reserved node). Default: the pixel policy."),
-    reward: Optional[str] = typer.Option(None, "--reward", help="The run's reward spec (spotlight run --reward: a name, clip:PATH, http://HOST:PORT, multi:...); default: the preset's. The GPU presets name none."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", help="A prompts file on the reserved node, absolute (spotlight run --prompts: text or JSON Lines); default: the preset's task."),
-    model_source: Optional[str] = typer.Option(None, "--model-source", help="A bucket URL holding the --model folder (s3://bucket/models/Qwen-Image): SkyPilot copies it to that path on every node at start."),
-    sp_degree: Optional[str] = typer.Option(None, "--sp-degree", help="SP nodes instead of rollout workers: each job runs the elastic SP node agent over its node's GPUs, sampling in Ulysses groups of this many GPUs (2..8), or auto (per round). Checked against --model's transformer when the folder is on this machine. Default: one rollout worker per job."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs of each SP node (default: the --sp-degree)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        help="A diffusers pipeline folder to post-train (absolute; the same path on every node: MODEL in both tasks, and no CPU workers on the reserved node). Default: the pixel policy.",
+    ),
+    reward: Optional[str] = typer.Option(
+        None,
+        "--reward",
+        help="The run's reward spec (spotlight run --reward: a name, clip:PATH, http://HOST:PORT, multi:...); default: the preset's. The GPU presets name none.",
+    ),
+    prompts: Optional[str] = typer.Option(
+        None,
+        "--prompts",
+        help="A prompts file on the reserved node, absolute (spotlight run --prompts: text or JSON Lines); default: the preset's task.",
+    ),
+    model_source: Optional[str] = typer.Option(
+        None,
+        "--model-source",
+        help="A bucket URL holding the --model folder (s3://bucket/models/Qwen-Image): SkyPilot copies it to that path on every node at start.",
+    ),
+    sp_degree: Optional[str] = typer.Option(
+        None,
+        "--sp-degree",
+        help="SP nodes instead of rollout workers: each job runs the elastic SP node agent over its node's GPUs, sampling in Ulysses groups of this many GPUs (2..8), or auto (per round). Checked against --model's transformer when the folder is on this machine. Default: one rollout worker per job.",
+    ),
+    gpus_per_node: Optional[int] = typer.Option(
+        None, "--gpus-per-node", help="GPUs of each SP node (default: the --sp-degree)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."
+    ),
 ) -> None:
     """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs."""
-    from resources.cloud import (CloudError, LaunchPlan, describe_task, launch, launch_secrets, plan_tasks, tls_folder,
-                                 use_run_ca, with_run_tls)
+    from resources.cloud import (
+        CloudError,
+        LaunchPlan,
+        describe_task,
+        launch,
+        launch_secrets,
+        plan_tasks,
+        tls_folder,
+        use_run_ca,
+        with_run_tls,
+    )
     from resources.queue.redis_tls import make_run_tls, run_tls
 
     try:
-        plan = LaunchPlan(workers=workers, store=store, gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
-                          max_usd=max_usd, preset=_checked_preset(preset), iterations=iterations, cluster=cluster,
-                          model=model, reward=reward, prompts=prompts, model_source=model_source,
-                          sp_degree=_sp_degree(sp_degree), gpus_per_node=gpus_per_node)
+        plan = LaunchPlan(
+            workers=workers,
+            store=store,
+            gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
+            max_usd=max_usd,
+            preset=_checked_preset(preset),
+            iterations=iterations,
+            cluster=cluster,
+            model=model,
+            reward=reward,
+            prompts=prompts,
+            model_source=model_source,
+            sp_degree=_sp_degree(sp_degree),
+            gpus_per_node=gpus_per_node,
+        )
         _check_sp_against_model(plan)
         _check_reward_chosen(plan)
     except ValueError as err:
@@ -64,8 +118,7 @@ def launch_command(
         return
     use_run_ca(cluster)
     try:
-        queue_url = launch(plan, secrets, before_workers=lambda url: _refuse_over_budget(url, max_usd),
-                           echo=typer.echo)
+        queue_url = launch(plan, secrets, before_workers=lambda url: _refuse_over_budget(url, max_usd), echo=typer.echo)
     except CloudError as err:
         _fail("launch", err)
     typer.echo(f"queue {queue_url}; follow the run with: spotlight status --queue {queue_url}")
@@ -108,8 +161,11 @@ def _check_sp_against_model(plan) -> None:
     if plan.sp_degree in (None, 1) or plan.model is None:
         return
     if not (Path(plan.model) / "model_index.json").is_file():
-        typer.echo(f"# --sp-degree {plan.sp_degree} not checked against --model: {plan.model} is not on this machine "
-                   "(each node probes it and gives back what its groups cannot split)", err=True)
+        typer.echo(
+            f"# --sp-degree {plan.sp_degree} not checked against --model: {plan.model} is not on this machine "
+            "(each node probes it and gives back what its groups cannot split)",
+            err=True,
+        )
         return
     from resources.cloud import reserved_task
     from workers.sp.model_sp import check_folder_degree
@@ -126,8 +182,10 @@ def _check_sp_against_model(plan) -> None:
             errors.append(err)
     if plan.sp_degree != "auto":
         raise errors[0]
-    raise ValueError(f"--sp-degree auto: no degree from 2 to {plan.node_gpus} splits {plan.model} ({errors[0]}); "
-                     "launch rollout workers (no --sp-degree) instead")
+    raise ValueError(
+        f"--sp-degree auto: no degree from 2 to {plan.node_gpus} splits {plan.model} ({errors[0]}); "
+        "launch rollout workers (no --sp-degree) instead"
+    )
 
 
 def _refuse_over_budget(queue_url: str, max_usd: float) -> None:
@@ -137,14 +195,16 @@ def _refuse_over_budget(queue_url: str, max_usd: float) -> None:
 
     info = _queue_info(queue_url)
     if info is not None and over_budget(info, max_usd):
-        raise CloudError(f"the run already spent ${info['usd_total']:.2f} of --max-usd {max_usd:g}: no spot workers "
-                         "submitted; raise --max-usd to continue, or `spotlight down`")
+        raise CloudError(
+            f"the run already spent ${info['usd_total']:.2f} of --max-usd {max_usd:g}: no spot workers "
+            "submitted; raise --max-usd to continue, or `spotlight down`"
+        )
 
 
 def _queue_info(queue_url: str) -> Optional[dict]:
     """The queue's depth and the coordinator's published summary; None when the queue cannot be reached."""
-    from resources.queue.base import QueueError
     from resources.queue import open_queue
+    from resources.queue.base import QueueError
 
     try:
         with open_queue(queue_url) as queue:
@@ -156,8 +216,16 @@ def _queue_info(queue_url: str) -> Optional[dict]:
 
 
 def status_command(
-    queue: Optional[str] = typer.Option(None, "--queue", help="The run's queue (default: rediss:// on the reserved node, from SkyPilot, trusting the run's CA kept by spotlight launch). Password from SPOTLIGHT_REDIS_PASSWORD(_FILE)."),
-    ledger: Optional[Path] = typer.Option(None, "--ledger", help="Read iteration, score, spend and workers from this ledger file instead of the coordinator's summary in the queue."),
+    queue: Optional[str] = typer.Option(
+        None,
+        "--queue",
+        help="The run's queue (default: rediss:// on the reserved node, from SkyPilot, trusting the run's CA kept by spotlight launch). Password from SPOTLIGHT_REDIS_PASSWORD(_FILE).",
+    ),
+    ledger: Optional[Path] = typer.Option(
+        None,
+        "--ledger",
+        help="Read iteration, score, spend and workers from this ledger file instead of the coordinator's summary in the queue.",
+    ),
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -175,15 +243,19 @@ def status_command(
             from resources.cloud import reserved_address, use_run_ca, worker_jobs
 
             if not use_run_ca(cluster):
-                raise CloudError(f"no TLS files of {cluster!r} on this machine (spotlight launch keeps them under "
-                                 "$SPOTLIGHT_STATE_DIR, default ~/.spotlight): set SPOTLIGHT_REDIS_RUN_CA, or pass --queue")
+                raise CloudError(
+                    f"no TLS files of {cluster!r} on this machine (spotlight launch keeps them under "
+                    "$SPOTLIGHT_STATE_DIR, default ~/.spotlight): set SPOTLIGHT_REDIS_RUN_CA, or pass --queue"
+                )
             queue = f"rediss://{reserved_address(cluster)}/0"
             record["spot_jobs"] = worker_jobs(echo=lambda note: typer.echo(note, err=True))
         if queue is not None:
             info = _queue_info(queue)
             if info is None:
-                raise CloudError(f"cannot read the queue {_shown(queue)} (is the reserved node up, and "
-                                 "SPOTLIGHT_REDIS_PASSWORD set to its password?)")
+                raise CloudError(
+                    f"cannot read the queue {_shown(queue)} (is the reserved node up, and "
+                    "SPOTLIGHT_REDIS_PASSWORD set to its password?)"
+                )
             record = {**info, **record}  # the ledger, when given, is the truth
     except (CloudError, FileNotFoundError) as err:
         _fail("status", err)
@@ -205,10 +277,12 @@ def _status_text(r: dict) -> str:
     def num(key: str, fmt: str) -> str:
         return "-" if r.get(key) is None else format(r[key], fmt)
 
-    lines = [f"iteration {num('iteration', 'd')}  held-out {num('heldout_score', '.3f')}  spent ${num('usd_total', '.2f')}"
-             + (f" of ${r['max_usd']:g}" if r.get("max_usd") else ""),
-             f"workers alive {num('workers_alive', 'd')} ({num('spot_workers_alive', 'd')} spot), "
-             f"preemptions {num('preemptions', 'd')}"]
+    lines = [
+        f"iteration {num('iteration', 'd')}  held-out {num('heldout_score', '.3f')}  spent ${num('usd_total', '.2f')}"
+        + (f" of ${r['max_usd']:g}" if r.get("max_usd") else ""),
+        f"workers alive {num('workers_alive', 'd')} ({num('spot_workers_alive', 'd')} spot), "
+        f"preemptions {num('preemptions', 'd')}",
+    ]
     if "queue_pending" in r:
         lines.append(f"queue: {r['queue_pending']} pending, {r['queue_leased']} leased, {r['queue_done']} done")
     for job in r.get("spot_jobs", []):

@@ -17,24 +17,39 @@ from typing import Any, Callable
 
 import typer
 
-NPROC_HELP = ("Trainer processes: each update is sharded over them with FSDP2 (NCCL, one GPU each, with --device "
-              "cuda; gloo ranks on cpu). Rank 0 also runs the rest of the run: sampling, validation, the ledger and "
-              "the store's writes.")
+NPROC_HELP = (
+    "Trainer processes: each update is sharded over them with FSDP2 (NCCL, one GPU each, with --device "
+    "cuda; gloo ranks on cpu). Rank 0 also runs the rest of the run: sampling, validation, the ledger and "
+    "the store's writes."
+)
 CHECKPOINTING_HELP = "Recompute each transformer block in backward: less activation memory, about one more forward."
-ROLLOUT_BATCH_HELP = ("Samples sampled and VAE-decoded together where this process samples (rollout, exploration, "
-                      "validation); memory follows this chunk, not the iteration (default: the preset's; none = all).")
-MICRO_BATCH_HELP = ("Samples per forward and backward in the update: each minibatch's gradients accumulate over "
-                    "micro-batches of this many, the same step in less activation memory (default: the preset's).")
+ROLLOUT_BATCH_HELP = (
+    "Samples sampled and VAE-decoded together where this process samples (rollout, exploration, "
+    "validation); memory follows this chunk, not the iteration (default: the preset's; none = all)."
+)
+MICRO_BATCH_HELP = (
+    "Samples per forward and backward in the update: each minibatch's gradients accumulate over "
+    "micro-batches of this many, the same step in less activation memory (default: the preset's)."
+)
 
 
-def with_batch_options(config, rollout_batch=None, micro_batch=None, group_size=None, prompts_per_iteration=None,
-                       minibatches=None):
+def with_batch_options(
+    config, rollout_batch=None, micro_batch=None, group_size=None, prompts_per_iteration=None, minibatches=None
+):
     """`config` (a TrainConfig) with the batch-shape options given on the command line (None = the preset's);
     typer.BadParameter for a combination the config refuses."""
     import dataclasses
 
-    fields = {k: v for k, v in {"rollout_batch": rollout_batch, "micro_batch": micro_batch, "group_size": group_size,
-                                 "prompts_per_iteration": prompts_per_iteration}.items() if v is not None}
+    fields = {
+        k: v
+        for k, v in {
+            "rollout_batch": rollout_batch,
+            "micro_batch": micro_batch,
+            "group_size": group_size,
+            "prompts_per_iteration": prompts_per_iteration,
+        }.items()
+        if v is not None
+    }
     try:
         if minibatches is not None:
             fields["grpo"] = dataclasses.replace(config.grpo, num_minibatches=minibatches)
@@ -58,8 +73,9 @@ def check_ranks(nproc: int, device: str, config) -> None:
         raise typer.BadParameter(str(err), param_hint="--nproc") from None
 
 
-def in_ranks(nproc: int, gradient_checkpointing: bool, device: str, main: Callable[..., Any], kwargs: dict,
-             failed_hint: str = "") -> Any:
+def in_ranks(
+    nproc: int, gradient_checkpointing: bool, device: str, main: Callable[..., Any], kwargs: dict, failed_hint: str = ""
+) -> Any:
     """`main(**kwargs)` in this process (nproc 1), or on rank 0 of `nproc` launched processes whose updates the
     others join; returns what `main` returned. `main` and `kwargs` must pickle (a module-level function). A failed
     or signalled rank stops them all: the command exits 1, printing the error and `failed_hint`."""

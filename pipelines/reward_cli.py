@@ -23,11 +23,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import typer
 
-
 LOOPBACK_HOSTS = ("localhost", "ip6-localhost")
 _BUSY = b'{"error": "the reward server is at its connection limit; retry"}'
-REFUSED_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY))
+REFUSED_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY)
+)
 """What a connection over the limit gets, written by the accepting thread (no handler thread is started for it)."""
 
 
@@ -53,14 +54,26 @@ class RewardServer(ThreadingHTTPServer):
     daemon_threads = True  # a stuck request never keeps the process alive after shutdown
     request_queue_size = 128  # the listen backlog: a burst of clients is accepted, then limited by max_connections
 
-    def __init__(self, address: tuple[str, int], reward_fn, spec: str, max_images: int = 256,
-                 max_request_bytes: int = 512 << 20, token: str | None = None, *, timeout_s: float = 30.0,
-                 max_connections: int = 64, max_pixels: int | None = None):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        reward_fn,
+        spec: str,
+        max_images: int = 256,
+        max_request_bytes: int = 512 << 20,
+        token: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        max_connections: int = 64,
+        max_pixels: int | None = None,
+    ):
         from workers.task.rewards_remote import MAX_PIXELS, TOKEN_ENV
 
         if not is_loopback(address[0]) and not token:
-            raise ValueError(f"serving on {address[0]} (not loopback) needs a token: set ${TOKEN_ENV} here and on "
-                             "the clients, or bind --host 127.0.0.1")
+            raise ValueError(
+                f"serving on {address[0]} (not loopback) needs a token: set ${TOKEN_ENV} here and on "
+                "the clients, or bind --host 127.0.0.1"
+            )
         if not timeout_s > 0 or max_connections < 1 or (max_pixels is not None and max_pixels < 1):
             raise ValueError("need timeout_s > 0, max_connections >= 1 and max_pixels >= 1")
         super().__init__(address, RewardHandler)
@@ -132,8 +145,13 @@ class RewardHandler(BaseHTTPRequestHandler):
         if not length.isdigit():
             return self._send(411, {"error": "send a Content-Length"})
         if int(length) > self.server.max_request_bytes:
-            return self._send(413, {"error": f"the request has {length} bytes; this server takes at most "
-                                             f"{self.server.max_request_bytes} (send fewer images per request)"})
+            return self._send(
+                413,
+                {
+                    "error": f"the request has {length} bytes; this server takes at most "
+                    f"{self.server.max_request_bytes} (send fewer images per request)"
+                },
+            )
         try:
             body = self.rfile.read(int(length))
         except TimeoutError:
@@ -168,18 +186,26 @@ class RewardHandler(BaseHTTPRequestHandler):
 
 
 def reward_serve_command(
-    reward: str = typer.Option(..., help="Reward spec to serve: a name, clip:PATH[,processor=PATH], multi:... "
-                                         "(workers/task/rewards.py)."),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on; 0.0.0.0 to serve other machines (on a private "
-                                              "network; $SPOTLIGHT_REWARD_TOKEN must then be set here and on the "
-                                              "clients)."),
+    reward: str = typer.Option(
+        ..., help="Reward spec to serve: a name, clip:PATH[,processor=PATH], multi:... (workers/task/rewards.py)."
+    ),
+    host: str = typer.Option(
+        "127.0.0.1",
+        help="Address to listen on; 0.0.0.0 to serve other machines (on a private "
+        "network; $SPOTLIGHT_REWARD_TOKEN must then be set here and on the "
+        "clients).",
+    ),
     port: int = typer.Option(8200, help="Port; 0 picks a free one (the URL is printed)."),
     max_images: int = typer.Option(256, help="Most images one request may carry."),
     max_request_mb: float = typer.Option(512.0, help="Largest request body, in MiB."),
-    max_pixels: int = typer.Option(4096 * 4096, help="Largest image (width x height), checked from its PNG header "
-                                                     "before it is decoded."),
-    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Seconds a connection may take to send its request; "
-                                                             "a client that stalls longer is dropped."),
+    max_pixels: int = typer.Option(
+        4096 * 4096, help="Largest image (width x height), checked from its PNG header before it is decoded."
+    ),
+    timeout_s: float = typer.Option(
+        30.0,
+        "--timeout-s",
+        help="Seconds a connection may take to send its request; a client that stalls longer is dropped.",
+    ),
     max_connections: int = typer.Option(64, help="Connections served at once; the next ones get a 503 at once."),
 ) -> None:
     """Serve a reward over HTTP + JSON (POST /score, GET /health) for `--reward http://HOST:PORT` clients."""
@@ -189,9 +215,11 @@ def reward_serve_command(
     if max_images < 1 or max_request_mb <= 0 or not 0 <= port <= 65535:
         raise typer.BadParameter("need --max-images >= 1, --max-request-mb > 0 and --port in 0..65535")
     if not is_loopback(host) and not os.environ.get(TOKEN_ENV):
-        raise typer.BadParameter(f"serving on {host} (not loopback) needs a token: set ${TOKEN_ENV} here and on the "
-                                 "clients (e.g. export SPOTLIGHT_REWARD_TOKEN=$(openssl rand -hex 24))",
-                                 param_hint="--host")
+        raise typer.BadParameter(
+            f"serving on {host} (not loopback) needs a token: set ${TOKEN_ENV} here and on the "
+            "clients (e.g. export SPOTLIGHT_REWARD_TOKEN=$(openssl rand -hex 24))",
+            param_hint="--host",
+        )
     try:
         reward_fn = get_reward(reward)
     except ValueError as err:
@@ -200,9 +228,17 @@ def reward_serve_command(
     if callable(load):
         load()  # a big model loads now, not inside the first client's timeout
     try:
-        server = RewardServer((host, port), reward_fn, reward, max_images, int(max_request_mb * (1 << 20)),
-                              os.environ.get(TOKEN_ENV) or None, timeout_s=timeout_s, max_connections=max_connections,
-                              max_pixels=max_pixels)
+        server = RewardServer(
+            (host, port),
+            reward_fn,
+            reward,
+            max_images,
+            int(max_request_mb * (1 << 20)),
+            os.environ.get(TOKEN_ENV) or None,
+            timeout_s=timeout_s,
+            max_connections=max_connections,
+            max_pixels=max_pixels,
+        )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     typer.echo(f"spotlight reward-serve: {reward} on http://{host}:{server.server_port} (POST /score, GET /health)")

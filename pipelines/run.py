@@ -42,8 +42,15 @@ RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "rollout_batch", "micro_
 chunks and micro-batches compute what the whole batch does, to float rounding), so a relaunch on another number or
 size of GPUs continues the run; and what a reward-hacking flag does (a run stopped by one continues with
 --on-hacking warn or rollback). Unset, they keep the stored values."""
-HACKING_FIELDS = ("on_hacking", "hacking_window", "hacking_z", "hacking_max_drop", "hacking_max_rise", "rollback_lr_scale",
-                  "rollback_kl_beta")
+HACKING_FIELDS = (
+    "on_hacking",
+    "hacking_window",
+    "hacking_z",
+    "hacking_max_drop",
+    "hacking_max_rise",
+    "rollback_lr_scale",
+    "rollback_kl_beta",
+)
 
 
 @dataclass(frozen=True)
@@ -115,12 +122,18 @@ class RunSpec:
                 object.__setattr__(self, name, str(Path(getattr(self, name)).expanduser().resolve()))
         if self.rollouts not in ROLLOUT_MODES:
             raise ValueError(f"--rollouts must be one of {ROLLOUT_MODES}, got {self.rollouts!r}")
-        if self.num_workers < 0 or (self.num_workers == 0 and not (self.queue or "").startswith(("redis://", "rediss://"))):
-            raise ValueError(f"--workers must be >= 1, got {self.num_workers} (0 only on a Redis --queue, whose remote "
-                             "workers then sample everything: the reserved node of a --model run)")
+        if self.num_workers < 0 or (
+            self.num_workers == 0 and not (self.queue or "").startswith(("redis://", "rediss://"))
+        ):
+            raise ValueError(
+                f"--workers must be >= 1, got {self.num_workers} (0 only on a Redis --queue, whose remote "
+                "workers then sample everything: the reserved node of a --model run)"
+            )
         if self.explore_samples is not None and (self.rollouts != "inprocess" or not self.explore_samples > 0):
-            raise ValueError(f"--explore-samples (> 0, a budget in samples) is for --rollouts inprocess, got "
-                             f"{self.explore_samples} with --rollouts {self.rollouts} (its workers explore on their own time)")
+            raise ValueError(
+                f"--explore-samples (> 0, a budget in samples) is for --rollouts inprocess, got "
+                f"{self.explore_samples} with --rollouts {self.rollouts} (its workers explore on their own time)"
+            )
         if not self.preemptions_per_hour >= 0:
             raise ValueError(f"--preemptions-per-hour must be >= 0, got {self.preemptions_per_hour}")
         if self.nproc < 1:
@@ -135,22 +148,31 @@ class RunSpec:
         path = run_dir / SPEC_NAME
         if not resume:
             if not replace and (path.exists() or (run_dir / "ledger.duckdb").exists()):
-                raise ValueError(f"{run_dir} already holds a run; continue it with --resume or choose another --run-dir")
+                raise ValueError(
+                    f"{run_dir} already holds a run; continue it with --resume or choose another --run-dir"
+                )
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         if not path.is_file():
             if (run_dir / "ledger.duckdb").exists():
-                raise ValueError(f"{run_dir} holds a ledger but no {SPEC_NAME}: it was not written by `spotlight run`; "
-                                 "choose another --run-dir")
+                raise ValueError(
+                    f"{run_dir} holds a ledger but no {SPEC_NAME}: it was not written by `spotlight run`; "
+                    "choose another --run-dir"
+                )
             # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the first time.
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         # The folder is where it is now (it may have moved); flags compare as the spec stores them (absolute paths).
         stored = dataclasses.replace(cls(**json.loads(path.read_text())), run_dir=str(run_dir))
         given = asdict(dataclasses.replace(stored, **{k: v for k, v in asked.items() if v is not None}))
-        clashes = {k: (asked[k], getattr(stored, k)) for k in asked
-                   if asked[k] is not None and k not in RESUME_MAY_CHANGE and given[k] != getattr(stored, k)}
+        clashes = {
+            k: (asked[k], getattr(stored, k))
+            for k in asked
+            if asked[k] is not None and k not in RESUME_MAY_CHANGE and given[k] != getattr(stored, k)
+        }
         if clashes:
-            raise ValueError("--resume continues the stored run; these flags differ from it: "
-                             + ", ".join(f"--{k.replace('_', '-')} {a!r} (run has {b!r})" for k, (a, b) in clashes.items()))
+            raise ValueError(
+                "--resume continues the stored run; these flags differ from it: "
+                + ", ".join(f"--{k.replace('_', '-')} {a!r} (run has {b!r})" for k, (a, b) in clashes.items())
+            )
         return dataclasses.replace(stored, **{k: asked[k] for k in RESUME_MAY_CHANGE if asked.get(k) is not None})
 
     def save(self) -> None:
@@ -166,19 +188,34 @@ class RunSpec:
         from pipelines.deploy import build_resources
 
         mode = "workers" if self.rollouts == "local_cluster" else self.rollouts
-        return build_resources(run_dir=self.run_dir, preset=self.preset, iterations=self.iterations, seed=self.seed,
-                               reward=self.reward,
-                               store=self.store, queue=self.queue, rollouts=mode, checkpoint=self.checkpoint,
-                               workers=None if self.explore_samples is None else {"explore_samples": self.explore_samples},
-                               # Always every field: one without --model is refused (run_config), not dropped.
-                               model={"model": self.model, "lora_rank": self.lora_rank, "resolution": self.resolution,
-                                      "guidance": self.guidance, "sync_mode": self.sync_mode}, device=self.device,
-                               validation={"validation_reward": self.validation_reward,
-                                           "validation_prompts": self.validation_prompts,
-                                           **{name: getattr(self, name) for name in HACKING_FIELDS
-                                              if getattr(self, name) is not None}},
-                               prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout},
-                               batch={k: getattr(self, k) for k in BATCH_FIELDS if getattr(self, k) is not None})
+        return build_resources(
+            run_dir=self.run_dir,
+            preset=self.preset,
+            iterations=self.iterations,
+            seed=self.seed,
+            reward=self.reward,
+            store=self.store,
+            queue=self.queue,
+            rollouts=mode,
+            checkpoint=self.checkpoint,
+            workers=None if self.explore_samples is None else {"explore_samples": self.explore_samples},
+            # Always every field: one without --model is refused (run_config), not dropped.
+            model={
+                "model": self.model,
+                "lora_rank": self.lora_rank,
+                "resolution": self.resolution,
+                "guidance": self.guidance,
+                "sync_mode": self.sync_mode,
+            },
+            device=self.device,
+            validation={
+                "validation_reward": self.validation_reward,
+                "validation_prompts": self.validation_prompts,
+                **{name: getattr(self, name) for name in HACKING_FIELDS if getattr(self, name) is not None},
+            },
+            prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout},
+            batch={k: getattr(self, k) for k in BATCH_FIELDS if getattr(self, k) is not None},
+        )
 
 
 class BudgetReachedError(RuntimeError):
@@ -193,9 +230,11 @@ def check_hacking_stop(outcome) -> None:
     """HackingStoppedError, naming the iteration and the rule, when its validation asked the run to stop."""
     validation = outcome.metadata.get("validation", {})
     if validation.get("hacking_action") == "stop":
-        raise HackingStoppedError(f"the reward-hacking guard flagged iteration {outcome.iteration} "
-                                  f"({validation.get('hacking_rule')}: {validation.get('hacking_detail')}); its "
-                                  "signals: spotlight ledger \"SELECT * FROM reward_hacking\"")
+        raise HackingStoppedError(
+            f"the reward-hacking guard flagged iteration {outcome.iteration} "
+            f"({validation.get('hacking_rule')}: {validation.get('hacking_detail')}); its "
+            'signals: spotlight ledger "SELECT * FROM reward_hacking"'
+        )
 
 
 @contextlib.contextmanager
@@ -208,8 +247,12 @@ def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None)
         from assets.context import run_context
         from workers.coordinator.worker_pool import worker_pool
 
-        with worker_pool(run_context(**resources), spec.num_workers, spec.preemptions_per_hour,
-                         log_dir=Path(spec.run_dir) / "worker_logs"):
+        with worker_pool(
+            run_context(**resources),
+            spec.num_workers,
+            spec.preemptions_per_hour,
+            log_dir=Path(spec.run_dir) / "worker_logs",
+        ):
             yield
 
 
@@ -217,8 +260,8 @@ def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None)
 def remote_workers(resources: dict, max_usd: Optional[float] = None) -> Iterator[None]:
     """On a Redis queue: record the spot workers that relay their events through it (resources/cluster/worker_events.py),
     and publish the run's progress and spend there (for `spotlight status` and the spot workers' spend gate)."""
-    from resources.run_status import StatusPublisher
     from resources.cluster.worker_events import RemoteWorkers
+    from resources.run_status import StatusPublisher
 
     with contextlib.closing(resources["queue"].get_queue()) as queue:
         if not hasattr(queue, "read_events"):  # a SQLite queue: only local workers, whose pipes the pool reads
@@ -236,8 +279,10 @@ def check_budget(ledger, max_usd: Optional[float], iteration: int) -> None:
     status = ledger_status(ledger.query)
     if over_budget(status, max_usd):
         when = f"after iteration {iteration}" if iteration >= 0 else "before its next iteration"
-        raise BudgetReachedError(f"the run spent ${status['usd_total']:.4f}, reaching --max-usd {max_usd:g}, {when}; "
-                                 "continue with --resume and a higher --max-usd")
+        raise BudgetReachedError(
+            f"the run spent ${status['usd_total']:.4f}, reaching --max-usd {max_usd:g}, {when}; "
+            "continue with --resume and a higher --max-usd"
+        )
 
 
 def trainer_threads(spec: RunSpec) -> Optional[int]:
@@ -258,10 +303,9 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
 def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] = None) -> dict:
     """Walk every iteration not yet done; returns the summary (rows, report path, run cost). With `max_usd`, stops
     (BudgetReachedError) after the iteration during which the spend reached it."""
+    import dagster as dg
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    import dagster as dg
 
     from pipelines.run_walk import walk_iterations
     from workers.coordinator import books
@@ -275,10 +319,17 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     if books.close_dangling_workers(ledger):
         console.print("closed workers the interrupted run had left open")
     if spec.rollouts == "local_cluster" and spec.num_workers:
-        console.print(f"rollouts on {spec.num_workers} local spot workers (1 thread each, {spec.preemptions_per_hour:g} "
-                      f"preemptions per worker-hour); trainer on {torch.get_num_threads()} thread(s)")
+        console.print(
+            f"rollouts on {spec.num_workers} local spot workers (1 thread each, {spec.preemptions_per_hour:g} "
+            f"preemptions per worker-hour); trainer on {torch.get_num_threads()} thread(s)"
+        )
     total = resources["run_config"].num_iterations + 1
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
     try:
         check_budget(ledger, max_usd, -1)  # a resumed run may already be past it
         with run_cluster(spec, resources, max_usd), Progress(*columns, console=console, transient=True) as progress:
@@ -300,5 +351,9 @@ def summary(resources: dict) -> dict:
 
     ledger = resources["ledger"].get_ledger()
     cost = ledger.query("SELECT usd_total, usd_spot, usd_reserved FROM run_cost").as_dicts()[0]
-    return {"rows": summary_rows(ledger), "cost": cost, "ledger": resources["ledger"].path,
-            "report": str(Path(resources["ledger"].path).parent / "report" / "index.html")}
+    return {
+        "rows": summary_rows(ledger),
+        "cost": cost,
+        "ledger": resources["ledger"].path,
+        "report": str(Path(resources["ledger"].path).parent / "report" / "index.html"),
+    }

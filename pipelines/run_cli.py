@@ -18,44 +18,140 @@ from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
 
 def run_command(
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: the preset's)."),
-    preset: Optional[str] = typer.Option(None, help="Training preset (workers/trainer/presets.py; default cpu_tiny_spot)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Run seed: the prompt schedule and every request's seed (default: the preset's, 0)."),
-    reward: Optional[str] = typer.Option(None, help="Reward overriding the preset's: a name (minigeneval, minigeneval_strict, jpeg_compressibility), clip:PATH, multi:a=1,b=0.1, or a reward server's http:// URL (docs/MODELS.md)."),
+    preset: Optional[str] = typer.Option(
+        None, help="Training preset (workers/trainer/presets.py; default cpu_tiny_spot)."
+    ),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Run seed: the prompt schedule and every request's seed (default: the preset's, 0)."
+    ),
+    reward: Optional[str] = typer.Option(
+        None,
+        help="Reward overriding the preset's: a name (minigeneval, minigeneval_strict, jpeg_compressibility), clip:PATH, multi:a=1,b=0.1, or a reward server's http:// URL (docs/MODELS.md).",
+    ),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
     prompts_heldout: Optional[float] = typer.Option(None, "--prompts-heldout", help=PROMPTS_HELDOUT_HELP),
-    store: Optional[str] = typer.Option(None, help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."),
-    queue: Optional[str] = typer.Option(None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."),
-    run_dir: Path = typer.Option(Path("runs/run"), "--run-dir", help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir from its first unfinished iteration."),
-    rollouts: Optional[str] = typer.Option(None, help="Who samples: local_cluster (default: rollout worker processes on this machine, spot-priced, with injected preemptions) or inprocess (the trainer itself, batched; no workers)."),
-    explore_samples: Optional[float] = typer.Option(None, "--explore-samples", help="--rollouts inprocess: explore the next iteration's seeds on the stale weights within this many full-sampler samples per iteration, in this process (docs/EXPLORATION.md)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS}; 0 on a Redis --queue: remote workers sample everything)."),
-    preemptions_per_hour: Optional[float] = typer.Option(None, help=f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default {DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none)."),
+    store: Optional[str] = typer.Option(
+        None,
+        help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...).",
+    ),
+    queue: Optional[str] = typer.Option(
+        None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."
+    ),
+    run_dir: Path = typer.Option(
+        Path("runs/run"),
+        "--run-dir",
+        help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default.",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --run-dir from its first unfinished iteration."
+    ),
+    rollouts: Optional[str] = typer.Option(
+        None,
+        help="Who samples: local_cluster (default: rollout worker processes on this machine, spot-priced, with injected preemptions) or inprocess (the trainer itself, batched; no workers).",
+    ),
+    explore_samples: Optional[float] = typer.Option(
+        None,
+        "--explore-samples",
+        help="--rollouts inprocess: explore the next iteration's seeds on the stale weights within this many full-sampler samples per iteration, in this process (docs/EXPLORATION.md).",
+    ),
+    workers: Optional[int] = typer.Option(
+        None,
+        "--workers",
+        help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS}; 0 on a Redis --queue: remote workers sample everything).",
+    ),
+    preemptions_per_hour: Optional[float] = typer.Option(
+        None,
+        help=f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default {DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none).",
+    ),
     checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
-    model: Optional[str] = typer.Option(None, help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer and every worker (docs/MODELS.md)."),
+    model: Optional[str] = typer.Option(
+        None,
+        help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer and every worker (docs/MODELS.md).",
+    ),
     lora_rank: Optional[int] = typer.Option(None, help="With --model: LoRA rank (0 = full fine-tuning)."),
     resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
     guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
-    sync_mode: Optional[str] = typer.Option(None, "--sync-mode", help="With --model and a LoRA: what PULSE ships to the rollout workers, lora (the adapter; default) or merged (BF16 base + LoRA delta of every weight: workers need no adapter)."),
+    sync_mode: Optional[str] = typer.Option(
+        None,
+        "--sync-mode",
+        help="With --model and a LoRA: what PULSE ships to the rollout workers, lora (the adapter; default) or merged (BF16 base + LoRA delta of every weight: workers need no adapter).",
+    ),
     device: Optional[str] = typer.Option(None, help="The trainer's device: cpu (default), cuda or cuda:N."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help=NPROC_HELP + " Default 1; --resume keeps the run's unless given."),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help=CHECKPOINTING_HELP + " --resume keeps the run's unless given.", show_default=False),
-    validation_reward: Optional[str] = typer.Option(None, "--validation-reward", help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector for the pixel policy; with --model the run's reward)."),
-    validation_prompts: Optional[Path] = typer.Option(None, "--validation-prompts", help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the pixel policy reads only MiniGenEval prompts)."),
-    on_hacking: Optional[str] = typer.Option(None, "--on-hacking", help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (default: record it, fail the Dagster check), stop (end after that iteration; --resume continues, and may change this flag) or rollback (continue from the best-gold weights at a lower lr / stronger KL)."),
-    hacking_window: Optional[int] = typer.Option(None, "--hacking-window", help="Validations back the guard compares the proxy and gold rewards over (default 2)."),
-    hacking_z: Optional[float] = typer.Option(None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."),
-    hacking_max_drop: Optional[float] = typer.Option(None, "--hacking-max-drop", help="Largest relative fall of a held-out image statistic below the base's (default 0.5; 0 = off)."),
-    hacking_max_rise: Optional[float] = typer.Option(None, "--hacking-max-rise", help="Largest relative rise of a held-out image statistic above the base's (default: rises never fire)."),
-    rollback_lr_scale: Optional[float] = typer.Option(None, "--rollback-lr-scale", help="With --on-hacking rollback: learning-rate factor per rollback (default 0.5)."),
-    rollback_kl_beta: Optional[float] = typer.Option(None, "--rollback-kl-beta", help="With --on-hacking rollback: train on with at least this KL coefficient (default: the preset's)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh."),
-    max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."),
-    rollout_batch: Optional[int] = typer.Option(None, "--rollout-batch", help=ROLLOUT_BATCH_HELP + " --resume keeps the run's unless given."),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help=MICRO_BATCH_HELP + " --resume keeps the run's unless given."),
-    group_size: Optional[int] = typer.Option(None, "--group-size", help="Samples per prompt the update compares (GRPO's group; default: the preset's)."),
-    prompts_per_iteration: Optional[int] = typer.Option(None, "--prompts-per-iteration", help="Prompts sampled per iteration (default: the preset's)."),
-    minibatches: Optional[int] = typer.Option(None, "--minibatches", help="Optimizer steps per epoch (default: the preset's)."),
+    nproc: Optional[int] = typer.Option(
+        None, "--nproc", help=NPROC_HELP + " Default 1; --resume keeps the run's unless given."
+    ),
+    gradient_checkpointing: Optional[bool] = typer.Option(
+        None,
+        "--gradient-checkpointing/--no-gradient-checkpointing",
+        help=CHECKPOINTING_HELP + " --resume keeps the run's unless given.",
+        show_default=False,
+    ),
+    validation_reward: Optional[str] = typer.Option(
+        None,
+        "--validation-reward",
+        help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector for the pixel policy; with --model the run's reward).",
+    ),
+    validation_prompts: Optional[Path] = typer.Option(
+        None,
+        "--validation-prompts",
+        help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the pixel policy reads only MiniGenEval prompts).",
+    ),
+    on_hacking: Optional[str] = typer.Option(
+        None,
+        "--on-hacking",
+        help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (default: record it, fail the Dagster check), stop (end after that iteration; --resume continues, and may change this flag) or rollback (continue from the best-gold weights at a lower lr / stronger KL).",
+    ),
+    hacking_window: Optional[int] = typer.Option(
+        None,
+        "--hacking-window",
+        help="Validations back the guard compares the proxy and gold rewards over (default 2).",
+    ),
+    hacking_z: Optional[float] = typer.Option(
+        None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."
+    ),
+    hacking_max_drop: Optional[float] = typer.Option(
+        None,
+        "--hacking-max-drop",
+        help="Largest relative fall of a held-out image statistic below the base's (default 0.5; 0 = off).",
+    ),
+    hacking_max_rise: Optional[float] = typer.Option(
+        None,
+        "--hacking-max-rise",
+        help="Largest relative rise of a held-out image statistic above the base's (default: rises never fire).",
+    ),
+    rollback_lr_scale: Optional[float] = typer.Option(
+        None, "--rollback-lr-scale", help="With --on-hacking rollback: learning-rate factor per rollback (default 0.5)."
+    ),
+    rollback_kl_beta: Optional[float] = typer.Option(
+        None,
+        "--rollback-kl-beta",
+        help="With --on-hacking rollback: train on with at least this KL coefficient (default: the preset's).",
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Delete the run already in --run-dir (ledger, report, store, queue) and start afresh.",
+    ),
+    max_usd: Optional[float] = typer.Option(
+        None,
+        "--max-usd",
+        help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume.",
+    ),
+    rollout_batch: Optional[int] = typer.Option(
+        None, "--rollout-batch", help=ROLLOUT_BATCH_HELP + " --resume keeps the run's unless given."
+    ),
+    micro_batch: Optional[int] = typer.Option(
+        None, "--micro-batch", help=MICRO_BATCH_HELP + " --resume keeps the run's unless given."
+    ),
+    group_size: Optional[int] = typer.Option(
+        None, "--group-size", help="Samples per prompt the update compares (GRPO's group; default: the preset's)."
+    ),
+    prompts_per_iteration: Optional[int] = typer.Option(
+        None, "--prompts-per-iteration", help="Prompts sampled per iteration (default: the preset's)."
+    ),
+    minibatches: Optional[int] = typer.Option(
+        None, "--minibatches", help="Optimizer steps per epoch (default: the preset's)."
+    ),
     config_file: Optional[Path] = config_option(),
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
@@ -71,8 +167,14 @@ def run_command(
     # --nproc N: the launcher turns a signal into SignalException and stops every rank (pipelines/ranks_cli.py).
     stop_on_sigterm = _sigterm_as_ctrl_c() if spec.nproc == 1 else contextlib.nullcontext()
     with stop_on_sigterm:
-        code = in_ranks(spec.nproc, spec.gradient_checkpointing, spec.device, _walk, {"spec": spec, "max_usd": max_usd},
-                        failed_hint=_resume_hint(spec))
+        code = in_ranks(
+            spec.nproc,
+            spec.gradient_checkpointing,
+            spec.device,
+            _walk,
+            {"spec": spec, "max_usd": max_usd},
+            failed_hint=_resume_hint(spec),
+        )
     if code:
         raise typer.Exit(code)
 
@@ -84,8 +186,11 @@ NOT_RUN_SETTINGS = ("run_dir", "resume", "overwrite", "max_usd", "config_file")
 def _asked(options: dict) -> dict:
     """The RunSpec fields run_command was given (None: not given): its parameters, paths as strings, --workers as
     num_workers; a new run of a GPU preset checkpoints gradients unless told not to."""
-    asked = {("num_workers" if name == "workers" else name): (str(value) if isinstance(value, Path) else value)
-             for name, value in options.items() if name not in NOT_RUN_SETTINGS}
+    asked = {
+        ("num_workers" if name == "workers" else name): (str(value) if isinstance(value, Path) else value)
+        for name, value in options.items()
+        if name not in NOT_RUN_SETTINGS
+    }
     if asked["gradient_checkpointing"] is None and not options["resume"]:
         from workers.trainer.presets import checkpointing_by_default
 
@@ -127,6 +232,7 @@ def _sigterm_as_ctrl_c():
     """While the run walks: SIGTERM (`kill`, a supervisor, a VM shutting down) stops it as Ctrl-C does, so the ledger
     marks the run interrupted, local workers are stopped and the resume hint is printed (the default action would end
     the process at once, between two of Dagster's own handlers, with none of that)."""
+
     def stop(signum, frame):
         raise KeyboardInterrupt
 
@@ -163,10 +269,10 @@ def _resolve_spec(run_dir: Path, resume: bool, overwrite: bool, max_usd: Optiona
 def _check_reachable(spec) -> None:
     """A remote queue or store that cannot be reached stops the run here, in one line naming its address,
     before any compute and before anything is written (a worker would otherwise find it, minutes later)."""
-    from resources.queue.base import QueueError
     from resources.queue import check_queue_reachable
-    from resources.store.base import StoreError
+    from resources.queue.base import QueueError
     from resources.store import check_store_reachable
+    from resources.store.base import StoreError
 
     try:
         if spec.queue is not None:
@@ -185,8 +291,10 @@ def _check_overwrite(run_dir: Path, *, resume: bool, store: Optional[str], queue
     if resume:
         raise ValueError("--overwrite starts afresh and --resume continues: pass one of them")
     if store is not None or queue is not None:
-        raise ValueError("--overwrite only clears a run whose store and queue live in --run-dir; with --store or "
-                         "--queue, choose a new --run-dir instead (the run name is the folder's name)")
+        raise ValueError(
+            "--overwrite only clears a run whose store and queue live in --run-dir; with --store or "
+            "--queue, choose a new --run-dir instead (the run name is the folder's name)"
+        )
     holds_run = (run_dir / SPEC_NAME).is_file() or (run_dir / "ledger.duckdb").is_file()
     if run_dir.is_dir() and any(run_dir.iterdir()) and not holds_run:
         raise ValueError(f"--overwrite refuses to delete {run_dir}: it holds no spotlight run (no {SPEC_NAME})")
@@ -211,17 +319,29 @@ def _line(outcome) -> str:
 def _print_summary(console, result: dict, wall_s: float) -> None:
     from rich.table import Table
 
-    table = Table("it", "reward", "held-out", "$ spot", "$ reserved", "preempt.", "dense B", "PULSE B", title="spotlight run")
+    table = Table(
+        "it", "reward", "held-out", "$ spot", "$ reserved", "preempt.", "dense B", "PULSE B", title="spotlight run"
+    )
     for r in result["rows"]:
-        table.add_row(str(r["iteration"]), _num(r["reward_mean"]), _num(r["heldout_score"]), _usd(r["usd_spot"]),
-                      _usd(r["usd_reserved"]), str(r["preemptions"]), str(r["dense_bytes"] or ""), str(r["patch_bytes"] or ""))
+        table.add_row(
+            str(r["iteration"]),
+            _num(r["reward_mean"]),
+            _num(r["heldout_score"]),
+            _usd(r["usd_spot"]),
+            _usd(r["usd_reserved"]),
+            str(r["preemptions"]),
+            str(r["dense_bytes"] or ""),
+            str(r["patch_bytes"] or ""),
+        )
     Console = type(console)
     Console().print(table)
     cost = result["cost"]
-    console.print(f"wall {wall_s / 60:.1f} min; cost ${cost['usd_total']:.4f} (spot ${cost['usd_spot']:.4f}, "
-                  f"reserved ${cost['usd_reserved']:.4f})")
+    console.print(
+        f"wall {wall_s / 60:.1f} min; cost ${cost['usd_total']:.4f} (spot ${cost['usd_spot']:.4f}, "
+        f"reserved ${cost['usd_reserved']:.4f})"
+    )
     console.print(f"report: {result['report']}")
-    console.print(f"ledger: spotlight ledger \"SELECT * FROM validation_curve\" --db {result['ledger']}")
+    console.print(f'ledger: spotlight ledger "SELECT * FROM validation_curve" --db {result["ledger"]}')
 
 
 def _usd(value) -> str:

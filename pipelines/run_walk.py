@@ -46,8 +46,16 @@ def materialize_iteration(instance: dg.DagsterInstance, resources: dict, iterati
     instance.add_dynamic_partitions(ITERATIONS.name, [key])
     selection = FINAL_ASSETS if iteration >= target else ITERATION_ASSETS
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the CLI draws its own progress
-    return dg.materialize(ITERATION_ASSETS, selection=selection, partition_key=key, resources=resources,
-                          instance=instance, tags={ITERATIONS_TAG: str(target)}, raise_on_error=False, run_config=quiet)
+    return dg.materialize(
+        ITERATION_ASSETS,
+        selection=selection,
+        partition_key=key,
+        resources=resources,
+        instance=instance,
+        tags={ITERATIONS_TAG: str(target)},
+        raise_on_error=False,
+        run_config=quiet,
+    )
 
 
 def walk_iterations(instance: dg.DagsterInstance, resources: dict) -> Iterator[IterationOutcome]:
@@ -78,6 +86,8 @@ def _failure_text(result: dg.ExecuteInProcessResult, iteration: int) -> str:
         if event.is_step_failure:
             error = event.step_failure_data.error
             cause = error.cause.message if error and error.cause else ""
-            return (f"iteration {iteration}: step {event.step_key} failed: {error.message.strip() if error else ''} "
-                    f"{cause.strip()}".strip())
+            return (
+                f"iteration {iteration}: step {event.step_key} failed: {error.message.strip() if error else ''} "
+                f"{cause.strip()}".strip()
+            )
     return f"iteration {iteration} failed"

@@ -8,7 +8,6 @@ finished run's `spotlight/iterations` tag (else the run config), and the run aft
 last training iteration materializes only the final assets.
 """
 
-
 import dagster as dg
 from dagster import RunStatusSensorContext
 
@@ -19,7 +18,9 @@ from assets.run_config import RunConfigResource
 ITERATIONS_TAG = "spotlight/iterations"
 
 iteration_job = dg.define_asset_job(
-    "iteration", selection=ITERATION_ASSETS, executor_def=dg.in_process_executor,
+    "iteration",
+    selection=ITERATION_ASSETS,
+    executor_def=dg.in_process_executor,
     description="One GRPO iteration: sync, rollout, train, explore, validate, report.",
 )
 
@@ -31,13 +32,19 @@ def next_iteration_request(run_name: str, finished_key: str, target: int) -> tup
         return None
     key = partition_key(k + 1)
     selection = [a.key for a in FINAL_ASSETS] if k + 1 == target else None
-    return key, dg.RunRequest(run_key=f"{run_name}/{key}", partition_key=key, asset_selection=selection,
-                              tags={ITERATIONS_TAG: str(target)})
+    return key, dg.RunRequest(
+        run_key=f"{run_name}/{key}", partition_key=key, asset_selection=selection, tags={ITERATIONS_TAG: str(target)}
+    )
 
 
-@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[iteration_job], request_job=iteration_job,
-                      default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=5,
-                      description="Starts iteration k+1 when iteration k succeeds.")
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.SUCCESS,
+    monitored_jobs=[iteration_job],
+    request_job=iteration_job,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=5,
+    description="Starts iteration k+1 when iteration k succeeds.",
+)
 def next_iteration(context: RunStatusSensorContext, run_config: RunConfigResource):
     finished = context.dagster_run
     key = finished.tags.get("dagster/partition")
@@ -48,4 +55,6 @@ def next_iteration(context: RunStatusSensorContext, run_config: RunConfigResourc
     if nxt is None:
         return dg.SkipReason(f"{key} was the final iteration of {target}")
     new_key, request = nxt
-    return dg.SensorResult(run_requests=[request], dynamic_partitions_requests=[ITERATIONS.build_add_request([new_key])])
+    return dg.SensorResult(
+        run_requests=[request], dynamic_partitions_requests=[ITERATIONS.build_add_request([new_key])]
+    )

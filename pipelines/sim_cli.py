@@ -27,10 +27,10 @@ def _ints(text: str, what: str, least: int = 1) -> list[int]:
 
 def _inputs(model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds):
     """Parse every input before any simulation runs; a bad one is a one-line error."""
+    from resources.prices import load_prices
     from workers.sim.config import POLICIES, SimConfig
     from workers.sim.inputs import model_preset
     from workers.sim.market import parse_market
-    from resources.prices import load_prices
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
@@ -62,17 +62,25 @@ def _curve(path):
 def simulate_command(
     model: str = typer.Option("qwen-image-20b", help="Service-time preset (workers/sim/inputs.py)."),
     spot_gpus: str = typer.Option("8,16,32,64", help="Comma-separated spot (rollout) GPU counts."),
-    market: str = typer.Option("10-15%", help="AWS band (<5%, 5-10%, 10-15%, 15-20%, >20%), none, renewal:MEAN_H[:SHAPE] or a CSV."),
+    market: str = typer.Option(
+        "10-15%", help="AWS band (<5%, 5-10%, 10-15%, 15-20%, >20%), none, renewal:MEAN_H[:SHAPE] or a CSV."
+    ),
     prices: Optional[Path] = typer.Option(None, help="Prices YAML over the default table (resources/prices.py)."),
     policies: str = typer.Option(",".join(POLICY_NAMES), help="Comma-separated: roll, naive_spot, rlboost, spotlight."),
     iterations: int = typer.Option(100, min=1),
     resolution: int = typer.Option(512, help="512 or 1280."),
     target: float = typer.Option(0.40, help="Validation target on the learning curve."),
-    curve: Optional[Path] = typer.Option(None, help="The learning curve: a real run's ledger (its validation table), or a "
-                                                   "`spotlight bench exploration --json` record (random seeds' mean curve)."),
-    explore_speedup: Optional[float] = typer.Option(None, help="Progress of an iteration on explored seeds, in iterations "
-                                                               "on random seeds (default: the bench record's measured "
-                                                               "ratio with such a --curve, else 1: no gain)."),
+    curve: Optional[Path] = typer.Option(
+        None,
+        help="The learning curve: a real run's ledger (its validation table), or a "
+        "`spotlight bench exploration --json` record (random seeds' mean curve).",
+    ),
+    explore_speedup: Optional[float] = typer.Option(
+        None,
+        help="Progress of an iteration on explored seeds, in iterations "
+        "on random seeds (default: the bench record's measured "
+        "ratio with such a --curve, else 1: no gain).",
+    ),
     seeds: str = typer.Option("0", help="Comma-separated simulation seeds (market and gains); rows per seed."),
     out: Optional[Path] = typer.Option(None, help="Folder for each run's ledger, table.md and simulate.png."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per simulated run, then a summary line."),
@@ -80,16 +88,19 @@ def simulate_command(
     """Simulate training runs under each policy and spot-GPU count: cost, time to target, utilisation, throughput."""
     try:
         counts = _ints(spot_gpus, "--spot-gpus")
-        base, times, mk, table, lc, names, seed_list = _inputs(model, resolution, market, prices, curve, policies,
-                                                               iterations, explore_speedup, seeds)
+        base, times, mk, table, lc, names, seed_list = _inputs(
+            model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds
+        )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    from workers.sim.report import PAPER_CLAIMS, plot, sweep, table as md_table
+    from workers.sim.report import PAPER_CLAIMS, plot, sweep
+    from workers.sim.report import table as md_table
     from workers.sim.summary import against_paper, summary_markdown
 
     started = time.perf_counter()
-    rows = sweep(base, times, mk, lc, spot_gpus=counts, policies=names, target=target, prices=table, out_dir=out,
-                 seeds=seed_list)
+    rows = sweep(
+        base, times, mk, lc, spot_gpus=counts, policies=names, target=target, prices=table, out_dir=out, seeds=seed_list
+    )
     elapsed = time.perf_counter() - started
     summary = summary_markdown(rows)
     if out is not None:
@@ -98,11 +109,24 @@ def simulate_command(
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True, default=str))
-        typer.echo(json.dumps({"summary": True, "runs": len(rows), "wall_s": round(elapsed, 2), "market": mk.name,
-                               "curve": lc.source, "explore_speedup": base.explore_speedup, "model": times.model,
-                               "iterations": iterations,
-                               "run_wall_s": [round(r["sim_wall_s"], 2) for r in rows],
-                               "against_paper": against_paper(rows)}, sort_keys=True, default=str))
+        typer.echo(
+            json.dumps(
+                {
+                    "summary": True,
+                    "runs": len(rows),
+                    "wall_s": round(elapsed, 2),
+                    "market": mk.name,
+                    "curve": lc.source,
+                    "explore_speedup": base.explore_speedup,
+                    "model": times.model,
+                    "iterations": iterations,
+                    "run_wall_s": [round(r["sim_wall_s"], 2) for r in rows],
+                    "against_paper": against_paper(rows),
+                },
+                sort_keys=True,
+                default=str,
+            )
+        )
         return
     typer.echo(md_table(rows) if len(seed_list) == 1 else summary)
     typer.echo(f"\nmarket: {mk.name}; curve: {lc.source}\n{PAPER_CLAIMS}\n{len(rows)} runs in {elapsed:.1f} s")
@@ -128,22 +152,33 @@ def plan_command(
         raise typer.BadParameter(f"--budget and --deadline-h must be > 0, got {budget}, {deadline_h}")
     try:
         counts = _ints(spot_gpus, "--spot-gpus")
-        base, times, mk, table, lc, names, _ = _inputs(model, resolution, market, prices, curve, policies,
-                                                       iterations, explore_speedup, "0")
+        base, times, mk, table, lc, names, _ = _inputs(
+            model, resolution, market, prices, curve, policies, iterations, explore_speedup, "0"
+        )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     from workers.sim.report import plan, sweep
 
     rows = sweep(base, times, mk, lc, spot_gpus=counts, policies=names, target=target, prices=table)
     best = plan(rows, budget_usd=budget, deadline_h=deadline_h)
-    record = {"feasible": best is not None, "best": best, "candidates": len(rows), "target": target,
-              "budget_usd": budget, "deadline_h": deadline_h}
+    record = {
+        "feasible": best is not None,
+        "best": best,
+        "candidates": len(rows),
+        "target": target,
+        "budget_usd": budget,
+        "deadline_h": deadline_h,
+    }
     if as_json:
         typer.echo(json.dumps(record, sort_keys=True, default=str))
     elif best is None:
-        typer.echo(f"no configuration of {len(rows)} reaches {target} within {deadline_h} h and ${budget}; "
-                   "raise the budget or deadline, or add --spot-gpus counts")
+        typer.echo(
+            f"no configuration of {len(rows)} reaches {target} within {deadline_h} h and ${budget}; "
+            "raise the budget or deadline, or add --spot-gpus counts"
+        )
         raise typer.Exit(1)
     else:
-        typer.echo(f"cheapest: {best['policy']} on {best['spot_gpus']} spot GPUs: target {target} in "
-                   f"{best['hours_to_target']:.2f} h for ${best['usd_to_target']:.1f} (run total ${best['usd_total']:.1f})")
+        typer.echo(
+            f"cheapest: {best['policy']} on {best['spot_gpus']} spot GPUs: target {target} in "
+            f"{best['hours_to_target']:.2f} h for ${best['usd_to_target']:.1f} (run total ${best['usd_total']:.1f})"
+        )

@@ -21,10 +21,10 @@ from dagster import ConfigurableResource
 from pydantic import ConfigDict, Field, field_validator
 
 from resources.ledger import Ledger
-from resources.queue.base import QueueConfig, RequestQueue, parse_queue_url
 from resources.queue import open_queue
-from resources.store.base import TensorStore
+from resources.queue.base import QueueConfig, RequestQueue, parse_queue_url
 from resources.store import open_store, parse_store_url
+from resources.store.base import TensorStore
 
 
 class TensorStoreResource(ConfigurableResource):
@@ -50,7 +50,9 @@ class LedgerResource(ConfigurableResource):
 
     path: str = Field(description="Path of the run's ledger.duckdb (created if missing).")
     prices_path: Optional[str] = Field(default=None, description="YAML file of GPU prices laid over the defaults.")
-    lock_timeout_s: float = Field(default=30.0, gt=0, description="Seconds to wait while another process holds the file.")
+    lock_timeout_s: float = Field(
+        default=30.0, gt=0, description="Seconds to wait while another process holds the file."
+    )
 
     def get_ledger(self) -> Ledger:
         """A ledger writer; opening it migrates an older schema."""
@@ -65,8 +67,10 @@ class QueueResource(ConfigurableResource):
     # A rejected URL may hold a password: pydantic would otherwise print it in the error.
     model_config = ConfigDict(hide_input_in_errors=True)
 
-    url: str = Field(description="A file path, sqlite:///absolute/path.db, or redis:// / rediss:// (TLS) host:port/db; "
-                            "the password from SPOTLIGHT_REDIS_PASSWORD or SPOTLIGHT_REDIS_PASSWORD_FILE.")
+    url: str = Field(
+        description="A file path, sqlite:///absolute/path.db, or redis:// / rediss:// (TLS) host:port/db; "
+        "the password from SPOTLIGHT_REDIS_PASSWORD or SPOTLIGHT_REDIS_PASSWORD_FILE."
+    )
     max_deliveries: int = Field(default=5, ge=1, description="Deliveries before a request goes to the dead letters.")
     connect_timeout_s: float = Field(default=3.0, gt=0, description="Seconds to wait for the queue before failing.")
 
@@ -95,22 +99,38 @@ class RolloutWorkersResource(ConfigurableResource):
     """
 
     mode: str = Field(default="inprocess", description=f"One of {ROLLOUT_MODES}.")
-    timeout_s: float = Field(default=1800.0, gt=0, description="Longest wait for an iteration's rollouts before the phase fails.")
+    timeout_s: float = Field(
+        default=1800.0, gt=0, description="Longest wait for an iteration's rollouts before the phase fails."
+    )
     num_workers: int = Field(default=2, ge=1, description="local_cluster: worker processes.")
-    num_reserved: int = Field(default=0, ge=0, description="local_cluster: how many of them are reserved (never preempted).")
-    preemptions_per_hour: float = Field(default=60.0, ge=0, description="local_cluster: preemption rate per spot worker.")
-    notice_share: float = Field(default=0.5, ge=0, le=1, description="local_cluster: share of preemptions that come with a notice.")
+    num_reserved: int = Field(
+        default=0, ge=0, description="local_cluster: how many of them are reserved (never preempted)."
+    )
+    preemptions_per_hour: float = Field(
+        default=60.0, ge=0, description="local_cluster: preemption rate per spot worker."
+    )
+    notice_share: float = Field(
+        default=0.5, ge=0, le=1, description="local_cluster: share of preemptions that come with a notice."
+    )
     commit_every: int = Field(default=2, ge=1, description="Denoising steps between in-flight state commits.")
-    lease_s: float = Field(default=10.0, gt=0, description="Queue lease: how long a silently killed worker's request waits.")
-    restart_delay_s: float = Field(default=3.0, ge=0, description="local_cluster: seconds until a preempted slot gets a new worker.")
-    spot_usd_per_hour: float = Field(default=0.03, ge=0, description="Price of a spot worker (local: a notional 2-vCPU spot VM).")
+    lease_s: float = Field(
+        default=10.0, gt=0, description="Queue lease: how long a silently killed worker's request waits."
+    )
+    restart_delay_s: float = Field(
+        default=3.0, ge=0, description="local_cluster: seconds until a preempted slot gets a new worker."
+    )
+    spot_usd_per_hour: float = Field(
+        default=0.03, ge=0, description="Price of a spot worker (local: a notional 2-vCPU spot VM)."
+    )
     reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of a reserved worker.")
     log_dir: Optional[str] = Field(default=None, description="local_cluster: folder for each worker's stderr.")
     explore: bool = Field(default=True, description="workers: explore the next iteration's seeds beside training.")
     explore_samples: Optional[float] = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="inprocess: explore the next iteration's seeds in process on the stale weights, within this many "
-                    "full-sampler samples per iteration (a spot pool's budget, made deterministic); unset: no exploration.")
+        "full-sampler samples per iteration (a spot pool's budget, made deterministic); unset: no exploration.",
+    )
 
     @field_validator("mode")
     @classmethod
@@ -123,8 +143,10 @@ class RolloutWorkersResource(ConfigurableResource):
     @classmethod
     def _inprocess_only(cls, explore_samples: Optional[float], info) -> Optional[float]:
         if explore_samples is not None and info.data.get("mode") != "inprocess":
-            raise ValueError(f"explore_samples is for mode inprocess, not {info.data.get('mode')!r}: queue workers "
-                             "explore on their own time (set explore instead)")
+            raise ValueError(
+                f"explore_samples is for mode inprocess, not {info.data.get('mode')!r}: queue workers "
+                "explore on their own time (set explore instead)"
+            )
         return explore_samples
 
     @field_validator("num_reserved")

@@ -64,9 +64,18 @@ DEFAULT_GPU_PRICES: Mapping[str, GpuPrice] = {
         "(SPOTLIGHT: spot is 69-77 % cheaper)",
         _READ_ON,
     ),
-    "A100-80GB": GpuPrice(1.09962 + 1.8462, 0.43983 + 1.5712, f"{_SKY_GCP}: a2-ultragpu-1g host + A100-80GB x1", _READ_ON),
-    "A100": GpuPrice((5.91582 + 23.47126) / 8, (2.36604 + 9.1776) / 8, f"{_SKY_GCP}: (a2-highgpu-8g host + A100 x8) / 8", _READ_ON),
-    "L4": GpuPrice(4.48032 / 8, 1.7848 / 8, f"{_SKY_GCP}: L4 x8 accelerator row / 8 (g2 host vCPU and memory not included)", _READ_ON),
+    "A100-80GB": GpuPrice(
+        1.09962 + 1.8462, 0.43983 + 1.5712, f"{_SKY_GCP}: a2-ultragpu-1g host + A100-80GB x1", _READ_ON
+    ),
+    "A100": GpuPrice(
+        (5.91582 + 23.47126) / 8, (2.36604 + 9.1776) / 8, f"{_SKY_GCP}: (a2-highgpu-8g host + A100 x8) / 8", _READ_ON
+    ),
+    "L4": GpuPrice(
+        4.48032 / 8,
+        1.7848 / 8,
+        f"{_SKY_GCP}: L4 x8 accelerator row / 8 (g2 host vCPU and memory not included)",
+        _READ_ON,
+    ),
     "A10G": GpuPrice(
         1.006,
         round(1.006 * 0.40, 3),
@@ -110,9 +119,14 @@ class PriceTable:
         return {name: vars(p) for name, p in sorted(self.gpus.items())}
 
 
-def catalog_node_usd_per_hour(gpus: tuple[str, ...], count: int, *, spot: bool, clouds: Any = None,
-                              list_accelerators: Callable[..., Mapping[str, list]] | None = None,
-                              ) -> tuple[float, str] | None:
+def catalog_node_usd_per_hour(
+    gpus: tuple[str, ...],
+    count: int,
+    *,
+    spot: bool,
+    clouds: Any = None,
+    list_accelerators: Callable[..., Mapping[str, list]] | None = None,
+) -> tuple[float, str] | None:
     """The whole VM's hourly price from SkyPilot's catalog for `count` of one of `gpus` (spot or on-demand): for
     each GPU type the cheapest VM offering it (what SkyPilot's optimizer launches), then the dearest of the types
     (which one is free is not known in advance: the spend cap must not undercount). (usd, source), or None when
@@ -125,13 +139,22 @@ def catalog_node_usd_per_hour(gpus: tuple[str, ...], count: int, *, spot: bool, 
     cheapest = {}
     for gpu in gpus:
         try:
-            offers = list_accelerators(gpus_only=True, name_filter=f"^{gpu}$", quantity_filter=count, clouds=clouds,
-                                       case_sensitive=False, all_regions=True)
+            offers = list_accelerators(
+                gpus_only=True,
+                name_filter=f"^{gpu}$",
+                quantity_filter=count,
+                clouds=clouds,
+                case_sensitive=False,
+                all_regions=True,
+            )
         except (OSError, ValueError):  # requests' errors are OSErrors: no network, an unknown cloud
             return None
-        prices = [(o.spot_price if spot else o.price, f"{o.instance_type} on {o.cloud} ({o.region})")
-                  for infos in offers.values() for o in infos
-                  if o.accelerator_name.lower() == gpu.lower() and o.accelerator_count == count]
+        prices = [
+            (o.spot_price if spot else o.price, f"{o.instance_type} on {o.cloud} ({o.region})")
+            for infos in offers.values()
+            for o in infos
+            if o.accelerator_name.lower() == gpu.lower() and o.accelerator_count == count
+        ]
         prices = [(usd, where) for usd, where in prices if usd == usd and usd > 0]  # no NaN (no spot offer)
         if not prices:
             return None
@@ -173,6 +196,8 @@ def load_prices(path: str | Path | None = None) -> PriceTable:
         else:
             fields = {"source": f"prices file {path}", "as_of": "", "approximate": False, **fields}
         if base is None and not both:
-            raise ValueError(f"prices file {path}: new GPU type {gpu!r} needs on_demand_usd_per_gpu_hour and spot_usd_per_gpu_hour")
+            raise ValueError(
+                f"prices file {path}: new GPU type {gpu!r} needs on_demand_usd_per_gpu_hour and spot_usd_per_gpu_hour"
+            )
         table[str(gpu)] = replace(base, **fields) if base else GpuPrice(**fields)
     return PriceTable(table)

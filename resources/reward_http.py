@@ -27,14 +27,17 @@ def _headers(token_env: str) -> dict[str, str]:
 def get_json(url: str, timeout_s: float, token_env: str) -> dict:
     """One GET of a JSON answer; RemoteRewardError when there is none."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=_headers(token_env)), timeout=timeout_s) as answer:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=_headers(token_env)), timeout=timeout_s
+        ) as answer:
             return json.loads(answer.read())
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as err:
         raise RemoteRewardError(f"reward server {url}: {err}") from None
 
 
-def post_with_retries(url: str, body: bytes, *, timeout_s: float, retries: int, backoff_s: float,
-                      token_env: str) -> bytes:
+def post_with_retries(
+    url: str, body: bytes, *, timeout_s: float, retries: int, backoff_s: float, token_env: str
+) -> bytes:
     """POST `body`; a dropped connection, a timeout or a 5xx is retried with doubling backoff, a 4xx is not (the
     same bytes would fail again). Returns the answer's bytes; RemoteRewardError after the last attempt."""
     started, last = time.monotonic(), None
@@ -53,5 +56,6 @@ def post_with_retries(url: str, body: bytes, *, timeout_s: float, retries: int, 
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as err:
             timed_out = isinstance(err, TimeoutError) or isinstance(getattr(err, "reason", None), TimeoutError)
             last = f"no answer within timeout_s={timeout_s:g}" if timed_out else f"{type(err).__name__}: {err}"
-    raise RemoteRewardError(f"reward server {url} failed {retries + 1} attempts over "
-                            f"{time.monotonic() - started:.1f} s; last error: {last}")
+    raise RemoteRewardError(
+        f"reward server {url} failed {retries + 1} attempts over {time.monotonic() - started:.1f} s; last error: {last}"
+    )

@@ -99,8 +99,12 @@ def _read_info(url: str) -> dict[str, Any]:
         return queue.info() if hasattr(queue, "info") else {}
 
 
-def supervise(command: list[str], url: str, every_s: float, read_info: Callable[[str], Mapping[str, Any]] = _read_info,
-              ) -> int:
+def supervise(
+    command: list[str],
+    url: str,
+    every_s: float,
+    read_info: Callable[[str], Mapping[str, Any]] = _read_info,
+) -> int:
     """Run `command` (the spot worker) until it exits, or until the run has ended: then SIGTERM it (it gives its
     request back and commits) and return 0, so its managed job ends instead of being recovered. Returns the
     command's own exit code otherwise. An unreadable queue is no reason to stop: the worker says why itself."""
@@ -122,8 +126,10 @@ def supervise(command: list[str], url: str, every_s: float, read_info: Callable[
         except (ValueError, QueueError):
             continue
         if ended:
-            print("resources.run_status: the run has ended; stopping this spot worker (its job ends with 0)",
-                  file=sys.stderr)
+            print(
+                "resources.run_status: the run has ended; stopping this spot worker (its job ends with 0)",
+                file=sys.stderr,
+            )
             child.terminate()
             try:
                 child.wait(timeout=STOP_GRACE_S)
@@ -137,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     queue lets the worker start (it cannot work without the queue anyway, and says why). With `-- COMMAND...`: run the
     worker under supervision (`supervise`). With --mark: record that the run is running or has ended."""
     parser = argparse.ArgumentParser(prog="python -m resources.run_status", description=main.__doc__.split(".")[0])
-    parser.add_argument("--queue", required=True, help="The run's Redis queue (password from SPOTLIGHT_REDIS_PASSWORD).")
+    parser.add_argument(
+        "--queue", required=True, help="The run's Redis queue (password from SPOTLIGHT_REDIS_PASSWORD)."
+    )
     parser.add_argument("--mark", choices=("running", "ended"), help="Publish the run's state (the reserved node).")
     parser.add_argument("--every-s", type=float, default=30.0, help="How often a supervised worker checks the run.")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the worker's command line, to supervise")
@@ -157,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resources.run_status: cannot read the run's spend ({err}); starting anyway", file=sys.stderr)
         info = {}
     if over_budget(info):
-        print(f"resources.run_status: the run spent ${info['usd_total']:.2f} of its ${info['max_usd']:.2f} cap; "
-              "not starting another worker", file=sys.stderr)
+        print(
+            f"resources.run_status: the run spent ${info['usd_total']:.2f} of its ${info['max_usd']:.2f} cap; "
+            "not starting another worker",
+            file=sys.stderr,
+        )
         return EXIT_OVER_BUDGET
     if run_ended(info):
         print("resources.run_status: the run has ended; not starting another worker", file=sys.stderr)

@@ -72,8 +72,10 @@ def redis_address(url: str, env: Mapping[str, str] = os.environ) -> RedisAddress
     # Never echo the URL in these errors: it may hold the password.
     safe = f"{scheme}://{parsed.hostname or ''}:{parsed.port if _port_ok(parsed) else '?'}{parsed.path}"
     if scheme not in REDIS_SCHEMES or not parsed.hostname or parsed.query or parsed.fragment:
-        raise ValueError(f"queue URL {safe!r}: use redis://host:port/db (or rediss:// for TLS), the password "
-                         f"in {PASSWORD_ENV} or {PASSWORD_FILE_ENV}")
+        raise ValueError(
+            f"queue URL {safe!r}: use redis://host:port/db (or rediss:// for TLS), the password "
+            f"in {PASSWORD_ENV} or {PASSWORD_FILE_ENV}"
+        )
     if not _port_ok(parsed):
         raise ValueError(f"queue URL {safe!r}: the port must be a number in 1-65535")
     db_text = parsed.path.strip("/") or "0"
@@ -83,10 +85,20 @@ def redis_address(url: str, env: Mapping[str, str] = os.environ) -> RedisAddress
     username = unquote(parsed.username) if parsed.username else None
     ca_file = (env.get(CA_FILE_ENV) or None) if scheme == "rediss" else None
     if ca_file is not None and not Path(ca_file).is_file():
-        raise ValueError(f"{CA_FILE_ENV}={ca_file} is not a file: point it at the PEM bundle that signed the "
-                         "Redis server's certificate, or unset it to trust the system's CAs")
-    return RedisAddress(parsed.hostname, parsed.port or 6379, int(db_text), username, password,
-                        tls=scheme == "rediss", ca_file=ca_file, run_ca=_run_ca(env) if scheme == "rediss" else None)
+        raise ValueError(
+            f"{CA_FILE_ENV}={ca_file} is not a file: point it at the PEM bundle that signed the "
+            "Redis server's certificate, or unset it to trust the system's CAs"
+        )
+    return RedisAddress(
+        parsed.hostname,
+        parsed.port or 6379,
+        int(db_text),
+        username,
+        password,
+        tls=scheme == "rediss",
+        ca_file=ca_file,
+        run_ca=_run_ca(env) if scheme == "rediss" else None,
+    )
 
 
 def _run_ca(env: Mapping[str, str]) -> str | None:
@@ -102,8 +114,10 @@ def _run_ca(env: Mapping[str, str]) -> str | None:
     except (binascii.Error, UnicodeDecodeError):
         pem = ""
     if "-----BEGIN CERTIFICATE-----" not in pem:
-        raise ValueError(f"{RUN_CA_ENV} is not a base64 PEM certificate: set it to the run's CA as spotlight launch "
-                         "hands it to the workers (or unset it)")
+        raise ValueError(
+            f"{RUN_CA_ENV} is not a base64 PEM certificate: set it to the run's CA as spotlight launch "
+            "hands it to the workers (or unset it)"
+        )
     return pem
 
 
@@ -131,8 +145,10 @@ def redis_password(env: Mapping[str, str] = os.environ) -> str | None:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as err:
-        raise ValueError(f"{PASSWORD_FILE_ENV}={path} cannot be read ({err.strerror}): point it at a file "
-                         "holding the Redis password, or set SPOTLIGHT_REDIS_PASSWORD instead") from None
+        raise ValueError(
+            f"{PASSWORD_FILE_ENV}={path} cannot be read ({err.strerror}): point it at a file "
+            "holding the Redis password, or set SPOTLIGHT_REDIS_PASSWORD instead"
+        ) from None
     if not lines or not lines[0].strip():
         raise ValueError(f"{PASSWORD_FILE_ENV}={path} is empty: write the Redis password on its first line")
     return lines[0].strip()

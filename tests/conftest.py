@@ -192,8 +192,10 @@ def rollout_store(tmp_store, tiny_policy):
 SHARED_RUN_FIXTURES = {"smoke_train", "smoke_nft_train", "smoke_run", "smoke_cluster_run"}
 """Session fixtures that start a whole run (below)."""
 SHARED_RUN_FILES = {
-    "tests/workers/coordinator/test_golden.py", "tests/pipelines/test_outside_checkout.py",
-    "tests/pipelines/test_pipeline_cluster.py", "tests/pipelines/test_train_nproc.py",
+    "tests/workers/coordinator/test_golden.py",
+    "tests/pipelines/test_outside_checkout.py",
+    "tests/pipelines/test_pipeline_cluster.py",
+    "tests/pipelines/test_train_nproc.py",
     "tests/pipelines/test_run_nproc.py",
 }
 """The files whose tests read them. Under pytest-xdist they all run in one worker, so each run starts once."""

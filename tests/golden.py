@@ -21,19 +21,21 @@ from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN_TIMINGS = {"rollout_s", "train_s", "step_s"}
-GOLDEN_ARGS = {"train": ["train", "--preset", "cpu_smoke", "--seed", "0", "--json"],
-               "train_nft": ["train", "--preset", "cpu_smoke_nft", "--seed", "0", "--json"],
-               "run": ["run", "--preset", "cpu_smoke", "--rollouts", "inprocess"]}
+GOLDEN_ARGS = {
+    "train": ["train", "--preset", "cpu_smoke", "--seed", "0", "--json"],
+    "train_nft": ["train", "--preset", "cpu_smoke_nft", "--seed", "0", "--json"],
+    "run": ["run", "--preset", "cpu_smoke", "--rollouts", "inprocess"],
+}
 KERNELS_FILE = FIXTURES / "golden_kernels.json"
 LEDGER_TABLES = {
     "iterations": "SELECT iteration, weights_version, status FROM iterations ORDER BY iteration",
     "phases": "SELECT iteration, phase FROM phases ORDER BY iteration, phase",
     "requests": "SELECT request_id, iteration, kind, prompt, seed, weights_version, attempts, result_hash, reward, "
-                "status FROM requests ORDER BY request_id",
+    "status FROM requests ORDER BY request_id",
     "syncs": "SELECT version, kind, iteration, dense_bytes, patch_bytes, changed_fraction, weights_hash FROM syncs "
-             "ORDER BY version",
+    "ORDER BY version",
     "train_steps": "SELECT iteration, step, loss, kl, reward_mean, reward_std, zero_std_ratio, clip_fraction, "
-                   "grad_norm, learning_rate FROM train_steps ORDER BY iteration",
+    "grad_norm, learning_rate FROM train_steps ORDER BY iteration",
     "validation": "SELECT iteration, weights_version, score, num_prompts FROM validation ORDER BY iteration",
     "validation_scores": "SELECT iteration, criterion, score FROM validation_scores ORDER BY iteration, criterion",
     "workers": "SELECT worker_id, role, spot FROM workers ORDER BY worker_id",
@@ -77,9 +79,12 @@ def kernels() -> dict[str, str]:
 
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     field = {line.split(":")[0].strip(): line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if ":" in line}
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "processor": field.get("model name", platform.processor()),
-            "cpu_flags_sha1": hashlib.sha1(field.get("flags", "").encode()).hexdigest()[:12]}
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "processor": field.get("model name", platform.processor()),
+        "cpu_flags_sha1": hashlib.sha1(field.get("flags", "").encode()).hexdigest()[:12],
+    }
 
 
 def recorded_on_these_kernels() -> bool:
@@ -94,8 +99,9 @@ def produce(kind: str, workdir: Path) -> object:
     args = [str(Path(sys.executable).parent / "spotlight"), *GOLDEN_ARGS[kind]]
     if kind == "run":
         args += ["--run-dir", str(workdir / "run")]
-    done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, check=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        args, cwd=workdir, capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     return ledger_digest(workdir / "run" / "ledger.duckdb") if kind == "run" else train_digest(done.stdout)
 
 
@@ -124,9 +130,12 @@ def exact_mismatches(actual, expected) -> list[str]:
     """Where `actual` differs from `expected` at all (the same kernels give the same bits), one line a table."""
     if isinstance(expected, dict):
         keys = sorted(set(actual) | set(expected))
-        return [f"{k}: {actual.get(k)!r:.300} != {expected.get(k)!r:.300}" for k in keys if actual.get(k) != expected.get(k)]
-    return [f"record {i}: {a!r:.300} != {e!r:.300}" for i, (a, e) in enumerate(zip(actual, expected)) if a != e] + (
-        [f"{len(actual)} records, fixture has {len(expected)}"] if len(actual) != len(expected) else [])
+        return [
+            f"{k}: {actual.get(k)!r:.300} != {expected.get(k)!r:.300}" for k in keys if actual.get(k) != expected.get(k)
+        ]
+    return [f"record {i}: {a!r:.300} != {e!r:.300}" for i, (a, e) in enumerate(zip(actual, expected, strict=False)) if a != e] + (
+        [f"{len(actual)} records, fixture has {len(expected)}"] if len(actual) != len(expected) else []
+    )
 
 
 def mismatches(actual, expected, path: tuple = ()) -> list[str]:
@@ -140,7 +149,7 @@ def mismatches(actual, expected, path: tuple = ()) -> list[str]:
             return [f"{path}: {len(actual)} rows, fixture has {len(expected)}"]
         table = path[0] if len(path) == 2 else None  # a ledger row: (table, row index)
         out = []
-        for i, (a, e) in enumerate(zip(actual, expected)):
+        for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
             if table is not None and (table, i) in BIT_EXACT_COLUMNS:
                 continue
             if table is not None and (table, i) == PATCH_BYTES:
@@ -158,8 +167,10 @@ def mismatches(actual, expected, path: tuple = ()) -> list[str]:
 def dumps(digest) -> str:
     """One record or row per line, so a fixture's diff shows what changed."""
     if isinstance(digest, dict):
-        body = ",\n".join(f" {json.dumps(k)}: [\n" + ",\n".join(f"  {json.dumps(r)}" for r in rows) + "\n ]"
-                          for k, rows in digest.items())
+        body = ",\n".join(
+            f" {json.dumps(k)}: [\n" + ",\n".join(f"  {json.dumps(r)}" for r in rows) + "\n ]"
+            for k, rows in digest.items()
+        )
         return "{\n" + body + "\n}\n"
     return "[\n" + ",\n".join(f" {json.dumps(r, sort_keys=True)}" for r in digest) + "\n]\n"
 

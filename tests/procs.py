@@ -61,13 +61,15 @@ class ProcessLines:
         try:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise AssertionError(f"no {what} from pid {self.proc.pid} within {timeout_s:g} s; "
-                                 f"stderr: {self.stderr_tail()}") from None
+            raise AssertionError(
+                f"no {what} from pid {self.proc.pid} within {timeout_s:g} s; stderr: {self.stderr_tail()}"
+            ) from None
         if line is _EOF:
             self._lines.put(_EOF)  # later calls see the end too
             self.proc.wait(timeout=10)
-            raise AssertionError(f"pid {self.proc.pid} exited ({self.proc.returncode}) before {what}; "
-                                 f"stderr: {self.stderr_tail()}")
+            raise AssertionError(
+                f"pid {self.proc.pid} exited ({self.proc.returncode}) before {what}; stderr: {self.stderr_tail()}"
+            )
         return line
 
     def expect(self, text: str, timeout_s: float) -> None:
@@ -91,8 +93,9 @@ class ProcessLines:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
-            raise AssertionError(f"pid {self.proc.pid} did not exit within {timeout_s:g} s; "
-                                 f"stderr: {self.stderr_tail()}") from None
+            raise AssertionError(
+                f"pid {self.proc.pid} did not exit within {timeout_s:g} s; stderr: {self.stderr_tail()}"
+            ) from None
         for reader in self._readers:
             reader.join(timeout=10)
         rest = []

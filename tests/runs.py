@@ -50,8 +50,15 @@ def outside_env() -> dict[str, str]:
 def run_command(cwd: Path, *args: str, timeout_s: float = 240) -> CommandRun:
     """ARGS (a program and its arguments) in `cwd` with `outside_env()`, in its own process group; on a timeout the
     command and every process it started are killed and the test fails saying so."""
-    proc = subprocess.Popen(list(args), cwd=cwd, env=outside_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        list(args),
+        cwd=cwd,
+        env=outside_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -77,7 +84,16 @@ SMOKE_NFT_TRAIN_ARGS = ("train", "--preset", "cpu_smoke_nft", "--seed", "0", "--
 """The golden of the default objective, NFT, at cpu_smoke's size."""
 SMOKE_RUN_ARGS = ("run", "--preset", "cpu_smoke", "--rollouts", "inprocess", "--run-dir", "rel/run")
 """The golden `spotlight run`: the same two iterations through the Dagster walk (a run named "run")."""
-SMOKE_CLUSTER_ARGS = ("run", "--preset", "cpu_smoke", "--iterations", "1", "--preemptions-per-hour", "120",
-                      "--run-dir", "rel/cluster")
+SMOKE_CLUSTER_ARGS = (
+    "run",
+    "--preset",
+    "cpu_smoke",
+    "--iterations",
+    "1",
+    "--preemptions-per-hour",
+    "120",
+    "--run-dir",
+    "rel/cluster",
+)
 """The default rollouts (a local cluster of spot worker processes) under preemptions: at 120 per worker-hour the
 seeded trace kills a worker within a second of the cluster being ready, then about every 30 s."""

@@ -64,7 +64,7 @@ def _import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 def test_import_linter_contracts_are_kept() -> None:
     lint_imports = Path(sys.executable).parent / "lint-imports"
     done = subprocess.run([str(lint_imports)], cwd=REPO, capture_output=True, text=True)
-    report = done.stdout[done.stdout.find("Contracts"):]  # after the banner
+    report = done.stdout[done.stdout.find("Contracts") :]  # after the banner
     assert done.returncode == 0, f"lint-imports found broken contracts (pyproject.toml):\n{report}{done.stderr}"
 
 
@@ -87,12 +87,25 @@ def test_no_source_file_is_over_400_lines() -> None:
     assert not long_files, f"files over {MAX_FILE_LINES} lines (split them by topic): {long_files}"
 
 
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's length: its body from the first statement after the docstring to the end.
+
+    The signature is left out: a CLI command declares one formatted line per option, which is
+    configuration, not logic to split into steps.
+    """
+    body = node.body
+    first = body[0]
+    if len(body) > 1 and isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        first = body[1]
+    return node.end_lineno - first.lineno + 1
+
+
 def test_no_function_is_over_60_lines() -> None:
     long_functions = {}
     for path in _python_files(*ROOT_PACKAGES, "tests"):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                num_lines = node.end_lineno - node.lineno + 1
+                num_lines = _body_lines(node)
                 if num_lines > MAX_FUNCTION_LINES:
                     long_functions[f"{path.relative_to(REPO)}:{node.lineno} {node.name}"] = num_lines
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines (split into named steps): {long_functions}"
@@ -100,7 +113,9 @@ def test_no_function_is_over_60_lines() -> None:
 
 def test_workers_holds_packages_not_loose_files() -> None:
     loose = sorted(p.name for p in (REPO / "workers").glob("*.py") if p.name != "__init__.py")
-    assert len(loose) <= MAX_LOOSE_WORKER_FILES, f"{len(loose)} loose files in workers/ (put them in a package): {loose}"
+    assert len(loose) <= MAX_LOOSE_WORKER_FILES, (
+        f"{len(loose)} loose files in workers/ (put them in a package): {loose}"
+    )
 
 
 def test_the_cycle_finder_reports_a_cycle_and_ignores_a_chain() -> None:

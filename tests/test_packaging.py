@@ -26,9 +26,24 @@ def test_wheel_ships_the_base_checkpoint_as_package_data_without_warnings(tmp_pa
     source = _source_copy(tmp_path / "src")
     # --no-build-isolation: build with the setuptools installed here; an isolated build would fetch it from the
     # registry, and a test must not need the network.
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
-                            "--no-index", "-v", "-w", str(tmp_path / "dist")],
-                           capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(source),
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-v",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     log = build.stdout + build.stderr
     assert build.returncode == 0, log[-3000:]
     assert "would be ignored" not in log.lower(), "setuptools warns about the checkpoint folders again"

@@ -36,14 +36,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import sky
 import yaml
-from sky import exceptions as sky_exceptions
 
+import sky
 from resources.cloud.plan import RESERVED_CLUSTER, LaunchPlan
 from resources.prices import PriceTable
 from resources.queue.redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
 from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
+from sky import exceptions as sky_exceptions
 
 WORKER_JOB_PREFIX = "spotlight-rollout"
 """Spot worker i is the managed job `spotlight-rollout-i`; `status` and `down` find them by this prefix."""
@@ -70,11 +70,17 @@ def launch_secrets(env: Mapping[str, str] = os.environ) -> dict[str, str]:
         password = redis_password(env)
     except ValueError as err:
         raise CloudError(str(err)) from None
-    missing = [] if password else [f"{PASSWORD_ENV} (e.g. export {PASSWORD_ENV}=$(openssl rand -hex 24)) or {PASSWORD_FILE_ENV}"]
+    missing = (
+        []
+        if password
+        else [f"{PASSWORD_ENV} (e.g. export {PASSWORD_ENV}=$(openssl rand -hex 24)) or {PASSWORD_FILE_ENV}"]
+    )
     missing += [name for name in SECRET_NAMES[1:] if not env.get(name)]
     if missing:
-        raise CloudError(f"set {' and '.join(missing)} before launching: the nodes get them as SkyPilot secrets "
-                         "(never on a command line); the AWS keys reach the S3 store")
+        raise CloudError(
+            f"set {' and '.join(missing)} before launching: the nodes get them as SkyPilot secrets "
+            "(never on a command line); the AWS keys reach the S3 store"
+        )
     return {PASSWORD_ENV: password, **{name: env[name] for name in SECRET_NAMES[1:]}}
 
 
@@ -103,8 +109,12 @@ def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
 def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
     """sky/reserved.yaml with the plan's store, preset, iterations and cap, and the run's TLS material."""
     task = yaml_task("reserved.yaml", secrets)
-    envs = {"SPOTLIGHT_STORE": plan.store, "MAX_USD": f"{plan.max_usd:g}", "REDIS_PORT": str(REDIS_PORT),
-            **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {})}
+    envs = {
+        "SPOTLIGHT_STORE": plan.store,
+        "MAX_USD": f"{plan.max_usd:g}",
+        "REDIS_PORT": str(REDIS_PORT),
+        **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
+    }
     envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
     if plan.model is not None:
         envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
@@ -112,8 +122,13 @@ def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
     return _finish(task, envs, plan)
 
 
-def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_url: str = PLACEHOLDER_QUEUE,
-                usd_per_hour: float | None = None) -> sky.Task:
+def worker_task(
+    plan: LaunchPlan,
+    secrets: Mapping[str, str],
+    index: int,
+    queue_url: str = PLACEHOLDER_QUEUE,
+    usd_per_hour: float | None = None,
+) -> sky.Task:
     """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue (as the workers' ACL user,
     with their own password), the run's CA, the plan's GPUs."""
     if secrets.get(PASSWORD_ENV):
@@ -125,10 +140,13 @@ def worker_task(plan: LaunchPlan, secrets: Mapping[str, str], index: int, queue_
     if plan.gpus or count > 1:
         template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
         task.set_resources({template.copy(accelerators={gpu: count}) for gpu in names})
-    envs = {"SPOTLIGHT_QUEUE": queue_url, "SPOTLIGHT_STORE": plan.store,
-            **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
-            # The node's spot price for the ledger and the cap, whatever types any_of allows (never the YAML's flat one).
-            "USD_PER_HOUR": repr(usd_per_hour if usd_per_hour is not None else _node_usd_per_hour(names, count))}
+    envs = {
+        "SPOTLIGHT_QUEUE": queue_url,
+        "SPOTLIGHT_STORE": plan.store,
+        **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
+        # The node's spot price for the ledger and the cap, whatever types any_of allows (never the YAML's flat one).
+        "USD_PER_HOUR": repr(usd_per_hour if usd_per_hour is not None else _node_usd_per_hour(names, count)),
+    }
     if plan.model is not None:
         envs["MODEL"] = plan.model
     if plan.sp_degree not in (None, 1):
@@ -152,16 +170,20 @@ def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan) -> sky.Ta
     return task
 
 
-def plan_tasks(plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE,
-               usd_per_hour: float | None = None) -> list[sky.Task]:
+def plan_tasks(
+    plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE, usd_per_hour: float | None = None
+) -> list[sky.Task]:
     """The reserved node's task, then one task per spot worker: everything `launch` submits."""
-    return [reserved_task(plan, secrets)] + [worker_task(plan, secrets, i, queue_url, usd_per_hour)
-                                             for i in range(1, plan.workers + 1)]
+    return [reserved_task(plan, secrets)] + [
+        worker_task(plan, secrets, i, queue_url, usd_per_hour) for i in range(1, plan.workers + 1)
+    ]
 
 
 def worker_gpus(plan: LaunchPlan) -> tuple[str, ...]:
     """The accelerator types a spot job may get: --gpu's, else sky/spot_workers.yaml's any_of."""
-    return plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in yaml_task("spot_workers.yaml", {}).resources}))
+    return plan.gpus or tuple(
+        sorted({next(iter(r.accelerators)) for r in yaml_task("spot_workers.yaml", {}).resources})
+    )
 
 
 def catalog_price(plan: LaunchPlan, clouds: list[str], echo: Callable[[str], None] = print) -> float | None:
@@ -180,16 +202,29 @@ def catalog_price(plan: LaunchPlan, clouds: list[str], echo: Callable[[str], Non
 def describe_task(task: sky.Task) -> dict[str, Any]:
     """A task as plain data for --dry-run: resources, envs, and secret names only (values shown as ***)."""
     resources = sorted((_describe_resources(r) for r in task.resources), key=lambda r: str(r["accelerators"]))
-    return {"name": task.name, "any_of": len(resources) > 1, "resources": resources, "envs": dict(task.envs),
-            "file_mounts": {k: str(v) for k, v in (task.file_mounts or {}).items()},
-            "secrets": {k: "***" if task.secrets.get(k) is not None and task.secrets[k].get_secret_value() else None
-                        for k in sorted(set(task.secrets) | set(SECRET_NAMES))},
-            "workdir": task.workdir, "run": task.run}
+    return {
+        "name": task.name,
+        "any_of": len(resources) > 1,
+        "resources": resources,
+        "envs": dict(task.envs),
+        "file_mounts": {k: str(v) for k, v in (task.file_mounts or {}).items()},
+        "secrets": {
+            k: "***" if task.secrets.get(k) is not None and task.secrets[k].get_secret_value() else None
+            for k in sorted(set(task.secrets) | set(SECRET_NAMES))
+        },
+        "workdir": task.workdir,
+        "run": task.run,
+    }
 
 
 def _describe_resources(r: Any) -> dict[str, Any]:
-    return {"accelerators": dict(r.accelerators or {}), "use_spot": bool(r.use_spot), "job_recovery": r.job_recovery,
-            "ports": list(r.ports or []), "cloud": None if r.cloud is None else str(r.cloud)}
+    return {
+        "accelerators": dict(r.accelerators or {}),
+        "use_spot": bool(r.use_spot),
+        "job_recovery": r.job_recovery,
+        "ports": list(r.ports or []),
+        "cloud": None if r.cloud is None else str(r.cloud),
+    }
 
 
 def check_clouds(enabled: Callable[[], list[str]] | None = None) -> list[str]:
@@ -197,11 +232,15 @@ def check_clouds(enabled: Callable[[], list[str]] | None = None) -> list[str]:
     try:
         clouds = list((enabled or _enabled_clouds)())
     except Exception as err:  # noqa: BLE001 (any failure of SkyPilot's API server means: nothing can be launched)
-        raise CloudError(f"SkyPilot could not list its enabled clouds ({type(err).__name__}: {err}); run `sky check` "
-                         "to set up cloud credentials; nothing was submitted") from None
+        raise CloudError(
+            f"SkyPilot could not list its enabled clouds ({type(err).__name__}: {err}); run `sky check` "
+            "to set up cloud credentials; nothing was submitted"
+        ) from None
     if not clouds:
-        raise CloudError("no cloud is enabled in SkyPilot (no credentials found); run `sky check` to see what each "
-                         "cloud needs; nothing was submitted")
+        raise CloudError(
+            "no cloud is enabled in SkyPilot (no credentials found); run `sky check` to see what each "
+            "cloud needs; nothing was submitted"
+        )
     return clouds
 
 
@@ -211,8 +250,14 @@ def _enabled_clouds() -> list[str]:
     return [str(c) for c in sky.get(sdk.enabled_clouds())]
 
 
-def launch(plan: LaunchPlan, secrets: Mapping[str, str], *, before_workers: Callable[[str], None] | None = None,
-           echo: Callable[[str], None] = print, redis_wait_s: float | None = None) -> str:
+def launch(
+    plan: LaunchPlan,
+    secrets: Mapping[str, str],
+    *,
+    before_workers: Callable[[str], None] | None = None,
+    echo: Callable[[str], None] = print,
+    redis_wait_s: float | None = None,
+) -> str:
     """Start the reserved node, wait until its Redis answers (TLS, the run's CA, the password), then submit the spot
     workers that are not already running (a second launch of a run resumes it); returns the coordinator's queue URL
     (no password). `secrets`: launch_secrets with the run's TLS material (with_run_tls).
@@ -230,16 +275,23 @@ def launch(plan: LaunchPlan, secrets: Mapping[str, str], *, before_workers: Call
     for index in range(1, plan.workers + 1):
         task = worker_task(plan, secrets, index, f"rediss://{WORKER_USER}@{address}/0", usd_per_hour)
         if task.name in running:
-            echo(f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
-                 f"{running[task.name]['status']}): not submitted again")
+            echo(
+                f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
+                f"{running[task.name]['status']}): not submitted again"
+            )
             continue
         job_ids, _ = sky.get(sky.jobs.launch(task, name=task.name))
         echo(f"submitted {task.name} (managed job {', '.join(map(str, job_ids or []))})")
     return queue_url
 
 
-def wait_for_redis(queue_url: str, secrets: Mapping[str, str], timeout_s: float, echo: Callable[[str], None] = print,
-                   poll_s: float = 5.0) -> None:
+def wait_for_redis(
+    queue_url: str,
+    secrets: Mapping[str, str],
+    timeout_s: float,
+    echo: Callable[[str], None] = print,
+    poll_s: float = 5.0,
+) -> None:
     """Poll the reserved node's Redis until it answers a PING with the password (over TLS, trusting the run's CA
     alone); CloudError (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its
     setup or run block failed)."""
@@ -254,18 +306,24 @@ def wait_for_redis(queue_url: str, secrets: Mapping[str, str], timeout_s: float,
             _ping(address, connect_timeout_s=min(5.0, max(timeout_s, 0.1)))
             return
         except PermissionError as err:
-            raise CloudError(f"the reserved node's Redis at {address.host}:{address.port} refused the password "
-                             f"({err}); no spot workers submitted") from None
+            raise CloudError(
+                f"the reserved node's Redis at {address.host}:{address.port} refused the password "
+                f"({err}); no spot workers submitted"
+            ) from None
         except OSError as err:
             if "CERTIFICATE_VERIFY_FAILED" in str(err):
-                raise CloudError(f"the Redis at {address.host}:{address.port} presents a certificate the run's CA did "
-                                 f"not sign ({err}); no spot workers submitted. Is {RESERVED_CLUSTER} another run's "
-                                 "node? Its TLS files are kept under $SPOTLIGHT_STATE_DIR (~/.spotlight)") from None
+                raise CloudError(
+                    f"the Redis at {address.host}:{address.port} presents a certificate the run's CA did "
+                    f"not sign ({err}); no spot workers submitted. Is {RESERVED_CLUSTER} another run's "
+                    "node? Its TLS files are kept under $SPOTLIGHT_STATE_DIR (~/.spotlight)"
+                ) from None
             last = err
         if time.monotonic() + poll_s > deadline:
-            raise CloudError(f"the reserved node's Redis at {address.host}:{address.port} did not answer within "
-                             f"{timeout_s:g} s ({last}); no spot workers submitted. Its setup or run block may have "
-                             f"failed: see `sky logs {RESERVED_CLUSTER}`, then `spotlight launch` again (it resumes)")
+            raise CloudError(
+                f"the reserved node's Redis at {address.host}:{address.port} did not answer within "
+                f"{timeout_s:g} s ({last}); no spot workers submitted. Its setup or run block may have "
+                f"failed: see `sky logs {RESERVED_CLUSTER}`, then `spotlight launch` again (it resumes)"
+            )
         echo(f"waiting for Redis at {address.host}:{address.port} ...")
         time.sleep(poll_s)
 
@@ -307,7 +365,9 @@ def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:
     except Exception as err:  # noqa: BLE001 (SkyPilot raises several types for a missing cluster)
         raise CloudError(f"cannot find the reserved node {cluster!r} ({err}); is it up? (`sky status`)") from None
     if not endpoints:
-        raise CloudError(f"the reserved node {cluster!r} exposes no port {REDIS_PORT}; relaunch it with `spotlight launch`")
+        raise CloudError(
+            f"the reserved node {cluster!r} exposes no port {REDIS_PORT}; relaunch it with `spotlight launch`"
+        )
     return str(next(iter(endpoints.values())))
 
 
@@ -320,8 +380,11 @@ def worker_jobs(echo: Callable[[str], None] | None = None) -> list[dict[str, Any
         if echo is not None:
             echo("the managed-jobs controller is stopped: no spot worker job is running")
         return []
-    return [{"name": r.job_name, "job_id": r.job_id, "status": _status_word(r.status)}
-            for r in records if str(r.job_name or "").startswith(WORKER_JOB_PREFIX)]
+    return [
+        {"name": r.job_name, "job_id": r.job_id, "status": _status_word(r.status)}
+        for r in records
+        if str(r.job_name or "").startswith(WORKER_JOB_PREFIX)
+    ]
 
 
 def _status_word(status: Any) -> str | None:

@@ -60,8 +60,10 @@ class LaunchPlan:
         known = PriceTable().gpus
         unknown = [g for g in self.gpus if g not in known]
         if unknown or len(set(self.gpus)) != len(self.gpus):
-            raise ValueError(f"--gpu {','.join(self.gpus)}: give distinct accelerator names from "
-                             f"{', '.join(sorted(known))} (comma-separated; add others to a prices file)")
+            raise ValueError(
+                f"--gpu {','.join(self.gpus)}: give distinct accelerator names from "
+                f"{', '.join(sorted(known))} (comma-separated; add others to a prices file)"
+            )
 
     @property
     def node_gpus(self) -> int:
@@ -70,33 +72,44 @@ class LaunchPlan:
 
     def _check_sp(self) -> None:
         degree, gpus = self.sp_degree, self.gpus_per_node
-        if degree is not None and degree != "auto" and (isinstance(degree, bool) or not isinstance(degree, int)
-                                                         or degree < 1):
+        if (
+            degree is not None
+            and degree != "auto"
+            and (isinstance(degree, bool) or not isinstance(degree, int) or degree < 1)
+        ):
             raise ValueError(f"--sp-degree must be an integer >= 1 or auto, got {degree!r}")
         if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
             raise ValueError(f"--gpus-per-node must be an integer >= 1, got {gpus!r}")
         if degree in (None, 1):
             if gpus not in (None, 1):
-                raise ValueError(f"--gpus-per-node {gpus} needs --sp-degree: a rollout worker samples on one GPU "
-                                 "(launch more --workers instead, or SP nodes with --sp-degree 2..8 or auto)")
+                raise ValueError(
+                    f"--gpus-per-node {gpus} needs --sp-degree: a rollout worker samples on one GPU "
+                    "(launch more --workers instead, or SP nodes with --sp-degree 2..8 or auto)"
+                )
         elif degree == "auto":
             if gpus is None or gpus < 2:
                 raise ValueError("--sp-degree auto needs --gpus-per-node N >= 2: the GPUs the node agent groups")
         elif self.node_gpus % degree:
-            raise ValueError(f"--sp-degree {degree} must divide --gpus-per-node {self.node_gpus}: the node's GPUs form "
-                             f"groups of {degree}, and the rest would idle at full price")
+            raise ValueError(
+                f"--sp-degree {degree} must divide --gpus-per-node {self.node_gpus}: the node's GPUs form "
+                f"groups of {degree}, and the rest would idle at full price"
+            )
 
     def _check_model(self) -> None:
         if self.prompts is not None and not self.prompts.startswith("/"):
             raise ValueError(f"--prompts {self.prompts!r} must be an absolute file path on the reserved node")
         if self.model is not None and (not self.model.startswith("/") or self.model.rstrip("/") == ""):
-            raise ValueError(f"--model {self.model!r} must be an absolute folder path: every node loads the weights "
-                             "from that same path (the run's anchor names it)")
+            raise ValueError(
+                f"--model {self.model!r} must be an absolute folder path: every node loads the weights "
+                "from that same path (the run's anchor names it)"
+            )
         if self.model_source is None:
             return
         if self.model is None:
             raise ValueError("--model-source needs --model: the absolute path the weights are mounted at on every node")
         scheme, sep, rest = self.model_source.partition("://")
         if not sep or scheme not in MODEL_SOURCE_SCHEMES or not rest.strip("/"):
-            raise ValueError(f"--model-source {self.model_source!r} must be a bucket URL, "
-                             f"{' or '.join(s + '://...' for s in MODEL_SOURCE_SCHEMES)}")
+            raise ValueError(
+                f"--model-source {self.model_source!r} must be a bucket URL, "
+                f"{' or '.join(s + '://...' for s in MODEL_SOURCE_SCHEMES)}"
+            )

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from resources.cluster.ledger import WorkTracker
+from resources.cluster.preemption import PreemptionEvent
 from resources.keys import check_name
 from resources.ledger import Ledger
-from resources.cluster.preemption import PreemptionEvent
 from resources.prices import load_prices
 from resources.urls import PASSWORD_ENV, absolute_url, split_password
 
@@ -172,7 +172,9 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 late = sorted(p.worker_id for p in self._live.values() if not p.ready)
                 self.stop()
-                raise RuntimeError(f"workers {late} not ready after {self.config.ready_timeout_s:g} s (a busy machine?)")
+                raise RuntimeError(
+                    f"workers {late} not ready after {self.config.ready_timeout_s:g} s (a busy machine?)"
+                )
             self._pump(0.1)
         if len(self._live) < len(self.slots):
             self.stop()
@@ -208,8 +210,14 @@ class LocalCluster:
             _signal(proc.popen, signal.SIGKILL)
         return True
 
-    def run_until(self, is_done: Callable[[], bool], *, trace: Sequence[PreemptionEvent] = (),
-                  timeout_s: float = 600.0, check_every_s: float = 0.25) -> ClusterSummary:
+    def run_until(
+        self,
+        is_done: Callable[[], bool],
+        *,
+        trace: Sequence[PreemptionEvent] = (),
+        timeout_s: float = 600.0,
+        check_every_s: float = 0.25,
+    ) -> ClusterSummary:
         """Replay `trace` (times from now) until `is_done()` or the timeout; restarts preempted slots."""
         started = time.monotonic()
         pending = sorted(trace)
@@ -228,8 +236,13 @@ class LocalCluster:
                 if is_done():
                     completed = True
                     break
-        return ClusterSummary(time.monotonic() - started, completed, self.workers_started,
-                              self.tracker.preemptions[first_preemption:], skipped)
+        return ClusterSummary(
+            time.monotonic() - started,
+            completed,
+            self.workers_started,
+            self.tracker.preemptions[first_preemption:],
+            skipped,
+        )
 
     # --- internals -----------------------------------------------------------------------
 
@@ -239,18 +252,41 @@ class LocalCluster:
         self._generation[name] += 1
         price = slot.price()
         queue_url, password = split_password(slot.queue_url or cfg.queue_url)  # the password stays off the argv
-        command = [sys.executable, "-m", "workers.rollout", "--queue", queue_url,
-                   "--store", cfg.store_url, "--worker-id", worker_id, "--commit-every", str(cfg.commit_every),
-                   "--lease-s", str(cfg.lease_s), "--instance-type", slot.instance_type,
-                   "--spot" if slot.spot else "--reserved", "--usd-per-hour", str(price),
-                   "--threads", str(cfg.threads_per_worker), "--step-delay-s", str(slot.step_delay_s)]
+        command = [
+            sys.executable,
+            "-m",
+            "workers.rollout",
+            "--queue",
+            queue_url,
+            "--store",
+            cfg.store_url,
+            "--worker-id",
+            worker_id,
+            "--commit-every",
+            str(cfg.commit_every),
+            "--lease-s",
+            str(cfg.lease_s),
+            "--instance-type",
+            slot.instance_type,
+            "--spot" if slot.spot else "--reserved",
+            "--usd-per-hour",
+            str(price),
+            "--threads",
+            str(cfg.threads_per_worker),
+            "--step-delay-s",
+            str(slot.step_delay_s),
+        ]
         if slot.gpu_type:
             command += ["--gpu-type", slot.gpu_type]
         stderr = None
         if cfg.log_dir is not None:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
             stderr = open(Path(cfg.log_dir) / f"{worker_id}.stderr", "w")
-        env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads_per_worker), **({PASSWORD_ENV: password} if password else {})}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(cfg.threads_per_worker),
+            **({PASSWORD_ENV: password} if password else {}),
+        }
         popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         if cfg.nice:
             with contextlib.suppress(OSError):  # the child exited already: its exit is handled like any other
@@ -260,8 +296,15 @@ class LocalCluster:
         at = time.time()
         self._live[name] = _Process(worker_id, slot, popen, at)
         self.workers_started += 1
-        self.tracker.worker_started(worker_id, role="rollout", instance_type=slot.instance_type, spot=slot.spot,
-                                    usd_per_hour=price, gpu_type=slot.gpu_type, at=at)
+        self.tracker.worker_started(
+            worker_id,
+            role="rollout",
+            instance_type=slot.instance_type,
+            spot=slot.spot,
+            usd_per_hour=price,
+            gpu_type=slot.gpu_type,
+            at=at,
+        )
         threading.Thread(target=_read_events, args=(worker_id, popen, self._events), daemon=True).start()
 
     def _tick(self) -> None:

@@ -54,15 +54,33 @@ class WorkTracker:
         self.events: list[dict] = []
         self.preemptions: list[PreemptionRecord] = []
 
-    def worker_started(self, worker_id: str, *, role: str, instance_type: str, spot: bool, usd_per_hour: float,
-                       gpu_type: str | None, at: float, num_gpus: int | None = None) -> None:
+    def worker_started(
+        self,
+        worker_id: str,
+        *,
+        role: str,
+        instance_type: str,
+        spot: bool,
+        usd_per_hour: float,
+        gpu_type: str | None,
+        at: float,
+        num_gpus: int | None = None,
+    ) -> None:
         """`num_gpus`: the GPUs the worker holds (an SP node: one per device worker); None: 1 with a GPU type, else 0."""
         self.progress[worker_id] = {None: WorkerProgress()}
         if num_gpus is None:
             num_gpus = 1 if gpu_type else 0
         if self.ledger is not None:
-            self.ledger.start_worker(worker_id, role=role, instance_type=instance_type, spot=spot, gpu_type=gpu_type,
-                                     num_gpus=num_gpus, usd_per_hour=usd_per_hour, at=at)
+            self.ledger.start_worker(
+                worker_id,
+                role=role,
+                instance_type=instance_type,
+                spot=spot,
+                gpu_type=gpu_type,
+                num_gpus=num_gpus,
+                usd_per_hour=usd_per_hour,
+                at=at,
+            )
 
     def worker_ended(self, worker_id: str, reason: str, at: float) -> None:
         if self.ledger is not None:
@@ -115,9 +133,15 @@ class WorkTracker:
                 continue
             in_flight.append(p.request_id)
             p.request_id = None
-        record = PreemptionRecord(worker_id=worker_id, preempted_at=preempted_at, notice_s=notice_s, steps_lost=lost_steps,
-                                  state_committed=bool(committed) and all(committed),
-                                  request_id=in_flight[0] if len(in_flight) == 1 else None, seconds_lost=lost_s)
+        record = PreemptionRecord(
+            worker_id=worker_id,
+            preempted_at=preempted_at,
+            notice_s=notice_s,
+            steps_lost=lost_steps,
+            state_committed=bool(committed) and all(committed),
+            request_id=in_flight[0] if len(in_flight) == 1 else None,
+            seconds_lost=lost_s,
+        )
         self.preemptions.append(record)
         if self.ledger is not None:
             self.ledger.record_preemption(record)
@@ -125,17 +149,30 @@ class WorkTracker:
 
     def preempted_t(self, worker_id: str) -> float | None:
         """When the worker first stopped a request on a SIGTERM or a notice (its `preempted` event), if it did."""
-        times = [float(p.preempted_event["t"]) for p in self.progress.get(worker_id, {}).values()
-                 if p.preempted_event is not None]
+        times = [
+            float(p.preempted_event["t"])
+            for p in self.progress.get(worker_id, {}).values()
+            if p.preempted_event is not None
+        ]
         return min(times, default=None)
 
     def _attempt(self, worker_id: str, p: WorkerProgress, *, t_end: float | None, outcome: str) -> None:
         if self.ledger is None or p.request_id is None:
             return
-        self.ledger.record_attempt(AttemptRecord(
-            request_id=p.request_id, attempt=p.attempt, worker_id=worker_id, started_at=p.started_at, ended_at=t_end,
-            outcome=outcome, resumed_from_step=p.resumed_from_step, steps_done=p.step - p.resumed_from_step,
-            steps_lost=p.step - p.committed_step, seconds_lost=sum(p.uncommitted_s)))
+        self.ledger.record_attempt(
+            AttemptRecord(
+                request_id=p.request_id,
+                attempt=p.attempt,
+                worker_id=worker_id,
+                started_at=p.started_at,
+                ended_at=t_end,
+                outcome=outcome,
+                resumed_from_step=p.resumed_from_step,
+                steps_done=p.step - p.resumed_from_step,
+                steps_lost=p.step - p.committed_step,
+                seconds_lost=sum(p.uncommitted_s),
+            )
+        )
 
 
 def _forget_elsewhere(groups: dict[str | None, WorkerProgress], group: str | None, request_id: str) -> None:
@@ -153,7 +190,9 @@ def _forget_grouped(groups: dict[str | None, WorkerProgress], group: str | None,
         del groups[other]
 
 
-def result_records(store: TensorStore, requests: Iterable[dict], *, enqueued_at: float | None = None) -> list[RequestRecord]:
+def result_records(
+    store: TensorStore, requests: Iterable[dict], *, enqueued_at: float | None = None
+) -> list[RequestRecord]:
     """One `requests` row per rollout request whose result is committed in the store."""
     records = []
     for request in requests:
@@ -162,9 +201,20 @@ def result_records(store: TensorStore, requests: Iterable[dict], *, enqueued_at:
         if manifest is None:
             continue
         meta = manifest.metadata
-        records.append(RequestRecord(
-            request_id=request["request_id"], iteration=request["iteration"], kind=request["kind"],
-            prompt=payload["prompt"], seed=payload["seed"], weights_version=payload["weights_version"],
-            worker_id=meta.get("worker_id"), attempts=int(meta.get("attempt", 1)), result_hash=meta.get("result_hash"),
-            reward=meta.get("reward"), enqueued_at=enqueued_at, finished_at=meta.get("finished_at")))
+        records.append(
+            RequestRecord(
+                request_id=request["request_id"],
+                iteration=request["iteration"],
+                kind=request["kind"],
+                prompt=payload["prompt"],
+                seed=payload["seed"],
+                weights_version=payload["weights_version"],
+                worker_id=meta.get("worker_id"),
+                attempts=int(meta.get("attempt", 1)),
+                result_hash=meta.get("result_hash"),
+                reward=meta.get("reward"),
+                enqueued_at=enqueued_at,
+                finished_at=meta.get("finished_at"),
+            )
+        )
     return records

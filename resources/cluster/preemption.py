@@ -65,13 +65,22 @@ def load_trace_csv(path: str | Path, slots: Iterable[str] | None = None) -> list
         except ValueError as err:
             raise ValueError(f"trace {path}, event {number - 1} ({','.join(row)!r}): {err}") from err
         if known is not None and event.worker not in known:
-            raise ValueError(f"trace {path}, event {number - 1}: unknown worker slot {event.worker!r}; slots are {sorted(known)}")
+            raise ValueError(
+                f"trace {path}, event {number - 1}: unknown worker slot {event.worker!r}; slots are {sorted(known)}"
+            )
         events.append(event)
     return sorted(events)
 
 
-def poisson_trace(slots: Iterable[str], *, rate_per_hour: float, duration_s: float, notice_share: float = 0.5,
-                  notice_s: float = 2.0, seed: int = 0) -> list[PreemptionEvent]:
+def poisson_trace(
+    slots: Iterable[str],
+    *,
+    rate_per_hour: float,
+    duration_s: float,
+    notice_share: float = 0.5,
+    notice_s: float = 2.0,
+    seed: int = 0,
+) -> list[PreemptionEvent]:
     """Independent Poisson preemptions on each slot at `rate_per_hour` (per worker-hour) for `duration_s`.
 
     A share `notice_share` of them come with `notice_s` of notice (SIGTERM first); the rest are

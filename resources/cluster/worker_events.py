@@ -126,9 +126,16 @@ class RemoteWorkers:
         if kind == "ready":
             self.live[worker_id] = event
             # An SP node reports the GPUs its device workers hold (0 on CPUs: counted as a rollout worker is).
-            self.tracker.worker_started(worker_id, role="rollout", instance_type=event.get("instance_type") or "remote",
-                                        spot=bool(event.get("spot", True)), usd_per_hour=_price(event),
-                                        gpu_type=event.get("gpu_type"), at=t, num_gpus=event.get("num_gpus") or None)
+            self.tracker.worker_started(
+                worker_id,
+                role="rollout",
+                instance_type=event.get("instance_type") or "remote",
+                spot=bool(event.get("spot", True)),
+                usd_per_hour=_price(event),
+                gpu_type=event.get("gpu_type"),
+                at=t,
+                num_gpus=event.get("num_gpus") or None,
+            )
         if worker_id not in self.live:
             return  # started before this run (or its `ready` was trimmed): not this run's to record
         if kind == "notice":
@@ -163,9 +170,15 @@ def _price(ready: dict) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resources.cluster.worker_events", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--queue", required=True, help="The Redis queue URL the worker pulls from (password from "
-                                                       "SPOTLIGHT_REDIS_PASSWORD or SPOTLIGHT_REDIS_PASSWORD_FILE).")
+    parser = argparse.ArgumentParser(
+        prog="python -m resources.cluster.worker_events", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--queue",
+        required=True,
+        help="The Redis queue URL the worker pulls from (password from "
+        "SPOTLIGHT_REDIS_PASSWORD or SPOTLIGHT_REDIS_PASSWORD_FILE).",
+    )
     args = parser.parse_args(argv)
     # A preemption's SIGTERM reaches the whole job; the worker handles it, the relay keeps reading until
     # the worker's output ends, so its last events (preempted, exit) still reach the ledger.
@@ -173,12 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, signal.SIG_IGN)
     queue = None
     try:
-        from resources.queue.base import QueueError
         from resources.queue import open_queue
+        from resources.queue.base import QueueError
 
         queue = open_queue(args.queue)
         if not hasattr(queue, "append_events"):
-            print("resources.cluster.worker_events: only a Redis queue carries worker events; echoing only", file=sys.stderr)
+            print(
+                "resources.cluster.worker_events: only a Redis queue carries worker events; echoing only",
+                file=sys.stderr,
+            )
             queue = None
     except (ValueError, QueueError) as err:
         print(f"resources.cluster.worker_events: cannot use the queue, echoing only: {err}", file=sys.stderr)

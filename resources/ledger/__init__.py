@@ -64,8 +64,19 @@ from resources.prices import PriceTable, load_prices
 
 _RUN_STATUSES = ("running", "succeeded", "failed", "interrupted")
 _ALWAYS_STAMPED = {"preempted_at", "started_at", "recorded_at"}  # NOT NULL times: None means now
-_WORKER_COLUMNS = ("worker_id", "role", "instance_type", "gpu_type", "num_gpus", "spot", "usd_per_hour", "price_source",
-                   "started_at", "ended_at", "end_reason")
+_WORKER_COLUMNS = (
+    "worker_id",
+    "role",
+    "instance_type",
+    "gpu_type",
+    "num_gpus",
+    "spot",
+    "usd_per_hour",
+    "price_source",
+    "started_at",
+    "ended_at",
+    "end_reason",
+)
 
 
 class Ledger(HackingRecords):
@@ -173,7 +184,9 @@ class Ledger(HackingRecords):
                     insert_rows(con, table, names, rows, self._layouts[table])
         except duckdb.Error as err:
             lost = sum(len(rows) for _, _, rows in groups)
-            raise ValueError(f"ledger: {lost} buffered rows of {sorted({g[0] for g in groups})} were refused: {err}") from err
+            raise ValueError(
+                f"ledger: {lost} buffered rows of {sorted({g[0] for g in groups})} were refused: {err}"
+            ) from err
 
     # --- reading -------------------------------------------------------------------------
 
@@ -203,8 +216,15 @@ class Ledger(HackingRecords):
                 "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET "
                 "ended_at = NULL, status = 'running', preset = excluded.preset, store_url = excluded.store_url, "
                 "queue_url = excluded.queue_url, config = excluded.config, price_table = excluded.price_table",
-                [run_id, to_utc(at), preset, store_url, queue_url,
-                 json.dumps(dict(config or {}), sort_keys=True, default=str), json.dumps(self.prices.as_json())],
+                [
+                    run_id,
+                    to_utc(at),
+                    preset,
+                    store_url,
+                    queue_url,
+                    json.dumps(dict(config or {}), sort_keys=True, default=str),
+                    json.dumps(self.prices.as_json()),
+                ],
             )
 
     def end_run(self, run_id: str, *, status: str = "succeeded", at: Timestamp = None) -> None:
@@ -232,7 +252,9 @@ class Ledger(HackingRecords):
                 [ended, iteration],
             ).rows
             critical_path_s = union_seconds(rows)
-        self._update_one("iterations", "iteration", iteration, ended_at=ended, status=status, critical_path_s=critical_path_s)
+        self._update_one(
+            "iterations", "iteration", iteration, ended_at=ended, status=status, critical_path_s=critical_path_s
+        )
 
     def record_phase(self, iteration: int, phase: str, started_at: Timestamp, ended_at: Timestamp = None) -> None:
         """Record (or complete) one phase window; `ended_at=None` marks it running."""
@@ -281,8 +303,11 @@ class Ledger(HackingRecords):
             if not usd_per_hour >= 0:
                 raise ValueError(f"worker {worker_id!r}: usd_per_hour must be >= 0, got {usd_per_hour}")
             source = "given by the caller"
-        self._record_rows("workers", _WORKER_COLUMNS,
-                          [[worker_id, role, instance_type, gpu_type, num_gpus, spot, usd_per_hour, source, to_utc(at), None, None]])
+        self._record_rows(
+            "workers",
+            _WORKER_COLUMNS,
+            [[worker_id, role, instance_type, gpu_type, num_gpus, spot, usd_per_hour, source, to_utc(at), None, None]],
+        )
         return usd_per_hour
 
     def end_worker(self, worker_id: str, *, reason: str, at: Timestamp = None) -> None:
@@ -342,8 +367,11 @@ class Ledger(HackingRecords):
             raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
         scores = [[iteration, str(name), float(value)] for name, value in sorted((criteria or {}).items())]
         with self._connection() as con, transaction(con):
-            con.execute("INSERT OR REPLACE INTO validation (iteration, weights_version, score, num_prompts, recorded_at, "
-                        "reward) VALUES (?, ?, ?, ?, ?, ?)", [iteration, weights_version, score, num_prompts, to_utc(at), reward])
+            con.execute(
+                "INSERT OR REPLACE INTO validation (iteration, weights_version, score, num_prompts, recorded_at, "
+                "reward) VALUES (?, ?, ?, ?, ?, ?)",
+                [iteration, weights_version, score, num_prompts, to_utc(at), reward],
+            )
             con.execute("DELETE FROM validation_scores WHERE iteration = ?", [iteration])
             if scores:
                 con.executemany("INSERT INTO validation_scores VALUES (?, ?, ?)", scores)
@@ -354,8 +382,9 @@ class Ledger(HackingRecords):
         if not records:
             return
         names, stamps = _record_columns(type(records[0]))
-        self._record_rows(table, names, [[_column_value(stamp, getattr(r, n)) for n, stamp in zip(names, stamps)]
-                                         for r in records])
+        self._record_rows(
+            table, names, [[_column_value(stamp, getattr(r, n)) for n, stamp in zip(names, stamps, strict=False)] for r in records]
+        )
 
     def _record_rows(self, table: str, names: tuple[str, ...], rows: list[list[Any]]) -> None:
         """INSERT OR REPLACE rows: buffered while a phase or batch is open, else written now."""
@@ -370,7 +399,9 @@ class Ledger(HackingRecords):
     def _update_one(self, table: str, key_column: str, key: Any, **values: Any) -> None:
         assignments = ", ".join(f"{name} = ?" for name in values)
         with self._connection() as con:
-            count = con.execute(f"UPDATE {table} SET {assignments} WHERE {key_column} = ?", [*values.values(), key]).fetchone()[0]
+            count = con.execute(
+                f"UPDATE {table} SET {assignments} WHERE {key_column} = ?", [*values.values(), key]
+            ).fetchone()[0]
         if count == 0:
             raise ValueError(f"cannot end {table[:-1]} {key!r}: it was never started in this ledger")
 

@@ -46,7 +46,7 @@ class QueryResult:
     """Row tuples."""
 
     def as_dicts(self) -> list[dict[str, Any]]:
-        return [dict(zip(self.columns, row)) for row in self.rows]
+        return [dict(zip(self.columns, row, strict=False)) for row in self.rows]
 
 
 def connect(path: Path, *, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
@@ -77,7 +77,9 @@ def connect(path: Path, *, read_only: bool, timeout_s: float) -> duckdb.DuckDBPy
         return con
 
 
-def query_ledger(path: str | Path, sql: str, params: Sequence[Any] | None = None, *, timeout_s: float = 30.0) -> QueryResult:
+def query_ledger(
+    path: str | Path, sql: str, params: Sequence[Any] | None = None, *, timeout_s: float = 30.0
+) -> QueryResult:
     """Run SQL read-only against a ledger file (works while a run is writing it).
 
     The connection is read-only with file access disabled, so a query can neither change
@@ -85,9 +87,11 @@ def query_ledger(path: str | Path, sql: str, params: Sequence[Any] | None = None
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no ledger at {path}: pass --db PATH (a run's {LEDGER_FILENAME}) or set SPOTLIGHT_LEDGER")
+        raise FileNotFoundError(
+            f"no ledger at {path}: pass --db PATH (a run's {LEDGER_FILENAME}) or set SPOTLIGHT_LEDGER"
+        )
     if not isinstance(sql, str) or not sql.strip(" \t\r\n;"):
-        raise LedgerQueryError(f"no SQL to run (got {sql!r:.40}): pass a query such as \"SELECT * FROM run_cost\"")
+        raise LedgerQueryError(f'no SQL to run (got {sql!r:.40}): pass a query such as "SELECT * FROM run_cost"')
     con = connect(path, read_only=True, timeout_s=timeout_s)
     try:
         return fetch(con, sql, params)
@@ -147,8 +151,9 @@ def table_layouts(con: duckdb.DuckDBPyConnection) -> dict[str, TableLayout]:
     return {table: TableLayout(keys.get(table, ()), columns) for table, columns in types.items()}
 
 
-def insert_rows(con: duckdb.DuckDBPyConnection, table: str, names: Sequence[str], rows: list[list[Any]],
-                layout: TableLayout) -> None:
+def insert_rows(
+    con: duckdb.DuckDBPyConnection, table: str, names: Sequence[str], rows: list[list[Any]], layout: TableLayout
+) -> None:
     """INSERT OR REPLACE many rows at once: one list parameter per column, unnested side by side.
 
     DuckDB's executemany runs one statement per row (about 200 rows/s); this is one statement.
@@ -156,7 +161,7 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, names: Sequence[str]
     if layout.key_columns:  # one statement may not replace the same key twice: keep the last row
         key_at = [names.index(k) for k in layout.key_columns]
         rows = list({tuple(row[i] for i in key_at): row for row in rows}.values())
-    columns = [list(values) for values in zip(*rows)]
+    columns = [list(values) for values in zip(*rows, strict=False)]
     unnest = ", ".join(f"unnest(?::{layout.column_types[n]}[])" for n in names)
     con.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(names)}) SELECT {unnest}", columns)
 
@@ -181,7 +186,9 @@ class RowBuffer:
 
     def due(self, max_rows: int, max_age_s: float) -> bool:
         """True when the buffer holds `max_rows` rows or its oldest row is `max_age_s` old."""
-        return self.num_rows >= max_rows or (self.first_at is not None and time.monotonic() - self.first_at >= max_age_s)
+        return self.num_rows >= max_rows or (
+            self.first_at is not None and time.monotonic() - self.first_at >= max_age_s
+        )
 
     def take(self) -> list[tuple[str, tuple[str, ...], list[list[Any]]]]:
         groups, self.groups, self.num_rows, self.first_at = self.groups, [], 0, None

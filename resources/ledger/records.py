@@ -108,8 +108,11 @@ def components_json(components: Mapping[str, float] | None) -> str | None:
         return None
     if not isinstance(components, Mapping):
         raise ValueError(f"reward components must be a JSON object of numbers, got {components!r:.80}")
-    bad = sorted(str(k) for k, v in components.items()
-                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
+    bad = sorted(
+        str(k)
+        for k, v in components.items()
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+    )
     if bad:
         raise ValueError(f"reward components {bad} are not finite numbers")
     return json.dumps({str(k): float(v) for k, v in components.items()}, sort_keys=True)
@@ -239,7 +242,16 @@ class ExplorationRecord:
     """True when rank consistency was too low and the plan fell back to random seeds."""
 
     def __post_init__(self) -> None:
-        check_non_negative(self, "budget_s", "time_used_s", "num_requests", "reward_variance", "seeds_per_prompt", "overhead_s", "variance_gain")
+        check_non_negative(
+            self,
+            "budget_s",
+            "time_used_s",
+            "num_requests",
+            "reward_variance",
+            "seeds_per_prompt",
+            "overhead_s",
+            "variance_gain",
+        )
         check_fraction(self, "rank_consistency")
 
 
@@ -292,7 +304,9 @@ def union_seconds(intervals: Sequence[tuple[Any, Any]]) -> float:
 
 def reject_url_secrets(url: str | None) -> None:
     if url and urlparse(url).password:
-        raise ValueError("store/queue URLs recorded in the ledger must not carry credentials; configure them outside the URL")
+        raise ValueError(
+            "store/queue URLs recorded in the ledger must not carry credentials; configure them outside the URL"
+        )
 
 
 def reject_config_secrets(config: Mapping[str, Any], where: str) -> None:
@@ -345,8 +359,9 @@ class HackingSignalsRecord:
     recorded_at: Timestamp = None
 
     def __post_init__(self) -> None:
-        check_non_negative(self, "proxy_se", "gold_se", "edge_density", "colour_entropy", "saturation",
-                           "compressed_bytes")
+        check_non_negative(
+            self, "proxy_se", "gold_se", "edge_density", "colour_entropy", "saturation", "compressed_bytes"
+        )
         if self.action is not None:
             check_choice(self.action, HACKING_ACTIONS, "HackingSignalsRecord.action")
 

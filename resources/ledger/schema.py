@@ -31,8 +31,6 @@ Views are derived data: they are dropped and re-created by every upgrade.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import duckdb
 
 SCHEMA_VERSION = 6
@@ -155,8 +153,15 @@ CREATE TABLE hacking_rollbacks (
 """
 
 # Version -> SQL that upgrades a ledger from version-1 (or from empty for 0).
-MIGRATIONS: dict[int, str] = {0: _V0_TABLES, 1: _V1_CHANGES, 2: _V2_CHANGES, 3: _V3_CHANGES, 4: _V4_CHANGES,
-                              5: _V5_CHANGES, 6: _V6_CHANGES}
+MIGRATIONS: dict[int, str] = {
+    0: _V0_TABLES,
+    1: _V1_CHANGES,
+    2: _V2_CHANGES,
+    3: _V3_CHANGES,
+    4: _V4_CHANGES,
+    5: _V5_CHANGES,
+    6: _V6_CHANGES,
+}
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION + 1))
 
 _NOW = "(current_timestamp AT TIME ZONE 'UTC')"
@@ -165,7 +170,7 @@ _SECONDS = "date_diff('microsecond', {a}, {b}) / 1e6"
 VIEWS: dict[str, str] = {
     # Lifetime and cost of each worker; a live worker is costed up to now.
     "worker_costs": f"""
-        SELECT *, {_SECONDS.format(a='started_at', b=f'coalesce(ended_at, {_NOW})')} AS lifetime_s,
+        SELECT *, {_SECONDS.format(a="started_at", b=f"coalesce(ended_at, {_NOW})")} AS lifetime_s,
                usd_per_hour * lifetime_s / 3600 AS usd
         FROM workers""",
     # Cost of capacity alive during each phase window (explore overlaps train by design).
@@ -173,9 +178,9 @@ VIEWS: dict[str, str] = {
         WITH p AS (SELECT iteration, phase, started_at AS s, coalesce(ended_at, {_NOW}) AS e FROM phases),
         overlap AS (
             SELECT p.iteration, p.phase, p.s, p.e, w.spot,
-                   w.usd_per_hour * greatest(0, {_SECONDS.format(a='greatest(w.started_at, p.s)', b=f'least(coalesce(w.ended_at, {_NOW}), p.e)')}) / 3600 AS usd
+                   w.usd_per_hour * greatest(0, {_SECONDS.format(a="greatest(w.started_at, p.s)", b=f"least(coalesce(w.ended_at, {_NOW}), p.e)")}) / 3600 AS usd
             FROM p LEFT JOIN workers w ON w.started_at < p.e AND coalesce(w.ended_at, {_NOW}) > p.s)
-        SELECT iteration, phase, {_SECONDS.format(a='min(s)', b='max(e)')} AS wall_s,
+        SELECT iteration, phase, {_SECONDS.format(a="min(s)", b="max(e)")} AS wall_s,
                coalesce(sum(usd) FILTER (WHERE spot), 0) AS usd_spot,
                coalesce(sum(usd) FILTER (WHERE NOT spot), 0) AS usd_reserved,
                coalesce(sum(usd), 0) AS usd
@@ -186,7 +191,7 @@ VIEWS: dict[str, str] = {
         WITH i AS (SELECT iteration, started_at AS s, coalesce(ended_at, {_NOW}) AS e, critical_path_s FROM iterations),
         overlap AS (
             SELECT i.iteration, w.spot,
-                   w.usd_per_hour * greatest(0, {_SECONDS.format(a='greatest(w.started_at, i.s)', b=f'least(coalesce(w.ended_at, {_NOW}), i.e)')}) / 3600 AS usd
+                   w.usd_per_hour * greatest(0, {_SECONDS.format(a="greatest(w.started_at, i.s)", b=f"least(coalesce(w.ended_at, {_NOW}), i.e)")}) / 3600 AS usd
             FROM i LEFT JOIN workers w ON w.started_at < i.e AND coalesce(w.ended_at, {_NOW}) > i.s),
         totals AS (
             SELECT iteration, coalesce(sum(usd) FILTER (WHERE spot), 0) AS usd_spot,
@@ -195,7 +200,7 @@ VIEWS: dict[str, str] = {
         by_phase AS (
             SELECT iteration, {", ".join(f"sum(usd) FILTER (WHERE phase = '{p}') AS usd_{p}" for p in PHASES)}
             FROM cost_per_phase GROUP BY iteration)
-        SELECT i.iteration, {_SECONDS.format(a='i.s', b='i.e')} AS wall_s, i.critical_path_s,
+        SELECT i.iteration, {_SECONDS.format(a="i.s", b="i.e")} AS wall_s, i.critical_path_s,
                t.usd_spot + t.usd_reserved AS usd_total, t.usd_spot, t.usd_reserved,
                CASE WHEN usd_total > 0 THEN t.usd_spot / usd_total END AS spot_share,
                {", ".join(f"coalesce(b.usd_{p}, 0) AS usd_{p}" for p in PHASES)}
@@ -259,7 +264,7 @@ VIEWS: dict[str, str] = {
         SELECT v.iteration, v.weights_version, v.reward, v.score,
                max(v.score) OVER (ORDER BY v.iteration) AS best_score,
                v.score - lag(v.score) OVER (ORDER BY v.iteration) AS delta,
-               {_SECONDS.format(a='(SELECT min(started_at) FROM runs)', b='v.recorded_at')} AS elapsed_s,
+               {_SECONDS.format(a="(SELECT min(started_at) FROM runs)", b="v.recorded_at")} AS elapsed_s,
                (SELECT sum(c.usd_total) FROM cost_per_iteration c WHERE c.iteration <= v.iteration) AS cumulative_usd
         FROM validation v ORDER BY v.iteration""",
     # One row per validation with reward-hacking signals: each against the base's (weights version 0), whether
@@ -301,7 +306,9 @@ def stored_version(con: duckdb.DuckDBPyConnection, where: str) -> int | None:
         )
     version = con.execute("SELECT max(version) FROM schema_version").fetchone()[0]
     if version is None:
-        raise LedgerSchemaError(f"{where}: schema_version is empty, so the ledger's layout is unknown; refusing to guess")
+        raise LedgerSchemaError(
+            f"{where}: schema_version is empty, so the ledger's layout is unknown; refusing to guess"
+        )
     return int(version)
 
 

@@ -158,8 +158,9 @@ class RequestQueue(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def wait_until_done(self, request_ids: Iterable[str], timeout_s: float, poll_s: float = 0.2,
-                        stall_s: float | None = None) -> WaitOutcome:
+    def wait_until_done(
+        self, request_ids: Iterable[str], timeout_s: float, poll_s: float = 0.2, stall_s: float | None = None
+    ) -> WaitOutcome:
         """Poll until every request is done, dead or cancelled, or `timeout_s` passes.
 
         Never raises on timeout: check `outcome.complete` and `outcome.unfinished`. Raises
@@ -168,8 +169,11 @@ class RequestQueue(abc.ABC):
         """
         ids = list(dict.fromkeys(request_ids))
         finite_positive(poll_s, "poll_s")
-        watch = _ClaimWatch(self, self.config.stall_s if stall_s is None else finite_positive(stall_s, "stall_s"),
-                           warn_s=self.config.stall_warn_s)
+        watch = _ClaimWatch(
+            self,
+            self.config.stall_s if stall_s is None else finite_positive(stall_s, "stall_s"),
+            warn_s=self.config.stall_warn_s,
+        )
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
             states = self.states(ids)
@@ -209,11 +213,18 @@ class _ClaimWatch:
                 f"no worker claimed any request from {self.queue.url} in {self.stall_s:g} seconds ({waiting} of "
                 f"{len(states)} requests still waiting). Check that rollout workers are running and alive (their "
                 "logs, e.g. the run's worker_logs/) and that they pull from this same queue: the same redis:// URL, "
-                "or the same SQLite file by absolute path (a relative path names another file in another directory)")
+                "or the same SQLite file by absolute path (a relative path names another file in another directory)"
+            )
         if quiet_s >= self.warn_s and not self.warned:
             self.warned = True
-            log.warning("queue %s: no worker has claimed any request for %.3g s (%d waiting); failing after %g s "
-                        "without claims", self.queue.url, quiet_s, waiting, self.stall_s)
+            log.warning(
+                "queue %s: no worker has claimed any request for %.3g s (%d waiting); failing after %g s "
+                "without claims",
+                self.queue.url,
+                quiet_s,
+                waiting,
+                self.stall_s,
+            )
 
 
 def parse_queue_url(url: str | Path) -> Path | RedisAddress:

@@ -44,7 +44,9 @@ class Request:
     def __post_init__(self) -> None:
         check_name(self.request_id, "request id")
         if isinstance(self.iteration, bool) or not isinstance(self.iteration, int) or not 0 <= self.iteration < 2**63:
-            raise ValueError(f"request {self.request_id!r}: iteration must be an int >= 0 and < 2**63, got {self.iteration!r:.40}")
+            raise ValueError(
+                f"request {self.request_id!r}: iteration must be an int >= 0 and < 2**63, got {self.iteration!r:.40}"
+            )
         if self.kind not in KINDS_BY_PRIORITY:
             raise ValueError(f"request {self.request_id!r}: kind must be one of {KINDS_BY_PRIORITY}, got {self.kind!r}")
         if not isinstance(self.payload, Mapping):

@@ -49,7 +49,9 @@ local function drop_entry(stream, entry)
 end
 """
 
-PUT = _COMMON + """
+PUT = (
+    _COMMON
+    + """
 -- ARGV: groups of (request id, kind, iteration, body)
 local added = 0
 for i = 1, #ARGV, 4 do
@@ -62,8 +64,11 @@ for i = 1, #ARGV, 4 do
 end
 return added
 """
+)
 
-CLAIM = _COMMON + """
+CLAIM = (
+    _COMMON
+    + """
 -- ARGV: consumer, lease ms, max deliveries -> {entry id, body, deliveries} or nil
 local consumer, lease_ms, max_deliveries = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
@@ -110,8 +115,11 @@ for s = 1, 3 do
 end
 return nil
 """
+)
 
-EXTEND = _COMMON + """
+EXTEND = (
+    _COMMON
+    + """
 -- ARGV: kind, entry id, consumer, deliveries of the lease, lease ms, request id -> 1 if still ours
 local stream = stream_of(ARGV[1])
 local row = pel_row(stream, ARGV[2])
@@ -119,8 +127,11 @@ if not row or row[2] ~= ARGV[3] or row[4] ~= tonumber(ARGV[4]) then return 0 end
 redis.call('ZADD', leases_of(ARGV[1]), now_ms() + tonumber(ARGV[5]), ARGV[6])
 return 1
 """
+)
 
-ACK = _COMMON + """
+ACK = (
+    _COMMON
+    + """
 -- ARGV: request id, result key, this call's token -> 1 if this call (perhaps retried) completed it
 local id = ARGV[1]
 local state = redis.call('HGET', KEYS[4], id)
@@ -148,8 +159,11 @@ if ARGV[3] ~= '' then redis.call('HSET', KEYS[12], id, ARGV[3]) end
 redis.call('ZADD', KEYS[13], tonumber(iteration), id)
 return 1
 """
+)
 
-CANCEL = _COMMON + """
+CANCEL = (
+    _COMMON
+    + """
 -- ARGV: iteration, kind or '' -> number cancelled
 local n = 0
 local open = redis.call('HGETALL', KEYS[5])
@@ -166,8 +180,11 @@ end
 redis.call('HINCRBY', KEYS[8], 'cancelled', n)
 return n
 """
+)
 
-STATS = _COMMON + """
+STATS = (
+    _COMMON
+    + """
 -- ARGV: none -> {pending, leased, done, dead, cancelled}
 local now = now_ms()
 local leased = 0
@@ -175,8 +192,11 @@ for s = 1, 3 do leased = leased + redis.call('ZCOUNT', KEYS[8 + s], '(' .. now, 
 local cancelled = tonumber(redis.call('HGET', KEYS[8], 'cancelled') or '0')
 return {redis.call('HLEN', KEYS[5]) - leased, leased, redis.call('HLEN', KEYS[6]), redis.call('XLEN', KEYS[7]), cancelled}
 """
+)
 
-STATES = _COMMON + """
+STATES = (
+    _COMMON
+    + """
 -- ARGV: request ids... -> one state per id
 local now = now_ms()
 local out = {}
@@ -195,8 +215,11 @@ for i = 1, #ARGV do
 end
 return out
 """
+)
 
-PURGE = _COMMON + """
+PURGE = (
+    _COMMON
+    + """
 -- ARGV: before iteration, at most this many -> how many done requests were forgotten
 local ids = redis.call('ZRANGEBYSCORE', KEYS[13], '-inf', '(' .. ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
@@ -207,8 +230,11 @@ for _, id in ipairs(ids) do
 end
 return #ids
 """
+)
 
-ADOPT = _COMMON + """
+ADOPT = (
+    _COMMON
+    + """
 -- Leases held by a version of this queue without lease sets (idle-time leases): give each a lease
 -- set entry that has run out, so a claim can hand the request out again. -> how many adopted
 local n = 0
@@ -225,3 +251,4 @@ for s = 1, 3 do
 end
 return n
 """
+)

@@ -59,9 +59,12 @@ class RedisQueue(RequestQueue):
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
             decode_responses=True,
         )
-        self._keys = [f"{_PREFIX}:stream:{kind}" for kind in KINDS_BY_PRIORITY] + [
-            f"{_PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")
-        ] + [f"{_PREFIX}:leases:{kind}" for kind in KINDS_BY_PRIORITY] + [f"{_PREFIX}:{name}" for name in ("acks", "done")]
+        self._keys = (
+            [f"{_PREFIX}:stream:{kind}" for kind in KINDS_BY_PRIORITY]
+            + [f"{_PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")]
+            + [f"{_PREFIX}:leases:{kind}" for kind in KINDS_BY_PRIORITY]
+            + [f"{_PREFIX}:{name}" for name in ("acks", "done")]
+        )
         self._events_key = f"{_PREFIX}:worker_events"
         self._info_key = f"{_PREFIX}:run_info"
         self._scripts = {
@@ -94,8 +97,10 @@ class RedisQueue(RequestQueue):
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
             hint = " (a TLS server? use rediss://)" if not self.address.tls and "Connection reset" in str(err) else ""
             if "CERTIFICATE_VERIFY_FAILED" in str(err):
-                hint = (" (its TLS certificate is not signed by a CA this process trusts: a run's spot workers need "
-                        "SPOTLIGHT_REDIS_RUN_CA, the run's CA, as spotlight launch sets it)")
+                hint = (
+                    " (its TLS certificate is not signed by a CA this process trusts: a run's spot workers need "
+                    "SPOTLIGHT_REDIS_RUN_CA, the run's CA, as spotlight launch sets it)"
+                )
             raise QueueUnavailableError(
                 f"cannot reach the Redis queue at {where}{hint} during {op} "
                 f"(connect timeout {self.config.connect_timeout_s:g} s): {err}"
@@ -128,8 +133,9 @@ class RedisQueue(RequestQueue):
                     return work()
             except QueueUnavailableError as err:
                 cause = err.__cause__
-                lost = isinstance(cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)) and not \
-                    isinstance(cause, redis.exceptions.AuthenticationError)
+                lost = isinstance(
+                    cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+                ) and not isinstance(cause, redis.exceptions.AuthenticationError)
                 if not lost:
                     raise
                 if time.monotonic() + delay_s > deadline:
@@ -137,7 +143,8 @@ class RedisQueue(RequestQueue):
                     raise QueueUnavailableError(
                         f"the Redis queue at {where} stayed unreachable for {self.config.reconnect_s:g} s during {op} "
                         f"(QueueConfig.reconnect_s): {cause}. Check that redis-server is running there and reachable "
-                        "from this machine") from cause
+                        "from this machine"
+                    ) from cause
             time.sleep(delay_s * random.uniform(0.5, 1.0))  # jitter: reconnecting workers do not arrive in step
             delay_s = min(2 * delay_s, 1.0)
 
@@ -197,7 +204,7 @@ class RedisQueue(RequestQueue):
         out: dict[str, str] = {}
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
-            out.update(zip(chunk, self._run("STATES", chunk)))
+            out.update(zip(chunk, self._run("STATES", chunk), strict=False))
         return out
 
     def results(self, request_ids: Iterable[str]) -> dict[str, str]:
@@ -206,14 +213,16 @@ class RedisQueue(RequestQueue):
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
             keys = self._retrying("results", lambda: self._redis.hmget(self._keys[5], chunk))
-            out.update((rid, key) for rid, key in zip(chunk, keys) if key is not None)
+            out.update((rid, key) for rid, key in zip(chunk, keys, strict=False) if key is not None)
         return out
 
     def append_events(self, events: Iterable[Mapping[str, Any]]) -> None:
         """Append remote workers' JSON events to the queue's event stream (resources/cluster/worker_events.py)."""
         with self._errors("append_events"), self._redis.pipeline(transaction=False) as pipe:
             for event in events:
-                pipe.xadd(self._events_key, {"json": json.dumps(event, default=str)}, maxlen=EVENTS_MAXLEN, approximate=True)
+                pipe.xadd(
+                    self._events_key, {"json": json.dumps(event, default=str)}, maxlen=EVENTS_MAXLEN, approximate=True
+                )
             pipe.execute()
 
     def read_events(self, after: str = "0", block_s: float = 0.5, count: int = 1000) -> tuple[str, list[dict]]:
@@ -255,8 +264,13 @@ class RunCaConnection(redis.connection.SSLConnection):
 def redis_client(address: RedisAddress, **options: Any) -> redis.Redis:
     """A redis-py client for `address`: plain, TLS checked against the system's CAs (or SPOTLIGHT_REDIS_CA_FILE)
     with the host name, or TLS pinned to the run's own CA (SPOTLIGHT_REDIS_RUN_CA, RunCaConnection)."""
-    where = {"host": address.host, "port": address.port, "db": address.db, "username": address.username,
-             "password": address.password}
+    where = {
+        "host": address.host,
+        "port": address.port,
+        "db": address.db,
+        "username": address.username,
+        "password": address.password,
+    }
     if address.tls and address.run_ca is not None:
         pool = redis.ConnectionPool(connection_class=RunCaConnection, ssl_ca_data=address.run_ca, **where, **options)
         return redis.Redis(connection_pool=pool)

@@ -70,21 +70,44 @@ def make_run_tls(days: int = 365) -> RunTls:
     ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"spotlight run CA {os.urandom(6).hex()}")])
     server_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SERVER_NAME)])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=days))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    server = (x509.CertificateBuilder().subject_name(server_name).issuer_name(ca_name)
-              .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-              .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVER_NAME)]), critical=False)
-              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-              .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-              .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    server = (
+        x509.CertificateBuilder()
+        .subject_name(server_name)
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVER_NAME)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
     key_pem = server_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     return RunTls(ca.public_bytes(pem), server.public_bytes(pem), key_pem)
@@ -98,7 +121,7 @@ def run_tls(folder: Path) -> RunTls:
     tls = make_run_tls()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(folder, 0o700)
-    for name, data in zip(FILES, (tls.ca_pem, tls.cert_pem, tls.key_pem)):
+    for name, data in zip(FILES, (tls.ca_pem, tls.cert_pem, tls.key_pem), strict=False):
         _write_private(folder / name, data)
     return tls
 
@@ -111,14 +134,26 @@ def worker_password(password: str) -> str:
 def redis_conf(folder: Path, port: int, password: str) -> str:
     """redis.conf of the run's server: TLS only on `port`, the default user and the worker user (hashed passwords)."""
     sha = hashlib.sha256
-    return "\n".join([
-        "port 0", f"tls-port {port}", "bind 0.0.0.0 -::*", "protected-mode no",
-        f"tls-cert-file {folder}/server.pem", f"tls-key-file {folder}/server.key", f"tls-ca-cert-file {folder}/ca.pem",
-        "tls-auth-clients no",  # clients prove themselves with their ACL password, inside TLS
-        f"user default on #{sha(password.encode()).hexdigest()} ~* &* +@all",
-        f"user {WORKER_USER} on #{sha(worker_password(password).encode()).hexdigest()} {WORKER_RULES}",
-        "appendonly yes", f"dir {folder}", f"pidfile {folder}/redis.pid", f"logfile {folder}/redis.log",
-        "daemonize yes", ""])
+    return "\n".join(
+        [
+            "port 0",
+            f"tls-port {port}",
+            "bind 0.0.0.0 -::*",
+            "protected-mode no",
+            f"tls-cert-file {folder}/server.pem",
+            f"tls-key-file {folder}/server.key",
+            f"tls-ca-cert-file {folder}/ca.pem",
+            "tls-auth-clients no",  # clients prove themselves with their ACL password, inside TLS
+            f"user default on #{sha(password.encode()).hexdigest()} ~* &* +@all",
+            f"user {WORKER_USER} on #{sha(worker_password(password).encode()).hexdigest()} {WORKER_RULES}",
+            "appendonly yes",
+            f"dir {folder}",
+            f"pidfile {folder}/redis.pid",
+            f"logfile {folder}/redis.log",
+            "daemonize yes",
+            "",
+        ]
+    )
 
 
 def write_node_files(folder: Path, port: int, env: dict[str, str]) -> Path:
@@ -126,12 +161,20 @@ def write_node_files(folder: Path, port: int, env: dict[str, str]) -> Path:
     from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_password
 
     password = redis_password(env)
-    missing = [name for name, value in ((PASSWORD_ENV, password), (RUN_CA_ENV, env.get(RUN_CA_ENV)),
-                                        (CERT_ENV, env.get(CERT_ENV)), (KEY_ENV, env.get(KEY_ENV))) if not value]
+    missing = [
+        name
+        for name, value in (
+            (PASSWORD_ENV, password),
+            (RUN_CA_ENV, env.get(RUN_CA_ENV)),
+            (CERT_ENV, env.get(CERT_ENV)),
+            (KEY_ENV, env.get(KEY_ENV)),
+        )
+        if not value
+    ]
     if missing:
         raise ValueError(f"the reserved node lacks {', '.join(missing)} (set by spotlight launch as secrets)")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for name, variable in zip(FILES, (RUN_CA_ENV, CERT_ENV, KEY_ENV)):
+    for name, variable in zip(FILES, (RUN_CA_ENV, CERT_ENV, KEY_ENV), strict=False):
         _write_private(folder / name, base64.b64decode(env[variable], validate=True))
     _write_private(folder / "redis.conf", redis_conf(folder.resolve(), port, password).encode())
     return folder / "redis.conf"

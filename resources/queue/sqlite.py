@@ -53,9 +53,13 @@ DELETE FROM requests WHERE state = 'done'
 """
 # claim = the first of two index searches, never a scan: the oldest pending request of the best
 # priority (requests_pending), and the best expired lease (requests_leased: only leases past due).
-CLAIM_PENDING_SQL = "SELECT priority, seq, body, attempts FROM requests WHERE state = 'pending' ORDER BY priority, seq LIMIT 1"
-CLAIM_EXPIRED_SQL = ("SELECT priority, seq, body, attempts FROM requests WHERE state = 'leased' AND lease_until <= ? "
-                     "ORDER BY priority, seq LIMIT 1")
+CLAIM_PENDING_SQL = (
+    "SELECT priority, seq, body, attempts FROM requests WHERE state = 'pending' ORDER BY priority, seq LIMIT 1"
+)
+CLAIM_EXPIRED_SQL = (
+    "SELECT priority, seq, body, attempts FROM requests WHERE state = 'leased' AND lease_until <= ? "
+    "ORDER BY priority, seq LIMIT 1"
+)
 _OPEN = "('pending', 'leased')"
 
 
@@ -76,8 +80,9 @@ class SqliteQueue(RequestQueue):
     simulated time).
     """
 
-    def __init__(self, path: str | Path, config: QueueConfig = QueueConfig(),
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, path: str | Path, config: QueueConfig = QueueConfig(), clock: Callable[[], float] = time.time
+    ) -> None:
         self.path = Path(path).expanduser().resolve()
         self.config = config
         self._clock = clock
@@ -204,8 +209,9 @@ class SqliteQueue(RequestQueue):
                 "WHERE request_id = ? AND state IN ('pending', 'leased', 'dead')",
                 (result_key, request_id),
             ).rowcount
-            db.execute("DELETE FROM requests WHERE request_id = ? AND state IN ('pending', 'leased', 'dead')",
-                       (request_id,))
+            db.execute(
+                "DELETE FROM requests WHERE request_id = ? AND state IN ('pending', 'leased', 'dead')", (request_id,)
+            )
         return changed == 1
 
     def purge_finished(self, before_iteration: int) -> int:
@@ -275,4 +281,3 @@ def _chunks(ids: list[str], size: int = 500) -> Iterator[list[str]]:
     # SQLite limits the number of bound parameters per statement.
     for start in range(0, len(ids), size):
         yield ids[start : start + size]
-

@@ -204,7 +204,9 @@ class TensorStore(abc.ABC):
                 self.delete_keys(e.key for e in previous.objects.values() if e.key not in keep)
             except StoreError as err:
                 # Committed already: the leftovers are unreferenced, and delete_commit removes them.
-                log.warning("commit %s landed but its superseded objects were not deleted: %s", self._where(commit_key), err)
+                log.warning(
+                    "commit %s landed but its superseded objects were not deleted: %s", self._where(commit_key), err
+                )
         return PublishResult(manifest, won=True, identical=True)
 
     def _commit_exclusive(self, manifest: Manifest) -> PublishResult:
@@ -213,7 +215,9 @@ class TensorStore(abc.ABC):
             return PublishResult(manifest, won=True, identical=True)
         committed = self.read_manifest(manifest.commit_key)
         if committed is None:
-            raise StoreError(f"commit {self._where(key)} was taken by another writer and then deleted; retry the publish")
+            raise StoreError(
+                f"commit {self._where(key)} was taken by another writer and then deleted; retry the publish"
+            )
         if committed.writer == manifest.writer:
             # A retried request whose first attempt had already landed: that was us.
             return PublishResult(committed, won=True, identical=True)
@@ -319,8 +323,12 @@ class TensorStore(abc.ABC):
         if size == entry.size_bytes and digest == entry.xxh3_128:
             return True
         if attempt < self.read_attempts:
-            log.warning("read of %s returned %d bytes with xxh3-128 %s, not the manifest's; reading it again",
-                        self._where(entry.key), size, digest)
+            log.warning(
+                "read of %s returned %d bytes with xxh3-128 %s, not the manifest's; reading it again",
+                self._where(entry.key),
+                size,
+                digest,
+            )
             return False
         raise ChecksumMismatchError(
             f"object {name!r} at {self._where(entry.key)} does not match its manifest: "

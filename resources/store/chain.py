@@ -29,8 +29,9 @@ PATCH_NAME = "patch.pulse"
 class StoreChain:
     """Anchors and PULSE patches of one run in a tensor store."""
 
-    def __init__(self, store: TensorStore, run: str, *, policy_config: Mapping[str, Any] | None = None,
-                 anchor_every: int = 10) -> None:
+    def __init__(
+        self, store: TensorStore, run: str, *, policy_config: Mapping[str, Any] | None = None, anchor_every: int = 10
+    ) -> None:
         run_prefix(run)  # validates the run name
         if anchor_every < 1:
             raise ValueError(f"anchor_every must be >= 1, got {anchor_every}")

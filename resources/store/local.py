@@ -14,8 +14,11 @@ from resources.keys import check_key, check_prefix
 from resources.store.base import ObjectNotFoundError, StoreError, StoreFullError, TensorStore
 
 _TMP_PREFIX = ".tmp-"
-_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-         errno.EFBIG: "the file-size limit (ulimit -f) is reached"}
+_FULL = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file-size limit (ulimit -f) is reached",
+}
 
 
 class LocalTensorStore(TensorStore):
@@ -187,4 +190,4 @@ def _write_all(fd: int, data: bytes) -> None:
     """os.write until every byte is written (a write may be short, e.g. just before the disk fills)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -85,7 +85,9 @@ class Manifest:
         try:
             body = json.loads(data)
             if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"format {body.get('format') if isinstance(body, dict) else None!r}, expected {MANIFEST_FORMAT!r}")
+                raise ValueError(
+                    f"format {body.get('format') if isinstance(body, dict) else None!r}, expected {MANIFEST_FORMAT!r}"
+                )
             own_key = check_key(body["commit_key"])
             if commit_key is not None and own_key != commit_key:
                 raise ValueError(f"it belongs to commit {own_key!r}, not {commit_key!r}")
@@ -121,5 +123,7 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         if json.loads(json.dumps(value)) != value:
             raise TypeError("values change in a JSON round trip (use str keys, lists not tuples)")
     except TypeError as err:
-        raise ValueError(f"commit metadata must be plain JSON (str keys; str/int/float/bool/list/dict values): {err}") from err
+        raise ValueError(
+            f"commit metadata must be plain JSON (str keys; str/int/float/bool/list/dict values): {err}"
+        ) from err
     return value

@@ -66,11 +66,15 @@ class S3Config:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1 or self.read_attempts < 1:
-            raise ValueError(f"S3Config.max_attempts and read_attempts must be >= 1, got {self.max_attempts}, {self.read_attempts}")
+            raise ValueError(
+                f"S3Config.max_attempts and read_attempts must be >= 1, got {self.max_attempts}, {self.read_attempts}"
+            )
         if self.retry_mode not in _RETRY_MODES:
             raise ValueError(f"S3Config.retry_mode must be one of {_RETRY_MODES}, got {self.retry_mode!r}")
         if self.multipart_chunksize_bytes < 5 * _MIB:
-            raise ValueError(f"S3Config.multipart_chunksize_bytes must be >= 5 MiB (S3's minimum part size), got {self.multipart_chunksize_bytes}")
+            raise ValueError(
+                f"S3Config.multipart_chunksize_bytes must be >= 5 MiB (S3's minimum part size), got {self.multipart_chunksize_bytes}"
+            )
         if self.multipart_threshold_bytes < self.multipart_chunksize_bytes:
             raise ValueError("S3Config.multipart_threshold_bytes must be >= multipart_chunksize_bytes")
         if self.max_concurrency < 1 or self.conflict_retries < 0:
@@ -82,7 +86,9 @@ class S3Config:
 class S3TensorStore(TensorStore):
     """Objects are S3 objects `{prefix}/{key}` in `bucket`."""
 
-    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, *, config: S3Config = S3Config()) -> None:
+    def __init__(
+        self, bucket: str, prefix: str = "", endpoint_url: str | None = None, *, config: S3Config = S3Config()
+    ) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -133,7 +139,12 @@ class S3TensorStore(TensorStore):
                 self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
 
     def get_bytes(self, key: str) -> bytes:
-        from botocore.exceptions import FlexibleChecksumError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError
+        from botocore.exceptions import (
+            FlexibleChecksumError,
+            IncompleteReadError,
+            ReadTimeoutError,
+            ResponseStreamingError,
+        )
 
         broken = (IncompleteReadError, ResponseStreamingError, ReadTimeoutError, FlexibleChecksumError)
         with self._errors("read", key):
@@ -184,7 +195,7 @@ class S3TensorStore(TensorStore):
         with self._errors("list", prefix or "(all)"):
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
             for page in pages:
-                keys.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
+                keys.extend(obj["Key"][len(base) :] for obj in page.get("Contents", []))
         return sorted(keys)
 
     def delete(self, key: str) -> None:
@@ -195,17 +206,23 @@ class S3TensorStore(TensorStore):
         batch = [{"Key": self._full(k)} for k in keys]
         for start in range(0, len(batch), 1000):  # DeleteObjects takes at most 1000 keys
             with self._errors("delete", f"{len(batch)} keys"):
-                answer = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch[start : start + 1000], "Quiet": True})
+                answer = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": batch[start : start + 1000], "Quiet": True}
+                )
             if answer.get("Errors"):
                 first = answer["Errors"][0]
-                raise StoreError(f"S3 delete failed for {len(answer['Errors'])} keys, e.g. {first.get('Key')}: {first.get('Code')}")
+                raise StoreError(
+                    f"S3 delete failed for {len(answer['Errors'])} keys, e.g. {first.get('Key')}: {first.get('Code')}"
+                )
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
 
         for attempt in range(self.config.conflict_retries + 1):
             try:
-                with self._errors("create", key, passthrough={"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}):
+                with self._errors(
+                    "create", key, passthrough={"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+                ):
                     self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, IfNoneMatch="*")
                 return True
             except ClientError as err:
@@ -213,7 +230,9 @@ class S3TensorStore(TensorStore):
                 if code in ("PreconditionFailed", "412"):
                     return False
                 if attempt == self.config.conflict_retries:
-                    raise StoreError(f"conditional create of {self._where(key)} kept conflicting ({code}) after {attempt + 1} attempts") from err
+                    raise StoreError(
+                        f"conditional create of {self._where(key)} kept conflicting ({code}) after {attempt + 1} attempts"
+                    ) from err
                 time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
         raise AssertionError("unreachable")
 
@@ -233,13 +252,19 @@ class S3TensorStore(TensorStore):
             if code in _NOT_FOUND:
                 raise ObjectNotFoundError(f"no object at {where}") from err
             if code == "NoSuchBucket":
-                raise StoreError(f"bucket {self.bucket!r} does not exist at {self.endpoint_url}; create it first") from err
+                raise StoreError(
+                    f"bucket {self.bucket!r} does not exist at {self.endpoint_url}; create it first"
+                ) from err
             if code in _DENIED:
-                raise StoreError(f"S3 {op} of {where} was denied ({code}): check the credentials boto3 finds (env, profile) and the bucket policy") from err
+                raise StoreError(
+                    f"S3 {op} of {where} was denied ({code}): check the credentials boto3 finds (env, profile) and the bucket policy"
+                ) from err
             attempts = (err.response.get("ResponseMetadata", {}).get("RetryAttempts") or 0) + 1
             raise StoreError(self._failed(op, key, _what(err, self.config), attempts)) from err
         except NoCredentialsError as err:
-            raise StoreError("no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE for boto3") from err
+            raise StoreError(
+                "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE for boto3"
+            ) from err
         except EndpointConnectionError as err:
             raise StoreError(f"cannot reach S3 endpoint {self.endpoint_url} for {op} of {where}: {err}") from err
         except (BotoCoreError, Boto3Error) as err:
@@ -247,22 +272,37 @@ class S3TensorStore(TensorStore):
             raise StoreError(self._failed(op, key, _what(cause, self.config), None)) from err
 
     def _failed(self, op: str, key: str, what: str, attempts: int | None) -> str:
-        tries = f"after {attempts} attempts" if attempts else f"after retries (up to {self.config.max_attempts} attempts per call)"
-        return (f"S3 {op} of {self._where(key)} failed {tries} (endpoint {self.endpoint_url}): {what}. "
-                "What was committed before stays readable; once the endpoint is healthy, retry (a run continues with --resume).")
+        tries = (
+            f"after {attempts} attempts"
+            if attempts
+            else f"after retries (up to {self.config.max_attempts} attempts per call)"
+        )
+        return (
+            f"S3 {op} of {self._where(key)} failed {tries} (endpoint {self.endpoint_url}): {what}. "
+            "What was committed before stays readable; once the endpoint is healthy, retry (a run continues with --resume)."
+        )
 
 
 def _what(err: BaseException, config: S3Config) -> str:
     """What went wrong, in words, for one botocore/s3transfer error."""
-    from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError, FlexibleChecksumError,
-                                     IncompleteReadError, ReadTimeoutError, ResponseStreamingError)
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        ConnectTimeoutError,
+        FlexibleChecksumError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
 
     if isinstance(err, ClientError):
         code, status = _code(err), err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
         message = err.response.get("Error", {}).get("Message", "")
         if code in _THROTTLED:
-            return (f"the endpoint kept throttling ({code} {status}: {message}); use fewer workers, or "
-                    "S3Config(retry_mode='adaptive', max_attempts=...) to pace and retry longer")
+            return (
+                f"the endpoint kept throttling ({code} {status}: {message}); use fewer workers, or "
+                "S3Config(retry_mode='adaptive', max_attempts=...) to pace and retry longer"
+            )
         if isinstance(status, int) and status >= 500:
             return f"the endpoint kept answering with a server error ({code} {status}: {message})"
         return f"{code} {status}: {message}"

@@ -15,8 +15,13 @@ def touchy_run(tmp_path):
     from pipelines.deploy import build_resources
 
     torch.set_num_threads(1)
-    return build_resources(run_dir=tmp_path / "run", run="t", preset="cpu_smoke", iterations=2,
-                           validation={"on_hacking": "stop", "hacking_max_drop": 1e-9, "hacking_max_rise": 1e-9})
+    return build_resources(
+        run_dir=tmp_path / "run",
+        run="t",
+        preset="cpu_smoke",
+        iterations=2,
+        validation={"on_hacking": "stop", "hacking_max_drop": 1e-9, "hacking_max_rise": 1e-9},
+    )
 
 
 @pytest.mark.slow
@@ -28,8 +33,14 @@ def test_a_flagged_validation_fails_the_check_and_stop_ends_the_walk_after_that_
 
     instance = dg.DagsterInstance.ephemeral()
     results = [materialize_iteration(instance, touchy_run, k) for k in (0, 1)]
-    checks = [{e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data
-               for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"} for r in results]
+    checks = [
+        {
+            e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data
+            for e in r.all_events
+            if e.event_type_value == "ASSET_CHECK_EVALUATION"
+        }
+        for r in results
+    ]
     assert checks[0]["no_reward_hacking"].passed
     flagged = checks[1]["no_reward_hacking"]
     assert not flagged.passed and flagged.metadata["rule"].value.startswith("drift:")
@@ -39,6 +50,11 @@ def test_a_flagged_validation_fails_the_check_and_stop_ends_the_walk_after_that_
         check_hacking_stop(IterationOutcome(1, False, 0.0, _metadata(results[1])))
     ledger = touchy_run["ledger"].get_ledger()
     # iteration 1 is closed before the run stops, so a resumed walk starts at 2
-    assert ledger.query("SELECT iteration, status FROM iterations ORDER BY 1").rows == [(0, "succeeded"), (1, "succeeded")]
+    assert ledger.query("SELECT iteration, status FROM iterations ORDER BY 1").rows == [
+        (0, "succeeded"),
+        (1, "succeeded"),
+    ]
     assert ledger.query("SELECT iteration, flagged, action FROM reward_hacking ORDER BY 1").rows == [
-        (0, False, None), (1, True, "stop")]
+        (0, False, None),
+        (1, True, "stop"),
+    ]

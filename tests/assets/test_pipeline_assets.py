@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tests.paths import REPO_ROOT
 
 
@@ -16,8 +17,9 @@ def tiny_run(tmp_path, tiny_policy):
 
     torch.set_num_threads(1)
     save_policy(tiny_policy, tmp_path / "tiny")
-    return build_resources(run_dir=tmp_path / "run", run="t", preset="cpu_smoke", iterations=2,
-                           checkpoint=str(tmp_path / "tiny"))
+    return build_resources(
+        run_dir=tmp_path / "run", run="t", preset="cpu_smoke", iterations=2, checkpoint=str(tmp_path / "tiny")
+    )
 
 
 def test_two_iterations_fill_store_ledger_and_metadata(tiny_run, tmp_path):
@@ -34,15 +36,25 @@ def test_two_iterations_fill_store_ledger_and_metadata(tiny_run, tmp_path):
         assert store.read_manifest(weights_key("t", v)) is not None
     for v in (1, 2):
         assert store.read_manifest(patch_key("t", v)) is not None
-    assert len(store.list_commits(rollouts_prefix("t", 0))) == 8 and len(store.list_commits(rollouts_prefix("t", 1))) == 8
+    assert (
+        len(store.list_commits(rollouts_prefix("t", 0))) == 8 and len(store.list_commits(rollouts_prefix("t", 1))) == 8
+    )
     assert store.read_manifest(seed_plan_key("t", 2)) is not None
 
     ledger = tiny_run["ledger"].get_ledger()
-    assert ledger.query("SELECT iteration, status FROM iterations ORDER BY 1").rows == [(0, "succeeded"), (1, "succeeded"), (2, "succeeded")]
+    assert ledger.query("SELECT iteration, status FROM iterations ORDER BY 1").rows == [
+        (0, "succeeded"),
+        (1, "succeeded"),
+        (2, "succeeded"),
+    ]
     assert ledger.query("SELECT status FROM runs WHERE run_id = 't'").rows == [("succeeded",)]
     assert ledger.query("SELECT iteration, count(*) FROM requests GROUP BY 1 ORDER BY 1").rows == [(0, 8), (1, 8)]
     assert ledger.query("SELECT weights_version FROM validation ORDER BY 1").rows == [(0,), (1,), (2,)]
-    assert ledger.query("SELECT version, kind FROM syncs ORDER BY 1").rows == [(0, "anchor"), (1, "patch"), (2, "patch")]
+    assert ledger.query("SELECT version, kind FROM syncs ORDER BY 1").rows == [
+        (0, "anchor"),
+        (1, "patch"),
+        (2, "patch"),
+    ]
     assert ledger.query("SELECT count(*) FROM train_steps").rows == [(2,)]
     phases = {r[0] for r in ledger.query("SELECT DISTINCT phase FROM phases").rows}
     assert phases == {"sync", "rollout", "train", "validate"}
@@ -65,10 +77,17 @@ def test_asset_checks_pass_on_a_healthy_iteration(tiny_run):
     from pipelines.run_walk import materialize_iteration
 
     result = materialize_iteration(dg.DagsterInstance.ephemeral(), tiny_run, 0)
-    checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
-              for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
-    assert checks == {"patch_reproduces_trainer_hash": True, "rewards_finite": True, "validation_not_below_guard": True,
-                      "no_reward_hacking": True}
+    checks = {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+    assert checks == {
+        "patch_reproduces_trainer_hash": True,
+        "rewards_finite": True,
+        "validation_not_below_guard": True,
+        "no_reward_hacking": True,
+    }
 
 
 def test_a_later_iteration_without_its_predecessor_fails_with_what_to_run(tiny_run):
@@ -82,14 +101,17 @@ def test_a_later_iteration_without_its_predecessor_fails_with_what_to_run(tiny_r
     assert "policy_update" in str(failures[0].step_failure_data.error)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("preset", "huge", "unknown preset 'huge'"),
-    ("reward", "aesthetics", "unknown reward 'aesthetics'"),
-    ("store", "ftp://host/x", "unsupported store URL scheme 'ftp'"),
-    ("queue", "amqp://host", "unsupported queue URL scheme 'amqp'"),
-    ("rollouts", "magic", "unknown rollout mode 'magic'"),
-    ("deployment", "mars", "unknown deployment 'mars'"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("preset", "huge", "unknown preset 'huge'"),
+        ("reward", "aesthetics", "unknown reward 'aesthetics'"),
+        ("store", "ftp://host/x", "unsupported store URL scheme 'ftp'"),
+        ("queue", "amqp://host", "unsupported queue URL scheme 'amqp'"),
+        ("rollouts", "magic", "unknown rollout mode 'magic'"),
+        ("deployment", "mars", "unknown deployment 'mars'"),
+    ],
+)
 def test_bad_configuration_fails_at_load_with_the_allowed_values(tmp_path, field, value, message):
     from pipelines.deploy import DeploymentError, build_resources
 
@@ -100,18 +122,19 @@ def test_bad_configuration_fails_at_load_with_the_allowed_values(tmp_path, field
 def test_definitions_load_from_the_environment_and_refuse_a_bad_one(tmp_path):
     import subprocess
     import sys
-    from pathlib import Path
 
     root = REPO_ROOT
     env = {"SPOTLIGHT_RUN_DIR": str(tmp_path), "SPOTLIGHT_PRESET": "nope", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", "import pipelines.definitions"], cwd=root, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pipelines.definitions"], cwd=root, env=env, capture_output=True, text=True
+    )
     assert proc.returncode != 0 and "unknown preset 'nope'" in proc.stderr
 
 
 @pytest.mark.slow  # a worker process and a Dagster run: about 20 CPU-seconds, 70 s on the loaded 2-core dev VM
 def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_command_line(
-        tmp_path, tiny_policy, redis_server, monkeypatch, capfd):
+    tmp_path, tiny_policy, redis_server, monkeypatch, capfd
+):
     """Iteration 0 of a cpu_smoke run whose rollouts go through Redis to a local worker process, the password
     given in the queue URL: the ledger, store, worker logs, Dagster's event log, this process's output and the
     worker's argv (what `ps` shows every user) must not hold it."""
@@ -140,9 +163,16 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
     save_policy(tiny_policy, tmp_path / "tiny")
     run_dir = tmp_path / "run"
     secret = redis_server.password
-    run = build_resources(run_dir=run_dir, run="t", preset="cpu_smoke", iterations=1, checkpoint=str(tmp_path / "tiny"),
-                          queue=redis_server.url(secret), rollouts="local_cluster",
-                          workers={"num_workers": 1, "preemptions_per_hour": 0.0, "log_dir": str(run_dir / "logs")})
+    run = build_resources(
+        run_dir=run_dir,
+        run="t",
+        preset="cpu_smoke",
+        iterations=1,
+        checkpoint=str(tmp_path / "tiny"),
+        queue=redis_server.url(secret),
+        rollouts="local_cluster",
+        workers={"num_workers": 1, "preemptions_per_hour": 0.0, "log_dir": str(run_dir / "logs")},
+    )
     instance = dg.DagsterInstance.ephemeral()
     result = materialize_iteration(instance, run, 0)
     assert result.success
@@ -166,7 +196,11 @@ def test_sensor_requests_the_next_iteration_then_the_final_one_then_stops():
     key, request = next_iteration_request("demo", "it-000000", target=2)
     assert key == "it-000001" and request.run_key == "demo/it-000001" and request.asset_selection is None
     key, request = next_iteration_request("demo", "it-000001", target=2)
-    assert key == "it-000002" and {k.to_user_string() for k in request.asset_selection} == {"weight_patch", "validation", "report"}
+    assert key == "it-000002" and {k.to_user_string() for k in request.asset_selection} == {
+        "weight_patch",
+        "validation",
+        "report",
+    }
     assert next_iteration_request("demo", "it-000002", target=2) is None
 
 

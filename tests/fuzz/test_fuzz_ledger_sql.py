@@ -16,25 +16,91 @@ from resources.ledger.records import RequestRecord
 from tests.fuzz.fuzzing import FUZZ, count_input
 
 REFUSED = [  # writes, files, extensions, settings, secrets, the environment: each must be refused
-    "DROP TABLE requests", "DELETE FROM requests", "UPDATE runs SET status = 'x'", "INSERT INTO runs VALUES (1)",
-    "CREATE TABLE x (a INT)", "ATTACH '{dir}/other.duckdb' AS o", "COPY requests TO '{dir}/out.csv'",
-    "COPY (SELECT 1) TO '{dir}/out.parquet' (FORMAT parquet)", "EXPORT DATABASE '{dir}/export'",
-    "SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/etc/hostname')", "INSTALL httpfs", "LOAD httpfs",
-    "SET enable_external_access = true", "SET lock_configuration = false", "RESET lock_configuration",
-    "PRAGMA enable_profiling", "SET profiling_output = '{dir}/p.json'", "DETACH memory",
-    "CREATE SECRET s (TYPE s3)", "SELECT getenv('HOME')", "SELECT * FROM glob('/*')",
-    "BEGIN; DROP TABLE runs; COMMIT", "SELECT 1; DROP TABLE runs", "USE memory; CREATE TABLE t (a INT)", "", ";",
+    "DROP TABLE requests",
+    "DELETE FROM requests",
+    "UPDATE runs SET status = 'x'",
+    "INSERT INTO runs VALUES (1)",
+    "CREATE TABLE x (a INT)",
+    "ATTACH '{dir}/other.duckdb' AS o",
+    "COPY requests TO '{dir}/out.csv'",
+    "COPY (SELECT 1) TO '{dir}/out.parquet' (FORMAT parquet)",
+    "EXPORT DATABASE '{dir}/export'",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "SET lock_configuration = false",
+    "RESET lock_configuration",
+    "PRAGMA enable_profiling",
+    "SET profiling_output = '{dir}/p.json'",
+    "DETACH memory",
+    "CREATE SECRET s (TYPE s3)",
+    "SELECT getenv('HOME')",
+    "SELECT * FROM glob('/*')",
+    "BEGIN; DROP TABLE runs; COMMIT",
+    "SELECT 1; DROP TABLE runs",
+    "USE memory; CREATE TABLE t (a INT)",
+    "",
+    ";",
 ]
 ATTACKS = REFUSED + [  # odd values and no-ops: answered or refused, never a crash
-    "CHECKPOINT", "VACUUM", "CALL pragma_version()",
-    "SELECT DATE '294247-01-10'", "SELECT 'infinity'::TIMESTAMP", "SELECT -'infinity'::DATE", "SELECT 1e308 * 10",
-    "SELECT 9223372036854775807 + 1", "SELECT 170141183460469231731687303715884105727::HUGEINT",
-    "SELECT '\\x00'::BLOB", "SELECT repeat('a', 1000000)", "SELECT list_value(1, 2, 3)", "SELECT {'a': 1}",
-    "SELECT map([1], [2])", "SELECT 1::UUID", "SELECT 'x'::INTERVAL", "SELECT TIMESTAMPTZ '2020-01-01 00:00:00+05'",
-    "SELECT * FROM requests", "SELECT * FROM cost_per_iteration", "--", "/*", "SELECT", "\x00", "SELECT '\udcff'",
+    "CHECKPOINT",
+    "VACUUM",
+    "CALL pragma_version()",
+    "SELECT DATE '294247-01-10'",
+    "SELECT 'infinity'::TIMESTAMP",
+    "SELECT -'infinity'::DATE",
+    "SELECT 1e308 * 10",
+    "SELECT 9223372036854775807 + 1",
+    "SELECT 170141183460469231731687303715884105727::HUGEINT",
+    "SELECT '\\x00'::BLOB",
+    "SELECT repeat('a', 1000000)",
+    "SELECT list_value(1, 2, 3)",
+    "SELECT {'a': 1}",
+    "SELECT map([1], [2])",
+    "SELECT 1::UUID",
+    "SELECT 'x'::INTERVAL",
+    "SELECT TIMESTAMPTZ '2020-01-01 00:00:00+05'",
+    "SELECT * FROM requests",
+    "SELECT * FROM cost_per_iteration",
+    "--",
+    "/*",
+    "SELECT",
+    "\x00",
+    "SELECT '\udcff'",
 ]
-TOKENS = ["SELECT", "FROM", "WHERE", "requests", "runs", "*", "1", "'a'", "(", ")", ",", ";", "DROP", "TABLE", "COPY", "TO",
-          "ATTACH", "INSERT", "INTO", "VALUES", "UNION", "ALL", "::", "DATE", "TIMESTAMP", "NULL", "read_csv", "'/etc'", "--"]
+TOKENS = [
+    "SELECT",
+    "FROM",
+    "WHERE",
+    "requests",
+    "runs",
+    "*",
+    "1",
+    "'a'",
+    "(",
+    ")",
+    ",",
+    ";",
+    "DROP",
+    "TABLE",
+    "COPY",
+    "TO",
+    "ATTACH",
+    "INSERT",
+    "INTO",
+    "VALUES",
+    "UNION",
+    "ALL",
+    "::",
+    "DATE",
+    "TIMESTAMP",
+    "NULL",
+    "read_csv",
+    "'/etc'",
+    "--",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +116,12 @@ def _digest(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-sql_texts = (st.sampled_from(ATTACKS)
-             | st.lists(st.sampled_from(TOKENS), max_size=12).map(" ".join)
-             | st.text(max_size=60)
-             | st.builds(lambda a, b: f"{a}; {b}", st.sampled_from(ATTACKS), st.sampled_from(ATTACKS)))
+sql_texts = (
+    st.sampled_from(ATTACKS)
+    | st.lists(st.sampled_from(TOKENS), max_size=12).map(" ".join)
+    | st.text(max_size=60)
+    | st.builds(lambda a, b: f"{a}; {b}", st.sampled_from(ATTACKS), st.sampled_from(ATTACKS))
+)
 
 
 @FUZZ
@@ -84,5 +152,7 @@ def test_every_write_file_access_or_setting_is_refused(ledger_dir: Path, sql: st
 
 
 def test_a_select_is_answered_with_the_ledgers_rows(ledger_dir: Path) -> None:
-    result = query_ledger(ledger_dir / "ledger.duckdb", "SELECT request_id, reward FROM requests ORDER BY 1", timeout_s=10)
+    result = query_ledger(
+        ledger_dir / "ledger.duckdb", "SELECT request_id, reward FROM requests ORDER BY 1", timeout_s=10
+    )
     assert result.rows == [(f"r{i}", 0.5) for i in range(10)]

@@ -14,17 +14,32 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzz.fuzzing import FUZZ, count_input
-from workers.pulse.loco.codec import (FORMAT, KINDS, MAGIC, PREFIX, PayloadError, checksum, decode_dense, decode_sparse,
-                                      encode_sparse)
+from workers.pulse.loco.codec import (
+    FORMAT,
+    KINDS,
+    MAGIC,
+    PREFIX,
+    PayloadError,
+    checksum,
+    decode_dense,
+    decode_sparse,
+    encode_sparse,
+)
 from workers.pulse.loco.maths import SparseUpdate
 
 LAYOUT = 0x1234
 NUMEL = 5000
-edge_ints = st.sampled_from([0, 1, 2, 255, 256, 65535, 65536, NUMEL - 1, NUMEL, NUMEL + 1, 2**32 - 1, 2**40, 2**63, 2**64 - 1])
-frames = (st.just(b"") | st.binary(max_size=64)
-          | st.builds(lambda b: zstandard.ZstdCompressor().compress(b), st.binary(max_size=300))
-          | st.builds(lambda b, n: zstandard.ZstdCompressor().compress(b * n), st.binary(min_size=1, max_size=8),
-                      st.integers(1, 5000)))
+edge_ints = st.sampled_from(
+    [0, 1, 2, 255, 256, 65535, 65536, NUMEL - 1, NUMEL, NUMEL + 1, 2**32 - 1, 2**40, 2**63, 2**64 - 1]
+)
+frames = (
+    st.just(b"")
+    | st.binary(max_size=64)
+    | st.builds(lambda b: zstandard.ZstdCompressor().compress(b), st.binary(max_size=300))
+    | st.builds(
+        lambda b, n: zstandard.ZstdCompressor().compress(b * n), st.binary(min_size=1, max_size=8), st.integers(1, 5000)
+    )
+)
 
 
 def _signed(kind: int, numel: int, count: int, width: int, parts: list[bytes], fmt: int = FORMAT) -> bytes:
@@ -49,8 +64,14 @@ def _check_decoded(decode, payload: bytes, numel: int | None) -> None:
 
 
 @FUZZ
-@given(st.sampled_from([0, 1]), edge_ints | st.integers(0, 2 * NUMEL), edge_ints | st.integers(0, 600),
-       st.sampled_from([1, 2, 0, 3]), st.lists(frames, min_size=4, max_size=4), st.sampled_from([None, NUMEL]))
+@given(
+    st.sampled_from([0, 1]),
+    edge_ints | st.integers(0, 2 * NUMEL),
+    edge_ints | st.integers(0, 600),
+    st.sampled_from([1, 2, 0, 3]),
+    st.lists(frames, min_size=4, max_size=4),
+    st.sampled_from([None, NUMEL]),
+)
 def test_crafted_payloads_decode_safely_or_raise_payload_error(kind, numel, count, width, parts, expect) -> None:
     payload = _signed(kind, numel, count, width, parts)
     _check_decoded(decode_sparse if kind == KINDS["sparse"] else decode_dense, payload, expect)
@@ -78,8 +99,9 @@ def test_damaged_real_payloads_raise_payload_error(positions: list[int], data: s
 
 
 def test_a_damaged_round_or_replica_field_is_refused() -> None:
-    payload = encode_sparse(SparseUpdate(torch.tensor([1, 7]), torch.tensor([0.5, -1.0]), NUMEL), LAYOUT,
-                            round_index=3, replica=1)
+    payload = encode_sparse(
+        SparseUpdate(torch.tensor([1, 7]), torch.tensor([0.5, -1.0]), NUMEL), LAYOUT, round_index=3, replica=1
+    )
     header, _ = decode_sparse(payload, LAYOUT, NUMEL)
     assert (header.round_index, header.replica) == (3, 1)
     round_at = PREFIX.size - 8 - 1 - 4 * 4 - 4 - 4  # u32 round, u32 replica, u8 width, 4 x u32 lengths, u64 checksum

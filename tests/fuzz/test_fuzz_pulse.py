@@ -25,8 +25,10 @@ from workers.pulse.patch_format import pack_patch
 
 def _pair(seed: int) -> tuple[dict, dict]:
     generator = torch.Generator().manual_seed(seed)
-    prev = {"a": (torch.randn(300, generator=generator) * 0.02).to(torch.bfloat16),
-            "b": (torch.randn(20, 10, generator=generator) * 0.02).to(torch.bfloat16)}
+    prev = {
+        "a": (torch.randn(300, generator=generator) * 0.02).to(torch.bfloat16),
+        "b": (torch.randn(20, 10, generator=generator) * 0.02).to(torch.bfloat16),
+    }
     cur = {name: tensor.clone() for name, tensor in prev.items()}
     cur["a"].view(torch.int16)[::3] += 1
     cur["b"].view(torch.int16).view(-1)[::40] -= 300  # some gaps escape a byte, some deltas need 16 bits
@@ -41,7 +43,9 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-edge_ints = st.sampled_from([0, 1, -1, 2, 7, 255, 256, 65535, 65536, 2**31, 2**32, 2**40, 2**62, 2**63 - 1, 2**63, 2**64])
+edge_ints = st.sampled_from(
+    [0, 1, -1, 2, 7, 255, 256, 65535, 65536, 2**31, 2**32, 2**40, 2**62, 2**63 - 1, 2**63, 2**64]
+)
 
 
 def _receiver() -> dict:
@@ -114,7 +118,9 @@ def test_one_flipped_bit_anywhere_is_refused(mode: str) -> None:
 
 @FUZZ
 @given(st.sampled_from(sorted(PATCHES)), st.data())
-def test_resigned_patches_with_rewritten_headers_are_applied_or_refused_untouched(mode: str, data: st.DataObject) -> None:
+def test_resigned_patches_with_rewritten_headers_are_applied_or_refused_untouched(
+    mode: str, data: st.DataObject
+) -> None:
     header, payload = _header_and_payload(PATCHES[mode])
     for _ in range(data.draw(st.integers(1, 3))):
         where = data.draw(st.sampled_from(["top", "stream", "tensor"]))
@@ -138,13 +144,15 @@ def test_resigned_patches_with_crafted_streams_are_applied_or_refused_untouched(
     for _ in range(data.draw(st.integers(1, 3))):
         index = data.draw(st.integers(0, len(frames) - 1))
         stream = header["streams"][index]
-        raw = data.draw(st.binary(max_size=200) | st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=8),
-                                                            st.integers(1, 4000)))
+        raw = data.draw(
+            st.binary(max_size=200)
+            | st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=8), st.integers(1, 4000))
+        )
         frames[index] = zstandard.ZstdCompressor().compress(raw) if data.draw(st.booleans()) else raw
         width = {"uint8": 1, "uint16": 2, "uint64": 8, "bool": 1}[stream["dtype"]]
         stream["count"] = data.draw(st.sampled_from([len(raw) // width, len(raw) * 8, 0]) | edge_ints)
     offset = 0
-    for stream, frame in zip(header["streams"], frames):
+    for stream, frame in zip(header["streams"], frames, strict=False):
         stream["offset"], stream["length"] = offset, len(frame)
         offset += len(frame)
     _apply_or_refuse(pack_patch(header, b"".join(frames)))
@@ -167,9 +175,14 @@ def _safetensors(header: object, body: bytes) -> bytes:
 
 anchor_headers = st.dictionaries(
     st.text(max_size=6),
-    st.fixed_dictionaries({"dtype": st.sampled_from(["BF16", "F32", "I64", "U8", "BOOL", "F8_E4M3", "XX"]),
-                           "shape": st.lists(edge_ints | st.integers(0, 40), max_size=3),
-                           "data_offsets": st.lists(edge_ints | st.integers(0, 400), min_size=0, max_size=3)}) | json_values,
+    st.fixed_dictionaries(
+        {
+            "dtype": st.sampled_from(["BF16", "F32", "I64", "U8", "BOOL", "F8_E4M3", "XX"]),
+            "shape": st.lists(edge_ints | st.integers(0, 40), max_size=3),
+            "data_offsets": st.lists(edge_ints | st.integers(0, 400), min_size=0, max_size=3),
+        }
+    )
+    | json_values,
     max_size=3,
 )
 

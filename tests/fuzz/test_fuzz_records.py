@@ -12,21 +12,34 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resources.store.manifest import Manifest, ObjectEntry, checksum, object_key
 from resources.queue.records import MAX_BODY_BYTES, Request
+from resources.store.manifest import Manifest, ObjectEntry, checksum, object_key
 from tests.fuzz.fuzzing import FUZZ, count_input
 
 COMMIT = "runs/demo/anchors/v000001"
-GOOD = Manifest(COMMIT, {"tensors.safetensors": ObjectEntry(object_key(COMMIT, "tensors.safetensors", checksum(b"x")),
-                                                            checksum(b"x"), 1)}, {"version": 1})
+GOOD = Manifest(
+    COMMIT,
+    {"tensors.safetensors": ObjectEntry(object_key(COMMIT, "tensors.safetensors", checksum(b"x")), checksum(b"x"), 1)},
+    {"version": 1},
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=12,
 )
-keys = st.sampled_from([COMMIT + "/tensors.safetensors.abc", "runs/other/anchors/v000000/tensors.safetensors.abc",
-                        COMMIT, COMMIT + "/a/b", "../../etc/passwd", "/abs", "", COMMIT + "/.hidden"]) | st.text(max_size=30)
+keys = st.sampled_from(
+    [
+        COMMIT + "/tensors.safetensors.abc",
+        "runs/other/anchors/v000000/tensors.safetensors.abc",
+        COMMIT,
+        COMMIT + "/a/b",
+        "../../etc/passwd",
+        "/abs",
+        "",
+        COMMIT + "/.hidden",
+    ]
+) | st.text(max_size=30)
 
 
 def _manifest_bodies() -> st.SearchStrategy[bytes]:
@@ -43,11 +56,23 @@ def _manifest_bodies() -> st.SearchStrategy[bytes]:
             body[field] = value
         return json.dumps(body).encode()
 
-    fields = st.sampled_from(["format", "commit_key", "writer", "metadata", "objects", "objects.key", "objects.xxh3_128",
-                              "objects.size_bytes"])
-    return (st.builds(rewrite, fields, json_values | keys)
-            | st.binary(max_size=200)
-            | st.builds(lambda depth: ("[" * depth + "]" * depth).encode(), st.integers(1, 200_000)))
+    fields = st.sampled_from(
+        [
+            "format",
+            "commit_key",
+            "writer",
+            "metadata",
+            "objects",
+            "objects.key",
+            "objects.xxh3_128",
+            "objects.size_bytes",
+        ]
+    )
+    return (
+        st.builds(rewrite, fields, json_values | keys)
+        | st.binary(max_size=200)
+        | st.builds(lambda depth: ("[" * depth + "]" * depth).encode(), st.integers(1, 200_000))
+    )
 
 
 @FUZZ
@@ -74,13 +99,27 @@ def test_a_manifest_of_another_commit_is_refused() -> None:
 
 def _request_bodies() -> st.SearchStrategy[bytes | str]:
     fields = st.fixed_dictionaries(
-        {"request_id": st.text(max_size=12) | st.just("r0"), "iteration": json_values | st.integers(0, 2**64),
-         "kind": st.sampled_from(["rollout", "validate", "explore", "other"])},
-        optional={"payload": json_values, "extra": json_values})
-    return (st.builds(lambda body: json.dumps(body), fields) | st.binary(max_size=200) | st.text(max_size=200)
-            | st.builds(lambda depth: '{"request_id":"r","iteration":0,"kind":"rollout","payload":' + "[" * depth + "]" * depth + "}",
-                        st.integers(1, 100_000))
-            | st.just(json.dumps({"request_id": "r", "iteration": 0, "kind": "rollout", "payload": {"x": "y" * MAX_BODY_BYTES}})))
+        {
+            "request_id": st.text(max_size=12) | st.just("r0"),
+            "iteration": json_values | st.integers(0, 2**64),
+            "kind": st.sampled_from(["rollout", "validate", "explore", "other"]),
+        },
+        optional={"payload": json_values, "extra": json_values},
+    )
+    return (
+        st.builds(lambda body: json.dumps(body), fields)
+        | st.binary(max_size=200)
+        | st.text(max_size=200)
+        | st.builds(
+            lambda depth: (
+                '{"request_id":"r","iteration":0,"kind":"rollout","payload":' + "[" * depth + "]" * depth + "}"
+            ),
+            st.integers(1, 100_000),
+        )
+        | st.just(
+            json.dumps({"request_id": "r", "iteration": 0, "kind": "rollout", "payload": {"x": "y" * MAX_BODY_BYTES}})
+        )
+    )
 
 
 @FUZZ

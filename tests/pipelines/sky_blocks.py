@@ -63,8 +63,14 @@ def start_block(task, name: str, workdir: Path, logs: Path, base_env: Mapping[st
     script.write_text(task.run)
     log = logs / f"{name}.log"
     with open(log, "w") as out:
-        popen = subprocess.Popen(["bash", str(script)], cwd=workdir, env=task_env(task, base_env), stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        popen = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=workdir,
+            env=task_env(task, base_env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return Block(name, popen, log)
 
 
@@ -97,7 +103,7 @@ def stub_run(task, workdir: Path, base_env: Mapping[str, str], programs=("python
         argv = record.split("\x1f")[:-1]
         if argv[:3] == ["python", "-m", "resources.run_status"] and "--" in argv:  # a supervisor: it starts the rest
             at = argv.index("--")
-            commands += [argv[:at], argv[at + 1:]]
+            commands += [argv[:at], argv[at + 1 :]]
         elif argv:
             commands.append(argv)
     return commands

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from sky import exceptions as sky_exceptions
 from typer.testing import CliRunner
 
 from pipelines.cli import app
+from sky import exceptions as sky_exceptions
 
 PASSWORD = "launch-pass-Vw2"
 SECRETS = {"SPOTLIGHT_REDIS_PASSWORD": PASSWORD, "AWS_ACCESS_KEY_ID": "AKIATEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t-key"}
@@ -37,9 +37,8 @@ class FakeSky:
     _answers: dict[str, Any] = field(default_factory=dict)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> "FakeSky":
-        import sky
-
         import resources.cloud as cloud
+        import sky
 
         def enabled():
             if isinstance(self.clouds, Exception):
@@ -60,15 +59,23 @@ class FakeSky:
             if self.catalog is None or isinstance(self.catalog, Exception):
                 raise self.catalog or requests.exceptions.ConnectionError("Failed to fetch the catalog (no network)")
             pattern = re.compile(given.get("name_filter") or "", 0 if given.get("case_sensitive", True) else re.I)
-            return {name: [o for o in offers if o.accelerator_count == given.get("quantity_filter", o.accelerator_count)]
-                    for name, offers in self.catalog.items() if pattern.search(name)}
+            return {
+                name: [o for o in offers if o.accelerator_count == given.get("quantity_filter", o.accelerator_count)]
+                for name, offers in self.catalog.items()
+                if pattern.search(name)
+            }
 
         monkeypatch.setattr(sky.catalog, "list_accelerators", list_accelerators)
         monkeypatch.setattr(sky, "get", self._get)
         monkeypatch.setattr(sky, "stream_and_get", self._get)
-        for module, name, answer in ((sky, "launch", self._launch), (sky, "endpoints", self._endpoints),
-                                     (sky, "down", self._down), (sky.jobs, "launch", self._jobs_launch),
-                                     (sky.jobs, "queue_v2", self._queue), (sky.jobs, "cancel", self._cancel)):
+        for module, name, answer in (
+            (sky, "launch", self._launch),
+            (sky, "endpoints", self._endpoints),
+            (sky, "down", self._down),
+            (sky.jobs, "launch", self._jobs_launch),
+            (sky.jobs, "queue_v2", self._queue),
+            (sky.jobs, "cancel", self._cancel),
+        ):
             monkeypatch.setattr(module, name, self._request(getattr(module, name), answer))
         return self
 
@@ -81,6 +88,7 @@ class FakeSky:
             request_id = f"request-{len(self._answers)}"
             self._answers[request_id] = lambda: answer(**arguments.arguments)
             return request_id
+
         return submit
 
     def _get(self, request_id):
@@ -105,8 +113,11 @@ class FakeSky:
     def _queue(self, refresh, skip_finished, name_match, **options):
         if not self.controller_up and not refresh:
             raise sky_exceptions.ClusterNotUpError("Jobs controller is not up.", cluster_status=None)
-        records = [r for r in self.jobs if (name_match or "") in (r.job_name or "")
-                   and not (skip_finished and r.status.is_terminal())]
+        records = [
+            r
+            for r in self.jobs
+            if (name_match or "") in (r.job_name or "") and not (skip_finished and r.status.is_terminal())
+        ]
         return records, len(records), {}, len(self.jobs)
 
     def _cancel(self, job_ids, **options):
@@ -120,8 +131,9 @@ class FakeSky:
 def served_task(task):
     """The task as SkyPilot's API server gets it: the client's YAML dump loaded back, then the server's secret
     resolution (`sky.execution._resolve_managed_secrets`, which refuses a secret with no value)."""
-    from sky import execution
     from sky.utils import dag_utils
+
+    from sky import execution
 
     dag = dag_utils.load_dag_from_yaml_str(dag_utils.dump_dag_to_yaml_str(dag_utils.convert_entrypoint_to_dag(task)))
     execution._resolve_managed_secrets(dag)
@@ -195,8 +207,11 @@ def reserved_redis(fake_sky, tmp_path, monkeypatch):
     folder = tmp_path / "node-redis"
     conf = write_node_files(folder, port, with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password}, tls))
     subprocess.run(["redis-server", str(conf)], check=True, timeout=30)  # daemonizes, as on the node
-    wait_for(lambda: (folder / "redis.pid").exists() and socket.socket().connect_ex(("127.0.0.1", port)) == 0, 20,
-             "the node's redis-server")
+    wait_for(
+        lambda: (folder / "redis.pid").exists() and socket.socket().connect_ex(("127.0.0.1", port)) == 0,
+        20,
+        "the node's redis-server",
+    )
     fake_sky.address = f"127.0.0.1:{port}"
     yield NodeRedis(port, password, folder)
     os.kill(int((folder / "redis.pid").read_text()), signal.SIGTERM)

@@ -10,13 +10,16 @@ from pipelines.cli import app
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--lr", "-0.001"], "lr"),
-    (["--preset", "gpu_huge"], "unknown preset"),
-    (["--iterations", "0"], "iterations"),
-    (["--rollouts-per-prompt", "4"], "rollouts_per_prompt=4 must be >= group_size=8"),
-    (["--explore-samples", "0"], "--explore-samples must be > 0"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--lr", "-0.001"], "lr"),
+        (["--preset", "gpu_huge"], "unknown preset"),
+        (["--iterations", "0"], "iterations"),
+        (["--rollouts-per-prompt", "4"], "rollouts_per_prompt=4 must be >= group_size=8"),
+        (["--explore-samples", "0"], "--explore-samples must be > 0"),
+    ],
+)
 def test_train_rejects_bad_input_with_a_clear_message(args, message):
     result = runner.invoke(app, ["train", *args])
     assert result.exit_code != 0
@@ -48,8 +51,19 @@ def test_train_prints_one_json_object_per_iteration(tmp_path, tiny_policy):
     from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
-    result = runner.invoke(app, ["train", "--preset", "cpu_smoke", "--checkpoint", str(tmp_path / "ckpt"),
-                                 "--json", "--out", str(tmp_path / "run")])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--preset",
+            "cpu_smoke",
+            "--checkpoint",
+            str(tmp_path / "ckpt"),
+            "--json",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [r["iteration"] for r in lines] == [0, 1, 2]
@@ -64,8 +78,20 @@ def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run"
-    result = runner.invoke(app, ["train", "--preset", "cpu_smoke", "--checkpoint", str(tmp_path / "ckpt"),
-                                 "--out", str(run), "--usd-per-hour", "3.6"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--preset",
+            "cpu_smoke",
+            "--checkpoint",
+            str(tmp_path / "ckpt"),
+            "--out",
+            str(run),
+            "--usd-per-hour",
+            "3.6",
+        ],
+    )
     assert result.exit_code == 0, result.output
     db = str(run / "ledger.duckdb")
     curve = runner.invoke(app, ["ledger", "SELECT iteration, score FROM validation_curve", "--db", db, "--json"])
@@ -84,14 +110,36 @@ def test_train_explores_on_a_sample_budget_and_the_ledger_shows_the_explored_pla
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run"
-    result = runner.invoke(app, ["train", "--preset", "cpu_smoke", "--checkpoint", str(tmp_path / "ckpt"),
-                                 "--out", str(run), "--explore-samples", "16"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--preset",
+            "cpu_smoke",
+            "--checkpoint",
+            str(tmp_path / "ckpt"),
+            "--out",
+            str(run),
+            "--explore-samples",
+            "16",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    rows = runner.invoke(app, ["ledger", "SELECT iteration, planner, explored_prompts FROM exploration_payoff "
-                               "ORDER BY iteration", "--db", str(run / "ledger.duckdb"), "--json"])
+    rows = runner.invoke(
+        app,
+        [
+            "ledger",
+            "SELECT iteration, planner, explored_prompts FROM exploration_payoff ORDER BY iteration",
+            "--db",
+            str(run / "ledger.duckdb"),
+            "--json",
+        ],
+    )
     payoff = [json.loads(line) for line in rows.stdout.splitlines() if line.startswith("{")]
     assert [(r["iteration"], r["planner"], r["explored_prompts"]) for r in payoff] == [
-        (0, "default", 0), (1, "explore:m8-quarter_steps", 2)]  # every arm untried: the cheapest first
+        (0, "default", 0),
+        (1, "explore:m8-quarter_steps", 2),
+    ]  # every arm untried: the cheapest first
 
 
 def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, tiny_policy):
@@ -101,11 +149,33 @@ def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, t
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run"
     # jpeg_compressibility varies within every group (MiniGenEval scores this random policy's images all 0).
-    result = runner.invoke(app, ["train", "--preset", "cpu_tiny", "--iterations", "1", "--checkpoint",
-                                 str(tmp_path / "ckpt"), "--out", str(run), "--reward", "jpeg_compressibility"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--preset",
+            "cpu_tiny",
+            "--iterations",
+            "1",
+            "--checkpoint",
+            str(tmp_path / "ckpt"),
+            "--out",
+            str(run),
+            "--reward",
+            "jpeg_compressibility",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    rows = runner.invoke(app, ["ledger", "SELECT iteration, clip_fraction, grad_norm FROM train_steps",
-                               "--db", str(run / "ledger.duckdb"), "--json"])
+    rows = runner.invoke(
+        app,
+        [
+            "ledger",
+            "SELECT iteration, clip_fraction, grad_norm FROM train_steps",
+            "--db",
+            str(run / "ledger.duckdb"),
+            "--json",
+        ],
+    )
     steps = [json.loads(line) for line in rows.stdout.splitlines() if line.startswith("{")]
     assert len(steps) == 1 and steps[0]["clip_fraction"] is None and steps[0]["grad_norm"] > 0
 
@@ -114,8 +184,22 @@ def test_bench_recipe_reports_the_held_out_gain_of_every_seed(tmp_path, tiny_pol
     from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
-    result = runner.invoke(app, ["bench", "recipe", "--preset", "cpu_smoke", "--seed", "0", "--seed", "1",
-                                 "--checkpoint", str(tmp_path / "ckpt"), "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "recipe",
+            "--preset",
+            "cpu_smoke",
+            "--seed",
+            "0",
+            "--seed",
+            "1",
+            "--checkpoint",
+            str(tmp_path / "ckpt"),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["num_seeds"] == 2 and [r["seed"] for r in figures["runs"]] == [0, 1]

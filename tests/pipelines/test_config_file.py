@@ -41,7 +41,8 @@ def test_spotlight_run_reads_the_same_file_and_refuses_a_bad_batch_shape_before_
     run_dir = tmp_path / "run"
     done = CliRunner().invoke(app, ["run", "--run-dir", str(run_dir), "--config", str(path)])
     assert done.exit_code != 0 and "micro_batch" in done.output
-    done = CliRunner().invoke(app, ["run", "--run-dir", str(run_dir), "--config", str(path), "--micro-batch", "3",
-                                    "--minibatches", "99"])
+    done = CliRunner().invoke(
+        app, ["run", "--run-dir", str(run_dir), "--config", str(path), "--micro-batch", "3", "--minibatches", "99"]
+    )
     assert done.exit_code != 0 and "num_minibatches=99 exceeds" in done.output
     assert not run_dir.exists(), "a refused run must write nothing"

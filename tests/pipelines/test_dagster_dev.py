@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -49,15 +50,28 @@ def dagster_dev(tmp_path_factory):
     # No onboarding modal over the graph in the screenshot, no telemetry from a test.
     (tmp_path / "home" / "dagster.yaml").write_text("nux:\n  enabled: false\ntelemetry:\n  enabled: false\n")
     port = _free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "SPOTLIGHT_RUN_DIR": str(tmp_path / "run"),
-           "SPOTLIGHT_RUN": "ui", "SPOTLIGHT_PRESET": "cpu_smoke", "SPOTLIGHT_ITERATIONS": "1",
-           "SPOTLIGHT_CHECKPOINT": str(tmp_path / "tiny"), "OMP_NUM_THREADS": "1",
-           # On a saturated CPU the code server needs more than the default 60 s to launch a run.
-           "DAGSTER_GRPC_TIMEOUT_SECONDS": "300"}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "SPOTLIGHT_RUN_DIR": str(tmp_path / "run"),
+        "SPOTLIGHT_RUN": "ui",
+        "SPOTLIGHT_PRESET": "cpu_smoke",
+        "SPOTLIGHT_ITERATIONS": "1",
+        "SPOTLIGHT_CHECKPOINT": str(tmp_path / "tiny"),
+        "OMP_NUM_THREADS": "1",
+        # On a saturated CPU the code server needs more than the default 60 s to launch a run.
+        "DAGSTER_GRPC_TIMEOUT_SECONDS": "300",
+    }
     dagster = Path(sys.executable).parent / "dagster"
     log = open(tmp_path / "dagster.log", "w")
-    proc = subprocess.Popen([str(dagster), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(dagster), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         yield port, tmp_path
     finally:
@@ -100,8 +114,12 @@ def test_ui_runs_iteration_zero_and_the_sensor_runs_the_next(dagster_dev):
     client = _client(port)
     selector = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
     client._execute(ADD_PARTITION, {"selector": selector, "name": "iteration", "key": "it-000000"})
-    client.submit_job_execution("iteration", repository_location_name=LOCATION, repository_name="__repository__",
-                                tags={"dagster/partition": "it-000000"})
+    client.submit_job_execution(
+        "iteration",
+        repository_location_name=LOCATION,
+        repository_name="__repository__",
+        tags={"dagster/partition": "it-000000"},
+    )
     first = _wait_for_success(client, "it-000000", 900)
     assert first["status"] == "SUCCESS", (tmp / "dagster.log").read_text()[-3000:]
     second = _wait_for_success(client, "it-000001", 900)
@@ -119,9 +137,22 @@ ASSET_NODE_NAMES = re.compile(r'class="[^"]*assetName[^"]*"[^>]*>([^<]+)<')
 
 
 def _rendered(browser: str, url: str, *output: str) -> str:
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
-                           "--virtual-time-budget=20000", *output, url], check=True, timeout=180, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=1400,900",
+            "--virtual-time-budget=20000",
+            *output,
+            url,
+        ],
+        check=True,
+        timeout=180,
+        capture_output=True,
+        text=True,
+    )
     return done.stdout
 
 

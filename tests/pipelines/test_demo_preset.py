@@ -26,8 +26,21 @@ def test_the_demo_preset_runs_an_iteration_on_local_spot_workers_and_records_it(
     run_dir = tmp_path / "demo"
     threads = torch.get_num_threads()
     try:  # the default preset, rollouts and worker count: what `make demo` runs, without injected preemptions
-        done = CliRunner().invoke(app, ["run", "--run-dir", str(run_dir), "--iterations", "1", "--preemptions-per-hour",
-                                        "0", "--validation-prompts", str(prompts)], env={"COLUMNS": "300"})
+        done = CliRunner().invoke(
+            app,
+            [
+                "run",
+                "--run-dir",
+                str(run_dir),
+                "--iterations",
+                "1",
+                "--preemptions-per-hour",
+                "0",
+                "--validation-prompts",
+                str(prompts),
+            ],
+            env={"COLUMNS": "300"},
+        )
     finally:
         torch.set_num_threads(threads)
     assert done.exit_code == 0, done.output
@@ -42,11 +55,16 @@ def test_the_demo_preset_runs_an_iteration_on_local_spot_workers_and_records_it(
     assert phases == [(0, ["explore", "rollout", "sync", "train", "validate"]), (1, ["sync", "validate"])]
     # Each prompt's whole group of 8 seeds, sampled by the spot workers, each request once (nothing preempted).
     group = demo.group_size
-    assert rows("SELECT count(*), count(DISTINCT prompt), max(attempts), bool_and(status = 'done') FROM requests "
-                "WHERE kind = 'rollout'") == [(2 * group, 2, 1, True)]
-    assert rows("SELECT DISTINCT w.role, w.spot FROM requests r JOIN workers w USING (worker_id) "
-                "WHERE r.kind = 'rollout'") == [("rollout", True)]
-    assert [len(seeds.split(",")) for (seeds,) in rows("SELECT seeds FROM seed_groups WHERE iteration = 0")] == [group] * 2
+    assert rows(
+        "SELECT count(*), count(DISTINCT prompt), max(attempts), bool_and(status = 'done') FROM requests "
+        "WHERE kind = 'rollout'"
+    ) == [(2 * group, 2, 1, True)]
+    assert rows(
+        "SELECT DISTINCT w.role, w.spot FROM requests r JOIN workers w USING (worker_id) WHERE r.kind = 'rollout'"
+    ) == [("rollout", True)]
+    assert [len(seeds.split(",")) for (seeds,) in rows("SELECT seeds FROM seed_groups WHERE iteration = 0")] == [
+        group
+    ] * 2
     # Exploration beside training planned the next iteration: the arm the bandit chose and the requests it sent.
     ((arm, explored),) = rows("SELECT arm, num_requests FROM exploration WHERE iteration = 0")
     assert explored == rows("SELECT count(*) FROM requests WHERE kind = 'explore' AND iteration = 0")[0][0]

@@ -41,9 +41,15 @@ def load_definitions(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture
 def cloud_env(s3_server, redis_server, tmp_path) -> dict[str, str]:
-    return {"SPOTLIGHT_DEPLOYMENT": "cloud", "SPOTLIGHT_RUN": "cloud-run", "SPOTLIGHT_RUN_DIR": str(tmp_path / "node"),
-            "SPOTLIGHT_PRESET": "cpu_smoke", "SPOTLIGHT_STORE": f"s3://{s3_server.bucket}/spotlight",
-            "SPOTLIGHT_QUEUE": f"redis://127.0.0.1:{redis_server.port}/3", PASSWORD_IN_ENV: redis_server.password}
+    return {
+        "SPOTLIGHT_DEPLOYMENT": "cloud",
+        "SPOTLIGHT_RUN": "cloud-run",
+        "SPOTLIGHT_RUN_DIR": str(tmp_path / "node"),
+        "SPOTLIGHT_PRESET": "cpu_smoke",
+        "SPOTLIGHT_STORE": f"s3://{s3_server.bucket}/spotlight",
+        "SPOTLIGHT_QUEUE": f"redis://127.0.0.1:{redis_server.port}/3",
+        PASSWORD_IN_ENV: redis_server.password,
+    }
 
 
 def test_cloud_definitions_wire_s3_redis_and_pulling_spot_workers(load_definitions, cloud_env, s3_server, redis_server):
@@ -77,19 +83,27 @@ def test_cloud_definitions_wire_s3_redis_and_pulling_spot_workers(load_definitio
         assert queue.states(["cloud-r0"]) == {"cloud-r0": "done"}
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"SPOTLIGHT_STORE": None}, "the cloud deployment needs SPOTLIGHT_STORE=s3://bucket/prefix (got None)"),
-    ({"SPOTLIGHT_STORE": "/data/store"}, "needs SPOTLIGHT_STORE=s3://bucket/prefix (got '/data/store')"),
-    ({"SPOTLIGHT_QUEUE": None}, "the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db or rediss://"),
-    ({"SPOTLIGHT_QUEUE": "/data/queue.db"}, "needs SPOTLIGHT_QUEUE=redis://host:port/db"),
-    ({"SPOTLIGHT_ROLLOUTS": "teleport"}, "unknown rollout mode 'teleport'"),
-])
-def test_cloud_definitions_refuse_to_load_without_an_s3_store_or_a_redis_queue(load_definitions, monkeypatch, tmp_path,
-                                                                               change, message):
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"SPOTLIGHT_STORE": None}, "the cloud deployment needs SPOTLIGHT_STORE=s3://bucket/prefix (got None)"),
+        ({"SPOTLIGHT_STORE": "/data/store"}, "needs SPOTLIGHT_STORE=s3://bucket/prefix (got '/data/store')"),
+        ({"SPOTLIGHT_QUEUE": None}, "the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db or rediss://"),
+        ({"SPOTLIGHT_QUEUE": "/data/queue.db"}, "needs SPOTLIGHT_QUEUE=redis://host:port/db"),
+        ({"SPOTLIGHT_ROLLOUTS": "teleport"}, "unknown rollout mode 'teleport'"),
+    ],
+)
+def test_cloud_definitions_refuse_to_load_without_an_s3_store_or_a_redis_queue(
+    load_definitions, monkeypatch, tmp_path, change, message
+):
     from pipelines.deploy import DeploymentError
 
-    env = {"SPOTLIGHT_DEPLOYMENT": "cloud", "SPOTLIGHT_RUN_DIR": str(tmp_path), "SPOTLIGHT_STORE": "s3://bucket/prefix",
-           "SPOTLIGHT_QUEUE": "redis://reserved:6379/0"}
+    env = {
+        "SPOTLIGHT_DEPLOYMENT": "cloud",
+        "SPOTLIGHT_RUN_DIR": str(tmp_path),
+        "SPOTLIGHT_STORE": "s3://bucket/prefix",
+        "SPOTLIGHT_QUEUE": "redis://reserved:6379/0",
+    }
     for name, value in change.items():
         env.pop(name, None)
         if value is None:

@@ -12,11 +12,19 @@ SPOTLIGHT = [sys.executable, "-m", "pipelines.cli"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-@pytest.mark.parametrize("command", [["train", "--preset", "cpu_smoke", "--out", "out"],
-                                     ["run", "--preset", "cpu_smoke", "--run-dir", "out"]])
+@pytest.mark.parametrize(
+    "command",
+    [["train", "--preset", "cpu_smoke", "--out", "out"], ["run", "--preset", "cpu_smoke", "--run-dir", "out"]],
+)
 def test_a_cuda_device_on_a_machine_without_one_is_refused_before_anything_is_written(tmp_path, command):
-    done = subprocess.run([*SPOTLIGHT, *command, "--device", "cuda"], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    done = subprocess.run(
+        [*SPOTLIGHT, *command, "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert done.returncode != 0
     assert "0 CUDA device" in done.stderr and "--device cpu" in done.stderr, done.stderr[-1500:]
     assert not (tmp_path / "out").exists()
@@ -37,8 +45,11 @@ def test_the_trainer_device_reaches_the_run_context_from_the_deployment(monkeypa
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on the reserved node's GPU
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    ctx = run_context(**resources_from_env({"SPOTLIGHT_RUN_DIR": str(tmp_path), "SPOTLIGHT_PRESET": "cpu_smoke",
-                                            "SPOTLIGHT_DEVICE": "cuda:0"}))
+    ctx = run_context(
+        **resources_from_env(
+            {"SPOTLIGHT_RUN_DIR": str(tmp_path), "SPOTLIGHT_PRESET": "cpu_smoke", "SPOTLIGHT_DEVICE": "cuda:0"}
+        )
+    )
     assert ctx.device == "cuda:0"
     with pytest.raises(ValueError, match="1 CUDA device"):
         resources_from_env({"SPOTLIGHT_RUN_DIR": str(tmp_path), "SPOTLIGHT_DEVICE": "cuda:1"})

@@ -20,10 +20,14 @@ def _said(result, message: str) -> bool:
 
 
 @pytest.mark.parametrize("command", ["train", "run"])
-@pytest.mark.parametrize("flag, value, message", [
-    ("--on-hacking", "ignore", "on_hacking must be one of ('warn', 'stop', 'rollback')"),
-    ("--hacking-window", "0", "window"), ("--rollback-lr-scale", "2", "rollback_lr_scale"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--on-hacking", "ignore", "on_hacking must be one of ('warn', 'stop', 'rollback')"),
+        ("--hacking-window", "0", "window"),
+        ("--rollback-lr-scale", "2", "rollback_lr_scale"),
+    ],
+)
 def test_a_bad_guard_flag_is_refused_before_any_compute(tmp_path, command, flag, value, message):
     where = ["--out", str(tmp_path / "r")] if command == "train" else ["--run-dir", str(tmp_path / "r")]
     result = _invoke(command, "--preset", "cpu_smoke", *where, flag, value)
@@ -48,12 +52,28 @@ def test_train_stops_after_a_flagged_iteration_with_exit_code_3_and_an_interrupt
 
     out = tmp_path / "run"
     # bounds of 1e-9: the first update of the shipped base changes the held-out images' compressed size
-    result = _invoke("train", "--preset", "cpu_smoke", "--seed", "0", "--out", str(out), "--json", "--on-hacking",
-                     "stop", "--hacking-max-drop", "1e-9", "--hacking-max-rise", "1e-9")
+    result = _invoke(
+        "train",
+        "--preset",
+        "cpu_smoke",
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--json",
+        "--on-hacking",
+        "stop",
+        "--hacking-max-drop",
+        "1e-9",
+        "--hacking-max-rise",
+        "1e-9",
+    )
     assert result.exit_code == 3, result.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["iteration"], r["hacking_action"]) for r in records] == [(0, None), (1, "stop")]
     ledger = Ledger(out / "ledger.duckdb")
     assert ledger.query("SELECT status FROM runs").rows == [("interrupted",)]
     assert ledger.query("SELECT iteration, flagged, rule LIKE 'drift:%' FROM reward_hacking ORDER BY 1").rows == [
-        (0, False, None), (1, True, True)]
+        (0, False, None),
+        (1, True, True),
+    ]

@@ -10,9 +10,21 @@ import json
 import time
 
 import pytest
-from tests.paths import REPO_ROOT
 
-from tests.pipelines.sky_fakes import PASSWORD, SECRETS, invoke as _invoke, job, node_queue as _node_queue, offer, served_task
+from tests.paths import REPO_ROOT
+from tests.pipelines.sky_fakes import (
+    PASSWORD,
+    SECRETS,
+    job,
+    offer,
+    served_task,
+)
+from tests.pipelines.sky_fakes import (
+    invoke as _invoke,
+)
+from tests.pipelines.sky_fakes import (
+    node_queue as _node_queue,
+)
 
 
 def _yaml_task(name: str):
@@ -28,9 +40,18 @@ def _yaml_secrets(name: str) -> list[str]:
     return list(yaml.safe_load((REPO_ROOT / "sky" / name).read_text())["secrets"])
 
 
-PLANS = {"default": {}, "one_gpu": {"gpus": ("A100",)}, "sp_nodes": {"sp_degree": "auto", "gpus_per_node": 4},
-         "model": {"model": "/models/Qwen-Image", "model_source": "s3://weights/Qwen-Image", "preset": "qwen_image_lora",
-                   "reward": "http://rewards:8200", "prompts": "/data/prompts.jsonl"}}
+PLANS = {
+    "default": {},
+    "one_gpu": {"gpus": ("A100",)},
+    "sp_nodes": {"sp_degree": "auto", "gpus_per_node": 4},
+    "model": {
+        "model": "/models/Qwen-Image",
+        "model_source": "s3://weights/Qwen-Image",
+        "preset": "qwen_image_lora",
+        "reward": "http://rewards:8200",
+        "prompts": "/data/prompts.jsonl",
+    },
+}
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -44,9 +65,11 @@ def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_r
     secrets = with_run_tls(SECRETS, tls)
     tasks = plan_tasks(LaunchPlan(workers=2, store="s3://b/p", **PLANS[plan]), secrets, "rediss://w@10.0.0.7:6379/0")
     assert len(tasks) == 3
-    expected = [{**SECRETS, "SPOTLIGHT_REDIS_TLS_CERT": tls.b64("cert_pem"), "SPOTLIGHT_REDIS_TLS_KEY": tls.b64("key_pem")}]
+    expected = [
+        {**SECRETS, "SPOTLIGHT_REDIS_TLS_CERT": tls.b64("cert_pem"), "SPOTLIGHT_REDIS_TLS_KEY": tls.b64("key_pem")}
+    ]
     expected += [{**SECRETS, "SPOTLIGHT_REDIS_PASSWORD": worker_password(SECRETS["SPOTLIGHT_REDIS_PASSWORD"])}] * 2
-    for task, secrets_of_task in zip(tasks, expected):
+    for task, secrets_of_task in zip(tasks, expected, strict=False):
         served = served_task(task)
         assert {k: v.get_secret_value() for k, v in served.secrets.items()} == secrets_of_task
         assert served.envs["SPOTLIGHT_REDIS_RUN_CA"] == tls.b64("ca_pem")
@@ -65,20 +88,36 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
     assert not fake_sky.calls and PASSWORD not in result.output and "s3cr3t" not in result.output
     yaml_reserved, yaml_spot = _yaml_task("reserved.yaml"), _yaml_task("spot_workers.yaml")
     (r,) = yaml_reserved.resources
-    assert reserved["resources"] == [{"accelerators": dict(r.accelerators), "use_spot": False, "job_recovery": None,
-                                      "ports": list(r.ports), "cloud": None}]
+    assert reserved["resources"] == [
+        {
+            "accelerators": dict(r.accelerators),
+            "use_spot": False,
+            "job_recovery": None,
+            "ports": list(r.ports),
+            "cloud": None,
+        }
+    ]
     ca = reserved["envs"]["SPOTLIGHT_REDIS_RUN_CA"]  # a throwaway CA: a dry run keeps nothing
     assert __import__("base64").b64decode(ca).startswith(b"-----BEGIN CERTIFICATE-----")
-    assert reserved["envs"] == {**yaml_reserved.envs, "SPOTLIGHT_STORE": "s3://bucket/run", "MAX_USD": "200",
-                                "SPOTLIGHT_REDIS_RUN_CA": ca}
+    assert reserved["envs"] == {
+        **yaml_reserved.envs,
+        "SPOTLIGHT_STORE": "s3://bucket/run",
+        "MAX_USD": "200",
+        "SPOTLIGHT_REDIS_RUN_CA": ca,
+    }
     assert all(w["envs"]["SPOTLIGHT_REDIS_RUN_CA"] == ca for w in workers)
     assert reserved["secrets"] == {name: "***" for name in _yaml_secrets("reserved.yaml")} != {}
     assert [w["name"] for w in workers] == ["spotlight-rollout-1", "spotlight-rollout-2", "spotlight-rollout-3"]
     for w in workers:  # no --gpu: the YAML's any_of, every option spot with the YAML's job recovery
         assert w["any_of"] and {next(iter(r["accelerators"])) for r in w["resources"]} == {
-            next(iter(r.accelerators)) for r in yaml_spot.resources}
-        assert all(r["use_spot"] and r["job_recovery"] == next(iter(yaml_spot.resources)).job_recovery for r in w["resources"])
-        assert w["envs"]["SPOTLIGHT_STORE"] == "s3://bucket/run" and w["secrets"] == {n: "***" for n in _yaml_secrets("spot_workers.yaml")}
+            next(iter(r.accelerators)) for r in yaml_spot.resources
+        }
+        assert all(
+            r["use_spot"] and r["job_recovery"] == next(iter(yaml_spot.resources)).job_recovery for r in w["resources"]
+        )
+        assert w["envs"]["SPOTLIGHT_STORE"] == "s3://bucket/run" and w["secrets"] == {
+            n: "***" for n in _yaml_secrets("spot_workers.yaml")
+        }
         dearest = max(PriceTable().usd_per_hour(next(iter(r.accelerators)), spot=True)[0] for r in yaml_spot.resources)
         assert float(w["envs"]["USD_PER_HOUR"]) == pytest.approx(dearest)  # not the YAML's flat one-GPU figure
 
@@ -95,13 +134,27 @@ def test_dry_run_with_one_gpu_pins_the_workers_to_it_and_prices_them_from_the_ta
 
 def test_dry_run_with_a_model_hands_it_to_both_tasks_and_mounts_its_bucket_at_that_path(fake_sky) -> None:
     import sky
-
     from resources.cloud import LaunchPlan, plan_tasks
 
     model, source = "/models/Qwen-Image", "s3://weights/models/Qwen-Image"
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", model,
-                     "--model-source", source, "--reward", "http://rewards:8200", "--prompts", "/data/prompts.jsonl",
-                     "--dry-run")
+    result = _invoke(
+        "launch",
+        "--workers",
+        "2",
+        "--store",
+        "s3://b/p",
+        "--preset",
+        "qwen_image_lora",
+        "--model",
+        model,
+        "--model-source",
+        source,
+        "--reward",
+        "http://rewards:8200",
+        "--prompts",
+        "/data/prompts.jsonl",
+        "--dry-run",
+    )
     assert result.exit_code == 0, result.output
     reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
     assert reserved["envs"]["MODEL"] == model and reserved["envs"]["PRESET"] == "qwen_image_lora"
@@ -119,7 +172,8 @@ def test_dry_run_with_a_model_hands_it_to_both_tasks_and_mounts_its_bucket_at_th
 
 
 def test_a_gpu_preset_without_a_reward_or_a_relative_prompts_file_is_refused_before_anything_is_submitted(
-        fake_sky) -> None:
+    fake_sky,
+) -> None:
     base = ("launch", "--workers", "1", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", "/m/Qwen")
     no_reward = _invoke(*base)
     assert no_reward.exit_code == 2 and "names no reward: pass --reward" in no_reward.output
@@ -128,17 +182,30 @@ def test_a_gpu_preset_without_a_reward_or_a_relative_prompts_file_is_refused_bef
     assert not fake_sky.calls
 
 
-def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_the_node_agent(fake_sky, tmp_path) -> None:
+def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_the_node_agent(
+    fake_sky, tmp_path
+) -> None:
     import os
 
     import sky
-
     from resources.cloud import LaunchPlan, plan_tasks
     from resources.prices import PriceTable
     from tests.pipelines.sky_blocks import stub_run
 
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--gpu", "H100", "--sp-degree", "4",
-                     "--gpus-per-node", "8", "--dry-run")
+    result = _invoke(
+        "launch",
+        "--workers",
+        "2",
+        "--store",
+        "s3://b/p",
+        "--gpu",
+        "H100",
+        "--sp-degree",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--dry-run",
+    )
     assert result.exit_code == 0, result.output
     reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
     assert "SP_DEGREE" not in reserved["envs"] and not fake_sky.calls
@@ -149,7 +216,8 @@ def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_t
     (_, task) = plan_tasks(any_of, SECRETS)
     again = sky.Task.from_yaml_config(task.to_yaml_config())  # what launch submits parses back (offline)
     assert {tuple(r.accelerators.items()) for r in again.resources} == {
-        ((next(iter(r.accelerators)), 4),) for r in _yaml_task("spot_workers.yaml").resources}
+        ((next(iter(r.accelerators)), 4),) for r in _yaml_task("spot_workers.yaml").resources
+    }
     assert all(r.use_spot for r in again.resources) and again.envs["SP_DEGREE"] == "auto"
     dearest = max(PriceTable().usd_per_hour(next(iter(r.accelerators)), spot=True)[0] for r in again.resources)
     assert float(again.envs["USD_PER_HOUR"]) == pytest.approx(4 * dearest), "a node's price, erring high"
@@ -165,31 +233,59 @@ def tiny_models(tmp_path_factory) -> dict:
     from workers.model.families.tiny import build_tiny_pipeline
 
     root = tmp_path_factory.mktemp("models")
-    return {"qwen": build_tiny_pipeline("qwen-image", root / "qwen", num_heads=4),
-            "sd3": build_tiny_pipeline("sd3", root / "sd3")}
+    return {
+        "qwen": build_tiny_pipeline("qwen-image", root / "qwen", num_heads=4),
+        "sd3": build_tiny_pipeline("sd3", root / "sd3"),
+    }
 
 
-@pytest.mark.parametrize("model, args, message", [
-    ("qwen", ["--sp-degree", "8"], "SP degree 8 must divide the 4 attention heads"),
-    ("sd3", ["--sp-degree", "2"], "SD3Transformer2DModel, the transformer of"),
-    ("sd3", ["--sp-degree", "auto", "--gpus-per-node", "4"], "--sp-degree auto: no degree from 2 to 4 splits"),
-])
+@pytest.mark.parametrize(
+    "model, args, message",
+    [
+        ("qwen", ["--sp-degree", "8"], "SP degree 8 must divide the 4 attention heads"),
+        ("sd3", ["--sp-degree", "2"], "SD3Transformer2DModel, the transformer of"),
+        ("sd3", ["--sp-degree", "auto", "--gpus-per-node", "4"], "--sp-degree auto: no degree from 2 to 4 splits"),
+    ],
+)
 def test_an_sp_degree_the_models_transformer_cannot_take_is_refused_before_anything_is_submitted(
-        fake_sky, tiny_models, model, args, message) -> None:
+    fake_sky, tiny_models, model, args, message
+) -> None:
     result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--model", str(tiny_models[model]), *args)
     assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
 
 
 def test_an_sp_degree_the_model_takes_launches_and_a_folder_only_on_the_nodes_is_left_to_them(fake_sky, tiny_models):
-    fits = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--model", str(tiny_models["qwen"]),
-                   "--sp-degree", "4", "--dry-run")
+    fits = _invoke(
+        "launch",
+        "--workers",
+        "1",
+        "--store",
+        "s3://b/p",
+        "--model",
+        str(tiny_models["qwen"]),
+        "--sp-degree",
+        "4",
+        "--dry-run",
+    )
     assert fits.exit_code == 0 and "not checked" not in fits.output, fits.output
-    elsewhere = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--model", "/models/Qwen-Image",
-                        "--sp-degree", "2", "--dry-run")
+    elsewhere = _invoke(
+        "launch",
+        "--workers",
+        "1",
+        "--store",
+        "s3://b/p",
+        "--model",
+        "/models/Qwen-Image",
+        "--sp-degree",
+        "2",
+        "--dry-run",
+    )
     assert elsewhere.exit_code == 0 and "--sp-degree 2 not checked against --model" in elsewhere.output
 
 
-@pytest.mark.parametrize("clouds, message", [([], "no cloud is enabled"), (RuntimeError("API server down"), "could not list")])
+@pytest.mark.parametrize(
+    "clouds, message", [([], "no cloud is enabled"), (RuntimeError("API server down"), "could not list")]
+)
 def test_launch_without_an_enabled_cloud_submits_nothing_and_names_sky_check(fake_sky, clouds, message) -> None:
     fake_sky.clouds = clouds
     result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
@@ -205,20 +301,26 @@ def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_expo
     assert dry.exit_code == 0 and json.loads(dry.output.splitlines()[-1])["secrets"]["SPOTLIGHT_REDIS_PASSWORD"] is None
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--store", "/data/store"], "--store must be s3://"),
-    (["--store", "s3://b/p", "--gpu", "B200"], "give distinct accelerator names from A100"),
-    (["--store", "s3://b/p", "--max-usd", "0"], "--max-usd must be a positive"),
-    (["--store", "s3://b/p", "--preset", "gpu_huge"], "unknown; choose one of"),
-    (["--store", "s3://b/p", "--model", "models/qwen"], "must be an absolute folder path"),
-    (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
-    (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
-    (["--store", "s3://b/p", "--sp-degree", "two"], "--sp-degree must be an integer >= 1 or auto, got 'two'"),
-    (["--store", "s3://b/p", "--sp-degree", "0"], "--sp-degree must be an integer >= 1 or auto, got 0"),
-    (["--store", "s3://b/p", "--gpus-per-node", "8"], "--gpus-per-node 8 needs --sp-degree"),
-    (["--store", "s3://b/p", "--sp-degree", "auto"], "--sp-degree auto needs --gpus-per-node N >= 2"),
-    (["--store", "s3://b/p", "--sp-degree", "3", "--gpus-per-node", "8"], "--sp-degree 3 must divide --gpus-per-node 8"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--store", "/data/store"], "--store must be s3://"),
+        (["--store", "s3://b/p", "--gpu", "B200"], "give distinct accelerator names from A100"),
+        (["--store", "s3://b/p", "--max-usd", "0"], "--max-usd must be a positive"),
+        (["--store", "s3://b/p", "--preset", "gpu_huge"], "unknown; choose one of"),
+        (["--store", "s3://b/p", "--model", "models/qwen"], "must be an absolute folder path"),
+        (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
+        (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
+        (["--store", "s3://b/p", "--sp-degree", "two"], "--sp-degree must be an integer >= 1 or auto, got 'two'"),
+        (["--store", "s3://b/p", "--sp-degree", "0"], "--sp-degree must be an integer >= 1 or auto, got 0"),
+        (["--store", "s3://b/p", "--gpus-per-node", "8"], "--gpus-per-node 8 needs --sp-degree"),
+        (["--store", "s3://b/p", "--sp-degree", "auto"], "--sp-degree auto needs --gpus-per-node N >= 2"),
+        (
+            ["--store", "s3://b/p", "--sp-degree", "3", "--gpus-per-node", "8"],
+            "--sp-degree 3 must divide --gpus-per-node 8",
+        ),
+    ],
+)
 def test_bad_launch_flags_are_refused_before_anything_is_submitted(fake_sky, args, message) -> None:
     result = _invoke("launch", "--workers", "2", *args)
     assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
@@ -246,7 +348,9 @@ def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fak
         assert task.name == name and task.envs["SPOTLIGHT_QUEUE"] == node.url("spotlight-worker")
         assert base64.b64decode(task.envs["SPOTLIGHT_REDIS_RUN_CA"]) == ca
         assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {
-            **SECRETS, "SPOTLIGHT_REDIS_PASSWORD": worker_password(node.password)}
+            **SECRETS,
+            "SPOTLIGHT_REDIS_PASSWORD": worker_password(node.password),
+        }
         assert node.password not in json.dumps(task.envs)
     assert node.password not in result.output
     assert "queue rediss://127.0.0.1:" in result.output
@@ -261,7 +365,9 @@ def test_the_reserved_node_goes_down_by_itself_once_its_run_block_has_ended(fake
     (resources,) = reserved.resources
     assert resources.autostop_config.enabled and resources.autostop_config.down
     assert 0 < resources.autostop_config.idle_minutes <= 15 and str(resources.autostop_config.wait_for.value) == "jobs"
-    assert options["idle_minutes_to_autostop"] is None and options["down"] is False  # the YAML's setting is not overridden
+    assert (
+        options["idle_minutes_to_autostop"] is None and options["down"] is False
+    )  # the YAML's setting is not overridden
 
 
 def test_launch_waits_for_redis_and_submits_no_worker_when_it_never_answers(fake_sky, monkeypatch) -> None:
@@ -277,7 +383,8 @@ def test_launch_waits_for_redis_and_submits_no_worker_when_it_never_answers(fake
 
 
 def test_launch_refuses_to_go_on_when_redis_refuses_the_password_or_its_certificate(
-        fake_sky, reserved_redis, monkeypatch, tmp_path) -> None:
+    fake_sky, reserved_redis, monkeypatch, tmp_path
+) -> None:
     import shutil
 
     from resources.cloud import tls_folder
@@ -299,8 +406,10 @@ def test_a_second_launch_resumes_the_run_and_submits_only_the_missing_workers(fa
     fake_sky.jobs = [job("spotlight-rollout-1", 4, "RUNNING"), job("spotlight-rollout-2", 5, "FAILED")]
     result = _invoke("launch", "--workers", "3", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
-    assert [args[1] for name, args, _ in fake_sky.calls if name == "jobs.launch"] == ["spotlight-rollout-2",
-                                                                                      "spotlight-rollout-3"]
+    assert [args[1] for name, args, _ in fake_sky.calls if name == "jobs.launch"] == [
+        "spotlight-rollout-2",
+        "spotlight-rollout-3",
+    ]
     assert "spotlight-rollout-1 is already running (managed job 4, RUNNING)" in result.output
 
 
@@ -322,16 +431,25 @@ def test_run_json_which_keeps_a_queue_url_as_given_is_readable_by_its_owner_only
     assert "pass-in-url-Q1" in (tmp_path / SPEC_NAME).read_text()  # kept for --resume, for its owner's eyes only
 
 
-def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the_table(fake_sky, reserved_redis) -> None:
+def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the_table(
+    fake_sky, reserved_redis
+) -> None:
     """The dearest of the allowed types' cheapest VMs (any_of: which type is free is not known); without the catalog
     (no network) the price table's dearest type, never the YAML's flat $0.50."""
     from resources.prices import PriceTable
 
-    fake_sky.catalog = {"L4": [offer("AWS", "g6.xlarge", "L4", 1, 0.80, 0.31), offer("GCP", "g2-standard-4", "L4", 1, 0.71, 0.28)],
-                        "A10G": [offer("AWS", "g5.xlarge", "A10G", 1, 1.01, 0.45)],
-                        "A100": [offer("GCP", "a2-highgpu-1g", "A100", 1, 3.67, 1.47),
-                                 offer("GCP", "a2-highgpu-2g", "A100", 2, 7.35, float("nan"))],
-                        "H100": [offer("AWS", "p5.4xlarge", "H100", 1, 6.88, 2.90), offer("GCP", "a3-highgpu-1g", "H100", 1, 5.38, 2.53)]}
+    fake_sky.catalog = {
+        "L4": [offer("AWS", "g6.xlarge", "L4", 1, 0.80, 0.31), offer("GCP", "g2-standard-4", "L4", 1, 0.71, 0.28)],
+        "A10G": [offer("AWS", "g5.xlarge", "A10G", 1, 1.01, 0.45)],
+        "A100": [
+            offer("GCP", "a2-highgpu-1g", "A100", 1, 3.67, 1.47),
+            offer("GCP", "a2-highgpu-2g", "A100", 2, 7.35, float("nan")),
+        ],
+        "H100": [
+            offer("AWS", "p5.4xlarge", "H100", 1, 6.88, 2.90),
+            offer("GCP", "a3-highgpu-1g", "H100", 1, 5.38, 2.53),
+        ],
+    }
     result = _invoke("launch", "--workers", "1", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
     (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
@@ -340,8 +458,9 @@ def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the
     result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--gpu", "L4,A10G")
     (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
     assert "priced from the price table" in result.output
-    assert float(task.envs["USD_PER_HOUR"]) == pytest.approx(max(PriceTable().usd_per_hour(g, spot=True)[0]
-                                                                 for g in ("L4", "A10G")))
+    assert float(task.envs["USD_PER_HOUR"]) == pytest.approx(
+        max(PriceTable().usd_per_hour(g, spot=True)[0] for g in ("L4", "A10G"))
+    )
 
 
 def test_the_catalog_price_is_the_cheapest_vm_of_the_dearest_type_and_none_without_the_catalog() -> None:
@@ -349,18 +468,23 @@ def test_the_catalog_price_is_the_cheapest_vm_of_the_dearest_type_and_none_witho
 
     from resources.prices import catalog_node_usd_per_hour
 
-    offers = {"L4": [offer("AWS", "g6.12xlarge", "L4", 4, 4.6, 1.9), offer("GCP", "g2-standard-48", "L4", 4, 4.0, 1.6)],
-              "A100": [offer("GCP", "a2-highgpu-4g", "A100", 4, 14.7, float("nan"))]}  # no spot offer
+    offers = {
+        "L4": [offer("AWS", "g6.12xlarge", "L4", 4, 4.6, 1.9), offer("GCP", "g2-standard-48", "L4", 4, 4.0, 1.6)],
+        "A100": [offer("GCP", "a2-highgpu-4g", "A100", 4, 14.7, float("nan"))],
+    }  # no spot offer
 
     def listing(**kwargs):
         return {k: v for k, v in offers.items() if k.lower() in kwargs["name_filter"].lower()}
 
     assert catalog_node_usd_per_hour(("L4",), 4, spot=True, list_accelerators=listing) == (
-        1.6, "SkyPilot catalog, spot L4:4: g2-standard-48 on GCP (us-east-1)")
+        1.6,
+        "SkyPilot catalog, spot L4:4: g2-standard-48 on GCP (us-east-1)",
+    )
     assert catalog_node_usd_per_hour(("L4", "A100"), 4, spot=False, list_accelerators=listing)[0] == 14.7
     assert catalog_node_usd_per_hour(("L4", "A100"), 4, spot=True, list_accelerators=listing) is None
     assert catalog_node_usd_per_hour(("H100",), 1, spot=True, list_accelerators=listing) is None
 
     def offline(**kwargs):
         raise requests.exceptions.ConnectionError("Failed to fetch GCP catalog gcp/vms.csv")
+
     assert catalog_node_usd_per_hour(("L4",), 1, spot=True, list_accelerators=offline) is None

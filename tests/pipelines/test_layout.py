@@ -5,7 +5,7 @@ Who may import whom is checked statically by import-linter (tests/test_layering.
 
 import subprocess
 import sys
-from pathlib import Path
+
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -14,8 +14,11 @@ ITERATION_ASSETS = {"weight_patch", "rollouts", "exploration", "policy_update", 
 
 
 def test_importing_every_worker_module_loads_no_dagster():
-    modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "workers").rglob("*.py")
-                     if p.name != "__main__.py")  # importing an entry point runs it
+    modules = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for p in (ROOT / "workers").rglob("*.py")
+        if p.name != "__main__.py"
+    )  # importing an entry point runs it
     code = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
     code += "assert not any(m.split('.')[0] == 'dagster' for m in sys.modules), 'dagster was imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

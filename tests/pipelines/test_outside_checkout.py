@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.paths import REPO_ROOT
 from tests.runs import run_command
 
@@ -34,16 +35,28 @@ def _run(cwd: Path, *args: str, timeout_s: float = 120):
     return run_command(cwd, *args, timeout_s=timeout_s)
 
 
-@pytest.mark.parametrize("args", [[], ["train"], ["run"], ["pretrain"], ["ledger"]]
-                         + [["bench", name] for name in _bench_names()], ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [[], ["train"], ["run"], ["pretrain"], ["ledger"]] + [["bench", name] for name in _bench_names()],
+    ids=" ".join,
+)
 def test_every_spotlight_command_answers_help_from_another_directory(elsewhere, args):
     done = _run(elsewhere, str(SPOTLIGHT), *args, "--help")
     assert done.returncode == 0, done.stderr
     assert "Usage: spotlight" in done.stdout
 
 
-@pytest.mark.parametrize("module", ["pipelines", "pipelines.cli", "workers.rollout", "workers.sp",
-                                    "workers.pulse.loco.worker", "workers.coordinator.loco"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "pipelines",
+        "pipelines.cli",
+        "workers.rollout",
+        "workers.sp",
+        "workers.pulse.loco.worker",
+        "workers.coordinator.loco",
+    ],
+)
 def test_every_python_m_entry_point_answers_help_from_another_directory(elsewhere, module):
     done = _run(elsewhere, sys.executable, "-m", module, "--help")
     assert done.returncode == 0, done.stderr
@@ -56,12 +69,21 @@ def test_train_with_a_relative_out_writes_there_and_the_ledger_command_reads_it(
     assert smoke_train.path("rel/train/ledger.duckdb").is_file()
     assert smoke_train.path("rel/train/policy/policy.json").is_file()
 
-    queried = _run(smoke_train.cwd, str(SPOTLIGHT), "ledger", "SELECT iteration, status FROM iterations ORDER BY 1",
-                   "--db", "rel/train/ledger.duckdb", "--json")
+    queried = _run(
+        smoke_train.cwd,
+        str(SPOTLIGHT),
+        "ledger",
+        "SELECT iteration, status FROM iterations ORDER BY 1",
+        "--db",
+        "rel/train/ledger.duckdb",
+        "--json",
+    )
     assert queried.returncode == 0, queried.stderr
     assert [json.loads(line) for line in queried.stdout.splitlines()] == [
-        {"iteration": 0, "status": "succeeded"}, {"iteration": 1, "status": "succeeded"},
-        {"iteration": 2, "status": "succeeded"}]
+        {"iteration": 0, "status": "succeeded"},
+        {"iteration": 1, "status": "succeeded"},
+        {"iteration": 2, "status": "succeeded"},
+    ]
     assert not (ROOT / "rel").exists()  # nothing landed in the checkout
 
 
@@ -72,7 +94,9 @@ def test_a_cluster_run_started_outside_the_checkout_finishes_with_its_files_wher
 
     ledger = smoke_cluster_run.path("rel/cluster/ledger.duckdb")
     assert query_ledger(ledger, "SELECT iteration, status FROM iterations ORDER BY 1").rows == [
-        (0, "succeeded"), (1, "succeeded")]
+        (0, "succeeded"),
+        (1, "succeeded"),
+    ]
     rollouts = query_ledger(ledger, "SELECT count(*), count(result_hash) FROM requests WHERE kind = 'rollout'").rows
     assert rollouts[0][0] > 0 and rollouts[0][0] == rollouts[0][1]
     assert smoke_cluster_run.path("rel/cluster/worker_logs").is_dir()
@@ -85,7 +109,8 @@ def test_the_cluster_hands_its_workers_absolute_paths_and_leaves_urls_alone(else
     monkeypatch.chdir(elsewhere)
     local = ClusterConfig("rel/queue.db", "rel/store", log_dir="rel/logs")
     assert (local.queue_url, local.store_url, local.log_dir) == tuple(
-        str(elsewhere.resolve() / "rel" / name) for name in ("queue.db", "store", "logs"))
+        str(elsewhere.resolve() / "rel" / name) for name in ("queue.db", "store", "logs")
+    )
     assert WorkerSlot("w0", queue_url="own.db").queue_url == str(elsewhere.resolve() / "own.db")
     remote = ClusterConfig("redis://:pw@host:6379/0", "s3://bucket/prefix")
     assert (remote.queue_url, remote.store_url) == ("redis://:pw@host:6379/0", "s3://bucket/prefix")
@@ -97,7 +122,10 @@ def test_a_relative_run_folder_means_relative_to_where_the_run_was_started(elsew
     monkeypatch.chdir(elsewhere)
     spec = RunSpec.resolve(Path("rel/run"), resume=False, store="rel/store", queue="redis://host:6379/0")
     assert (spec.run_dir, spec.store, spec.queue) == (
-        str(elsewhere.resolve() / "rel" / "run"), str(elsewhere.resolve() / "rel" / "store"), "redis://host:6379/0")
+        str(elsewhere.resolve() / "rel" / "run"),
+        str(elsewhere.resolve() / "rel" / "store"),
+        "redis://host:6379/0",
+    )
     spec.save()
     # Resumed from inside the run's parent with the same flags written relative to there: the same run.
     monkeypatch.chdir(elsewhere / "rel")

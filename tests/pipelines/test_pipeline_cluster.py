@@ -15,10 +15,15 @@ def test_rollouts_through_a_local_cluster_land_in_store_and_ledger(tmp_path, tin
     from workers.model.policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
-    resources = build_resources(run_dir=tmp_path / "run", run="c", preset="cpu_smoke", iterations=1,
-                                checkpoint=str(tmp_path / "tiny"), rollouts="local_cluster",
-                                workers={"num_workers": 2, "num_reserved": 1, "preemptions_per_hour": 0.0,
-                                         "log_dir": str(tmp_path / "logs")})
+    resources = build_resources(
+        run_dir=tmp_path / "run",
+        run="c",
+        preset="cpu_smoke",
+        iterations=1,
+        checkpoint=str(tmp_path / "tiny"),
+        rollouts="local_cluster",
+        workers={"num_workers": 2, "num_reserved": 1, "preemptions_per_hour": 0.0, "log_dir": str(tmp_path / "logs")},
+    )
     result = materialize_iteration(dg.DagsterInstance.ephemeral(), resources, 0)
     assert result.success
     assert len(resources["store"].get_store().list_commits(rollouts_prefix("c", 0))) == 8
@@ -43,7 +48,9 @@ def test_default_run_shows_preemptions_and_spot_cost_in_summary_and_report(smoke
     assert rows("SELECT count(*) > 0 FROM preemptions") == [(True,)]
     assert rows("SELECT count(*), count(result_hash) FROM requests WHERE kind = 'rollout'") == [(8, 8)]
     assert rows("SELECT iteration, usd_spot > 0, usd_reserved > 0 FROM cost_per_iteration ORDER BY 1") == [
-        (0, True, True), (1, True, True)]
+        (0, True, True),
+        (1, True, True),
+    ]
     assert "preempt." in smoke_cluster_run.stdout and "$ spot" in smoke_cluster_run.stdout  # the summary table
     page = (run / "report" / "index.html").read_text()
     assert 'src="preemptions.png"' in page and 'src="cost.png"' in page

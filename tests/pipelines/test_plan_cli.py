@@ -15,10 +15,15 @@ TARGET = 0.35
 @pytest.fixture
 def curve(tmp_path):
     """A learning curve that crosses TARGET between iterations 2 and 4 (the shape of a bench exploration record)."""
-    record = {"target_gain": 0.04,
-              "learning": {"versions": [0, 2, 4, 6], "seeds": [0],
-                           "strategies": {"random": {"mean_curve": [0.30, 0.34, 0.38, 0.42]}},
-                           "targets": {"+0.04": {}}}}
+    record = {
+        "target_gain": 0.04,
+        "learning": {
+            "versions": [0, 2, 4, 6],
+            "seeds": [0],
+            "strategies": {"random": {"mean_curve": [0.30, 0.34, 0.38, 0.42]}},
+            "targets": {"+0.04": {}},
+        },
+    }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(record))
     return path
@@ -26,8 +31,21 @@ def curve(tmp_path):
 
 def _args(curve, *extra: str) -> list[str]:
     """Two candidates: few spot GPUs (slower, cheaper) and many (faster, dearer)."""
-    return ["--spot-gpus", "4,64", "--policies", "naive_spot", "--iterations", "4", "--market", "none",
-            "--target", str(TARGET), "--curve", str(curve), *extra]
+    return [
+        "--spot-gpus",
+        "4,64",
+        "--policies",
+        "naive_spot",
+        "--iterations",
+        "4",
+        "--market",
+        "none",
+        "--target",
+        str(TARGET),
+        "--curve",
+        str(curve),
+        *extra,
+    ]
 
 
 def _invoke(*args: str):
@@ -54,8 +72,10 @@ def test_plan_picks_the_cheapest_run_that_meets_the_deadline_among_the_simulated
     deadline = (many["hours_to_target"] + few["hours_to_target"]) / 2
     text = _invoke("plan", "--budget", "1e6", "--deadline-h", f"{deadline:.4f}", *_args(curve))
     assert text.exit_code == 0, text.output
-    assert (f"cheapest: naive_spot on 64 spot GPUs: target {TARGET} in {many['hours_to_target']:.2f} h for "
-            f"${many['usd_to_target']:.1f}") in text.output
+    assert (
+        f"cheapest: naive_spot on 64 spot GPUs: target {TARGET} in {many['hours_to_target']:.2f} h for "
+        f"${many['usd_to_target']:.1f}"
+    ) in text.output
 
 
 def test_plan_says_when_nothing_fits_the_budget_and_exits_non_zero(curve):
@@ -64,14 +84,17 @@ def test_plan_says_when_nothing_fits_the_budget_and_exits_non_zero(curve):
     assert f"no configuration of 2 reaches {TARGET} within 10000.0 h and $0.01; raise the budget" in done.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--budget", "0", "--deadline-h", "5"], "--budget and --deadline-h must be > 0"),
-    (["--budget", "100", "--deadline-h", "-1"], "--budget and --deadline-h must be > 0"),
-    (["--budget", "100", "--deadline-h", "5", "--spot-gpus", "8,x"], "comma-separated integers"),
-    (["--budget", "100", "--deadline-h", "5", "--policies", "roll,magic"], "unknown ['magic']"),
-    (["--budget", "100", "--deadline-h", "5", "--market", "sometimes"], "is not one of"),
-    (["--deadline-h", "5"], "Missing option '--budget'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "0", "--deadline-h", "5"], "--budget and --deadline-h must be > 0"),
+        (["--budget", "100", "--deadline-h", "-1"], "--budget and --deadline-h must be > 0"),
+        (["--budget", "100", "--deadline-h", "5", "--spot-gpus", "8,x"], "comma-separated integers"),
+        (["--budget", "100", "--deadline-h", "5", "--policies", "roll,magic"], "unknown ['magic']"),
+        (["--budget", "100", "--deadline-h", "5", "--market", "sometimes"], "is not one of"),
+        (["--deadline-h", "5"], "Missing option '--budget'"),
+    ],
+)
 def test_plan_refuses_bad_input_before_simulating_with_a_line_saying_what_to_fix(args, message):
     done = _invoke("plan", *args)
     assert done.exit_code == 2

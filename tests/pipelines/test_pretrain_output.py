@@ -22,8 +22,23 @@ def pretrained(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain") / "base"
     threads = torch.get_num_threads()
     try:
-        done = CliRunner().invoke(app, ["pretrain", "--out", str(out), "--init", str(SHIPPED_BASE), "--steps", str(STEPS),
-                                        "--batch-size", str(BATCH), "--seed", str(SEED), "--json"])
+        done = CliRunner().invoke(
+            app,
+            [
+                "pretrain",
+                "--out",
+                str(out),
+                "--init",
+                str(SHIPPED_BASE),
+                "--steps",
+                str(STEPS),
+                "--batch-size",
+                str(BATCH),
+                "--seed",
+                str(SEED),
+                "--json",
+            ],
+        )
     finally:
         torch.set_num_threads(threads)
     assert done.exit_code == 0, done.output
@@ -37,8 +52,12 @@ def test_pretrain_output_loads_to_the_weights_it_trained_and_samples_like_them(p
 
     out, record = pretrained
     assert (record["steps"], record["seed"], record["init"]) == (STEPS, SEED, str(SHIPPED_BASE))
-    assert 0 <= record["heldout_score"] <= 1 and set(record["per_category"]) == {"counting", "color_binding",
-                                                                                "counting_binding", "position"}
+    assert 0 <= record["heldout_score"] <= 1 and set(record["per_category"]) == {
+        "counting",
+        "color_binding",
+        "counting_binding",
+        "position",
+    }
     loaded = load_policy(out)
     # The same steps replayed here (pretraining is seeded) give the weights the folder holds, bit for bit.
     replayed = load_policy(SHIPPED_BASE)
@@ -70,8 +89,23 @@ def test_train_from_the_pretrain_output_starts_from_its_weights(pretrained, tmp_
     run = tmp_path / "run"
     threads = torch.get_num_threads()
     try:
-        done = CliRunner().invoke(app, ["train", "--checkpoint", str(out), "--preset", "cpu_smoke", "--iterations", "1",
-                                        "--validation-prompts", str(prompts), "--out", str(run), "--json"])
+        done = CliRunner().invoke(
+            app,
+            [
+                "train",
+                "--checkpoint",
+                str(out),
+                "--preset",
+                "cpu_smoke",
+                "--iterations",
+                "1",
+                "--validation-prompts",
+                str(prompts),
+                "--out",
+                str(run),
+                "--json",
+            ],
+        )
     finally:
         torch.set_num_threads(threads)
     assert done.exit_code == 0, done.output

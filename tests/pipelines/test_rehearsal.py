@@ -18,13 +18,18 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from tests.paths import REPO_ROOT
 from tests.pipelines.sky_blocks import ArgvWatch, Block, start_block, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.skipif(shutil.which("redis-server") is None,
-                                 reason="redis-server is not installed (apt-get install redis-server); the reserved "
-                                        "block starts its own")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(
+        shutil.which("redis-server") is None,
+        reason="redis-server is not installed (apt-get install redis-server); the reserved block starts its own",
+    ),
+]
 RUN_TIMEOUT_S = 240
 
 
@@ -40,12 +45,15 @@ def _tasks(store: str, port: int, run_dir: Path, password: str):
     from resources.cloud import LaunchPlan, reserved_task, with_run_tls, worker_task
     from resources.queue.redis_tls import make_run_tls
 
-    secrets = with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing",
-                            "AWS_SECRET_ACCESS_KEY": "testing"}, make_run_tls())
+    secrets = with_run_tls(
+        {"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
+        make_run_tls(),
+    )
     plan = LaunchPlan(workers=1, store=store, preset="cpu_smoke", iterations=2)
     reserved = reserved_task(plan, secrets)
-    reserved.update_envs({"RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port),
-                          "TRAINER_DEVICE": "cpu"})  # what `sky launch --env` sets
+    reserved.update_envs(
+        {"RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port), "TRAINER_DEVICE": "cpu"}
+    )  # what `sky launch --env` sets
     queue = f"rediss://spotlight-worker@127.0.0.1:{port}/0"
     spot_envs = {"DEVICE": "cpu", "USD_PER_HOUR": "0.25", "END_CHECK_S": "1"}
     spot = worker_task(plan, secrets, 1, queue)
@@ -76,8 +84,10 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
             blocks.append(reserved := start_block(reserved_task, "reserved", REPO_ROOT, logs, os.environ))
             wait_for(lambda: (run_dir / "redis" / "redis.pid").exists(), 30, "redis-server", blocks)
             wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 30, "redis-server's port", blocks)
-            outsiders = {why: start_block(task, why.replace(" ", "-"), REPO_ROOT, logs, os.environ)
-                         for why, task in refused.items()}
+            outsiders = {
+                why: start_block(task, why.replace(" ", "-"), REPO_ROOT, logs, os.environ)
+                for why, task in refused.items()
+            }
             blocks += [start_block(spot_task, f"spot{i}", REPO_ROOT, logs, os.environ) for i in (1, 2)]
             wait_for(lambda: any(_claimed(b) for b in blocks[1:]), RUN_TIMEOUT_S, "a spot worker's claim", blocks)
             victim = next(b for b in blocks[1:] if _claimed(b))
@@ -91,7 +101,9 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
                     assert block.wait(60) == 0, block.text()[-3000:]
             for why, block in outsiders.items():  # a worker the run did not set up is refused, saying why
                 code = block.wait(60)
-                expected = "rejected the credentials" if why == "wrong password" else "not signed by a CA this process trusts"
+                expected = (
+                    "rejected the credentials" if why == "wrong password" else "not signed by a CA this process trusts"
+                )
                 assert code == 2 and expected in block.text(), f"{why}: exit {code}\n{block.text()[-2000:]}"
         finally:
             for block in [*reversed(blocks), *outsiders.values()]:
@@ -100,6 +112,7 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
     assert argv_watch.scans > 10 and not argv_watch.hits, f"the Redis password was on a command line: {argv_watch.hits}"
     _assert_ledger(run_dir / "ledger.duckdb", victim_log=victim.text(), password=password)
     from resources.store import open_store  # the record outlives the node's disk (autostop deletes it)
+
     archived = open_store(f"s3://{s3_server.bucket}/spotlight").get_bytes(f"archive/{run_dir.name}/ledger.duckdb")
     assert archived == (run_dir / "ledger.duckdb").read_bytes()
     for log in [*logs.glob("*.log"), *run_dir.rglob("*.log"), *run_dir.rglob("*.stderr")]:
@@ -136,8 +149,12 @@ def _assert_ledger(path: Path, victim_log: str, password: str) -> None:
     (preemption,) = rows("SELECT * FROM preemptions")
     assert preemption["worker_id"] == victim_id and preemption["notice_s"] > 0
     if preemption["request_id"] is not None:  # it was mid-rollout: committed, and resumed from there elsewhere
-        committed = next(json.loads(line)["committed_step"] for line in victim_log.splitlines() if '"preempted"' in line)
-        (resumed,) = rows(f"SELECT * FROM attempts WHERE request_id = '{preemption['request_id']}' AND outcome = 'done'")
+        committed = next(
+            json.loads(line)["committed_step"] for line in victim_log.splitlines() if '"preempted"' in line
+        )
+        (resumed,) = rows(
+            f"SELECT * FROM attempts WHERE request_id = '{preemption['request_id']}' AND outcome = 'done'"
+        )
         assert preemption["state_committed"] and preemption["steps_lost"] == 0
         assert resumed["worker_id"] != victim_id and resumed["resumed_from_step"] == committed
     assert rows("SELECT usd_spot FROM run_cost")[0]["usd_spot"] > 0

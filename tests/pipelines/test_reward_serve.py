@@ -14,7 +14,7 @@ from pipelines.reward_cli import RewardServer
 from tests.paths import REPO_ROOT
 from workers.task import rewards
 from workers.task.rewards import get_reward, register_reward
-from workers.task.rewards_remote import RemoteRewardError, TOKEN_ENV
+from workers.task.rewards_remote import TOKEN_ENV, RemoteRewardError
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (7, 16, 16, 3), dtype=np.uint8)
 PROMPTS = [f"prompt {i}" for i in range(7)]
@@ -39,8 +39,9 @@ def _stop(server: RewardServer) -> None:
 
 def test_remote_scores_equal_local_scores_in_batches_of_max_images(scratch_registry):
     sizes = []
-    register_reward("recording", lambda images, prompts: sizes.append(len(images)) or rewards.jpeg_compressibility(
-        images, prompts))
+    register_reward(
+        "recording", lambda images, prompts: sizes.append(len(images)) or rewards.jpeg_compressibility(images, prompts)
+    )
     server = _serve(get_reward("recording"))
     remote = get_reward(f"http://127.0.0.1:{server.server_port}?max_images=3")
     np.testing.assert_array_equal(remote(IMAGES, PROMPTS), rewards.jpeg_compressibility(IMAGES, PROMPTS))
@@ -50,16 +51,18 @@ def test_remote_scores_equal_local_scores_in_batches_of_max_images(scratch_regis
 
 
 def test_a_multi_reward_served_reports_its_components(scratch_registry):
-    from workers.task.rewards_remote import encode_request
     import json
     import urllib.request
+
+    from workers.task.rewards_remote import encode_request
 
     server = _serve(get_reward("multi:jpeg_compressibility=0.5"), "multi")
     body = encode_request(IMAGES[:2], PROMPTS[:2])
     with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/score", data=body, timeout=10) as answer:
         reply = json.loads(answer.read())
-    np.testing.assert_allclose(reply["components"]["jpeg_compressibility"],
-                               rewards.jpeg_compressibility(IMAGES[:2], PROMPTS[:2]))
+    np.testing.assert_allclose(
+        reply["components"]["jpeg_compressibility"], rewards.jpeg_compressibility(IMAGES[:2], PROMPTS[:2])
+    )
     np.testing.assert_allclose(reply["rewards"], 0.5 * np.asarray(reply["components"]["jpeg_compressibility"]))
     _stop(server)
 
@@ -109,9 +112,13 @@ def _start_cli_server(*args: str) -> tuple[subprocess.Popen, str]:
     """`spotlight reward-serve` in a child process and its URL, read from its first line within 60 s."""
     import queue as queue_module
 
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines", "reward-serve", "--reward", "jpeg_compressibility",
-                             "--port", "0", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines", "reward-serve", "--reward", "jpeg_compressibility", "--port", "0", *args],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue_module.Queue = queue_module.Queue()
     threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
     try:
@@ -143,8 +150,13 @@ def test_spotlight_reward_serve_serves_a_reward_from_the_command_line():
 
 
 def test_reward_serve_refuses_an_unknown_reward_before_listening():
-    done = subprocess.run([sys.executable, "-m", "pipelines", "reward-serve", "--reward", "pickscor"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines", "reward-serve", "--reward", "pickscor"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     assert "unknown reward 'pickscor'" in done.stderr and "clip" in done.stderr
 
@@ -258,8 +270,9 @@ def test_a_server_off_loopback_refuses_to_start_without_a_token(monkeypatch):
     with pytest.raises(ValueError, match=f"needs a token: set \\${TOKEN_ENV}"):
         RewardServer(("0.0.0.0", 0), rewards.jpeg_compressibility, "test")
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    result = CliRunner().invoke(app, ["reward-serve", "--reward", "jpeg_compressibility", "--host", "0.0.0.0"],
-                                env={"COLUMNS": "300"})
+    result = CliRunner().invoke(
+        app, ["reward-serve", "--reward", "jpeg_compressibility", "--host", "0.0.0.0"], env={"COLUMNS": "300"}
+    )
     assert result.exit_code == 2 and "needs a token" in result.output
     guarded = RewardServer(("0.0.0.0", 0), rewards.jpeg_compressibility, "test", token="s3cret")
     guarded.server_close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -55,12 +56,19 @@ def test_resume_refuses_flags_that_differ_from_the_stored_run(tmp_path):
     assert result.exit_code != 0 and "--iterations 5" in result.output
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--preset", "huge", "unknown preset"), ("--reward", "beauty", "unknown reward"), ("--store", "ftp://h/x", "store URL scheme"),
-    ("--queue", "amqp://h", "queue URL scheme"), ("--rollouts", "magic", "--rollouts"),
-    ("--workers", "0", "--workers"), ("--preemptions-per-hour", "-1", "--preemptions-per-hour"),
-    ("--explore-samples", "64", "--explore-samples (> 0, a budget in samples) is for --rollouts inprocess"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--preset", "huge", "unknown preset"),
+        ("--reward", "beauty", "unknown reward"),
+        ("--store", "ftp://h/x", "store URL scheme"),
+        ("--queue", "amqp://h", "queue URL scheme"),
+        ("--rollouts", "magic", "--rollouts"),
+        ("--workers", "0", "--workers"),
+        ("--preemptions-per-hour", "-1", "--preemptions-per-hour"),
+        ("--explore-samples", "64", "--explore-samples (> 0, a budget in samples) is for --rollouts inprocess"),
+    ],
+)
 def test_bad_flags_fail_before_any_compute(tmp_path, flag, value, message):
     result = _invoke("--run-dir", str(tmp_path / "r"), flag, value)
     assert _refused(result, message)
@@ -73,7 +81,9 @@ def test_the_default_run_samples_on_a_preempted_local_cluster(tmp_path):
     spec = RunSpec.resolve(tmp_path / "r", resume=False)
     assert (spec.rollouts, spec.preset) == ("local_cluster", "cpu_tiny_spot")
     config = spec.resources()["run_config"].train_config()
-    assert config.seeds_per_request == config.group_size and config.rollouts_per_prompt is None  # whole groups, explored seeds
+    assert (
+        config.seeds_per_request == config.group_size and config.rollouts_per_prompt is None
+    )  # whole groups, explored seeds
     assert spec.num_workers >= 2 and spec.preemptions_per_hour > 0
     assert spec.resources()["rollout_workers"].mode == "workers"  # the run-long cluster pulls from the queue
 
@@ -98,11 +108,14 @@ def test_overwrite_checks_every_flag_before_deleting_the_old_run(tmp_path):
     assert (old / "run.json").is_file()
 
 
-@pytest.mark.parametrize("setup, extra, message", [
-    ("other files", [], "holds no spotlight run"),
-    ("a run", ["--resume"], "--resume"),
-    ("a run", ["--store", "s3://b/p"], "--store"),
-])
+@pytest.mark.parametrize(
+    "setup, extra, message",
+    [
+        ("other files", [], "holds no spotlight run"),
+        ("a run", ["--resume"], "--resume"),
+        ("a run", ["--store", "s3://b/p"], "--store"),
+    ],
+)
 def test_overwrite_refuses_what_it_could_not_clear_cleanly(tmp_path, setup, extra, message):
     folder = tmp_path / "r"
     folder.mkdir()
@@ -118,8 +131,9 @@ def _spotlight_run(run_dir: Path, checkpoint: Path, *extra: str) -> subprocess.P
     cmd = [str(Path(sys.executable).parent / "spotlight"), "run", "--run-dir", str(run_dir), *extra]
     if "--resume" not in extra:
         cmd += ["--preset", "cpu_smoke", "--iterations", "2", "--checkpoint", str(checkpoint)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def _content(run_dir: Path, queries: dict[str, str]) -> dict:
@@ -161,7 +175,7 @@ def test_killed_run_resumes_to_the_ledger_of_an_uninterrupted_run(tmp_path, tiny
 CLUSTER_QUERIES = {
     "iterations": "SELECT iteration, weights_version, status FROM iterations ORDER BY 1",
     "rollouts": "SELECT iteration, count(*), count(result_hash) FROM requests WHERE kind = 'rollout' AND status = 'done' "
-                "GROUP BY 1 ORDER BY 1",
+    "GROUP BY 1 ORDER BY 1",
     "iteration_0": "SELECT request_id, result_hash, finished_at FROM requests WHERE iteration = 0 ORDER BY 1",
     "train_0": "SELECT * FROM train_steps WHERE iteration = 0",
     "validations": "SELECT iteration, count(*) FROM validation GROUP BY 1 ORDER BY 1",
@@ -189,8 +203,12 @@ def test_killed_cluster_run_resumes_without_redoing_or_duplicating_work(tmp_path
     assert (after["iteration_0"], after["train_0"]) == (before["iteration_0"], before["train_0"])  # not redone
     assert after["validations"] == [(0, 1), (1, 1), (2, 1)]
     # The killed run's workers are closed as interrupted; the resumed run's got new ids and finished.
-    assert after["workers"] == [("w0.0", "interrupted"), ("w0s1.0", "finished"), ("w1.0", "interrupted"),
-                                ("w1s1.0", "finished")]
+    assert after["workers"] == [
+        ("w0.0", "interrupted"),
+        ("w0s1.0", "finished"),
+        ("w1.0", "interrupted"),
+        ("w1s1.0", "finished"),
+    ]
     assert (killed / "report" / "preemptions.png").is_file()
 
 

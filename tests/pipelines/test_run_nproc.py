@@ -24,15 +24,31 @@ from typer.testing import CliRunner
 from tests.paths import REPO_ROOT
 
 SPOTLIGHT = Path(sys.executable).parent / "spotlight"
-TRAIN_STATS = ("loss", "kl", "reward_mean", "reward_std", "zero_std_ratio", "clip_fraction", "grad_norm", "learning_rate")
+TRAIN_STATS = (
+    "loss",
+    "kl",
+    "reward_mean",
+    "reward_std",
+    "zero_std_ratio",
+    "clip_fraction",
+    "grad_norm",
+    "learning_rate",
+)
 
 
 def _start(cwd: Path, run_dir: Path, *args: str) -> subprocess.Popen:
     """`spotlight run` in `cwd` (the installed command, outside the checkout), in its own process group."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"
-    return subprocess.Popen([str(SPOTLIGHT), "run", "--run-dir", str(run_dir), *args], cwd=cwd, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [str(SPOTLIGHT), "run", "--run-dir", str(run_dir), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout_s: float = 900) -> str:
@@ -79,8 +95,9 @@ def test_a_killed_two_rank_run_resumes_on_its_ranks_and_trains_what_one_process_
     # Both runs are named "run" (the folder's name), so request ids, seeds and store keys match; the one-process
     # run is the session's golden run.
     alone, ranked = smoke_run.path("rel/run"), tmp_path / "ranked" / "run"
-    first = _start(tmp_path, ranked, "--preset", "cpu_smoke", "--rollouts", "inprocess", "--nproc", "2",
-                   "--gradient-checkpointing")
+    first = _start(
+        tmp_path, ranked, "--preset", "cpu_smoke", "--rollouts", "inprocess", "--nproc", "2", "--gradient-checkpointing"
+    )
     _kill_once_iteration_1_has_results(first, ranked)
     assert _ledger(ranked, "SELECT iteration, status FROM iterations ORDER BY 1")[-1] == (1, "running")
     stored = json.loads((ranked / "run.json").read_text())
@@ -90,14 +107,17 @@ def test_a_killed_two_rank_run_resumes_on_its_ranks_and_trains_what_one_process_
     assert "trainer rank 1: joined 1 update(s)" in resumed, resumed[-3000:]  # iteration 1's, redone on both ranks
 
     status = "SELECT iteration, weights_version, status FROM iterations ORDER BY 1"
-    assert _ledger(ranked, status) == _ledger(alone, status) == [(0, 0, "succeeded"), (1, 1, "succeeded"),
-                                                                  (2, 2, "succeeded")]
+    assert (
+        _ledger(ranked, status)
+        == _ledger(alone, status)
+        == [(0, 0, "succeeded"), (1, 1, "succeeded"), (2, 2, "succeeded")]
+    )
     rows = f"SELECT iteration, step, {', '.join(TRAIN_STATS)} FROM train_steps ORDER BY 1, 2"
     mine, theirs = _ledger(ranked, rows), _ledger(alone, rows)
     assert [r[:2] for r in mine] == [r[:2] for r in theirs] == [(0, 0), (1, 0)]
-    for row, other in zip(mine, theirs):
+    for row, other in zip(mine, theirs, strict=False):
         assert row[TRAIN_STATS.index("grad_norm") + 2] > 0
-        for name, value, expected in zip(TRAIN_STATS, row[2:], other[2:]):
+        for name, value, expected in zip(TRAIN_STATS, row[2:], other[2:], strict=False):
             assert value == pytest.approx(expected, rel=1e-4, abs=1e-6), (row[0], name)
     (weights, optimizer), (weights_alone, optimizer_alone) = _final_state(ranked), _final_state(alone)
     torch.testing.assert_close(weights, weights_alone, atol=1e-5, rtol=1e-4)
@@ -111,11 +131,14 @@ def _invoke(*args: str):
     return CliRunner().invoke(app, ["run", *args], env={"COLUMNS": "300"})
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--nproc", "0"], "--nproc must be >= 1"),
-    (["--preset", "cpu_smoke", "--nproc", "16"], "cannot be split over 16 ranks"),  # 8 samples per minibatch
-    (["--sync-mode", "merged"], "sync_mode: only for a diffusers pipeline"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--nproc", "0"], "--nproc must be >= 1"),
+        (["--preset", "cpu_smoke", "--nproc", "16"], "cannot be split over 16 ranks"),  # 8 samples per minibatch
+        (["--sync-mode", "merged"], "sync_mode: only for a diffusers pipeline"),
+    ],
+)
 def test_bad_ranks_or_sync_mode_fail_before_any_compute_or_file(tmp_path, args, says):
     done = _invoke("--run-dir", str(tmp_path / "run"), *args)
     assert done.exit_code != 0 and says in re.sub(r"[\s│]+", " ", done.output), done.output
@@ -127,8 +150,22 @@ def test_merged_sync_without_a_lora_fails_before_any_compute_or_file(tmp_path):
 
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
     for mode, says in (("merged", "lora_rank > 0"), ("dense", "sync_mode must be one of")):
-        done = _invoke("--run-dir", str(tmp_path / "run"), "--model", str(model), "--preset", "cpu_smoke",
-                       "--resolution", "32", "--lora-rank", "0", "--sync-mode", mode, "--rollouts", "inprocess")
+        done = _invoke(
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--model",
+            str(model),
+            "--preset",
+            "cpu_smoke",
+            "--resolution",
+            "32",
+            "--lora-rank",
+            "0",
+            "--sync-mode",
+            mode,
+            "--rollouts",
+            "inprocess",
+        )
         assert done.exit_code != 0 and says in re.sub(r"[\s│]+", " ", done.output), done.output
         assert not (tmp_path / "run").exists(), "a refused run must write nothing"
 

@@ -15,6 +15,8 @@ def test_no_local_workers_is_for_a_redis_queue_only(tmp_path):
     assert spec.num_workers == 0
     with pytest.raises(ValueError, match="0 only on a Redis --queue"):
         RunSpec(str(tmp_path / "run"), num_workers=0)  # a SQLite queue: nobody would ever sample
-    done = CliRunner().invoke(app, ["run", "--workers", "0", "--run-dir", str(tmp_path / "cli")], env={"COLUMNS": "400"})
+    done = CliRunner().invoke(
+        app, ["run", "--workers", "0", "--run-dir", str(tmp_path / "cli")], env={"COLUMNS": "400"}
+    )
     assert done.exit_code == 2 and "0 only on a Redis --queue" in done.output
     assert not (tmp_path / "cli").exists()

@@ -29,8 +29,9 @@ def test_resume_refuses_a_folder_with_a_ledger_but_no_run_spec(tmp_path) -> None
 
 
 def test_the_spend_cap_stops_the_run_once_the_ledger_spent_it(mem_ledger) -> None:
-    mem_ledger.start_worker("vm-1", role="rollout", instance_type="x", spot=True, usd_per_hour=3600.0,
-                            at=time.time() - 2)  # about $2 so far
+    mem_ledger.start_worker(
+        "vm-1", role="rollout", instance_type="x", spot=True, usd_per_hour=3600.0, at=time.time() - 2
+    )  # about $2 so far
     check_budget(mem_ledger, None, 0)
     check_budget(mem_ledger, 50.0, 0)
     with pytest.raises(BudgetReachedError, match=r"spent \$2\.\d+, reaching --max-usd 1, after iteration 3"):
@@ -38,7 +39,9 @@ def test_the_spend_cap_stops_the_run_once_the_ledger_spent_it(mem_ledger) -> Non
 
 
 def test_run_refuses_a_non_positive_max_usd_before_any_compute(tmp_path) -> None:
-    result = CliRunner().invoke(app, ["run", "--run-dir", str(tmp_path / "r"), "--max-usd", "0"], env={"COLUMNS": "300"})
+    result = CliRunner().invoke(
+        app, ["run", "--run-dir", str(tmp_path / "r"), "--max-usd", "0"], env={"COLUMNS": "300"}
+    )
     assert result.exit_code == 2 and "--max-usd must be a positive" in result.output
     assert not (tmp_path / "r" / SPEC_NAME).exists()
 

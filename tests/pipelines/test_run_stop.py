@@ -40,8 +40,19 @@ def prompts(tmp_path) -> Path:
 
 def _smoke_args(run_dir: Path, prompts: Path, iterations: int = 1) -> list[str]:
     """`iterations` training iterations and the final one (validation and report), sampled in this process."""
-    return ["run", "--run-dir", str(run_dir), "--preset", "cpu_smoke", "--rollouts", "inprocess", "--iterations",
-            str(iterations), "--validation-prompts", str(prompts)]
+    return [
+        "run",
+        "--run-dir",
+        str(run_dir),
+        "--preset",
+        "cpu_smoke",
+        "--rollouts",
+        "inprocess",
+        "--iterations",
+        str(iterations),
+        "--validation-prompts",
+        str(prompts),
+    ]
 
 
 def _invoke(*args: str):
@@ -58,10 +69,12 @@ def _finished_by_resume(run_dir: Path, iterations: int = 1) -> None:
     assert done.exit_code == 0, done.output
     assert "it   0  done earlier (resumed)" in done.output and f"it   {iterations}  held-out" in done.output
     assert _ledger(run_dir, "SELECT iteration, status FROM iterations ORDER BY 1") == [
-        (k, "succeeded") for k in range(iterations + 1)]
+        (k, "succeeded") for k in range(iterations + 1)
+    ]
     assert _ledger(run_dir, "SELECT status FROM runs") == [("succeeded",)]
     assert _ledger(run_dir, "SELECT count(*), count(DISTINCT iteration) FROM train_steps") == [
-        (iterations, iterations)]  # none trained twice
+        (iterations, iterations)
+    ]  # none trained twice
 
 
 def test_max_usd_stops_the_run_after_the_iteration_that_reached_it_and_resume_finishes_it(tmp_path, prompts):
@@ -87,8 +100,15 @@ def test_max_usd_stops_the_run_after_the_iteration_that_reached_it_and_resume_fi
 
 def _spotlight(*args: str) -> subprocess.Popen:
     env = {**os.environ, "COLUMNS": "400", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "pipelines", *args], cwd=REPO_ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def _wait_for_line(proc: subprocess.Popen, prefix: str, timeout_s: float) -> list[str]:
@@ -156,8 +176,19 @@ def test_sigterm_while_local_workers_start_stops_the_run_and_its_workers_with_a_
     """SIGTERM outside Dagster's own handling (here: while the worker cluster starts) used to end the process at
     once, with no hint and no record of the stop."""
     run_dir = tmp_path / "terminated"
-    proc = _spotlight("run", "--run-dir", str(run_dir), "--preset", "cpu_smoke", "--workers", "1",
-                      "--preemptions-per-hour", "0", "--validation-prompts", str(prompts))
+    proc = _spotlight(
+        "run",
+        "--run-dir",
+        str(run_dir),
+        "--preset",
+        "cpu_smoke",
+        "--workers",
+        "1",
+        "--preemptions-per-hour",
+        "0",
+        "--validation-prompts",
+        str(prompts),
+    )
     _wait_for_line(proc, "rollouts on 1 local spot workers", timeout_s=120)
     code, stderr = _stopped(proc, signal.SIGTERM)
     assert code == 1, stderr[-2000:]

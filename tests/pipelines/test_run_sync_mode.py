@@ -27,12 +27,39 @@ def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path)
 
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
     run = tmp_path / "run"
-    done = subprocess.run([*SPOTLIGHT, "run", "--model", str(model), "--preset", "cpu_smoke", "--iterations", "1",
-                           "--resolution", "32", "--lora-rank", "4", "--sync-mode", "merged",
-                           "--reward", "jpeg_compressibility", "--workers", "1", "--preemptions-per-hour", "0",
-                           "--nproc", "2", "--run-dir", str(run)],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    done = subprocess.run(
+        [
+            *SPOTLIGHT,
+            "run",
+            "--model",
+            str(model),
+            "--preset",
+            "cpu_smoke",
+            "--iterations",
+            "1",
+            "--resolution",
+            "32",
+            "--lora-rank",
+            "4",
+            "--sync-mode",
+            "merged",
+            "--reward",
+            "jpeg_compressibility",
+            "--workers",
+            "1",
+            "--preemptions-per-hour",
+            "0",
+            "--nproc",
+            "2",
+            "--run-dir",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trainer rank 1: joined 1 update(s)" in done.stderr, done.stderr[-3000:]
     assert json.loads((run / "run.json").read_text())["sync_mode"] == "merged"
@@ -47,8 +74,10 @@ def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path)
     assert set(received) == set(merged) and all(torch.equal(received[k], merged[k]) for k in merged)
     with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as db:
         syncs = db.execute("SELECT version, kind, dense_bytes, patch_bytes FROM syncs ORDER BY version").fetchall()
-        sampled = db.execute("SELECT count(*), count(result_hash), min(worker_id) FROM requests "
-                             "WHERE kind = 'rollout' AND status = 'done'").fetchone()
+        sampled = db.execute(
+            "SELECT count(*), count(result_hash), min(worker_id) FROM requests "
+            "WHERE kind = 'rollout' AND status = 'done'"
+        ).fetchone()
         pool = db.execute("SELECT worker_id FROM workers WHERE role = 'rollout'").fetchall()
     assert [s[:2] for s in syncs] == [(0, "anchor"), (1, "patch")]
     assert all(s[2] == sum(t.numel() * 2 for t in merged.values()) for s in syncs)  # the merged transformer
@@ -64,8 +93,13 @@ def test_the_sync_mode_reaches_the_run_context_from_the_deployment_and_the_run_s
     from pipelines.run import RunSpec
 
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
-    env = {"SPOTLIGHT_RUN_DIR": str(tmp_path / "ui"), "SPOTLIGHT_PRESET": "cpu_smoke", "SPOTLIGHT_MODEL": str(model),
-           "SPOTLIGHT_LORA_RANK": "4", "SPOTLIGHT_SYNC_MODE": "merged"}
+    env = {
+        "SPOTLIGHT_RUN_DIR": str(tmp_path / "ui"),
+        "SPOTLIGHT_PRESET": "cpu_smoke",
+        "SPOTLIGHT_MODEL": str(model),
+        "SPOTLIGHT_LORA_RANK": "4",
+        "SPOTLIGHT_SYNC_MODE": "merged",
+    }
     assert run_context(**resources_from_env(env)).model["sync_mode"] == "merged"
     spec = RunSpec(str(tmp_path / "cli"), preset="cpu_smoke", model=str(model), lora_rank=4, sync_mode="merged")
     assert run_context(**spec.resources()).model["sync_mode"] == "merged"

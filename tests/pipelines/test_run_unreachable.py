@@ -11,8 +11,14 @@ import pytest
 
 
 def _spotlight_run(tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipelines", "run", "--run-dir", str(tmp_path / "run"), *args],
-                          cwd=tmp_path, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines", "run", "--run-dir", str(tmp_path / "run"), *args],
+        cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _closed_port() -> int:
@@ -38,9 +44,14 @@ def test_an_unreachable_redis_queue_stops_the_run_at_once_in_one_line(tmp_path, 
 
 def test_an_unreachable_s3_endpoint_stops_the_run_at_once_in_one_line(tmp_path) -> None:
     port = _closed_port()
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp_path / "none"),
-           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+    }
     done = _spotlight_run(tmp_path, "--store", "s3://spotlight-test/runs", env=env)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
@@ -50,5 +61,7 @@ def test_an_unreachable_s3_endpoint_stops_the_run_at_once_in_one_line(tmp_path) 
 
 def test_a_missing_bucket_stops_the_run_naming_it(tmp_path, s3_server) -> None:
     done = _spotlight_run(tmp_path, "--store", "s3://no-such-bucket-here/runs")
-    assert done.returncode == 2 and "no-such-bucket-here" in done.stderr and "does not exist" in done.stderr, done.stderr
+    assert done.returncode == 2 and "no-such-bucket-here" in done.stderr and "does not exist" in done.stderr, (
+        done.stderr
+    )
     assert not (tmp_path / "run").exists()

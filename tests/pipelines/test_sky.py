@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tests.paths import REPO_ROOT
 
 REPO = REPO_ROOT
@@ -23,9 +24,8 @@ def _python_commands(name: str, workdir: Path, envs: dict | None = None) -> list
     YAML's envs (and `envs`, as `--env` sets them) and its secrets, `python` and `redis-server` stubbed out."""
     import os
 
-    from tests.pipelines.sky_blocks import stub_run
-
     from resources.cloud import yaml_task
+    from tests.pipelines.sky_blocks import stub_run
 
     task = yaml_task(name, {k: "secret-value" for k in _raw(name).get("secrets") or {}})
     task.update_envs({"RUN_DIR": str(workdir / "run"), **(envs or {})})
@@ -141,16 +141,24 @@ def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(sp_deg
     preemption reaches it: every process of the job."""
     import signal
 
-    from tests.pipelines.sky_blocks import start_block, wait_for
-
     from resources.cloud import yaml_task
+    from tests.pipelines.sky_blocks import start_block, wait_for
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
-    task = yaml_task("spot_workers.yaml", {"SPOTLIGHT_REDIS_PASSWORD": "unused", "AWS_ACCESS_KEY_ID": "x",
-                                           "AWS_SECRET_ACCESS_KEY": "y"})
-    task.update_envs({"SPOTLIGHT_QUEUE": str(tmp_path / "queue.db"), "SPOTLIGHT_STORE": str(tmp_path / "store"),
-                      "DEVICE": "cpu", "SP_DEGREE": sp_degree, "SKYPILOT_NUM_GPUS_PER_NODE": "2"})
+    task = yaml_task(
+        "spot_workers.yaml",
+        {"SPOTLIGHT_REDIS_PASSWORD": "unused", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"},
+    )
+    task.update_envs(
+        {
+            "SPOTLIGHT_QUEUE": str(tmp_path / "queue.db"),
+            "SPOTLIGHT_STORE": str(tmp_path / "store"),
+            "DEVICE": "cpu",
+            "SP_DEGREE": sp_degree,
+            "SKYPILOT_NUM_GPUS_PER_NODE": "2",
+        }
+    )
     (tmp_path / "store").mkdir()
     block = start_block(task, "spot", REPO, tmp_path / "logs", __import__("os").environ)
     try:
@@ -178,7 +186,7 @@ def test_with_model_set_both_run_blocks_hand_the_folder_to_the_coordinator_and_e
         worker = _by_module(_python_commands("spot_workers.yaml", tmp_path / "spot", envs))["workers.rollout"]
         for argv in (run, worker):
             at = argv.index("--model") if "--model" in argv else None
-            assert (argv[at:at + 2] if at is not None else []) == expected, argv
+            assert (argv[at : at + 2] if at is not None else []) == expected, argv
         args = build_parser().parse_args(worker[1:])
         args.worker_id = "w"
         check_args(args)  # the worker takes the folder: it holds a pipeline
@@ -230,8 +238,13 @@ def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_li
     """In this order: Redis's TLS files and config written, the run marked running (a relaunch resumes it), `spotlight run`, the run folder copied to
     the store (the node's disk goes with autostop's down), the run marked ended (the spot workers then stop)."""
     commands = _python_commands("reserved.yaml", tmp_path, {"SPOTLIGHT_STORE": "s3://b/p"})
-    assert [argv[0] for argv in commands] == ["resources.queue.redis_tls", "resources.run_status", "pipelines.cli",
-                                              "resources.run_archive", "resources.run_status"]
+    assert [argv[0] for argv in commands] == [
+        "resources.queue.redis_tls",
+        "resources.run_status",
+        "pipelines.cli",
+        "resources.run_archive",
+        "resources.run_status",
+    ]
     queue = commands[2][commands[2].index("--queue") + 1]
     assert queue.startswith("rediss://127.0.0.1:")  # the coordinator too talks TLS to its own Redis
     assert commands[1][1:] == ["--queue", queue, "--mark", "running"]

@@ -8,7 +8,10 @@ import json
 import time
 
 import pytest
-from tests.pipelines.sky_fakes import invoke as _invoke, job, node_queue as _node_queue
+
+from tests.pipelines.sky_fakes import invoke as _invoke
+from tests.pipelines.sky_fakes import job
+from tests.pipelines.sky_fakes import node_queue as _node_queue
 
 
 def test_status_shows_iteration_score_spend_workers_and_queue_depth(redis_server, tmp_path, monkeypatch) -> None:
@@ -18,13 +21,21 @@ def test_status_shows_iteration_score_spend_workers_and_queue_depth(redis_server
     redis_server.flush()
     monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", redis_server.password)
     with Ledger(tmp_path / "ledger.duckdb") as ledger:
-        ledger.start_worker("vm-1", role="rollout", instance_type="x", spot=True, usd_per_hour=36.0, at=time.time() - 100)
+        ledger.start_worker(
+            "vm-1", role="rollout", instance_type="x", spot=True, usd_per_hour=36.0, at=time.time() - 100
+        )
         ledger.start_iteration(0)
         ledger.end_iteration(0)
     with open_queue(f"redis://127.0.0.1:{redis_server.port}/0") as queue:
         queue.put([{"request_id": f"r{i}", "iteration": 1, "kind": "rollout", "payload": {}} for i in range(3)])
         queue.publish_info({"heldout_score": 0.4, "max_usd": 10.0})
-    args = ["status", "--queue", f"redis://127.0.0.1:{redis_server.port}/0", "--ledger", str(tmp_path / "ledger.duckdb")]
+    args = [
+        "status",
+        "--queue",
+        f"redis://127.0.0.1:{redis_server.port}/0",
+        "--ledger",
+        str(tmp_path / "ledger.duckdb"),
+    ]
     record = json.loads(_invoke(*args, "--json").output)
     assert record["iteration"] == 0 and record["queue_pending"] == 3 and record["workers_alive"] == 1
     assert record["usd_total"] == pytest.approx(1.0, abs=0.05) and record["max_usd"] == 10.0
@@ -39,8 +50,12 @@ def test_a_queue_url_with_a_password_is_never_echoed_by_status(fake_sky) -> None
 
 
 def test_down_cancels_only_spotlight_worker_jobs_then_the_reserved_node(fake_sky) -> None:
-    fake_sky.jobs = [job("spotlight-rollout-1", 4, "RUNNING"), job("someone-else", 5, "RUNNING"),
-                     job("spotlight-rollout-2", 6, "RECOVERING"), job("spotlight-rollout-3", 7, "CANCELLED")]
+    fake_sky.jobs = [
+        job("spotlight-rollout-1", 4, "RUNNING"),
+        job("someone-else", 5, "RUNNING"),
+        job("spotlight-rollout-2", 6, "RECOVERING"),
+        job("spotlight-rollout-3", 7, "CANCELLED"),
+    ]
     result = _invoke("down", "--yes")
     assert result.exit_code == 0, result.output
     assert [c[:2] for c in fake_sky.calls] == [("jobs.cancel", ([4, 6],)), ("down", ("spotlight-reserved",))]
@@ -58,11 +73,15 @@ def test_down_takes_the_reserved_node_down_when_the_jobs_controller_has_stopped(
 
 
 def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_skypilot(
-        fake_sky, reserved_redis, monkeypatch) -> None:
+    fake_sky, reserved_redis, monkeypatch
+) -> None:
     with _node_queue(reserved_redis, monkeypatch) as queue:
         queue.publish_info({"iteration": 4, "heldout_score": 0.61, "usd_total": 12.5, "workers_alive": 1})
-    fake_sky.jobs = [job("spotlight-rollout-1", 4, "RECOVERING"), job("spotlight-rollout-2", 5, "SUCCEEDED"),
-                     job("someone-else", 6, "RUNNING")]
+    fake_sky.jobs = [
+        job("spotlight-rollout-1", 4, "RECOVERING"),
+        job("spotlight-rollout-2", 5, "SUCCEEDED"),
+        job("someone-else", 6, "RUNNING"),
+    ]
     text = _invoke("status").output
     assert "iteration 4  held-out 0.610  spent $12.50" in text
     assert "  spotlight-rollout-1  job 4  RECOVERING\n" in text + "\n" and "ManagedJobStatus" not in text

@@ -27,10 +27,29 @@ def _env(tmp_path) -> dict:
 def _train(tmp_path, model, out, *args):
     if "--prompts" in args and not (tmp_path / "prompts.jsonl").exists():
         _prompts_file(tmp_path)
-    return subprocess.run([*SPOTLIGHT, "train", "--model", str(model), "--preset", "cpu_smoke", "--resolution", "32",
-                           "--reward", "jpeg_compressibility", "--out", str(out), "--json", *args],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env=_env(tmp_path))
+    return subprocess.run(
+        [
+            *SPOTLIGHT,
+            "train",
+            "--model",
+            str(model),
+            "--preset",
+            "cpu_smoke",
+            "--resolution",
+            "32",
+            "--reward",
+            "jpeg_compressibility",
+            "--out",
+            str(out),
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+    )
 
 
 def _transformer_weights(folder) -> dict:
@@ -40,10 +59,12 @@ def _transformer_weights(folder) -> dict:
     return weights
 
 
-FREE_TEXT = [{"prompt": "a lighthouse on a cliff at dusk, oil painting", "reference": "LIGHT"},
-             {"prompt": "a bowl of ramen seen from above", "style": "photo"},
-             {"prompt": "an astronaut riding a horse"},
-             {"prompt": "a neon sign that says OPEN", "reference": "OPEN"}]
+FREE_TEXT = [
+    {"prompt": "a lighthouse on a cliff at dusk, oil painting", "reference": "LIGHT"},
+    {"prompt": "a bowl of ramen seen from above", "style": "photo"},
+    {"prompt": "an astronaut riding a horse"},
+    {"prompt": "a neon sign that says OPEN", "reference": "OPEN"},
+]
 
 
 def _prompts_file(tmp_path, rows=FREE_TEXT):
@@ -57,15 +78,17 @@ def _velocity_of(policy, transformer):
     cond, _ = policy.encode_prompts([FREE_TEXT[0]["prompt"]])
     x = torch.randn((1, *policy.latent_shape), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        return policy.family.forward(transformer, x, policy.sigmas(4)[1].expand(1), cond.cond, policy.geometry,
-                                     policy.model_spec)
+        return policy.family.forward(
+            transformer, x, policy.sigmas(4)[1].expand(1), cond.cond, policy.geometry, policy.model_spec
+        )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen-image", "sd3", "flux"])
 @pytest.mark.parametrize("lora_rank", [4, 0])
-def test_train_posttrains_a_local_pipeline_on_the_users_prompts_and_diffusers_loads_the_result(tmp_path, family,
-                                                                                                lora_rank):
+def test_train_posttrains_a_local_pipeline_on_the_users_prompts_and_diffusers_loads_the_result(
+    tmp_path, family, lora_rank
+):
     """From a folder outside the checkout: `spotlight train --model DIR --prompts prompts.jsonl`, then the output
     loaded the standard way (the pipeline's load_lora_weights, or from_pretrained) gives the trained velocity."""
     import diffusers
@@ -81,7 +104,9 @@ def test_train_posttrains_a_local_pipeline_on_the_users_prompts_and_diffusers_lo
     assert [r["iteration"] for r in records] == [0, 1, 2]
     assert all(r["grad_norm"] > 0 for r in records[:2]), "the reward's contrast reached no trainable weight"
     with duckdb.connect(str(tmp_path / "run" / "ledger.duckdb"), read_only=True) as db:
-        trained_on = {r[0] for r in db.execute("SELECT DISTINCT prompt FROM requests WHERE kind = 'rollout'").fetchall()}
+        trained_on = {
+            r[0] for r in db.execute("SELECT DISTINCT prompt FROM requests WHERE kind = 'rollout'").fetchall()
+        }
     assert trained_on == {r["prompt"] for r in FREE_TEXT}  # 2 iterations x 2 prompts: one pass over the file
     spec = json.loads((tmp_path / "run" / "policy" / "spec.json").read_text())
     assert spec["family"] == family and spec["lora_rank"] == lora_rank and spec["path"] == str(model.resolve())
@@ -94,10 +119,15 @@ def test_train_posttrains_a_local_pipeline_on_the_users_prompts_and_diffusers_lo
         pipe.load_lora_weights(tmp_path / "run" / "policy" / "lora")
         loaded = pipe.transformer
     else:
-        base = _velocity_of(trained, getattr(diffusers, trained.family.transformer_class).from_pretrained(
-            model / "transformer", local_files_only=True))
+        base = _velocity_of(
+            trained,
+            getattr(diffusers, trained.family.transformer_class).from_pretrained(
+                model / "transformer", local_files_only=True
+            ),
+        )
         loaded = getattr(diffusers, trained.family.transformer_class).from_pretrained(
-            tmp_path / "run" / "policy" / "transformer", local_files_only=True)
+            tmp_path / "run" / "policy" / "transformer", local_files_only=True
+        )
     velocity = _velocity_of(trained, loaded)
     torch.testing.assert_close(velocity, expected, rtol=1e-5, atol=1e-5)
     assert not torch.equal(velocity, base), "the saved output loads as the base model"
@@ -106,8 +136,10 @@ def test_train_posttrains_a_local_pipeline_on_the_users_prompts_and_diffusers_lo
 @pytest.mark.slow
 def test_train_refuses_a_bad_prompts_file_before_any_weights_load(tmp_path):
     model = build_tiny_pipeline("sd3", tmp_path / "sd3")
-    for rows, message in (([{"prompt": "ok"}, {"text": "no prompt"}], "line 2 has no 'prompt' field"),
-                          ([{"prompt": "ok"}, {"prompt": " ".join(["red"] * 300)}], "line 2: the prompt has 301 tokens")):
+    for rows, message in (
+        ([{"prompt": "ok"}, {"text": "no prompt"}], "line 2 has no 'prompt' field"),
+        ([{"prompt": "ok"}, {"prompt": " ".join(["red"] * 300)}], "line 2: the prompt has 301 tokens"),
+    ):
         _prompts_file(tmp_path, rows)
         done = _train(tmp_path, model, tmp_path / "run", "--lora-rank", "4", "--prompts", "prompts.jsonl")
         assert done.returncode != 0 and message in " ".join(done.stderr.split()), done.stderr[-2000:]
@@ -115,9 +147,14 @@ def test_train_refuses_a_bad_prompts_file_before_any_weights_load(tmp_path):
     (tmp_path / "prompts.jsonl").write_text("")
     done = _train(tmp_path, model, tmp_path / "run", "--prompts", "prompts.jsonl")
     assert done.returncode != 0 and "holds no prompt" in done.stderr
-    done = subprocess.run([*SPOTLIGHT, "train", "--model", str(model), "--preset", "sd35m_lora", "--out",
-                           str(tmp_path / "run")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env=_env(tmp_path))
+    done = subprocess.run(
+        [*SPOTLIGHT, "train", "--model", str(model), "--preset", "sd35m_lora", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+    )
     assert done.returncode != 0 and "names no reward" in " ".join(done.stderr.split())
     assert not (tmp_path / "run").exists()
 
@@ -130,8 +167,9 @@ def test_train_refuses_a_folder_that_is_not_a_supported_pipeline_before_any_comp
     assert done.returncode != 0
     assert "StableDiffusionPipeline" in done.stderr and "QwenImagePipeline" in done.stderr
     assert not (tmp_path / "run").exists(), "a refused run must write nothing"
-    done = subprocess.run([*SPOTLIGHT, "train", "--lora-rank", "4"], capture_output=True, text=True, cwd=tmp_path,
-                          env=_env(tmp_path))
+    done = subprocess.run(
+        [*SPOTLIGHT, "train", "--lora-rank", "4"], capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path)
+    )
     assert done.returncode != 0 and "--model" in done.stderr
 
 
@@ -145,16 +183,42 @@ def test_run_samples_a_local_pipeline_on_queue_workers_through_preemptions(tmp_p
     model = build_tiny_pipeline(family, tmp_path / family)
     run = tmp_path / "run"
     _prompts_file(tmp_path)  # free text: the workers' requests carry it, and each prompt's fields
-    done = subprocess.run([*SPOTLIGHT, "run", "--model", str(model), "--preset", "cpu_smoke", "--iterations", "1",
-                           "--resolution", "32", "--lora-rank", "4", "--reward", "jpeg_compressibility",
-                           "--prompts", "prompts.jsonl",
-                           "--workers", "2", "--preemptions-per-hour", "120", "--run-dir", str(run)],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                          env=_env(tmp_path))
+    done = subprocess.run(
+        [
+            *SPOTLIGHT,
+            "run",
+            "--model",
+            str(model),
+            "--preset",
+            "cpu_smoke",
+            "--iterations",
+            "1",
+            "--resolution",
+            "32",
+            "--lora-rank",
+            "4",
+            "--reward",
+            "jpeg_compressibility",
+            "--prompts",
+            "prompts.jsonl",
+            "--workers",
+            "2",
+            "--preemptions-per-hour",
+            "120",
+            "--run-dir",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as db:
-        done_once = db.execute("SELECT count(*), count(DISTINCT request_id), count(result_hash) FROM requests "
-                           "WHERE kind = 'rollout'").fetchone()
+        done_once = db.execute(
+            "SELECT count(*), count(DISTINCT request_id), count(result_hash) FROM requests WHERE kind = 'rollout'"
+        ).fetchone()
         workers = db.execute("SELECT count(DISTINCT worker_id) FROM requests WHERE kind = 'rollout'").fetchone()[0]
         rewards = [r[0] for r in db.execute("SELECT reward FROM requests WHERE kind = 'rollout'").fetchall()]
         prompts = {r[0] for r in db.execute("SELECT prompt FROM requests WHERE kind = 'rollout'").fetchall()}

@@ -24,17 +24,33 @@ from typer.testing import CliRunner
 from tests.paths import REPO_ROOT
 
 SPOTLIGHT = Path(sys.executable).parent / "spotlight"
-STATS = ("loss", "grad_norm", "kl", "clip_frac", "approx_kl", "reward_mean", "reward_std", "zero_std_ratio",
-         "optimizer_steps", "learning_rate")
+STATS = (
+    "loss",
+    "grad_norm",
+    "kl",
+    "clip_frac",
+    "approx_kl",
+    "reward_mean",
+    "reward_std",
+    "zero_std_ratio",
+    "optimizer_steps",
+    "learning_rate",
+)
 
 
 def _train(cwd: Path, out: Path, *args: str, timeout_s: float = 900) -> list[dict]:
     """`spotlight train --preset cpu_smoke` in `cwd` (absolute paths throughout); its JSON records."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed package, not a path hack
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.Popen([str(SPOTLIGHT), "train", "--preset", "cpu_smoke", "--out", str(out), "--json", *args],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [str(SPOTLIGHT), "train", "--preset", "cpu_smoke", "--out", str(out), "--json", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -62,12 +78,13 @@ def test_two_trainer_processes_train_the_run_one_process_trains(tmp_path, smoke_
     alone = smoke_train.records()
     ranks = _train(tmp_path, tmp_path / "ranks", "--seed", "0", "--nproc", "2", "--gradient-checkpointing")
     assert [r["iteration"] for r in ranks] == [r["iteration"] for r in alone] == [0, 1, 2]
-    for mine, theirs in zip(ranks[:2], alone[:2]):  # the two updates (iteration 2 only validates)
+    for mine, theirs in zip(ranks[:2], alone[:2], strict=False):  # the two updates (iteration 2 only validates)
         assert mine["grad_norm"] > 0
         for key in STATS:
             assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
-    (weights, optimizer), (weights_alone, optimizer_alone) = map(_final_state, (tmp_path / "ranks",
-                                                                                smoke_train.path("rel/train")))
+    (weights, optimizer), (weights_alone, optimizer_alone) = map(
+        _final_state, (tmp_path / "ranks", smoke_train.path("rel/train"))
+    )
     from workers.model.policy import SHIPPED_BASE, load_policy
 
     base = load_policy(SHIPPED_BASE).weights()
@@ -79,10 +96,13 @@ def test_two_trainer_processes_train_the_run_one_process_trains(tmp_path, smoke_
     torch.testing.assert_close(saved, weights, atol=0, rtol=0)  # rank 0 wrote the final policy folder
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--nproc", "0"], "--nproc must be >= 1"),
-    (["--nproc", "16"], "cannot be split over 16 ranks"),  # cpu_smoke trains 8 samples per minibatch
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--nproc", "0"], "--nproc must be >= 1"),
+        (["--nproc", "16"], "cannot be split over 16 ranks"),  # cpu_smoke trains 8 samples per minibatch
+    ],
+)
 def test_bad_nproc_fails_before_any_compute(tmp_path, args, says):
     from pipelines.cli import app
 

@@ -102,8 +102,18 @@ class S3FaultProxy:
 
     # --- schedule -------------------------------------------------------------------------
 
-    def inject(self, kind: str, *, times: int | None = 1, probability: float = 1.0, method: str | None = None,
-               path_contains: str | None = None, when: str = "before", stall_s: float = 3.0, seed: int = 0) -> Rule:
+    def inject(
+        self,
+        kind: str,
+        *,
+        times: int | None = 1,
+        probability: float = 1.0,
+        method: str | None = None,
+        path_contains: str | None = None,
+        when: str = "before",
+        stall_s: float = 3.0,
+        seed: int = 0,
+    ) -> Rule:
         """Fault the next `times` matching requests (None: all of them), each with `probability`."""
         if kind not in KINDS:
             raise ValueError(f"fault kind {kind!r} is not one of {KINDS}")
@@ -185,8 +195,10 @@ class S3FaultProxy:
     def _fault_without_answer(self, h: http.server.BaseHTTPRequestHandler, rule: Rule) -> None:
         if rule.kind in _ERRORS:
             status, code, message = _ERRORS[rule.kind]
-            error = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
-                     f"<RequestId>injected-{rule.kind}</RequestId></Error>").encode()
+            error = (
+                f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+                f"<RequestId>injected-{rule.kind}</RequestId></Error>"
+            ).encode()
             self._answer(h, status, [("Content-Type", "application/xml"), ("Content-Length", str(len(error)))], error)
             return
         if rule.kind == "stall":

@@ -12,15 +12,21 @@ from resources.cluster.preemption import PreemptionEvent, load_trace_csv, poisso
 def test_a_csv_trace_is_read_in_time_order(tmp_path) -> None:
     path = tmp_path / "trace.csv"
     path.write_text("time_s,worker,notice_s\n# a comment\n4.0,w2,30\n2.5,w1,0\n")
-    assert load_trace_csv(path, slots=["w1", "w2"]) == [PreemptionEvent(2.5, "w1", 0.0), PreemptionEvent(4.0, "w2", 30.0)]
+    assert load_trace_csv(path, slots=["w1", "w2"]) == [
+        PreemptionEvent(2.5, "w1", 0.0),
+        PreemptionEvent(4.0, "w2", 30.0),
+    ]
 
 
-@pytest.mark.parametrize("text,message", [
-    ("when,who\n1,w0\n", "header"),
-    ("time_s,worker,notice_s\n1,w0\n", "event 1"),
-    ("time_s,worker,notice_s\n-1,w0,0\n", "time_s"),
-    ("time_s,worker,notice_s\n1,w9,0\n", "unknown worker slot"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("when,who\n1,w0\n", "header"),
+        ("time_s,worker,notice_s\n1,w0\n", "event 1"),
+        ("time_s,worker,notice_s\n-1,w0,0\n", "time_s"),
+        ("time_s,worker,notice_s\n1,w9,0\n", "unknown worker slot"),
+    ],
+)
 def test_a_bad_trace_names_the_line_that_is_wrong(tmp_path, text, message) -> None:
     path = tmp_path / "trace.csv"
     path.write_text(text)
@@ -72,12 +78,17 @@ def _events(worker: str, *items: tuple) -> list[dict]:
 
 def test_a_kill_without_notice_loses_the_steps_since_the_last_commit(mem_ledger) -> None:
     tracker = WorkTracker(mem_ledger)
-    tracker.worker_started("w0.0", role="rollout", instance_type="local-cpu", spot=True, usd_per_hour=0.4, gpu_type=None, at=99.0)
-    for event in _events("w0.0", ("claim", {"request_id": "r1", "attempt": 1, "resumed_from_step": 2}),
-                         ("step", {"request_id": "r1", "step": 3, "step_s": 0.5}),
-                         ("step", {"request_id": "r1", "step": 4, "step_s": 0.5}),
-                         ("commit", {"request_id": "r1", "step": 4, "commit_s": 0.01}),
-                         ("step", {"request_id": "r1", "step": 5, "step_s": 0.25})):
+    tracker.worker_started(
+        "w0.0", role="rollout", instance_type="local-cpu", spot=True, usd_per_hour=0.4, gpu_type=None, at=99.0
+    )
+    for event in _events(
+        "w0.0",
+        ("claim", {"request_id": "r1", "attempt": 1, "resumed_from_step": 2}),
+        ("step", {"request_id": "r1", "step": 3, "step_s": 0.5}),
+        ("step", {"request_id": "r1", "step": 4, "step_s": 0.5}),
+        ("commit", {"request_id": "r1", "step": 4, "commit_s": 0.01}),
+        ("step", {"request_id": "r1", "step": 5, "step_s": 0.25}),
+    ):
         tracker.on_event(event)
     record = tracker.preemption("w0.0", 106.0, notice_s=0.0, ended_at=106.0)
     assert (record.request_id, record.steps_lost, record.seconds_lost, record.state_committed) == ("r1", 1, 0.25, True)
@@ -87,11 +98,16 @@ def test_a_kill_without_notice_loses_the_steps_since_the_last_commit(mem_ledger)
 
 def test_a_worker_that_committed_on_its_notice_loses_nothing(mem_ledger) -> None:
     tracker = WorkTracker(mem_ledger)
-    tracker.worker_started("w0.0", role="rollout", instance_type="local-cpu", spot=True, usd_per_hour=0.4, gpu_type=None, at=99.0)
-    for event in _events("w0.0", ("claim", {"request_id": "r1", "attempt": 1, "resumed_from_step": 0}),
-                         ("step", {"request_id": "r1", "step": 1, "step_s": 0.5}),
-                         ("commit", {"request_id": "r1", "step": 1, "commit_s": 0.01}),
-                         ("preempted", {"request_id": "r1", "step": 1, "committed_step": 1})):
+    tracker.worker_started(
+        "w0.0", role="rollout", instance_type="local-cpu", spot=True, usd_per_hour=0.4, gpu_type=None, at=99.0
+    )
+    for event in _events(
+        "w0.0",
+        ("claim", {"request_id": "r1", "attempt": 1, "resumed_from_step": 0}),
+        ("step", {"request_id": "r1", "step": 1, "step_s": 0.5}),
+        ("commit", {"request_id": "r1", "step": 1, "commit_s": 0.01}),
+        ("preempted", {"request_id": "r1", "step": 1, "committed_step": 1}),
+    ):
         tracker.on_event(event)
     record = tracker.preemption("w0.0", 102.5, notice_s=30.0, ended_at=104.0)
     assert (record.steps_lost, record.state_committed) == (0, True)

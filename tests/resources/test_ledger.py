@@ -43,9 +43,13 @@ def fill_two_iterations(ledger: Ledger) -> None:
     iteration 0: 0:00-1:00, iteration 1: 1:00-2:00
     """
     ledger.start_run("demo", preset="cpu_tiny", config={"lr": 1e-4}, store_url="file:///tmp/store", at=at(0))
-    ledger.start_worker("trainer", role="trainer", instance_type="local-reserved", spot=False, usd_per_hour=4.0, at=at(0))
+    ledger.start_worker(
+        "trainer", role="trainer", instance_type="local-reserved", spot=False, usd_per_hour=4.0, at=at(0)
+    )
     for worker, start in (("spot-a", 0), ("spot-b", 0), ("spot-c", 40)):
-        ledger.start_worker(worker, role="rollout", instance_type="g6.xlarge", gpu_type="L4", spot=True, usd_per_hour=1.0, at=at(start))
+        ledger.start_worker(
+            worker, role="rollout", instance_type="g6.xlarge", gpu_type="L4", spot=True, usd_per_hour=1.0, at=at(start)
+        )
     phases = {"sync": (0, 6), "rollout": (6, 30), "train": (30, 54), "explore": (30, 50), "validate": (55, 60)}
     for iteration in (0, 1):
         base = 60 * iteration
@@ -54,26 +58,80 @@ def fill_two_iterations(ledger: Ledger) -> None:
             end = 56 if (iteration, phase) == (1, "explore") else end  # explore overruns train in it 1
             ledger.record_phase(iteration, phase, at(base + start), at(base + end))
         ledger.end_iteration(iteration, at=at(base + 60))
-        ledger.record_sync(SyncRecord(iteration, "anchor" if iteration == 0 else "patch", 1000, 1000 if iteration == 0 else 40,
-                                      iteration=iteration, changed_fraction=None if iteration == 0 else 0.01, encode_s=0.5, apply_s=0.1))
-        ledger.record_exploration(ExplorationRecord(iteration, "taylorseer-3", budget_s=1440, time_used_s=1200 + 360 * iteration,
-                                                    num_requests=16, reward_variance=0.02, rank_consistency=0.8))
-        ledger.record_train_steps([TrainStepRecord(iteration, s, loss=0.1, kl=0.01, reward_mean=0.4 + 0.1 * iteration,
-                                                   reward_std=0.2, zero_std_ratio=0.25) for s in range(2)])
-        ledger.record_validation(iteration, weights_version=iteration + 1, score=(0.40, 0.55)[iteration], num_prompts=8,
-                                 criteria={"counting": (0.2, 0.4)[iteration], "color": (0.6, 0.7)[iteration]}, at=at(base + 60),
-                                 reward="minigeneval_strict")
+        ledger.record_sync(
+            SyncRecord(
+                iteration,
+                "anchor" if iteration == 0 else "patch",
+                1000,
+                1000 if iteration == 0 else 40,
+                iteration=iteration,
+                changed_fraction=None if iteration == 0 else 0.01,
+                encode_s=0.5,
+                apply_s=0.1,
+            )
+        )
+        ledger.record_exploration(
+            ExplorationRecord(
+                iteration,
+                "taylorseer-3",
+                budget_s=1440,
+                time_used_s=1200 + 360 * iteration,
+                num_requests=16,
+                reward_variance=0.02,
+                rank_consistency=0.8,
+            )
+        )
+        ledger.record_train_steps(
+            [
+                TrainStepRecord(
+                    iteration,
+                    s,
+                    loss=0.1,
+                    kl=0.01,
+                    reward_mean=0.4 + 0.1 * iteration,
+                    reward_std=0.2,
+                    zero_std_ratio=0.25,
+                )
+                for s in range(2)
+            ]
+        )
+        ledger.record_validation(
+            iteration,
+            weights_version=iteration + 1,
+            score=(0.40, 0.55)[iteration],
+            num_prompts=8,
+            criteria={"counting": (0.2, 0.4)[iteration], "color": (0.6, 0.7)[iteration]},
+            at=at(base + 60),
+            reward="minigeneval_strict",
+        )
     ledger.end_worker("spot-b", reason="preempted", at=at(30))
-    ledger.record_preemption(PreemptionRecord("spot-b", at(30), notice_s=120, steps_lost=2, state_committed=True, request_id="r-1"))
+    ledger.record_preemption(
+        PreemptionRecord("spot-b", at(30), notice_s=120, steps_lost=2, state_committed=True, request_id="r-1")
+    )
     ledger.end_worker("spot-c", reason="preempted", at=at(90))
-    ledger.record_preemption(PreemptionRecord("spot-c", at(90), notice_s=0, steps_lost=5, state_committed=False, request_id="r-9"))
-    ledger.record_requests([
-        RequestRecord(f"r-{i}", i // 8, "rollout", f"prompt {i % 4}", seed=i, weights_version=i // 8,
-                      worker_id="spot-a", attempts=2 if i in (1, 9) else 1, result_hash=f"h{i}", reward=0.5,
-                      enqueued_at=at(6 + 60 * (i // 8)), finished_at=at(20 + 60 * (i // 8)),
-                      reward_components=components_json({"pickscore": 20.0 + i / 16, "minigeneval": 0.5}))
-        for i in range(16)
-    ])
+    ledger.record_preemption(
+        PreemptionRecord("spot-c", at(90), notice_s=0, steps_lost=5, state_committed=False, request_id="r-9")
+    )
+    ledger.record_requests(
+        [
+            RequestRecord(
+                f"r-{i}",
+                i // 8,
+                "rollout",
+                f"prompt {i % 4}",
+                seed=i,
+                weights_version=i // 8,
+                worker_id="spot-a",
+                attempts=2 if i in (1, 9) else 1,
+                result_hash=f"h{i}",
+                reward=0.5,
+                enqueued_at=at(6 + 60 * (i // 8)),
+                finished_at=at(20 + 60 * (i // 8)),
+                reward_components=components_json({"pickscore": 20.0 + i / 16, "minigeneval": 0.5}),
+            )
+            for i in range(16)
+        ]
+    )
     ledger.record_attempt(AttemptRecord("r-1", 1, "spot-b", at(10), at(30), "preempted", steps_done=2))
     ledger.record_attempt(AttemptRecord("r-1", 2, "spot-a", at(31), at(32), "done", resumed_from_step=2, steps_done=6))
     for worker in ("trainer", "spot-a"):
@@ -114,7 +172,12 @@ def test_cost_per_phase_splits_spot_and_reserved(filled: Ledger) -> None:
     assert sync0["usd_reserved"] == pytest.approx(4 * 0.1)
     assert sync0["usd_spot"] == pytest.approx(2 * 0.1)
     assert [r["phase"] for r in rows(filled, "SELECT phase FROM cost_per_phase WHERE iteration = 1")] == [
-        "sync", "rollout", "train", "explore", "validate"]
+        "sync",
+        "rollout",
+        "train",
+        "explore",
+        "validate",
+    ]
 
 
 def test_run_cost_counts_every_worker_lifetime(filled: Ledger) -> None:
@@ -148,10 +211,17 @@ def test_validation_rows_say_which_reward_scored_them(filled: Ledger) -> None:
 
 
 def test_reward_components_are_averaged_per_iteration_and_request_kind(filled: Ledger) -> None:
-    means = rows(filled, "SELECT iteration, component, mean, num_requests FROM reward_components "
-                         "WHERE kind = 'rollout' ORDER BY iteration, component")
+    means = rows(
+        filled,
+        "SELECT iteration, component, mean, num_requests FROM reward_components "
+        "WHERE kind = 'rollout' ORDER BY iteration, component",
+    )
     assert [(r["iteration"], r["component"], r["num_requests"]) for r in means] == [
-        (0, "minigeneval", 8), (0, "pickscore", 8), (1, "minigeneval", 8), (1, "pickscore", 8)]
+        (0, "minigeneval", 8),
+        (0, "pickscore", 8),
+        (1, "minigeneval", 8),
+        (1, "pickscore", 8),
+    ]
     assert means[1]["mean"] == pytest.approx(20 + sum(range(8)) / 8 / 16)
     assert means[3]["mean"] == pytest.approx(20 + sum(range(8, 16)) / 8 / 16)
     with pytest.raises(ValueError, match="not finite"):
@@ -160,8 +230,11 @@ def test_reward_components_are_averaged_per_iteration_and_request_kind(filled: L
 
 def test_rerecording_rows_replaces_them_instead_of_duplicating(filled: Ledger) -> None:
     fill_two_iterations(filled)  # a resumed run records the same facts again
-    counts = rows(filled, "SELECT (SELECT count(*) FROM requests) AS r, (SELECT count(*) FROM iterations) AS i, "
-                          "(SELECT count(*) FROM validation_scores) AS v, (SELECT count(*) FROM runs) AS runs")[0]
+    counts = rows(
+        filled,
+        "SELECT (SELECT count(*) FROM requests) AS r, (SELECT count(*) FROM iterations) AS i, "
+        "(SELECT count(*) FROM validation_scores) AS v, (SELECT count(*) FROM runs) AS runs",
+    )[0]
     assert counts == {"r": 16, "i": 2, "v": 4, "runs": 1}
 
 
@@ -170,23 +243,33 @@ def test_each_replica_of_a_trainer_round_keeps_its_own_sync_row(mem_ledger: Ledg
         mem_ledger.record_sync(SyncRecord(4, "pulseloco", 10_000, sent, iteration=4, replica=replica))
     mem_ledger.record_sync(SyncRecord(4, "pulseloco", 10_000, 290, iteration=4, replica=1))  # a re-record replaces
     assert rows(mem_ledger, "SELECT replica, patch_bytes FROM syncs ORDER BY replica") == [
-        {"replica": 0, "patch_bytes": 300}, {"replica": 1, "patch_bytes": 290}]
+        {"replica": 0, "patch_bytes": 300},
+        {"replica": 1, "patch_bytes": 290},
+    ]
 
 
 def test_worker_priced_from_the_table_records_price_and_source(mem_ledger: Ledger) -> None:
-    usd = mem_ledger.start_worker("w", role="rollout", instance_type="a3-highgpu-8g", gpu_type="h100", num_gpus=8, spot=True, at=at(0))
+    usd = mem_ledger.start_worker(
+        "w", role="rollout", instance_type="a3-highgpu-8g", gpu_type="h100", num_gpus=8, spot=True, at=at(0)
+    )
     row = rows(mem_ledger, "SELECT usd_per_hour, price_source FROM workers")[0]
     assert usd == pytest.approx(8 * load_prices().price("H100").spot_usd_per_gpu_hour)
     assert row["usd_per_hour"] == pytest.approx(usd) and "approximate" in row["price_source"]
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda l: l.record_phase(0, "warmup", at(0)), "phase must be one of"),
-    (lambda l: l.start_worker("w", role="rollout", instance_type="x", spot=True), "give gpu_type"),
-    (lambda l: l.start_worker("w", role="rollout", instance_type="x", gpu_type="TPU-v9", spot=True), "no price for GPU type"),
-    (lambda l: l.end_worker("ghost", reason="finished"), "never started"),
-    (lambda l: l.record_request(RequestRecord("r", 0, "train", "p", 1, 0, None, 1)), "kind must be one of"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda l: l.record_phase(0, "warmup", at(0)), "phase must be one of"),
+        (lambda l: l.start_worker("w", role="rollout", instance_type="x", spot=True), "give gpu_type"),
+        (
+            lambda l: l.start_worker("w", role="rollout", instance_type="x", gpu_type="TPU-v9", spot=True),
+            "no price for GPU type",
+        ),
+        (lambda l: l.end_worker("ghost", reason="finished"), "never started"),
+        (lambda l: l.record_request(RequestRecord("r", 0, "train", "p", 1, 0, None, 1)), "kind must be one of"),
+    ],
+)
 def test_bad_records_raise_actionable_value_errors(mem_ledger: Ledger, call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call(mem_ledger)
@@ -197,7 +280,9 @@ def test_bad_records_raise_actionable_value_errors(mem_ledger: Ledger, call, mes
 
 def test_user_price_yaml_overrides_and_extends_the_defaults(tmp_path: Path) -> None:
     path = tmp_path / "prices.yaml"
-    path.write_text("gpus:\n  H100: {spot_usd_per_gpu_hour: 1.25}\n  MI300X: {on_demand_usd_per_gpu_hour: 3.0, spot_usd_per_gpu_hour: 1.5}\n")
+    path.write_text(
+        "gpus:\n  H100: {spot_usd_per_gpu_hour: 1.25}\n  MI300X: {on_demand_usd_per_gpu_hour: 3.0, spot_usd_per_gpu_hour: 1.5}\n"
+    )
     table = load_prices(path)
     assert table.price("H100").spot_usd_per_gpu_hour == 1.25
     assert table.price("H100").on_demand_usd_per_gpu_hour == load_prices().price("H100").on_demand_usd_per_gpu_hour
@@ -227,12 +312,19 @@ def test_no_credentials_are_ever_stored(tmp_path: Path, monkeypatch: pytest.Monk
     path = tmp_path / "ledger.duckdb"
     ledger = Ledger(path)
     fill_two_iterations(ledger)
-    ledger.start_run("demo", store_url="s3://bucket/prefix", queue_url="redis://127.0.0.1:6379/0", config={"store": "s3://bucket/prefix"})
+    ledger.start_run(
+        "demo",
+        store_url="s3://bucket/prefix",
+        queue_url="redis://127.0.0.1:6379/0",
+        config={"store": "s3://bucket/prefix"},
+    )
     with pytest.raises(ValueError, match="credential"):
         ledger.start_run("demo", config={"redis": {"password": "hunter2"}})
     with pytest.raises(ValueError, match="must not carry credentials"):
         ledger.start_run("demo", queue_url="redis://:hunter2@host:6379")
-    dump = json.dumps([ledger.query(f"SELECT * FROM {t}").rows for (t,) in ledger.query("SHOW TABLES").rows], default=str)
+    dump = json.dumps(
+        [ledger.query(f"SELECT * FROM {t}").rows for (t,) in ledger.query("SHOW TABLES").rows], default=str
+    )
     raw = path.read_bytes() + b"".join(p.read_bytes() for p in tmp_path.glob("ledger.duckdb*") if p != path)
     for value in (secret, "AKIAIOSFODNN7EXAMPLE", "hunter2"):
         assert value not in dump and value.encode() not in raw
@@ -261,7 +353,9 @@ def test_cli_ledger_command_prints_json_and_csv(tmp_path: Path) -> None:
     as_json = CliRunner().invoke(app, ["ledger", sql, "--db", str(path), "--json"])
     assert as_json.exit_code == 0, as_json.output
     assert [json.loads(line) for line in as_json.output.splitlines()] == [
-        {"iteration": 0, "usd": 5.8333}, {"iteration": 1, "usd": 5.5}]
+        {"iteration": 0, "usd": 5.8333},
+        {"iteration": 1, "usd": 5.5},
+    ]
     as_csv = CliRunner().invoke(app, ["ledger", sql, "--db", str(path), "--csv"])
     assert as_csv.output.splitlines() == ["iteration,usd", "0,5.8333", "1,5.5"]
     table = CliRunner().invoke(app, ["ledger", sql, "--db", str(path)])

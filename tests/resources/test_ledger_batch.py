@@ -91,7 +91,9 @@ def test_a_killed_writer_keeps_every_row_recorded_before_its_last_phase_end(tmp_
     subprocess.run([sys.executable, "-c", _CRASHER, str(path), "kill"], cwd=REPO_ROOT, check=False, timeout=120)
     assert _count(path) == 100  # the rollout phase's rows; the open train phase's buffer is lost
     assert query_ledger(path, "SELECT phase, ended_at IS NULL FROM phases ORDER BY phase").rows == [
-        ("rollout", False), ("train", True)]
+        ("rollout", False),
+        ("train", True),
+    ]
 
 
 def test_a_writer_that_exits_without_closing_still_writes_its_buffer(tmp_path: Path) -> None:

@@ -65,8 +65,10 @@ INSERT INTO exploration VALUES (0, 'm8-none', 10.0, 2.5, 64, 0.03, 0.8, 1.2);
 
 
 def _schema(con_or_ledger) -> list[tuple]:
-    sql = ("SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns "
-           "WHERE table_name != 'schema_version' ORDER BY table_name, column_name")
+    sql = (
+        "SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns "
+        "WHERE table_name != 'schema_version' ORDER BY table_name, column_name"
+    )
     if isinstance(con_or_ledger, Ledger):
         return con_or_ledger.query(sql).rows
     return con_or_ledger.execute(sql).fetchall()
@@ -80,25 +82,33 @@ def test_opening_a_v0_ledger_migrates_it_and_keeps_every_row(tmp_path: Path) -> 
     assert ledger.upgraded_from == 0
     assert rows(ledger, "SELECT max(version) AS v FROM schema_version")[0]["v"] == SCHEMA_VERSION
     assert rows(ledger, "SELECT request_id, prompt, reward, status FROM requests") == [
-        {"request_id": "r0", "prompt": "a red cube", "reward": 0.5, "status": "done"}]
+        {"request_id": "r0", "prompt": "a red cube", "reward": 0.5, "status": "done"}
+    ]
     # Every validation before v4 was MiniGenEval's detector (its strict score): the migration says so.
     assert rows(ledger, "SELECT iteration, score, reward FROM validation") == [
-        {"iteration": 0, "score": 0.42, "reward": "minigeneval_strict"}]
+        {"iteration": 0, "score": 0.42, "reward": "minigeneval_strict"}
+    ]
     assert rows(ledger, "SELECT reward_components FROM requests") == [{"reward_components": None}]
     assert rows(ledger, "SELECT criterion, score FROM validation_scores ORDER BY criterion") == [
-        {"criterion": "color", "score": 0.75}, {"criterion": "counting", "score": 0.25}]
+        {"criterion": "color", "score": 0.75},
+        {"criterion": "counting", "score": 0.25},
+    ]
     assert rows(ledger, "SELECT usd_total FROM cost_per_iteration")[0]["usd_total"] == pytest.approx(1.0)
     assert rows(ledger, "SELECT version, kind, replica, patch_bytes, weights_hash FROM syncs") == [
-        {"version": 1, "kind": "patch", "replica": 0, "patch_bytes": 120, "weights_hash": "abc"}]
+        {"version": 1, "kind": "patch", "replica": 0, "patch_bytes": 120, "weights_hash": "abc"}
+    ]
     assert rows(ledger, "SELECT arm, rank_consistency, kendall_tau FROM exploration") == [
-        {"arm": "m8-none", "rank_consistency": 0.8, "kendall_tau": None}]
+        {"arm": "m8-none", "rank_consistency": 0.8, "kendall_tau": None}
+    ]
     assert _schema(ledger) == _schema(Ledger.in_memory())  # migrated == freshly created
 
 
 def test_a_ledger_from_a_newer_spotlight_is_refused_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "ledger.duckdb"
     Ledger(path).query("INSERT INTO schema_version VALUES (99, '2030-01-01', 'future')")
-    with pytest.raises(LedgerSchemaError, match=rf"schema v99, newer than this spotlight understands \(v{SCHEMA_VERSION}\)"):
+    with pytest.raises(
+        LedgerSchemaError, match=rf"schema v99, newer than this spotlight understands \(v{SCHEMA_VERSION}\)"
+    ):
         Ledger(path)
 
 
@@ -131,8 +141,15 @@ _WRITER = textwrap.dedent("""
 
 def test_a_reader_works_while_a_writer_is_recording(tmp_path: Path) -> None:
     path = tmp_path / "ledger.duckdb"
-    writer = ProcessLines(subprocess.Popen([sys.executable, "-c", _WRITER, str(path), "3"], cwd=REPO,
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    writer = ProcessLines(
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), "3"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
     try:
         writer.expect("ready", timeout_s=60)
         seen = []
@@ -150,8 +167,14 @@ def test_a_ledger_held_open_elsewhere_gives_a_clear_locked_message(tmp_path: Pat
     path = tmp_path / "ledger.duckdb"
     Ledger(path)
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(path)!r}); print('held', flush=True); time.sleep(20)"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, time; c = duckdb.connect({str(path)!r}); print('held', flush=True); time.sleep(20)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         ProcessLines(holder).expect("held", timeout_s=60)
         with pytest.raises(LedgerLockedError, match=r"stayed locked for 0.5 s by another process .*PID"):
@@ -196,8 +219,10 @@ def test_dagster_resources_reject_bad_urls_at_load_and_open_working_clients(tmp_
 
 
 def test_plain_clients_import_neither_dagster_nor_torch() -> None:
-    code = ("import sys, resources.store.base, resources.store, resources.store.local, resources.store.s3, resources.ledger, "
-            "resources.ledger.db, resources.prices, resources.keys; "
-            "print(sorted(m for m in ('dagster', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, resources.store.base, resources.store, resources.store.local, resources.store.s3, resources.ledger, "
+        "resources.ledger.db, resources.prices, resources.keys; "
+        "print(sorted(m for m in ('dagster', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

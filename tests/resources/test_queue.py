@@ -10,15 +10,14 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from resources.queue import open_queue
 from resources.queue.base import PASSWORD_ENV, QueueConfig, RequestQueue
 from resources.queue.keepalive import LeaseKeeper
 from resources.queue.records import Request
-from resources.queue import open_queue
 from tests.paths import REPO_ROOT
 from tests.procs import ProcessLines
 
@@ -223,7 +222,10 @@ def test_cancel_iteration_drops_its_pending_and_leased_requests_only(queue: Requ
     assert queue.heartbeat(leased) is False
     assert queue.ack(leased, "results/old-a") is False  # a cancelled request stays cancelled
     assert queue.states(["old-a", "old-b", "old-c", "new-a"]) == {
-        "old-a": "cancelled", "old-b": "cancelled", "old-c": "done", "new-a": "pending"
+        "old-a": "cancelled",
+        "old-b": "cancelled",
+        "old-c": "done",
+        "new-a": "pending",
     }
     assert drain(queue) == ["new-a"]
     assert queue.stats().cancelled == 2
@@ -324,9 +326,21 @@ def test_concurrent_worker_processes_complete_every_request_exactly_once(queue: 
     queue.put([rollout(rid, kind=("rollout", "explore")[i % 2]) for i, rid in enumerate(ids)])
     command = [sys.executable, "-c", _WORKER, queue.url]
     with contextlib.ExitStack() as stack:  # no worker outlives the test
-        workers = [stack.enter_context(ProcessLines(subprocess.Popen(
-            [*command, f"w{n}"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-            for n in range(3)]
+        workers = [
+            stack.enter_context(
+                ProcessLines(
+                    subprocess.Popen(
+                        [*command, f"w{n}"],
+                        cwd=REPO,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+            )
+            for n in range(3)
+        ]
         for worker in workers:
             worker.expect("ready", timeout_s=60)
         for worker in workers:

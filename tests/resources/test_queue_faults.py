@@ -18,9 +18,9 @@ from typing import Iterator
 
 import pytest
 
+from resources.queue import open_queue
 from resources.queue.base import PASSWORD_ENV, QueueConfig, QueueUnavailableError
 from resources.queue.keepalive import LeaseKeeper
-from resources.queue import open_queue
 from tests.conftest import RedisServer, _free_port, _wait_for_ping
 from tests.paths import REPO_ROOT
 from tests.procs import ProcessLines
@@ -34,8 +34,21 @@ class PersistentRedis:
         if binary is None:
             pytest.skip("redis-server is not installed (apt-get install redis-server)")
         self.server = RedisServer(_free_port(), "fault-test-password-Qm4")
-        self.args = [binary, "--port", str(self.server.port), "--bind", "127.0.0.1", "--requirepass",
-                     self.server.password, "--save", "", "--appendonly", "yes", "--dir", str(folder)]
+        self.args = [
+            binary,
+            "--port",
+            str(self.server.port),
+            "--bind",
+            "127.0.0.1",
+            "--requirepass",
+            self.server.password,
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--dir",
+            str(folder),
+        ]
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -157,16 +170,23 @@ print(json.dumps({"claimed": claimed, "lost": lost, "acked": queue.ack(first, "r
 
 @pytest.mark.parametrize("skew", [1.0, -1.0], ids=["ahead", "behind"])
 def test_a_worker_whose_clock_is_off_by_a_lease_neither_steals_a_live_lease_nor_loses_its_own(
-        aof_redis: PersistentRedis, skew: float) -> None:
+    aof_redis: PersistentRedis, skew: float
+) -> None:
     lease_s = 2.0
     with open_queue(aof_redis.server.url()) as queue:
         queue.put([_rollout("mine"), _rollout("theirs")])
         mine = queue.claim("honest", lease_s=lease_s)
         assert mine.request_id == "mine"
         with LeaseKeeper(queue, mine, interval_s=0.1) as keeper:  # a beat may stall 1.9 s on a loaded machine
-            with ProcessLines(subprocess.Popen(
+            with ProcessLines(
+                subprocess.Popen(
                     [sys.executable, "-c", _SKEWED_WORKER, aof_redis.server.url(), str(skew * lease_s), str(lease_s)],
-                    cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) as skewed:
+                    cwd=REPO_ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            ) as skewed:
                 skewed.expect("holding", timeout_s=60)
                 mine_claims = []
                 deadline = time.monotonic() + 60
@@ -205,7 +225,8 @@ def _commands_run(url_port: int, password: str) -> int:
 
 
 def test_a_redis_claim_costs_the_same_whatever_the_queue_holds_and_however_many_leases_are_out(
-        aof_redis: PersistentRedis) -> None:
+    aof_redis: PersistentRedis,
+) -> None:
     server = aof_redis.server
     with open_queue(server.url()) as queue:
         queue.put([_rollout(f"r{i:04d}") for i in range(2000)])

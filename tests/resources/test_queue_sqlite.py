@@ -27,7 +27,8 @@ def test_claim_searches_indexes_instead_of_scanning_every_request(tmp_path: Path
     assert _plan(tmp_path / "q.db", CLAIM_PENDING_SQL) == "SCAN requests USING INDEX requests_pending"
     # Expired leases: a range search of the leased rows past due (only those get sorted).
     assert _plan(tmp_path / "q.db", CLAIM_EXPIRED_SQL, (0.0,)).startswith(
-        "SEARCH requests USING INDEX requests_leased (lease_until<?)")
+        "SEARCH requests USING INDEX requests_leased (lease_until<?)"
+    )
 
 
 def test_acked_requests_leave_the_claim_table_but_stay_done_exactly_once(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from resources.queue.base import QueueConfig, QueueStalledError
 from resources.queue import open_queue
+from resources.queue.base import QueueConfig, QueueStalledError
 
 STALL_S = 0.5
 
@@ -27,7 +27,9 @@ def queue(tmp_path):
 def test_waiting_on_a_queue_no_worker_pulls_from_fails_naming_the_queue(queue, caplog):
     queue.put(_requests(3))
     with caplog.at_level(logging.WARNING, logger="spotlight.queue"):
-        with pytest.raises(QueueStalledError, match=re.escape(f"no worker claimed any request from {queue.url}")) as err:
+        with pytest.raises(
+            QueueStalledError, match=re.escape(f"no worker claimed any request from {queue.url}")
+        ) as err:
             queue.wait_until_done(["r0", "r1", "r2"], timeout_s=120, poll_s=0.02, stall_s=STALL_S)
     assert "3 of 3 requests still waiting" in str(err.value) and "absolute path" in str(err.value)
     warnings = [r.getMessage() for r in caplog.records if "no worker has claimed" in r.getMessage()]

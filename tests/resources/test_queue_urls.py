@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from resources.queue.base import PASSWORD_ENV, QueueConfig, QueueUnavailableError, parse_queue_url
 from resources.queue import open_queue
+from resources.queue.base import PASSWORD_ENV, QueueConfig, QueueUnavailableError, parse_queue_url
 
 
 def rollout(rid: str) -> dict:
@@ -62,9 +62,7 @@ def test_a_wrong_redis_password_fails_with_a_clear_error_that_hides_it(redis_ser
     assert "wrong-pass-7" not in str(err.value)
 
 
-def test_a_missing_redis_password_fails_with_a_clear_error(
-    redis_server, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_missing_redis_password_fails_with_a_clear_error(redis_server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
     with pytest.raises(QueueUnavailableError, match="rejected the credentials"):
         open_queue(redis_server.url())
@@ -109,12 +107,15 @@ def test_the_runs_ca_must_be_a_base64_certificate(monkeypatch) -> None:
     assert parse_queue_url("redis://example.org:6379/0").run_ca is None  # only TLS reads it
 
 
-@pytest.mark.parametrize("url,public,password", [
-    ("redis://:s%40cret@reserved:6379/0", "redis://reserved:6379/0", "s@cret"),
-    ("rediss://user:pw@reserved:6380/2", "rediss://user@reserved:6380/2", "pw"),
-    ("redis://reserved:6379/0", "redis://reserved:6379/0", None),
-    ("runs/demo/queue.db", "runs/demo/queue.db", None),
-])
+@pytest.mark.parametrize(
+    "url,public,password",
+    [
+        ("redis://:s%40cret@reserved:6379/0", "redis://reserved:6379/0", "s@cret"),
+        ("rediss://user:pw@reserved:6380/2", "rediss://user@reserved:6380/2", "pw"),
+        ("redis://reserved:6379/0", "redis://reserved:6379/0", None),
+        ("runs/demo/queue.db", "runs/demo/queue.db", None),
+    ],
+)
 def test_a_child_process_gets_the_queue_url_without_its_password(url: str, public: str, password: str | None) -> None:
     from resources.urls import split_password
 

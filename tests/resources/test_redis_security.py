@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from resources.queue.base import QueueConfig, QueueUnavailableError, parse_queue_url
 from resources.queue import open_queue
+from resources.queue.base import QueueConfig, QueueUnavailableError, parse_queue_url
 from resources.urls import CA_FILE_ENV, PASSWORD_ENV, PASSWORD_FILE_ENV
 
 PASSWORD = "tls-pass-Kq7"
@@ -30,15 +30,36 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, P
     if shutil.which("redis-server") is None or shutil.which("openssl") is None:
         pytest.skip("needs redis-server and openssl")
     folder = tmp_path_factory.mktemp("tls-redis")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(folder / "key.pem"),
-                    "-out", str(folder / "cert.pem")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(folder / "key.pem"),
+            "-out",
+            str(folder / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     port = _free_port()
     (folder / "redis.conf").write_text(
         f"port 0\ntls-port {port}\nbind 127.0.0.1\ntls-cert-file {folder}/cert.pem\ntls-key-file {folder}/key.pem\n"
-        f"tls-ca-cert-file {folder}/cert.pem\ntls-auth-clients no\nrequirepass {PASSWORD}\nsave \"\"\ndir {folder}\n")
-    process = subprocess.Popen(["redis-server", str(folder / "redis.conf")], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+        f'tls-ca-cert-file {folder}/cert.pem\ntls-auth-clients no\nrequirepass {PASSWORD}\nsave ""\ndir {folder}\n'
+    )
+    process = subprocess.Popen(
+        ["redis-server", str(folder / "redis.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 10
         while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
@@ -116,8 +137,12 @@ def run_redis(tmp_path_factory: pytest.TempPathFactory):
     if shutil.which("redis-server") is None:
         pytest.skip("needs redis-server")
     tls, folder, port = make_run_tls(), tmp_path_factory.mktemp("run-redis"), _free_port()
-    env = {PASSWORD_ENV: NODE_PASSWORD, RUN_CA_ENV: tls.b64("ca_pem"), CERT_ENV: tls.b64("cert_pem"),
-           KEY_ENV: tls.b64("key_pem")}
+    env = {
+        PASSWORD_ENV: NODE_PASSWORD,
+        RUN_CA_ENV: tls.b64("ca_pem"),
+        CERT_ENV: tls.b64("cert_pem"),
+        KEY_ENV: tls.b64("key_pem"),
+    }
     conf = write_node_files(folder, port, env)
     subprocess.run(["redis-server", str(conf)], check=True, timeout=30)
     deadline = time.monotonic() + 10
@@ -163,21 +188,33 @@ def test_a_worker_of_the_run_works_the_queue_and_can_do_nothing_else(run_redis, 
         assert worker.release(worker.claim("w1", lease_s=5))
         worker.append_events([{"worker_id": "w1", "event": "ready"}])
         assert worker.info()["usd_total"] == 1.0 and worker.stats().done == 1
-        for command in (["FLUSHALL"], ["CONFIG", "SET", "requirepass", "x"], ["KEYS", "*"], ["SET", "elsewhere", "1"],
-                        ["ACL", "LIST"], ["MODULE", "LIST"], ["SHUTDOWN"], ["SCRIPT", "FLUSH"]):
+        for command in (
+            ["FLUSHALL"],
+            ["CONFIG", "SET", "requirepass", "x"],
+            ["KEYS", "*"],
+            ["SET", "elsewhere", "1"],
+            ["ACL", "LIST"],
+            ["MODULE", "LIST"],
+            ["SHUTDOWN"],
+            ["SCRIPT", "FLUSH"],
+        ):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 worker._redis.execute_command(*command)
 
 
-@pytest.mark.parametrize("case, message", [
-    ("the coordinator's password", "rejected the credentials"),
-    ("a wrong password", "rejected the credentials"),
-    ("no CA", "not signed by a CA this process trusts"),
-    ("another run's CA", "not signed by a CA this process trusts"),
-    ("clear text", r"a TLS server\? use rediss://"),
-])
-def test_a_worker_without_the_runs_ca_and_its_own_password_is_refused_saying_why(run_redis, monkeypatch, case,
-                                                                                   message) -> None:
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("the coordinator's password", "rejected the credentials"),
+        ("a wrong password", "rejected the credentials"),
+        ("no CA", "not signed by a CA this process trusts"),
+        ("another run's CA", "not signed by a CA this process trusts"),
+        ("clear text", r"a TLS server\? use rediss://"),
+    ],
+)
+def test_a_worker_without_the_runs_ca_and_its_own_password_is_refused_saying_why(
+    run_redis, monkeypatch, case, message
+) -> None:
     from resources.queue.redis_tls import WORKER_USER, make_run_tls, worker_password
 
     port, tls, _ = run_redis

@@ -13,8 +13,12 @@ from resources.run_status import EXIT_OVER_BUDGET, main, supervise
 from resources.store import open_store
 
 # A worker stand-in: exits 75 on SIGTERM (what a preempted worker's job recovers on), else sleeps.
-WORKER = [sys.executable, "-c", "import signal, sys, time\n"
-          "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\nprint('ready', flush=True)\ntime.sleep(60)"]
+WORKER = [
+    sys.executable,
+    "-c",
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\nprint('ready', flush=True)\ntime.sleep(60)",
+]
 
 
 def test_a_supervised_worker_is_stopped_and_its_job_ends_with_0_once_the_run_has_ended() -> None:
@@ -25,8 +29,12 @@ def test_a_supervised_worker_is_stopped_and_its_job_ends_with_0_once_the_run_has
 
 
 def test_a_supervised_worker_over_the_cap_is_stopped_too_and_otherwise_keeps_its_own_exit_code() -> None:
-    assert supervise(WORKER, "redis://unused:6379/0", every_s=0.3,
-                     read_info=lambda url: {"usd_total": 5.0, "max_usd": 5.0}) == 0
+    assert (
+        supervise(
+            WORKER, "redis://unused:6379/0", every_s=0.3, read_info=lambda url: {"usd_total": 5.0, "max_usd": 5.0}
+        )
+        == 0
+    )
     exits_75 = [sys.executable, "-c", "import sys; sys.exit(75)"]  # preempted by itself: the job must recover
     assert supervise(exits_75, "redis://unused:6379/0", every_s=0.3, read_info=lambda url: {}) == 75
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from resources import keys
+from resources.store import open_store
 from resources.store.base import (
     ChecksumMismatchError,
     NotCommittedError,
@@ -21,7 +22,6 @@ from resources.store.base import (
 )
 from resources.store.local import LocalTensorStore
 from resources.store.s3 import S3TensorStore
-from resources.store import open_store
 from tests.procs import ProcessLines
 from tests.resources.s3_faults import S3FaultProxy
 
@@ -265,9 +265,19 @@ print(store.publish("race/p", {"r": writer.encode()}, exclusive=True).won)
 def test_lost_commit_race_across_processes_has_exactly_one_winner(tmp_path: Path) -> None:
     root = tmp_path / "store"
     with contextlib.ExitStack() as stack:
-        racers = [stack.enter_context(ProcessLines(subprocess.Popen(
-            [sys.executable, "-c", _RACER, str(root), str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-            for i in range(4)]
+        racers = [
+            stack.enter_context(
+                ProcessLines(
+                    subprocess.Popen(
+                        [sys.executable, "-c", _RACER, str(root), str(i)],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+            )
+            for i in range(4)
+        ]
         for racer in racers:  # every racer is polling before the start: they really race
             racer.expect("polling", timeout_s=120)
         (root / "go").parent.mkdir(parents=True, exist_ok=True)
@@ -312,13 +322,16 @@ def test_keys_follow_the_documented_layout() -> None:
     assert keys.iteration_label(12) == "it-000012"
 
 
-@pytest.mark.parametrize("call", [
-    lambda: keys.patch_key("demo", 0),
-    lambda: keys.rollout_key("demo", -1, "r"),
-    lambda: keys.rollout_key("de/mo", 1, "r"),
-    lambda: keys.rollout_state_key("demo", "../r"),
-    lambda: keys.weights_key("demo", 10**6),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: keys.patch_key("demo", 0),
+        lambda: keys.rollout_key("demo", -1, "r"),
+        lambda: keys.rollout_key("de/mo", 1, "r"),
+        lambda: keys.rollout_state_key("demo", "../r"),
+        lambda: keys.weights_key("demo", 10**6),
+    ],
+)
 def test_key_functions_reject_bad_arguments(call) -> None:
     with pytest.raises(ValueError):
         call()
@@ -327,8 +340,14 @@ def test_key_functions_reject_bad_arguments(call) -> None:
 def test_store_benchmark_reports_every_operation_and_cleans_up(tmp_store: LocalTensorStore) -> None:
     from workers.bench.store_bench import StoreBenchConfig, bench_store
 
-    rows = bench_store(tmp_store, "local", StoreBenchConfig(num_small=3, small_bytes=100, num_large=1, large_bytes=5000))
+    rows = bench_store(
+        tmp_store, "local", StoreBenchConfig(num_small=3, small_bytes=100, num_large=1, large_bytes=5000)
+    )
     assert [(r["objects"], r["op"], r["mode"]) for r in rows][:4] == [
-        ("small", "put", "raw"), ("small", "get", "raw"), ("small", "put", "committed"), ("small", "get", "committed")]
+        ("small", "put", "raw"),
+        ("small", "get", "raw"),
+        ("small", "put", "committed"),
+        ("small", "get", "committed"),
+    ]
     assert len(rows) == 8 and all(r["objects_per_s"] > 0 and r["seconds"] >= 0 for r in rows)
     assert tmp_store.list_keys() == []

@@ -40,7 +40,11 @@ def faulty_store(s3_server, proxy: S3FaultProxy, **config: object) -> S3TensorSt
 
 
 def _payload(seed: int, size: int) -> bytes:
-    return torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)).numpy().tobytes()
+    return (
+        torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+        .numpy()
+        .tobytes()
+    )
 
 
 # --- S3: transient faults are absorbed ------------------------------------------------------
@@ -59,7 +63,9 @@ TRANSIENT = [  # (kind, when, method): each hits the next two matching requests
 
 
 @pytest.mark.parametrize(("kind", "when", "method"), TRANSIENT, ids=[f"{k}-{w}" for k, w, _ in TRANSIENT])
-def test_transient_faults_are_absorbed_and_reads_return_the_fault_free_bytes(s3_server, proxy, kind, when, method) -> None:
+def test_transient_faults_are_absorbed_and_reads_return_the_fault_free_bytes(
+    s3_server, proxy, kind, when, method
+) -> None:
     store = faulty_store(s3_server, proxy)
     objects = {"a": _payload(1, 70_000), "b": b"small"}
     store.publish("c/1", objects, metadata={"step": 1})
@@ -102,7 +108,8 @@ def test_a_big_object_streams_through_broken_ranged_reads(s3_server, proxy, tmp_
     proxy.inject("partial", times=1, method="GET", path_contains="tensors.safetensors")
     store.load_to_file("anchors/v1", "tensors.safetensors", tmp_path / "anchor.safetensors")
     assert (tmp_path / "anchor.safetensors").read_bytes() == s3_server.client().get_object(
-        Bucket=s3_server.bucket, Key="p/" + store.read_manifest("anchors/v1").objects["tensors.safetensors"].key)["Body"].read()
+        Bucket=s3_server.bucket, Key="p/" + store.read_manifest("anchors/v1").objects["tensors.safetensors"].key
+    )["Body"].read()
 
 
 # --- S3: persistent faults stop with one clear error, nothing committed lost ------------------
@@ -117,7 +124,9 @@ PERSISTENT = [  # (kind, method, words the error must contain)
 
 
 @pytest.mark.parametrize(("kind", "method", "words"), PERSISTENT, ids=[k for k, _, _ in PERSISTENT])
-def test_persistent_faults_fail_in_one_clear_error_and_keep_earlier_commits(s3_server, proxy, kind, method, words) -> None:
+def test_persistent_faults_fail_in_one_clear_error_and_keep_earlier_commits(
+    s3_server, proxy, kind, method, words
+) -> None:
     store = faulty_store(s3_server, proxy, max_attempts=2, read_attempts=2)
     store.publish("state/s1", {"latents": b"step-4"}, metadata={"step": 4})
     proxy.inject(kind, times=None, method=method, stall_s=1.5)
@@ -153,13 +162,17 @@ def test_a_commit_whose_cleanup_fails_is_still_committed(s3_server, proxy) -> No
     result = store.publish("state/c1", {"latents": b"step-4"})
     assert result.won and proxy.injected["500"] == 2
     proxy.clear()
-    assert store.load_bytes("state/c1", "latents") == b"step-4"  # the leftover is unreferenced; delete_commit removes it
+    assert (
+        store.load_bytes("state/c1", "latents") == b"step-4"
+    )  # the leftover is unreferenced; delete_commit removes it
     store.delete_commit("state/c1")
     assert store.list_keys("state/c1/") == []
 
 
 def test_a_multipart_upload_that_fails_in_a_part_publishes_nothing(s3_server, proxy) -> None:
-    store = faulty_store(s3_server, proxy, max_attempts=2, multipart_threshold_bytes=5 * MIB, multipart_chunksize_bytes=5 * MIB)
+    store = faulty_store(
+        s3_server, proxy, max_attempts=2, multipart_threshold_bytes=5 * MIB, multipart_chunksize_bytes=5 * MIB
+    )
     old = _payload(0, 6 * MIB)
     store.publish("big/b", {"blob": old})
     proxy.inject("503", times=None, method="PUT", path_contains="partNumber=2")
@@ -176,7 +189,9 @@ def test_an_object_that_reads_back_corrupt_every_time_is_refused(s3_server, prox
     store = faulty_store(s3_server, proxy, read_attempts=2)
     store.publish("w/v1", {"x": _payload(3, 10_000)})
     key = store.read_manifest("w/v1").objects["x"].key
-    s3_server.client().put_object(Bucket=s3_server.bucket, Key="p/" + key, Body=b"tampered")  # a valid S3 answer, wrong bytes
+    s3_server.client().put_object(
+        Bucket=s3_server.bucket, Key="p/" + key, Body=b"tampered"
+    )  # a valid S3 answer, wrong bytes
     with pytest.raises(ChecksumMismatchError, match=r"does not match its manifest.*read 2 times"):
         store.load_bytes("w/v1", "x")
 
@@ -198,8 +213,11 @@ def s3_server_elsewhere(s3_server) -> Iterator[S3Endpoint]:
     """A moto server in its own process: tracemalloc then sees the client's memory only (the
     session's in-process server holds a whole copy of every body it sends)."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         endpoint = S3Endpoint(f"http://127.0.0.1:{port}", s3_server.bucket)
         deadline = time.monotonic() + 60
@@ -221,7 +239,9 @@ def test_a_big_tensor_load_holds_only_the_tensors_not_a_copy_of_the_object(backe
     store = tmp_store if backend == "local" else request.getfixturevalue("s3_server_elsewhere").store()
     weights = {"w": torch.randn(8 * MIB)}  # 32 MiB
     size = store.publish_tensors("anchors/v0", weights).manifest.objects["tensors.safetensors"].size_bytes
-    whole, whole_peak = _peak_python_bytes(lambda: store.load_tensors("anchors/v0"))  # under the threshold: bytes, then tensors
+    whole, whole_peak = _peak_python_bytes(
+        lambda: store.load_tensors("anchors/v0")
+    )  # under the threshold: bytes, then tensors
     store.stream_threshold_bytes = MIB
     streamed, streamed_peak = _peak_python_bytes(lambda: store.load_tensors("anchors/v0"))
     assert torch.equal(streamed["w"], weights["w"]) and torch.equal(whole["w"], weights["w"])
@@ -311,7 +331,11 @@ def test_a_real_file_size_limit_is_reported_and_leaves_nothing_partial(tmp_path)
     root = tmp_path / "store"
     done = subprocess.run([sys.executable, "-c", _FSIZE_WRITER, str(root)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("StoreFullError") and "file-size limit" in done.stdout and str(root / "ckpt/a") in done.stdout
+    assert (
+        done.stdout.startswith("StoreFullError")
+        and "file-size limit" in done.stdout
+        and str(root / "ckpt/a") in done.stdout
+    )
     store = LocalTensorStore(root)
     assert store.load_bytes("ckpt/a", "x") == b"1" * 1000
     assert _hidden_files(store) == [] and len(store.list_keys("ckpt/a/")) == 2
@@ -328,10 +352,28 @@ def test_a_run_on_s3_completes_through_random_faults_and_commits_only_whole_obje
         proxy.inject(kind, times=None, probability=0.03, seed=seed)
     store_url = f"s3://{s3_server.bucket}/spotlight"
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines", "run", "--preset", "cpu_smoke", "--iterations", "1", "--rollouts", "inprocess",
-         "--store", store_url, "--run-dir", str(tmp_path / "faulty")],
-        cwd=tmp_path, env={**os.environ, "AWS_ENDPOINT_URL": proxy.url, "OMP_NUM_THREADS": "1"},
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "run",
+            "--preset",
+            "cpu_smoke",
+            "--iterations",
+            "1",
+            "--rollouts",
+            "inprocess",
+            "--store",
+            store_url,
+            "--run-dir",
+            str(tmp_path / "faulty"),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "AWS_ENDPOINT_URL": proxy.url, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "it   0" in done.stdout + done.stderr
     assert sum(proxy.injected.values()) >= 5, proxy.injected  # the run did meet faults

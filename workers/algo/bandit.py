@@ -57,14 +57,20 @@ class Arm:
     the final pick). W > G: the rollout samples the W on the fresh weights and the train phase keeps G."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.seeds_per_prompt, bool) or not isinstance(self.seeds_per_prompt, int) or self.seeds_per_prompt < 2:
+        if (
+            isinstance(self.seeds_per_prompt, bool)
+            or not isinstance(self.seeds_per_prompt, int)
+            or self.seeds_per_prompt < 2
+        ):
             raise ValueError(f"Arm.seeds_per_prompt must be an int >= 2, got {self.seeds_per_prompt!r}")
         if not self.cache_level or "-" in self.cache_level:
             raise ValueError(f"Arm.cache_level must be a non-empty name without '-', got {self.cache_level!r}")
-        if self.keep is not None and (isinstance(self.keep, bool) or not isinstance(self.keep, int)
-                                      or not 2 <= self.keep <= self.seeds_per_prompt):
-            raise ValueError(f"Arm.keep must be None or an int in [2, seeds_per_prompt={self.seeds_per_prompt}], "
-                             f"got {self.keep!r}")
+        if self.keep is not None and (
+            isinstance(self.keep, bool) or not isinstance(self.keep, int) or not 2 <= self.keep <= self.seeds_per_prompt
+        ):
+            raise ValueError(
+                f"Arm.keep must be None or an int in [2, seeds_per_prompt={self.seeds_per_prompt}], got {self.keep!r}"
+            )
 
     @property
     def name(self) -> str:
@@ -80,8 +86,13 @@ class Arm:
     def parse(cls, name: str) -> "Arm":
         parts = name.split("-")
         m, level, keep = parts[0], parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else None
-        if (len(parts) > 3 or not m.startswith("m") or not m[1:].isdigit() or not level
-                or (keep is not None and (not keep.startswith("w") or not keep[1:].isdigit()))):
+        if (
+            len(parts) > 3
+            or not m.startswith("m")
+            or not m[1:].isdigit()
+            or not level
+            or (keep is not None and (not keep.startswith("w") or not keep[1:].isdigit()))
+        ):
             raise ValueError(f"arm name {name!r} must look like m16-half_steps or m32-half_steps-w12")
         return cls(int(m[1:]), level, None if keep is None else int(keep[1:]))
 
@@ -185,8 +196,11 @@ class UCBBandit:
             return own
         if unit_cost is not None:
             return unit_cost * self.work_units(arm)
-        timed = [(self.stats[a.name].seconds_per_prompt, self.work_units(a)) for a in self.arms
-                 if self.stats[a.name].seconds_per_prompt is not None]
+        timed = [
+            (self.stats[a.name].seconds_per_prompt, self.work_units(a))
+            for a in self.arms
+            if self.stats[a.name].seconds_per_prompt is not None
+        ]
         if not timed:
             return None
         per_unit = sum(s for s, _ in timed) / sum(u for _, u in timed)
@@ -203,8 +217,9 @@ class UCBBandit:
         total = sum(st.pulls for st in self.stats.values())
         return s.mean_gain + self.config.ucb_c * math.sqrt(math.log(1 + total) / s.pulls)
 
-    def choose(self, budget_s: float | None, num_prompts: int, num_workers: int = 1,
-               unit_cost: float | None = None) -> Choice:
+    def choose(
+        self, budget_s: float | None, num_prompts: int, num_workers: int = 1, unit_cost: float | None = None
+    ) -> Choice:
         """The feasible arm with the best upper bound (ties: the cheaper, then the listed order). `unit_cost`: the
         cost of one unit of work when it is known in advance (1.0 for a budget counted in samples)."""
         if num_prompts < 1 or num_workers < 1:
@@ -213,7 +228,9 @@ class UCBBandit:
             raise ValueError(f"budget_s must be >= 0 or None, got {budget_s}")
         arms = [a for a in self.arms if not self.dropped(a)]
         if not arms:
-            return Choice(None, None, None, f"every arm ranks below the fidelity floor {self.config.min_arm_tau}: random seeds")
+            return Choice(
+                None, None, None, f"every arm ranks below the fidelity floor {self.config.min_arm_tau}: random seeds"
+            )
         predicted = {a.name: self.predicted_s(a, num_prompts, num_workers, unit_cost) for a in arms}
         if budget_s is None or all(p is None for p in predicted.values()):
             arm = min(arms, key=self.work_units)
@@ -223,14 +240,21 @@ class UCBBandit:
         feasible = [a for a in arms if predicted[a.name] <= safety * budget_s * (1 + 1e-9)]
         if not feasible:
             cheapest = min(predicted.values())
-            return Choice(None, None, None, f"no arm fits the budget ({budget_s:.1f} s; the cheapest needs {cheapest:.1f} s): random seeds")
+            return Choice(
+                None,
+                None,
+                None,
+                f"no arm fits the budget ({budget_s:.1f} s; the cheapest needs {cheapest:.1f} s): random seeds",
+            )
         order = {a.name: i for i, a in enumerate(self.arms)}
         arm = max(feasible, key=lambda a: (self.ucb(a), -self.work_units(a), -order[a.name]))
         ucb = self.ucb(arm)
         why = "untried arm" if math.isinf(ucb) else f"best upper bound {ucb:.3f}"
         dropped = len(self.arms) - len(arms)
         note = f" ({dropped} below the fidelity floor)" if dropped else ""
-        return Choice(arm, ucb, predicted[arm.name], f"{why} among {len(feasible)} of {len(self.arms)} arms that fit{note}")
+        return Choice(
+            arm, ucb, predicted[arm.name], f"{why} among {len(feasible)} of {len(self.arms)} arms that fit{note}"
+        )
 
     def dropped(self, arm: Arm) -> bool:
         """Whether the fidelity floor drops the arm: its mean measured tau is below `min_arm_tau`."""
@@ -270,8 +294,12 @@ class UCBBandit:
         return arm.name
 
     def to_dict(self) -> dict:
-        return {"arms": [a.name for a in self.arms], "config": asdict(self.config), "cost_weights": dict(self.cost_weights),
-                "stats": {name: asdict(s) for name, s in self.stats.items()}}
+        return {
+            "arms": [a.name for a in self.arms],
+            "config": asdict(self.config),
+            "cost_weights": dict(self.cost_weights),
+            "stats": {name: asdict(s) for name, s in self.stats.items()},
+        }
 
     @classmethod
     def from_dict(cls, state: dict) -> "UCBBandit":

@@ -83,8 +83,10 @@ class GRPOConfig:
         if self.nft_weighting not in WEIGHTINGS:
             raise ValueError(f"nft_weighting must be one of {WEIGHTINGS}, got {self.nft_weighting!r}")
         if not 0 < self.nft_beta <= 10 or self.nft_timesteps < 1 or self.nft_adv_scale <= 0:
-            raise ValueError(f"nft_beta must be in (0, 10], nft_timesteps >= 1, nft_adv_scale > 0; got "
-                             f"{self.nft_beta}, {self.nft_timesteps}, {self.nft_adv_scale}")
+            raise ValueError(
+                f"nft_beta must be in (0, 10], nft_timesteps >= 1, nft_adv_scale > 0; got "
+                f"{self.nft_beta}, {self.nft_timesteps}, {self.nft_adv_scale}"
+            )
         if not 0 < self.lr <= 1e-2:
             raise ValueError(f"lr must be in (0, 1e-2], got {self.lr} (RL learning rates are 1e-6 .. 1e-4)")
         if self.clip_range <= 0:
@@ -96,7 +98,9 @@ class GRPOConfig:
         if self.kl_form not in KL_FORMS:
             raise ValueError(f"kl_form must be one of {KL_FORMS}, got {self.kl_form!r}")
         if self.num_epochs < 1 or self.num_minibatches < 1:
-            raise ValueError(f"num_epochs and num_minibatches must be >= 1, got {self.num_epochs}, {self.num_minibatches}")
+            raise ValueError(
+                f"num_epochs and num_minibatches must be >= 1, got {self.num_epochs}, {self.num_minibatches}"
+            )
         if self.adv_norm not in ADV_NORMS:
             raise ValueError(f"adv_norm must be one of {ADV_NORMS}, got {self.adv_norm!r}")
         if self.lr_schedule not in LR_SCHEDULES:
@@ -114,8 +118,9 @@ class GRPOConfig:
         return group_advantages(rewards_N, group_ids_N, clip=self.adv_clip, norm=self.adv_norm)
 
 
-def group_advantages(rewards_N: torch.Tensor, group_ids_N: torch.Tensor, clip: float = 5.0,
-                     eps: float = 1e-4, norm: str = "group") -> torch.Tensor:
+def group_advantages(
+    rewards_N: torch.Tensor, group_ids_N: torch.Tensor, clip: float = 5.0, eps: float = 1e-4, norm: str = "group"
+) -> torch.Tensor:
     """(r - group mean) / (std + eps), clipped; zero for groups whose rewards are all equal.
 
     norm "group": each group's own std (Flow-GRPO). "batch": one std for the whole batch, the
@@ -148,8 +153,9 @@ def group_reward_stats(rewards_N: torch.Tensor, group_ids_N: torch.Tensor) -> di
     }
 
 
-def clipped_policy_loss(log_prob_N: torch.Tensor, old_log_prob_N: torch.Tensor, adv_N: torch.Tensor,
-                        clip_range: float) -> tuple[torch.Tensor, dict[str, float]]:
+def clipped_policy_loss(
+    log_prob_N: torch.Tensor, old_log_prob_N: torch.Tensor, adv_N: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss, mean over the batch. All inputs (N,); old log-probs are constants."""
     ratio = torch.exp(log_prob_N - old_log_prob_N.detach())
     unclipped = -adv_N * ratio
@@ -163,8 +169,9 @@ def clipped_policy_loss(log_prob_N: torch.Tensor, old_log_prob_N: torch.Tensor, 
     return loss, stats
 
 
-def kl_to_reference(mean: torch.Tensor, ref_mean: torch.Tensor, std_dev_t: torch.Tensor,
-                    dt: torch.Tensor, form: str = "step") -> torch.Tensor:
+def kl_to_reference(
+    mean: torch.Tensor, ref_mean: torch.Tensor, std_dev_t: torch.Tensor, dt: torch.Tensor, form: str = "step"
+) -> torch.Tensor:
     """KL between the Gaussian SDE steps of the policy and the reference, per sample (N,), averaged over non-batch
     dims (as the log-prob). std_dev_t is Flow-GRPO's sqrt(sigma / (1 - sigma)) * noise_level; dt < 0.
 
@@ -173,6 +180,6 @@ def kl_to_reference(mean: torch.Tensor, ref_mean: torch.Tensor, std_dev_t: torch
     """
     if form not in KL_FORMS:
         raise ValueError(f"kl form must be one of {KL_FORMS}, got {form!r}")
-    var = (std_dev_t * torch.sqrt(-dt)) ** 2 if form == "step" else std_dev_t ** 2 + torch.zeros_like(dt)
+    var = (std_dev_t * torch.sqrt(-dt)) ** 2 if form == "step" else std_dev_t**2 + torch.zeros_like(dt)
     kl = (mean - ref_mean.detach()) ** 2 / (2 * var)
     return kl.mean(dim=tuple(range(1, kl.dim())))

@@ -103,8 +103,12 @@ def proxy_gold_test(history: Sequence[Signals], rule: HackingRule) -> Verdict:
     d_proxy, se_proxy = now.proxy - ref.proxy, math.hypot(now.proxy_se, ref.proxy_se)
     d_gold, se_gold = now.gold - ref.gold, math.hypot(now.gold_se, ref.gold_se)
     if d_proxy > rule.z * se_proxy and d_gold < -rule.z * se_gold:
-        return Verdict(True, PROXY_RULE, f"since iteration {ref.iteration}: proxy {d_proxy:+.4g} "
-                       f"(> {rule.z:g} x {se_proxy:.3g}), gold {d_gold:+.4g} (< -{rule.z:g} x {se_gold:.3g})")
+        return Verdict(
+            True,
+            PROXY_RULE,
+            f"since iteration {ref.iteration}: proxy {d_proxy:+.4g} "
+            f"(> {rule.z:g} x {se_proxy:.3g}), gold {d_gold:+.4g} (< -{rule.z:g} x {se_gold:.3g})",
+        )
     return Verdict(False)
 
 
@@ -124,8 +128,12 @@ def drift_test(now: Signals, base: Signals, rule: HackingRule) -> Verdict:
         return Verdict(False)
     _, change, name = worst
     bound = rule.max_drop if change < 0 else rule.max_rise
-    return Verdict(True, f"drift:{name}", f"{name} {now.stats[name]:.4g} is {change:+.0%} from the base's "
-                   f"{base.stats[name]:.4g} (bound {'-' if change < 0 else '+'}{100 * bound:.3g}%)")
+    return Verdict(
+        True,
+        f"drift:{name}",
+        f"{name} {now.stats[name]:.4g} is {change:+.0%} from the base's "
+        f"{base.stats[name]:.4g} (bound {'-' if change < 0 else '+'}{100 * bound:.3g}%)",
+    )
 
 
 def judge(history: Sequence[Signals], base: Signals, rule: HackingRule) -> Verdict:

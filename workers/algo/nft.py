@@ -38,8 +38,9 @@ def optimality(adv_N: torch.Tensor, scale: float) -> torch.Tensor:
     return 0.5 + 0.5 * (adv_N / scale).clamp(-1.0, 1.0)
 
 
-def noise_levels(shape: tuple[int, ...], num_levels: int, sigma_range: tuple[float, float], antithetic: bool,
-                 gen: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def noise_levels(
+    shape: tuple[int, ...], num_levels: int, sigma_range: tuple[float, float], antithetic: bool, gen: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(sigma_N, eps) for each of `num_levels` noise levels of a batch of images of `shape` (N, ...): sigma
     uniform in sigma_range per sample. Antithetic: every odd level reuses the previous sigma with -eps, so a
     pair's noise cancels in the mean. Draws lazily from `gen`, in level order."""
@@ -54,7 +55,9 @@ def noise_levels(shape: tuple[int, ...], num_levels: int, sigma_range: tuple[flo
         yield sigma, eps
 
 
-def noisy_sample(x0_N3HW: torch.Tensor, sigma_N: torch.Tensor, eps_N3HW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def noisy_sample(
+    x0_N3HW: torch.Tensor, sigma_N: torch.Tensor, eps_N3HW: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The flow-matching pair at noise level sigma: (x_sigma, velocity target eps - x0)."""
     s = sigma_N.view(-1, *([1] * (x0_N3HW.dim() - 1)))
     return (1 - s) * x0_N3HW + s * eps_N3HW, eps_N3HW - x0_N3HW
@@ -63,8 +66,9 @@ def noisy_sample(x0_N3HW: torch.Tensor, sigma_N: torch.Tensor, eps_N3HW: torch.T
 WEIGHTINGS = ("velocity", "adaptive")
 
 
-def _matching_error(v_N3HW: torch.Tensor, target_N3HW: torch.Tensor, sigma_N: torch.Tensor | None,
-                    weighting: str) -> torch.Tensor:
+def _matching_error(
+    v_N3HW: torch.Tensor, target_N3HW: torch.Tensor, sigma_N: torch.Tensor | None, weighting: str
+) -> torch.Tensor:
     """Per-sample matching error of a velocity against the flow-matching target.
 
     "velocity": mean squared velocity error. "adaptive" (DiffusionNFT's released code):
@@ -77,12 +81,18 @@ def _matching_error(v_N3HW: torch.Tensor, target_N3HW: torch.Tensor, sigma_N: to
         return ((v_N3HW - target_N3HW) ** 2).mean(dim=dims)
     err = sigma_N.view(-1, *([1] * len(dims))) * (target_N3HW - v_N3HW)
     scale = err.detach().abs().mean(dim=dims).clamp_min(1e-5)
-    return (err ** 2).mean(dim=dims) / scale
+    return (err**2).mean(dim=dims) / scale
 
 
-def nft_loss(v_N3HW: torch.Tensor, v_old_N3HW: torch.Tensor, target_N3HW: torch.Tensor,
-             r_N: torch.Tensor, beta: float, sigma_N: torch.Tensor | None = None,
-             weighting: str = "velocity") -> tuple[torch.Tensor, dict[str, float]]:
+def nft_loss(
+    v_N3HW: torch.Tensor,
+    v_old_N3HW: torch.Tensor,
+    target_N3HW: torch.Tensor,
+    r_N: torch.Tensor,
+    beta: float,
+    sigma_N: torch.Tensor | None = None,
+    weighting: str = "velocity",
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The NFT loss, mean over the batch; v_old and target are constants. All fp32.
 
     weighting "adaptive" needs the noise level sigma_N of each sample (see _matching_error).

@@ -70,16 +70,22 @@ def spearman_rho(x: Sequence[float], y: Sequence[float]) -> float:
     return math.nan if denom == 0 else float(np.sum(ra * rb)) / denom
 
 
-def per_group(metric: Callable[[Sequence[float], Sequence[float]], float],
-              xs: Sequence[Sequence[float]], ys: Sequence[Sequence[float]]) -> list[float]:
+def per_group(
+    metric: Callable[[Sequence[float], Sequence[float]], float],
+    xs: Sequence[Sequence[float]],
+    ys: Sequence[Sequence[float]],
+) -> list[float]:
     """The metric within each group (NaN for groups without a ranking)."""
     if len(xs) != len(ys):
         raise ValueError(f"{len(xs)} groups against {len(ys)}")
-    return [metric(x, y) for x, y in zip(xs, ys)]
+    return [metric(x, y) for x, y in zip(xs, ys, strict=False)]
 
 
-def mean_over_groups(metric: Callable[[Sequence[float], Sequence[float]], float],
-                     xs: Sequence[Sequence[float]], ys: Sequence[Sequence[float]]) -> float | None:
+def mean_over_groups(
+    metric: Callable[[Sequence[float], Sequence[float]], float],
+    xs: Sequence[Sequence[float]],
+    ys: Sequence[Sequence[float]],
+) -> float | None:
     """Mean of the metric over groups that have a ranking on both sides; None when none has."""
     values = [v for v in per_group(metric, xs, ys) if not math.isnan(v)]
     return float(np.mean(values)) if values else None

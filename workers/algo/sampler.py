@@ -63,7 +63,9 @@ class SamplerConfig:
         if self.sde_window is not None:
             a, b = self.sde_window
             if not 0 <= a < b <= self.num_steps:
-                raise ValueError(f"sde_window={self.sde_window} must satisfy 0 <= start < end <= num_steps={self.num_steps}")
+                raise ValueError(
+                    f"sde_window={self.sde_window} must satisfy 0 <= start < end <= num_steps={self.num_steps}"
+                )
 
     @property
     def sde_steps(self) -> list[int]:
@@ -119,7 +121,7 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_forward_dtype(forward_dtype: str, device: torch.device) -> str:
-    """"auto" -> "bf16" where bf16 matmuls are native (CUDA, AVX512-BF16/AMX CPUs), else "fp32"."""
+    """ "auto" -> "bf16" where bf16 matmuls are native (CUDA, AVX512-BF16/AMX CPUs), else "fp32"."""
     if forward_dtype != "auto":
         return forward_dtype
     return "bf16" if device.type == "cuda" or cpu_has_native_bf16() else "fp32"
@@ -147,8 +149,14 @@ def sampler_sigmas(policy, config: SamplerConfig) -> torch.Tensor:
 
 
 @torch.no_grad()
-def rollout(policy, prompts: list[str], seeds: list[int], config: SamplerConfig,
-            resume: SamplerState | None = None, stop_at: int | None = None) -> Trajectory:
+def rollout(
+    policy,
+    prompts: list[str],
+    seeds: list[int],
+    config: SamplerConfig,
+    resume: SamplerState | None = None,
+    stop_at: int | None = None,
+) -> Trajectory:
     """Sample a batch of requests; resume from a SamplerState or stop early at step stop_at.
 
     Latents, sigmas and the SDE maths stay on the policy's device for the whole walk; the
@@ -180,8 +188,9 @@ def rollout(policy, prompts: list[str], seeds: list[int], config: SamplerConfig,
 
 
 @torch.no_grad()
-def denoise_step(policy, x: torch.Tensor, t: int, seeds: list[int], config: SamplerConfig, cond,
-                 sigmas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def denoise_step(
+    policy, x: torch.Tensor, t: int, seeds: list[int], config: SamplerConfig, cond, sigmas: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Step t of the walk from x (N, *sample shape, on the policy's device): (x after the step, the SDE step's
     log-prob (N,), or None on an ODE step). cond is `policy.encode_prompts(prompts)`; sigmas are
     `sampler_sigmas(policy, config)` on the device. A rollout worker calls it once per step, with the prompt
@@ -197,8 +206,9 @@ def denoise_step(policy, x: torch.Tensor, t: int, seeds: list[int], config: Samp
     return ode_step(v, sigmas[t], sigmas[t + 1], x), None
 
 
-def step_log_prob(policy, traj_latents: torch.Tensor, t: int, emb, mask, config: SamplerConfig,
-                  index: torch.Tensor | None = None):
+def step_log_prob(
+    policy, traj_latents: torch.Tensor, t: int, emb, mask, config: SamplerConfig, index: torch.Tensor | None = None
+):
     """Recompute step t's log-prob (with grad) of the stored transition x_t -> x_{t+1}.
 
     Returns (log_prob (M,), prev_sample_mean, std_dev_t) for the samples in `index` (all if None).

@@ -52,7 +52,9 @@ def request_seed(seed: int, iteration: int, prompt_index: int, sample_index: int
     return domain_seed(seed, "request", iteration, prompt_index, sample_index)
 
 
-def candidate_seeds(run_seed: int, iteration: int, prompt_index: int, group_size: int, num_candidates: int) -> list[int]:
+def candidate_seeds(
+    run_seed: int, iteration: int, prompt_index: int, group_size: int, num_candidates: int
+) -> list[int]:
     """The M candidate seeds of one prompt: the G default request seeds first (so random seeds are always
     among those explored, and the monitor can still compare on them), then M - G more, deterministic."""
     if num_candidates < group_size:

@@ -25,7 +25,7 @@ def select_max_variance(seeds: Sequence[int], rewards: Sequence[float], group_si
     best, best_key = None, None
     for low in range(group_size + 1):
         lows = ascending[:low]
-        picked = lows + [i for i in descending if i not in lows][:group_size - low]
+        picked = lows + [i for i in descending if i not in lows][: group_size - low]
         variance = float(np.var(values[picked]))
         key = (round(variance, 12), -abs(2 * low - group_size))
         if best_key is None or key > best_key:

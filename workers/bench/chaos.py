@@ -35,11 +35,11 @@ from typing import Any, Callable
 
 from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
 from resources.cluster.ledger import result_records
-from resources.ledger import Ledger
 from resources.cluster.preemption import poisson_trace
+from resources.ledger import Ledger
+from resources.queue import open_queue
 from resources.queue.base import RequestQueue
 from resources.queue.records import Request
-from resources.queue import open_queue
 from resources.store.local import LocalTensorStore
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a yellow circle", "three purple circles"]
@@ -100,7 +100,9 @@ class ChaosBench:
         return replace(cls(num_iterations=2, requests_per_iteration=4, preemptions_per_hour=900.0, seed=1), **changes)
 
 
-def run_chaos_bench(bench: ChaosBench = ChaosBench(), progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def run_chaos_bench(
+    bench: ChaosBench = ChaosBench(), progress: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     """Run the soak and its fault-free reference; every figure as one JSON-ready dict."""
     with tempfile.TemporaryDirectory(prefix="spotlight-bench-chaos-") as tmp:
         folder = Path(tmp)
@@ -110,10 +112,13 @@ def run_chaos_bench(bench: ChaosBench = ChaosBench(), progress: Callable[[str], 
         expected = _fault_free_hashes(_store(folder / "reference"), requests, bench.num_steps)
         server = _Queue(bench, folder)
         with server as queue_url:
-            progress(f"soak: {bench.num_iterations} iterations on {bench.num_workers} workers at "
-                     f"{bench.preemptions_per_hour:g} preemptions per worker-hour ({bench.queue} queue)")
-            soak = _soak(bench, folder, store, queue_url, requests, server.restart if bench.queue == "redis" else None,
-                         progress)
+            progress(
+                f"soak: {bench.num_iterations} iterations on {bench.num_workers} workers at "
+                f"{bench.preemptions_per_hour:g} preemptions per worker-hour ({bench.queue} queue)"
+            )
+            soak = _soak(
+                bench, folder, store, queue_url, requests, server.restart if bench.queue == "redis" else None, progress
+            )
         soak.redis_restarts = server.restarts
         figures = _figures(bench, soak, store, requests, expected, folder / "ledger.duckdb")
     return figures
@@ -135,9 +140,14 @@ def _requests(bench: ChaosBench, iteration: int) -> list[dict]:
 
     sampler = SamplerConfig(num_steps=bench.num_steps, noise_level=0.7)
     n = bench.requests_per_iteration
-    return [rollout_request(f"it{iteration}-r{i:03d}", iteration,
-                            RolloutSpec("chaos", PROMPTS[i % len(PROMPTS)], 10_000 * iteration + i, 0, sampler))
-            for i in range(n)]
+    return [
+        rollout_request(
+            f"it{iteration}-r{i:03d}",
+            iteration,
+            RolloutSpec("chaos", PROMPTS[i % len(PROMPTS)], 10_000 * iteration + i, 0, sampler),
+        )
+        for i in range(n)
+    ]
 
 
 def _fault_free_hashes(store: LocalTensorStore, requests: list[list[dict]], num_steps: int) -> dict[str, str]:
@@ -146,9 +156,13 @@ def _fault_free_hashes(store: LocalTensorStore, requests: list[list[dict]], num_
     from workers.rollout.weights import PolicyHolder
 
     holder = PolicyHolder(store)
-    return {r["request_id"]: work_request(Request.from_dict(r), 1, store, holder, worker_id="reference",
-                                          commit_every=num_steps).result_hash
-            for batch in requests for r in batch}
+    return {
+        r["request_id"]: work_request(
+            Request.from_dict(r), 1, store, holder, worker_id="reference", commit_every=num_steps
+        ).result_hash
+        for batch in requests
+        for r in batch
+    }
 
 
 class _Queue:
@@ -168,8 +182,19 @@ class _Queue:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         (self.folder / "redis").mkdir()
-        self.args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-                     "--dir", str(self.folder / "redis")]
+        self.args = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--dir",
+            str(self.folder / "redis"),
+        ]
         self.url = f"redis://127.0.0.1:{port}/0"
         self._start()
         return self.url
@@ -217,8 +242,13 @@ class _Soak:
 class _Iterations:
     """`run_until`'s done-check: puts iteration k+1 once k is finished, purging consumed iterations as the coordinator does."""
 
-    def __init__(self, queue: RequestQueue, requests: list[list[dict]], restart: Callable[[], None] | None,
-                 restart_every_s: float) -> None:
+    def __init__(
+        self,
+        queue: RequestQueue,
+        requests: list[list[dict]],
+        restart: Callable[[], None] | None,
+        restart_every_s: float,
+    ) -> None:
         self.queue, self.requests, self.k = queue, requests, 0
         self.results: dict[str, str] = {}
         self.restart, self.restart_every_s, self.last_restart = restart, restart_every_s, time.monotonic()
@@ -226,7 +256,11 @@ class _Iterations:
         queue.put(requests[0])
 
     def __call__(self) -> bool:
-        if self.restart is not None and self.restart_every_s and time.monotonic() - self.last_restart >= self.restart_every_s:
+        if (
+            self.restart is not None
+            and self.restart_every_s
+            and time.monotonic() - self.last_restart >= self.restart_every_s
+        ):
             self.restart()
             self.last_restart = time.monotonic()
         ids = [r["request_id"] for r in self.requests[self.k]]
@@ -243,14 +277,35 @@ class _Iterations:
         return False
 
 
-def _soak(bench: ChaosBench, folder: Path, store: LocalTensorStore, queue_url: str, requests: list[list[dict]],
-          restart: Callable[[], None] | None, progress: Callable[[str], None]) -> _Soak:
-    slots = [WorkerSlot(f"w{i}", instance_type="local-cpu", spot=True, usd_per_hour=0.4, step_delay_s=bench.step_delay_s)
-             for i in range(bench.num_workers)]
-    config = ClusterConfig(queue_url, str(store.root), commit_every=bench.commit_every, lease_s=bench.lease_s,
-                           restart_delay_s=bench.restart_delay_s, log_dir=str(folder / "logs"), ready_timeout_s=600)
-    trace = poisson_trace([s.name for s in slots], rate_per_hour=bench.preemptions_per_hour, duration_s=bench.timeout_s,
-                          notice_share=bench.notice_share, seed=bench.seed)
+def _soak(
+    bench: ChaosBench,
+    folder: Path,
+    store: LocalTensorStore,
+    queue_url: str,
+    requests: list[list[dict]],
+    restart: Callable[[], None] | None,
+    progress: Callable[[str], None],
+) -> _Soak:
+    slots = [
+        WorkerSlot(f"w{i}", instance_type="local-cpu", spot=True, usd_per_hour=0.4, step_delay_s=bench.step_delay_s)
+        for i in range(bench.num_workers)
+    ]
+    config = ClusterConfig(
+        queue_url,
+        str(store.root),
+        commit_every=bench.commit_every,
+        lease_s=bench.lease_s,
+        restart_delay_s=bench.restart_delay_s,
+        log_dir=str(folder / "logs"),
+        ready_timeout_s=600,
+    )
+    trace = poisson_trace(
+        [s.name for s in slots],
+        rate_per_hour=bench.preemptions_per_hour,
+        duration_s=bench.timeout_s,
+        notice_share=bench.notice_share,
+        seed=bench.seed,
+    )
     with open_queue(queue_url) as queue, Ledger(folder / "ledger.duckdb") as ledger:
         with LocalCluster(config, slots, ledger) as cluster:
             progress("workers ready; the trace starts")
@@ -258,13 +313,27 @@ def _soak(bench: ChaosBench, folder: Path, store: LocalTensorStore, queue_url: s
             started = time.time()
             summary = cluster.run_until(iterations, trace=trace, timeout_s=bench.timeout_s)
             window = (started, time.time())
-        return _Soak(summary.wall_s, summary.completed, iterations.k, iterations.results, len(queue.dead_letters()),
-                     summary, list(cluster.tracker.events), done_rows_max=iterations.done_rows_max,
-                     window=window)
+        return _Soak(
+            summary.wall_s,
+            summary.completed,
+            iterations.k,
+            iterations.results,
+            len(queue.dead_letters()),
+            summary,
+            list(cluster.tracker.events),
+            done_rows_max=iterations.done_rows_max,
+            window=window,
+        )
 
 
-def _figures(bench: ChaosBench, soak: _Soak, store: LocalTensorStore, requests: list[list[dict]],
-             expected: dict[str, str], ledger_path: Path) -> dict[str, Any]:
+def _figures(
+    bench: ChaosBench,
+    soak: _Soak,
+    store: LocalTensorStore,
+    requests: list[list[dict]],
+    expected: dict[str, str],
+    ledger_path: Path,
+) -> dict[str, Any]:
     flat = [r for batch in requests for r in batch]
     hashes = {r.request_id: r.result_hash for r in result_records(store, flat)}
     firsts = Counter(e["request_id"] for e in soak.events if e["event"] == "acked" and e["first"])
@@ -273,26 +342,36 @@ def _figures(bench: ChaosBench, soak: _Soak, store: LocalTensorStore, requests: 
     duplicated = [rid for rid in ids if firsts[rid] > 1]
     mismatched = [rid for rid in ids if rid in hashes and hashes[rid] != expected[rid]]
     with Ledger(ledger_path) as ledger:
-        lifetimes = ledger.query("SELECT epoch_ms(started_at) / 1000.0, epoch_ms(ended_at) / 1000.0 FROM workers "
-                                 "WHERE spot").rows
+        lifetimes = ledger.query(
+            "SELECT epoch_ms(started_at) / 1000.0, epoch_ms(ended_at) / 1000.0 FROM workers WHERE spot"
+        ).rows
     # Worker-hours inside the trace's window (start-up before it and the final stop after it excluded).
     begin, end = soak.window
     spot_s = sum(max(0.0, min(e if e is not None else end, end) - max(s, begin)) for s, e in lifetimes)
     preemptions = soak.summary.preemptions
     resumed = sum(1 for e in soak.events if e["event"] == "claim" and e.get("resumed_from_step", 0) > 0)
     return {
-        "config": asdict(bench), "machine": _machine(),
-        "completed": soak.completed, "iterations_done": soak.iterations_done, "requests": len(ids),
-        "lost": len(lost), "duplicated": len(duplicated), "hash_mismatches": len(mismatched),
-        "hash_checked": sum(rid in hashes for rid in ids), "dead_letters": soak.dead_letters,
-        "preemptions": len(preemptions), "preemptions_with_notice": sum(p.notice_s > 0 for p in preemptions),
+        "config": asdict(bench),
+        "machine": _machine(),
+        "completed": soak.completed,
+        "iterations_done": soak.iterations_done,
+        "requests": len(ids),
+        "lost": len(lost),
+        "duplicated": len(duplicated),
+        "hash_mismatches": len(mismatched),
+        "hash_checked": sum(rid in hashes for rid in ids),
+        "dead_letters": soak.dead_letters,
+        "preemptions": len(preemptions),
+        "preemptions_with_notice": sum(p.notice_s > 0 for p in preemptions),
         "trace_events_skipped": soak.summary.skipped_events,
         "preemptions_per_worker_hour": round(len(preemptions) / (spot_s / 3600), 1) if spot_s > 0 else None,
-        "spot_worker_hours": round(spot_s / 3600, 4), "workers_started": soak.summary.workers_started,
+        "spot_worker_hours": round(spot_s / 3600, 4),
+        "workers_started": soak.summary.workers_started,
         "steps_lost": sum(p.steps_lost for p in preemptions),
         "resumed_from_commit": resumed,
         "attempts": sum(1 for e in soak.events if e["event"] == "claim"),
-        "redis_restarts": soak.redis_restarts, "done_rows_max": soak.done_rows_max,
+        "redis_restarts": soak.redis_restarts,
+        "done_rows_max": soak.done_rows_max,
         "wall_s": round(soak.wall_s, 1),
         "examples": {"lost": lost[:5], "duplicated": duplicated[:5], "mismatched": mismatched[:5]},
     }

@@ -36,8 +36,8 @@ from typing import Any, Callable
 from resources.cluster.ledger import WorkTracker
 from resources.ledger import Ledger
 from resources.ledger.records import AttemptRecord, RequestRecord, SyncRecord, TrainStepRecord
-from resources.queue.base import RequestQueue
 from resources.queue import open_queue
+from resources.queue.base import RequestQueue
 
 
 @dataclass(frozen=True)
@@ -68,19 +68,30 @@ class CoordinatorBench:
     """Also measure Redis (needs redis-server on PATH; skipped with a note if absent)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_requests", "num_claims", "num_ledger_rows", "num_unbatched_rows", "num_workers",
-                     "requests_per_worker", "num_steps", "commit_every"):
+        for name in (
+            "num_requests",
+            "num_claims",
+            "num_ledger_rows",
+            "num_unbatched_rows",
+            "num_workers",
+            "requests_per_worker",
+            "num_steps",
+            "commit_every",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"CoordinatorBench.{name} must be >= 1, got {getattr(self, name)}")
         if 2 * self.num_claims + self.num_workers > self.num_requests:
-            raise ValueError(f"CoordinatorBench: 2 x num_claims + num_workers ({2 * self.num_claims + self.num_workers}) "
-                             f"must be <= num_requests ({self.num_requests}): each claim takes a request")
+            raise ValueError(
+                f"CoordinatorBench: 2 x num_claims + num_workers ({2 * self.num_claims + self.num_workers}) "
+                f"must be <= num_requests ({self.num_requests}): each claim takes a request"
+            )
         if not (self.step_s > 0 and self.poll_s > 0):
             raise ValueError("CoordinatorBench.step_s and poll_s must be > 0")
 
 
-def run_coordinator_bench(bench: CoordinatorBench = CoordinatorBench(),
-                          progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def run_coordinator_bench(
+    bench: CoordinatorBench = CoordinatorBench(), progress: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     """Every figure of the coordinator bench as one JSON-ready dict."""
     figures: dict[str, Any] = {"config": asdict(bench), "machine": _machine()}
     with tempfile.TemporaryDirectory(prefix="spotlight-bench-coordinator-") as tmp:
@@ -102,8 +113,15 @@ def bench_claims(queue: RequestQueue, bench: CoordinatorBench) -> dict[str, Any]
     """Put `num_requests`, then time `num_claims` claims and their acks, twice: with at most
     `num_workers` leases out at a time (a pool of workers, each holding one), and with every
     claimed request still leased (a stress case: the leases a backend must search grow to `num_claims`)."""
-    requests = [{"request_id": f"r{i:07d}", "iteration": 0, "kind": "rollout",
-                 "payload": {"prompt": "two red circles", "seed": i, "weights_version": 0}} for i in range(bench.num_requests)]
+    requests = [
+        {
+            "request_id": f"r{i:07d}",
+            "iteration": 0,
+            "kind": "rollout",
+            "payload": {"prompt": "two red circles", "seed": i, "weights_version": 0},
+        }
+        for i in range(bench.num_requests)
+    ]
     started = time.perf_counter()
     for at in range(0, len(requests), 5000):
         queue.put(requests[at : at + 5000])
@@ -122,10 +140,15 @@ def bench_claims(queue: RequestQueue, bench: CoordinatorBench) -> dict[str, Any]
     held = [queue.claim("w0", lease_s=600) for _ in range(bench.num_claims)]
     held_s = time.perf_counter() - started
     assert all(lease is not None for lease in held)
-    return {"requests_in_queue": bench.num_requests, "puts_per_s": round(bench.num_requests / put_s),
-            "claims_per_s": round(num_cycled / claim_s), "acks_per_s": round(num_cycled / ack_s),
-            "leases_out": bench.num_workers, "claims_timed": num_cycled,
-            "claims_per_s_all_held": round(bench.num_claims / held_s)}
+    return {
+        "requests_in_queue": bench.num_requests,
+        "puts_per_s": round(bench.num_requests / put_s),
+        "claims_per_s": round(num_cycled / claim_s),
+        "acks_per_s": round(num_cycled / ack_s),
+        "leases_out": bench.num_workers,
+        "claims_timed": num_cycled,
+        "claims_per_s_all_held": round(bench.num_claims / held_s),
+    }
 
 
 def bench_ledger(path: Path, bench: CoordinatorBench) -> dict[str, Any]:
@@ -143,9 +166,12 @@ def bench_ledger(path: Path, bench: CoordinatorBench) -> dict[str, Any]:
         unbatched_s = time.perf_counter() - started
         written = ledger.query("SELECT count(*) FROM attempts").rows[0][0]
     assert written == bench.num_ledger_rows + bench.num_unbatched_rows
-    return {"rows_per_s_batched": round(bench.num_ledger_rows / batched_s),
-            "rows_per_s_unbatched": round(bench.num_unbatched_rows / unbatched_s, 1),
-            "rows_batched": bench.num_ledger_rows, "rows_unbatched": bench.num_unbatched_rows}
+    return {
+        "rows_per_s_batched": round(bench.num_ledger_rows / batched_s),
+        "rows_per_s_unbatched": round(bench.num_unbatched_rows / unbatched_s, 1),
+        "rows_batched": bench.num_ledger_rows,
+        "rows_unbatched": bench.num_unbatched_rows,
+    }
 
 
 def _attempt(request_id: str) -> AttemptRecord:
@@ -179,8 +205,19 @@ def simulate_iteration(folder: Path, bench: CoordinatorBench) -> dict[str, Any]:
         clock(lambda: _begin(ledger, tracker, bench.num_workers))
         clock(lambda: ledger.record_phase(0, "rollout", time.time()))
         ids = [f"r{i:05d}" for i in range(num)]
-        clock(lambda: queue.put([{"request_id": rid, "iteration": 0, "kind": "rollout",
-                                  "payload": {"prompt": "two red circles", "seed": i}} for i, rid in enumerate(ids)]))
+        clock(
+            lambda: queue.put(
+                [
+                    {
+                        "request_id": rid,
+                        "iteration": 0,
+                        "kind": "rollout",
+                        "payload": {"prompt": "two red circles", "seed": i},
+                    }
+                    for i, rid in enumerate(ids)
+                ]
+            )
+        )
         events = _worker_events(queue, bench)  # the workers' side: not coordinator time
         num_polls = round(rollout_s / bench.poll_s)
         per_poll = max(1, len(events) // num_polls)
@@ -194,9 +231,15 @@ def simulate_iteration(folder: Path, bench: CoordinatorBench) -> dict[str, Any]:
         rows = clock(lambda: ledger.query("SELECT count(*) FROM attempts").rows[0][0])
     assert rows == num
     worker_s = rollout_s + train_s + validate_s
-    return {"workers": bench.num_workers, "requests": num, "worker_events": len(events), "queue_polls": num_polls,
-            "simulated_worker_s": worker_s, "coordinator_s": round(clock.seconds, 3),
-            "coordinator_share": round(clock.seconds / (worker_s + clock.seconds), 5)}
+    return {
+        "workers": bench.num_workers,
+        "requests": num,
+        "worker_events": len(events),
+        "queue_polls": num_polls,
+        "simulated_worker_s": worker_s,
+        "coordinator_s": round(clock.seconds, 3),
+        "coordinator_share": round(clock.seconds / (worker_s + clock.seconds), 5),
+    }
 
 
 def _begin(ledger: Ledger, tracker: WorkTracker, num_workers: int) -> None:
@@ -206,8 +249,9 @@ def _begin(ledger: Ledger, tracker: WorkTracker, num_workers: int) -> None:
     now = time.time()
     ledger.record_phase(0, "sync", now)
     for w in range(num_workers):
-        tracker.worker_started(f"w{w}.0", role="rollout", instance_type="g6.xlarge", spot=True, usd_per_hour=0.8,
-                               gpu_type="L4", at=now)
+        tracker.worker_started(
+            f"w{w}.0", role="rollout", instance_type="g6.xlarge", spot=True, usd_per_hour=0.8, gpu_type="L4", at=now
+        )
     ledger.record_phase(0, "sync", now, time.time())
     ledger.record_sync(SyncRecord(0, "patch", 40_000_000_000, 400_000_000, iteration=0, encode_s=1.0, apply_s=1.0))
 
@@ -219,8 +263,16 @@ def _worker_events(queue: RequestQueue, bench: CoordinatorBench) -> list[dict[st
     worker = 0
     while (lease := queue.claim(f"w{worker}", lease_s=600)) is not None:
         wid = f"w{worker}.0"
-        events.append({"event": "claim", "worker_id": wid, "t": t, "request_id": lease.request_id,
-                       "attempt": lease.attempts, "resumed_from_step": 0})
+        events.append(
+            {
+                "event": "claim",
+                "worker_id": wid,
+                "t": t,
+                "request_id": lease.request_id,
+                "attempt": lease.attempts,
+                "resumed_from_step": 0,
+            }
+        )
         for step in range(1, bench.num_steps + 1):
             events.append({"event": "step", "worker_id": wid, "t": t, "step": step, "step_s": bench.step_s})
             if step % bench.commit_every == 0:
@@ -234,8 +286,12 @@ def _worker_events(queue: RequestQueue, bench: CoordinatorBench) -> list[dict[st
 def _finish(ledger: Ledger, queue: RequestQueue, ids: list[str], bench: CoordinatorBench) -> None:
     results = queue.results(ids)
     ledger.record_phase(0, "rollout", time.time() - 1, time.time())
-    ledger.record_requests([RequestRecord(rid, 0, "rollout", "two red circles", i, 0, "w0.0", 1, result_hash=key, reward=0.5)
-                            for i, (rid, key) in enumerate(sorted(results.items()))])
+    ledger.record_requests(
+        [
+            RequestRecord(rid, 0, "rollout", "two red circles", i, 0, "w0.0", 1, result_hash=key, reward=0.5)
+            for i, (rid, key) in enumerate(sorted(results.items()))
+        ]
+    )
     with ledger.phase(0, "train"):
         ledger.record_train_steps([TrainStepRecord(0, s, loss=0.1, reward_mean=0.5) for s in range(bench.num_steps)])
     with ledger.phase(0, "validate"):
@@ -252,8 +308,11 @@ def _bench_redis(folder: Path, bench: CoordinatorBench) -> dict[str, Any]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                               "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         queue = _open_when_up(f"redis://127.0.0.1:{port}/0")
         with queue:
@@ -292,12 +351,18 @@ def format_coordinator_report(figures: dict[str, Any]) -> str:
         if "skipped" in q:
             lines.append(f"{backend}: skipped ({q['skipped']})")
             continue
-        lines.append(f"{backend}: {q['claims_per_s']} claims/s with {q['requests_in_queue']} requests queued and "
-                     f"{q['leases_out']} leased (puts {q['puts_per_s']}/s, acks {q['acks_per_s']}/s; "
-                     f"{q['claims_per_s_all_held']} claims/s while every claim stays leased)")
+        lines.append(
+            f"{backend}: {q['claims_per_s']} claims/s with {q['requests_in_queue']} requests queued and "
+            f"{q['leases_out']} leased (puts {q['puts_per_s']}/s, acks {q['acks_per_s']}/s; "
+            f"{q['claims_per_s_all_held']} claims/s while every claim stays leased)"
+        )
     led, it = figures["ledger"], figures["iteration"]
-    lines.append(f"ledger: {led['rows_per_s_batched']} rows/s batched, {led['rows_per_s_unbatched']} rows/s one connection each")
-    lines.append(f"iteration: {it['workers']} workers, {it['requests']} requests, {it['worker_events']} events: coordinator "
-                 f"{it['coordinator_s']} s of {it['simulated_worker_s'] + it['coordinator_s']:.0f} s "
-                 f"= {100 * it['coordinator_share']:.2f} %")
+    lines.append(
+        f"ledger: {led['rows_per_s_batched']} rows/s batched, {led['rows_per_s_unbatched']} rows/s one connection each"
+    )
+    lines.append(
+        f"iteration: {it['workers']} workers, {it['requests']} requests, {it['worker_events']} events: coordinator "
+        f"{it['coordinator_s']} s of {it['simulated_worker_s'] + it['coordinator_s']:.0f} s "
+        f"= {100 * it['coordinator_share']:.2f} %"
+    )
     return "\n".join(lines)

@@ -46,8 +46,9 @@ def crossing(versions: Sequence[float], curve: Sequence[float], target: float) -
     return None
 
 
-def paired_crossings(versions: Sequence[float], scores: Mapping[str, Sequence[Sequence[float]]], target: float,
-                     resamples: int, seed: int) -> dict[str, np.ndarray]:
+def paired_crossings(
+    versions: Sequence[float], scores: Mapping[str, Sequence[Sequence[float]]], target: float, resamples: int, seed: int
+) -> dict[str, np.ndarray]:
     """Per strategy, the crossing of the mean curve of each bootstrap resample of run seeds (NaN: never crossed).
     Every strategy's resample k uses the same seed rows (paired); all must have the same number of rows."""
     arrays = {name: np.asarray(s, dtype=float) for name, s in scores.items()}
@@ -73,12 +74,25 @@ def interval(samples: np.ndarray, level: float = 0.95) -> dict:
     tail = 100 * (1 - level) / 2
     values = [float(v) for v in np.percentile(defined, [tail, 50, 100 - tail], method="nearest")]
     low, median, high = (None if math.isinf(v) else round(v, 4) for v in values)
-    return {"median": median, "low": low, "high": high, "unbounded": math.isinf(values[2]),
-            "undefined_share": round(undefined, 4)}
+    return {
+        "median": median,
+        "low": low,
+        "high": high,
+        "unbounded": math.isinf(values[2]),
+        "undefined_share": round(undefined, 4),
+    }
 
 
-def paired_ratio_interval(versions: Sequence[float], scores: Mapping[str, Sequence[Sequence[float]]], slow: str,
-                          fast: str, target: float, resamples: int = 2000, seed: int = 0, scale: float = 1.0) -> dict:
+def paired_ratio_interval(
+    versions: Sequence[float],
+    scores: Mapping[str, Sequence[Sequence[float]]],
+    slow: str,
+    fast: str,
+    target: float,
+    resamples: int = 2000,
+    seed: int = 0,
+    scale: float = 1.0,
+) -> dict:
     """The ratio slow / fast of versions to the target, times `scale` (e.g. a ratio of seconds per iteration):
     the point estimate from the mean curves, and a paired bootstrap interval over run seeds. A resample where
     `slow` never reaches the target but `fast` does counts as +inf (fast is at least that much faster); one
@@ -91,12 +105,17 @@ def paired_ratio_interval(versions: Sequence[float], scores: Mapping[str, Sequen
         ratios = scale * slow_b / boot[fast]
     ratios[~np.isfinite(boot[fast]) | (boot[fast] <= 0)] = math.nan
     point = None if point_slow is None or not point_fast else round(scale * point_slow / point_fast, 4)
-    return {"ratio": point, **interval(ratios), "slow_never_reached_share": round(float(np.mean(np.isinf(ratios))), 4),
-            "iterations_to_target": {slow: point_slow, fast: point_fast}}
+    return {
+        "ratio": point,
+        **interval(ratios),
+        "slow_never_reached_share": round(float(np.mean(np.isinf(ratios))), 4),
+        "iterations_to_target": {slow: point_slow, fast: point_fast},
+    }
 
 
-def paired_difference(values: Mapping[str, Sequence[float]], a: str, b: str, resamples: int = 2000,
-                      seed: int = 0) -> dict:
+def paired_difference(
+    values: Mapping[str, Sequence[float]], a: str, b: str, resamples: int = 2000, seed: int = 0
+) -> dict:
     """Mean of a - b over run seeds (paired), its standard error and a bootstrap 95 % interval."""
     diff = np.asarray(values[a], dtype=float) - np.asarray(values[b], dtype=float)
     if diff.size < 1:
@@ -104,5 +123,8 @@ def paired_difference(values: Mapping[str, Sequence[float]], a: str, b: str, res
     picks = np.random.default_rng(seed).integers(0, diff.size, size=(resamples, diff.size))
     boot = diff[picks].mean(axis=1)
     se = float(diff.std(ddof=1) / math.sqrt(diff.size)) if diff.size > 1 else None
-    return {"mean": round(float(diff.mean()), 4), "se": None if se is None else round(se, 4),
-            **{k: v for k, v in interval(boot).items() if k in ("low", "high")}}
+    return {
+        "mean": round(float(diff.mean()), 4),
+        "se": None if se is None else round(se, 4),
+        **{k: v for k, v in interval(boot).items() if k in ("low", "high")},
+    }

@@ -16,19 +16,27 @@ from collections.abc import Iterator
 import torch
 
 from workers.model.policy import SHIPPED_BASE, load_policy
-from workers.trainer.presets import cpu_tiny
 from workers.trainer.grpo_trainer import GRPOTrainer
+from workers.trainer.presets import cpu_tiny
 
 
-def dit_grpo_states(num_states: int, lr: float, checkpoint=SHIPPED_BASE,
-                    prompts_per_iteration: int = 4, group_size: int = 4,
-                    reward: str = "minigeneval") -> Iterator[dict[str, torch.Tensor]]:
+def dit_grpo_states(
+    num_states: int,
+    lr: float,
+    checkpoint=SHIPPED_BASE,
+    prompts_per_iteration: int = 4,
+    group_size: int = 4,
+    reward: str = "minigeneval",
+) -> Iterator[dict[str, torch.Tensor]]:
     """num_states successive FP32 state dicts: the start, then one per GRPO optimizer step."""
     if num_states < 2:
         raise ValueError(f"num_states must be >= 2, got {num_states}")
     base = cpu_tiny()
     config = dataclasses.replace(
-        base, prompts_per_iteration=prompts_per_iteration, group_size=group_size, reward=reward,
+        base,
+        prompts_per_iteration=prompts_per_iteration,
+        group_size=group_size,
+        reward=reward,
         # PULSE's regime: a constant learning rate, whatever the preset's warm-up and schedule
         grpo=dataclasses.replace(base.grpo, lr=lr, lr_warmup_steps=0, lr_schedule="constant", num_minibatches=1),
     )

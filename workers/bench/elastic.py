@@ -39,8 +39,8 @@ def run_elastic_bench(repeats: int = 3, throughput_requests: int = 4, num_steps:
 
     from resources.keys import anchor_key
     from resources.store.local import LocalTensorStore
-    from workers.sp.node_agent import AgentConfig
     from workers.model.policy import load_policy
+    from workers.sp.node_agent import AgentConfig
 
     policy = load_policy()
     weight_bytes = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
@@ -51,7 +51,9 @@ def run_elastic_bench(repeats: int = 3, throughput_requests: int = 4, num_steps:
         elastic, throughput = _elastic_runs(config, repeats, throughput_requests, num_steps)
         naive = {event: [_naive_run(config, 1 if event == "lost" else 2) for _ in range(repeats)] for event in EVENTS}
     figures = {"elastic": _summarise(elastic), "naive": _summarise(naive), "throughput": throughput}
-    figures["speedup"] = {e: round(figures["naive"][e]["total_s"] / figures["elastic"][e]["total_s"], 1) for e in EVENTS}
+    figures["speedup"] = {
+        e: round(figures["naive"][e]["total_s"] / figures["elastic"][e]["total_s"], 1) for e in EVENTS
+    }
     figures["speedup"]["worst_case"] = round(figures["naive"]["total_s"] / figures["elastic"]["total_s"], 1)
     join = figures["elastic"]["join"]
     figures["bandwidth"] = {
@@ -60,10 +62,15 @@ def run_elastic_bench(repeats: int = 3, throughput_requests: int = 4, num_steps:
         "store_load_GBps": round(weight_bytes / figures["naive"]["lost"]["weight_transfer_s"] / 1e9, 3),
     }
     figures["projection_20b_8gpu_nvlink"] = project_20b(figures)
-    figures["setup"] = {"repeats": repeats, "params_M": round(weight_bytes / 4e6, 3), "image_tokens": 256,
-                        "torch_threads_per_worker": config.threads_per_worker, "torch": torch.__version__,
-                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-                        "target": "elastic.total_s < 1 and speedup.worst_case >= 10"}
+    figures["setup"] = {
+        "repeats": repeats,
+        "params_M": round(weight_bytes / 4e6, 3),
+        "image_tokens": 256,
+        "torch_threads_per_worker": config.threads_per_worker,
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "target": "elastic.total_s < 1 and speedup.worst_case >= 10",
+    }
     figures["target_met"] = figures["elastic"]["total_s"] < 1.0 and figures["speedup"]["worst_case"] >= 10
     return figures
 
@@ -80,7 +87,7 @@ def _elastic_runs(config, repeats: int, throughput_requests: int, num_steps: int
         agent.form(2)
         for _ in range(repeats):
             t0 = time.perf_counter()
-            spare, = agent.spawn(1)  # the standby: started ahead of need, off the clock
+            (spare,) = agent.spawn(1)  # the standby: started ahead of need, off the clock
             standby_s = time.perf_counter() - t0
             victim = agent.groups[0][1]
             agent.kill(victim)
@@ -113,8 +120,13 @@ def _naive_run(config, world_size: int) -> dict:
 
 
 def _parts(total_s: float, report, weight_s: float, start_s: float) -> dict:
-    return {"process_start_s": start_s, "weight_transfer_s": weight_s, "warmup_s": report.warmup_s,
-            "rendezvous_s": total_s - start_s - weight_s - report.warmup_s, "total_s": total_s}
+    return {
+        "process_start_s": start_s,
+        "weight_transfer_s": weight_s,
+        "warmup_s": report.warmup_s,
+        "rendezvous_s": total_s - start_s - weight_s - report.warmup_s,
+        "total_s": total_s,
+    }
 
 
 def _summarise(runs: dict[str, list[dict]]) -> dict:
@@ -129,8 +141,8 @@ def _summarise(runs: dict[str, list[dict]]) -> dict:
 
 def _throughput(agent, num_requests: int, num_steps: int) -> dict:
     """Requests/s of two workers at degree 1 (two groups) and at degree 2 (one group), bf16 forwards."""
-    from workers.sp.node_groups import SPRequest
     from workers.algo.sampler import SamplerConfig
+    from workers.sp.node_groups import SPRequest
 
     sampler = SamplerConfig(num_steps=num_steps, noise_level=0.7)
     out = {"num_requests": num_requests, "num_steps": num_steps, "forward_dtype": sampler.forward_dtype}

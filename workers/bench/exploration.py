@@ -106,10 +106,21 @@ class ExplorationBench:
         """Two tiny iterations of one seed: checks the whole benchmark runs, in a minute or two."""
         from workers.algo.sampler import SamplerConfig
 
-        return cls(seeds=(0,), iterations=2, validate_every=1, static_iterations=1, timing_iterations=1,
-                   explore_samples=16.0, resamples=50,
-                   train_overrides={"prompts_per_iteration": 2, "group_size": 4, "validation_seeds": 1,
-                                    "sampler": SamplerConfig(num_steps=4, noise_level=0.0)})
+        return cls(
+            seeds=(0,),
+            iterations=2,
+            validate_every=1,
+            static_iterations=1,
+            timing_iterations=1,
+            explore_samples=16.0,
+            resamples=50,
+            train_overrides={
+                "prompts_per_iteration": 2,
+                "group_size": 4,
+                "validation_seeds": 1,
+                "sampler": SamplerConfig(num_steps=4, noise_level=0.0),
+            },
+        )
 
     def train_config(self):
         """The preset with the bench's iterations and overrides; every strategy's own change comes on top."""
@@ -122,22 +133,35 @@ class ExplorationBench:
         return dataclasses.replace(config, **changes)
 
     def explore_config(self):
+        from workers.algo.bandit import BanditConfig
         from workers.explore.state import ExploreConfig
 
-        from workers.algo.bandit import BanditConfig
-
-        return ExploreConfig(seed_multipliers=self.seed_multipliers, cache_levels=self.cache_levels,
-                             num_workers=self.num_workers, keep_factors=self.keep_factors,
-                             control_prompts=self.control_prompts, bandit=BanditConfig(min_arm_tau=self.min_arm_tau))
+        return ExploreConfig(
+            seed_multipliers=self.seed_multipliers,
+            cache_levels=self.cache_levels,
+            num_workers=self.num_workers,
+            keep_factors=self.keep_factors,
+            control_prompts=self.control_prompts,
+            bandit=BanditConfig(min_arm_tau=self.min_arm_tau),
+        )
 
     def learning_runs(self, checkpoint: str | None) -> list[LearningRun]:
         config, explore = self.train_config(), self.explore_config()
-        return [LearningRun(s, seed, config, explore, self.explore_samples, checkpoint, self.wider_draw)
-                for seed in self.seeds for s in STRATEGIES if s in self.strategies]
+        return [
+            LearningRun(s, seed, config, explore, self.explore_samples, checkpoint, self.wider_draw)
+            for seed in self.seeds
+            for s in STRATEGIES
+            if s in self.strategies
+        ]
 
 
-def run_exploration_bench(bench: ExplorationBench, checkpoint: Path | None = None, out: Path | None = None,
-                          progress: Callable[[dict], None] | None = None, verbose: bool = False) -> dict:
+def run_exploration_bench(
+    bench: ExplorationBench,
+    checkpoint: Path | None = None,
+    out: Path | None = None,
+    progress: Callable[[dict], None] | None = None,
+    verbose: bool = False,
+) -> dict:
     """Every part; returns plain JSON figures (names in docs/EXPLORATION.md). Learning records go to `out`."""
     from workers.bench.exploration_static import static_selection
     from workers.model.policy import SHIPPED_BASE, load_policy
@@ -145,27 +169,45 @@ def run_exploration_bench(bench: ExplorationBench, checkpoint: Path | None = Non
     torch.set_num_threads(1)
     say = progress or (lambda record: None)
     config = bench.train_config()
-    static = static_selection(load_policy(checkpoint or SHIPPED_BASE), config, bench.static_iterations,
-                              bench.seed_multipliers[0] * config.group_size, bench.cache_levels,
-                              progress=lambda text: say({"stage": text}))
+    static = static_selection(
+        load_policy(checkpoint or SHIPPED_BASE),
+        config,
+        bench.static_iterations,
+        bench.seed_multipliers[0] * config.group_size,
+        bench.cache_levels,
+        progress=lambda text: say({"stage": text}),
+    )
     specs = bench.learning_runs(None if checkpoint is None else str(checkpoint))
     records = run_learning(specs, bench.jobs, out, say, verbose)
     timing = run_timing(bench, checkpoint, say) if bench.timing_iterations else []
     base_score = records[0]["curve"][0]["score"]  # every run validates the same weights version 0 first
     learning = summarize_learning(records, base_score, (bench.target_gain, *bench.other_target_gains), bench.resamples)
     seconds = summarize_timing(timing)
-    return {"preset": bench.preset, "num_seeds": len(bench.seeds), "seeds": list(bench.seeds),
-            "iterations": config.iterations, "validate_every": bench.validate_every, "base_score": base_score,
-            "target_gain": bench.target_gain, "target_score": round(base_score + bench.target_gain, 6),
-            "explore_samples": bench.explore_samples, "wider_draw": bench.wider_draw,
-            **time_to_target(learning, seconds, bench.target_gain), "learning": learning, "timing": seconds,
-            "static": static, "arms": [a.name for a in bench.explore_config().arms(config.group_size)],
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-            "learning_runs": records, "timing_runs": timing}
+    return {
+        "preset": bench.preset,
+        "num_seeds": len(bench.seeds),
+        "seeds": list(bench.seeds),
+        "iterations": config.iterations,
+        "validate_every": bench.validate_every,
+        "base_score": base_score,
+        "target_gain": bench.target_gain,
+        "target_score": round(base_score + bench.target_gain, 6),
+        "explore_samples": bench.explore_samples,
+        "wider_draw": bench.wider_draw,
+        **time_to_target(learning, seconds, bench.target_gain),
+        "learning": learning,
+        "timing": seconds,
+        "static": static,
+        "arms": [a.name for a in bench.explore_config().arms(config.group_size)],
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "learning_runs": records,
+        "timing_runs": timing,
+    }
 
 
-def run_learning(specs: list[LearningRun], jobs: int, out: Path | None, say: Callable[[dict], None],
-                 verbose: bool = False) -> list[dict]:
+def run_learning(
+    specs: list[LearningRun], jobs: int, out: Path | None, say: Callable[[dict], None], verbose: bool = False
+) -> list[dict]:
     """Every learning run, `jobs` at a time in their own processes (records reused from `out`), in spec order."""
     if jobs == 1:
         records = []
@@ -189,16 +231,30 @@ def run_timing(bench: ExplorationBench, checkpoint: Path | None, say: Callable[[
     from workers.model.policy import SHIPPED_BASE
 
     config = dataclasses.replace(bench.train_config(), iterations=bench.timing_iterations)
-    return [run_strategy(s, bench.seeds[0], config, bench.explore_config(), checkpoint=checkpoint or SHIPPED_BASE,
-                         num_workers=bench.num_workers, validate_every=bench.timing_iterations + 1,
-                         wider_draw=bench.wider_draw, audit_prompts=bench.audit_prompts, progress=say)
-            for s in STRATEGIES if s in bench.strategies]
+    return [
+        run_strategy(
+            s,
+            bench.seeds[0],
+            config,
+            bench.explore_config(),
+            checkpoint=checkpoint or SHIPPED_BASE,
+            num_workers=bench.num_workers,
+            validate_every=bench.timing_iterations + 1,
+            wider_draw=bench.wider_draw,
+            audit_prompts=bench.audit_prompts,
+            progress=say,
+        )
+        for s in STRATEGIES
+        if s in bench.strategies
+    ]
 
 
 def _line(record: dict) -> str:
     curve = record["curve"]
-    return (f"{record['strategy']:>10} seed {record['seed']}: held-out {curve[0]['score']:.3f} -> {curve[-1]['score']:.3f} "
-            f"in {curve[-1]['version']} iterations ({record['wall_s'] / 60:.1f} min)")
+    return (
+        f"{record['strategy']:>10} seed {record['seed']}: held-out {curve[0]['score']:.3f} -> {curve[-1]['score']:.3f} "
+        f"in {curve[-1]['version']} iterations ({record['wall_s'] / 60:.1f} min)"
+    )
 
 
 def progress_to_stderr(record: dict) -> None:

@@ -62,7 +62,9 @@ class LearningRun:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {STRATEGIES}")
         if self.wider_draw < 2 or not self.explore_samples > 0:
-            raise ValueError(f"wider_draw must be >= 2 and explore_samples > 0, got {self.wider_draw}, {self.explore_samples}")
+            raise ValueError(
+                f"wider_draw must be >= 2 and explore_samples > 0, got {self.wider_draw}, {self.explore_samples}"
+            )
 
     def train_config(self) -> TrainConfig:
         wide = self.wider_draw * self.config.group_size if self.strategy == "wider_draw" else None
@@ -74,9 +76,12 @@ class LearningRun:
 
     def fingerprint(self) -> str:
         """What the record depends on: a record with another fingerprint is stale and is not reused."""
-        fields = {"train": dataclasses.asdict(self.train_config()), "checkpoint": self.checkpoint,
-                  "explore": repr(self.explore_config) if self.strategy == "explore" else None,
-                  "budget": self.explore_samples if self.strategy == "explore" else None}
+        fields = {
+            "train": dataclasses.asdict(self.train_config()),
+            "checkpoint": self.checkpoint,
+            "explore": repr(self.explore_config) if self.strategy == "explore" else None,
+            "budget": self.explore_samples if self.strategy == "explore" else None,
+        }
         return hashlib.blake2b(json.dumps(fields, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
 
@@ -94,8 +99,15 @@ def learning_run(spec: LearningRun, out: Path | None = None, verbose: bool = Fal
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"spotlight-bench-{spec.name}-") as tmp:
         rows, curve, exploration = _walk(spec, Path(tmp), verbose)
-    record = {"strategy": spec.strategy, "seed": spec.seed, "fingerprint": spec.fingerprint(), "curve": curve,
-              "iterations": rows, "exploration": exploration, "wall_s": round(time.perf_counter() - started, 1)}
+    record = {
+        "strategy": spec.strategy,
+        "seed": spec.seed,
+        "fingerprint": spec.fingerprint(),
+        "curve": curve,
+        "iterations": rows,
+        "exploration": exploration,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".json.partial")
@@ -112,23 +124,39 @@ def _walk(spec: LearningRun, run_dir: Path, verbose: bool) -> tuple[list[dict], 
     config = spec.train_config()
     ctx = RunContext.local(run_dir, spec.name, "bench", config, checkpoint=spec.checkpoint, report=False)
     if spec.strategy == "explore":
-        ctx = dataclasses.replace(ctx, explore_config=spec.explore_config,
-                                  sampling=Sampling(mode="inprocess", explore_samples=spec.explore_samples))
+        ctx = dataclasses.replace(
+            ctx,
+            explore_config=spec.explore_config,
+            sampling=Sampling(mode="inprocess", explore_samples=spec.explore_samples),
+        )
     rows, curve = [], []
     try:
         for record in train_records(ctx):
             if record.get("validation_score") is not None:
-                curve.append({"version": record["iteration"], "score": record["validation_score"],
-                              "per_category": record["validation_per_category"]})
+                curve.append(
+                    {
+                        "version": record["iteration"],
+                        "score": record["validation_score"],
+                        "per_category": record["validation_per_category"],
+                    }
+                )
                 if verbose:
-                    print(f"{spec.name}: held-out {record['validation_score']:.3f} at version {record['iteration']}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"{spec.name}: held-out {record['validation_score']:.3f} at version {record['iteration']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             if record.get("reward_std") is not None:
-                rows.append({name: record.get(name) for name in
-                             ("iteration", "reward_mean", "reward_std", "zero_std_ratio", "loss", "step_s")})
+                rows.append(
+                    {
+                        name: record.get(name)
+                        for name in ("iteration", "reward_mean", "reward_std", "zero_std_ratio", "loss", "step_s")
+                    }
+                )
         exploration = ctx.ledger.query(
             "SELECT iteration, arm, num_requests AS explored_prompts, time_used_s AS samples_used, kendall_tau, "
-            "variance_gain, fallback_random FROM exploration ORDER BY iteration").as_dicts()
+            "variance_gain, fallback_random FROM exploration ORDER BY iteration"
+        ).as_dicts()
         payoff = {r["iteration"]: r for r in ctx.ledger.query("SELECT * FROM exploration_payoff").as_dicts()}
     finally:
         ctx.ledger.close()
@@ -141,5 +169,7 @@ def _payoff_fields(payoff: dict | None) -> dict:
     """What the ledger's exploration_payoff view says of an iteration's rollout (explored vs random seeds)."""
     if payoff is None:
         return {}
-    return {name: payoff.get(name) for name in ("explored_prompts", "explored_variance", "random_variance",
-                                                "baseline_variance", "variance_ratio")}
+    return {
+        name: payoff.get(name)
+        for name in ("explored_prompts", "explored_variance", "random_variance", "baseline_variance", "variance_ratio")
+    }

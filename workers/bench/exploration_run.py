@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Callable
 
 from workers.algo.rank_consistency import kendall_tau_b, spearman_rho
+from workers.bench.exploration_learning import STRATEGIES
 from workers.coordinator.context import RunContext, Sampling
 from workers.coordinator.driver import FINAL_PHASES, ITERATION_PHASES
 from workers.coordinator.phases import PhaseResult
 from workers.trainer.grpo_trainer import TrainConfig
 
-from workers.bench.exploration_learning import STRATEGIES
 CRITICAL_PHASES = ("weight_patch", "rollouts", "exploration", "policy_update", "seed_plan")
 """The phases the trainer waits for (validation and the report are measurement)."""
 clock = time.perf_counter
@@ -73,9 +73,19 @@ def strategy_config(strategy: str, seed: int, config: TrainConfig, validate_ever
     return dataclasses.replace(config, seed=seed, validate_every=validate_every, rollouts_per_prompt=wide)
 
 
-def run_strategy(strategy: str, seed: int, config: TrainConfig, explore_config, *, checkpoint, num_workers: int,
-                 validate_every: int, wider_draw: int = 2, audit_prompts: int = 1,
-                 progress: Callable[[dict], None] | None = None) -> dict:
+def run_strategy(
+    strategy: str,
+    seed: int,
+    config: TrainConfig,
+    explore_config,
+    *,
+    checkpoint,
+    num_workers: int,
+    validate_every: int,
+    wider_draw: int = 2,
+    audit_prompts: int = 1,
+    progress: Callable[[dict], None] | None = None,
+) -> dict:
     """One training run from the checkpoint on the pipeline's phases; per-iteration figures and the validation
     curve on critical-path seconds."""
     from workers.coordinator.worker_pool import worker_pool
@@ -83,10 +93,15 @@ def run_strategy(strategy: str, seed: int, config: TrainConfig, explore_config, 
     config = strategy_config(strategy, seed, config, validate_every, wider_draw)
     with tempfile.TemporaryDirectory(prefix=f"spotlight-bench-{strategy}-") as tmp:
         run_dir = Path(tmp)
-        local = RunContext.local(run_dir, f"bench-{strategy}-{seed}", "bench", config, checkpoint=str(checkpoint),
-                                 report=False)
-        ctx = dataclasses.replace(local, queue_url=str(run_dir / "queue.db"), explore_config=explore_config,
-                                  sampling=Sampling(mode="workers", explore=strategy == "explore", num_workers=num_workers))
+        local = RunContext.local(
+            run_dir, f"bench-{strategy}-{seed}", "bench", config, checkpoint=str(checkpoint), report=False
+        )
+        ctx = dataclasses.replace(
+            local,
+            queue_url=str(run_dir / "queue.db"),
+            explore_config=explore_config,
+            sampling=Sampling(mode="workers", explore=strategy == "explore", num_workers=num_workers),
+        )
         try:
             with worker_pool(ctx, num_workers, preemptions_per_hour=0.0, log_dir=run_dir / "worker_logs"):
                 rows, curve = _walk(ctx, strategy, audit_prompts, progress)
@@ -128,17 +143,31 @@ def _row(ctx: RunContext, k: int, strategy: str, results: dict[str, PhaseResult]
     """One iteration's figures from its phases' results."""
     train, plan_meta = results["policy_update"].record, results["seed_plan"].metadata
     review = results["exploration"].metadata
-    row = {"iteration": k, "planner": results["rollouts"].metadata["planner"] if strategy == "explore" else strategy,
-           "sync_s": walls["weight_patch"], "rollout_s": walls["rollouts"], "train_s": walls["policy_update"],
-           "overhead_s": walls["exploration"] + walls["seed_plan"], "reward_mean": train["reward_mean"],
-           "reward_std": train["reward_std"], "zero_std_ratio": train["zero_std_ratio"], "loss": train.get("loss")}
+    row = {
+        "iteration": k,
+        "planner": results["rollouts"].metadata["planner"] if strategy == "explore" else strategy,
+        "sync_s": walls["weight_patch"],
+        "rollout_s": walls["rollouts"],
+        "train_s": walls["policy_update"],
+        "overhead_s": walls["exploration"] + walls["seed_plan"],
+        "reward_mean": train["reward_mean"],
+        "reward_std": train["reward_std"],
+        "zero_std_ratio": train["zero_std_ratio"],
+        "loss": train.get("loss"),
+    }
     if strategy == "explore":
         arm = plan_meta.get("arm")
-        row.update(kendall_tau=review.get("kendall_tau"), spearman_rho=review.get("spearman_rho"),
-                   variance_gain=review.get("variance_gain"), arm=None if arm == "none" else arm,
-                   reason=results["exploration"].metadata.get("reason"), budget_s=plan_meta.get("budget_s"),
-                   explore_wall_s=plan_meta.get("time_used_s", 0.0), explored_prompts=plan_meta.get("explored_prompts", 0),
-                   next_planner=plan_meta["planner"])
+        row.update(
+            kendall_tau=review.get("kendall_tau"),
+            spearman_rho=review.get("spearman_rho"),
+            variance_gain=review.get("variance_gain"),
+            arm=None if arm == "none" else arm,
+            reason=results["exploration"].metadata.get("reason"),
+            budget_s=plan_meta.get("budget_s"),
+            explore_wall_s=plan_meta.get("time_used_s", 0.0),
+            explored_prompts=plan_meta.get("explored_prompts", 0),
+            next_planner=plan_meta["planner"],
+        )
     return row
 
 

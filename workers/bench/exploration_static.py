@@ -20,21 +20,23 @@ from typing import Callable
 
 import numpy as np
 
-from workers.explore.request import CACHE_LEVELS, cache_hooks
+from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, spearman_rho
 from workers.algo.seeds import candidate_seeds
 from workers.algo.selection import select_max_variance
-from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, spearman_rho
-from workers.trainer.grpo_trainer import TrainConfig
+from workers.explore.request import CACHE_LEVELS, cache_hooks
 from workers.task.prompt_file import train_prompts
+from workers.trainer.grpo_trainer import TrainConfig
 
 REWARDS = ("minigeneval", "minigeneval_strict")
 
 
-def _sample_rewards(policy, prompt: str, seeds: list[int], level_name: str | None, config: TrainConfig) -> tuple[dict, float]:
+def _sample_rewards(
+    policy, prompt: str, seeds: list[int], level_name: str | None, config: TrainConfig
+) -> tuple[dict, float]:
     """Rewards under every reward of REWARDS for one prompt's seeds, and the CPU seconds it took."""
+    from workers.algo.sampler import rollout
     from workers.task.render import to_uint8
     from workers.task.rewards import get_reward
-    from workers.algo.sampler import rollout
 
     started = time.process_time()
     prompts = [prompt] * len(seeds)
@@ -51,11 +53,20 @@ def _sample_rewards(policy, prompt: str, seeds: list[int], level_name: str | Non
 
 def _group_stats(groups: list[list[float]]) -> dict:
     stds = [float(np.std(g)) for g in groups]
-    return {"reward_std": round(float(np.mean(stds)), 6), "zero_std_ratio": round(float(np.mean([s < 1e-8 for s in stds])), 6)}
+    return {
+        "reward_std": round(float(np.mean(stds)), 6),
+        "zero_std_ratio": round(float(np.mean([s < 1e-8 for s in stds])), 6),
+    }
 
 
-def static_selection(policy, config: TrainConfig, iterations: int, num_candidates: int,
-                     levels: tuple[str, ...] = tuple(CACHE_LEVELS), progress: Callable[[str], None] | None = None) -> dict:
+def static_selection(
+    policy,
+    config: TrainConfig,
+    iterations: int,
+    num_candidates: int,
+    levels: tuple[str, ...] = tuple(CACHE_LEVELS),
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Cost and fidelity of each cache level, and the effect of selecting seeds with it (see the module doc)."""
     g = config.group_size
     full: dict[str, list[list[float]]] = {name: [] for name in REWARDS}
@@ -77,16 +88,27 @@ def static_selection(policy, config: TrainConfig, iterations: int, num_candidate
         for name in REWARDS:
             out_levels[lv][f"kendall_tau_{name}"] = _round(mean_over_groups(kendall_tau_b, cheap[lv][name], full[name]))
             out_levels[lv][f"spearman_rho_{name}"] = _round(mean_over_groups(spearman_rho, cheap[lv][name], full[name]))
-            chosen = [[real[j] for j in select_max_variance(list(range(len(real))), est, g)]
-                      for est, real in zip(cheap[lv][name], full[name])]
+            chosen = [
+                [real[j] for j in select_max_variance(list(range(len(real))), est, g)]
+                for est, real in zip(cheap[lv][name], full[name], strict=False)
+            ]
             selection[name][lv] = _group_stats(chosen)
-    oracle = {name: _group_stats([[real[j] for j in select_max_variance(list(range(len(real))), real, g)]
-                                  for real in full[name]]) for name in REWARDS}
+    oracle = {
+        name: _group_stats(
+            [[real[j] for j in select_max_variance(list(range(len(real))), real, g)] for real in full[name]]
+        )
+        for name in REWARDS
+    }
     for name in REWARDS:
         selection[name]["full_sampler_same_weights"] = oracle[name]
-    return {"num_prompts": len(full[REWARDS[0]]), "num_candidates": num_candidates, "group_size": g,
-            "full_sampler_s_per_prompt": round(seconds[None] / max(len(full[REWARDS[0]]), 1), 4),
-            "levels": out_levels, "selection": selection}
+    return {
+        "num_prompts": len(full[REWARDS[0]]),
+        "num_candidates": num_candidates,
+        "group_size": g,
+        "full_sampler_s_per_prompt": round(seconds[None] / max(len(full[REWARDS[0]]), 1), 4),
+        "levels": out_levels,
+        "selection": selection,
+    }
 
 
 def _round(value: float | None) -> float | None:

@@ -28,7 +28,9 @@ def _by_strategy(records: list[dict]) -> tuple[list[int], list[int], dict[str, l
     """Validated versions, run seeds every strategy has, and each strategy's records in seed order."""
     strategies = [s for s in STRATEGIES if any(r["strategy"] == s for r in records)]
     seeds = sorted(set.intersection(*({r["seed"] for r in records if r["strategy"] == s} for s in strategies)))
-    runs = {s: [next(r for r in records if r["strategy"] == s and r["seed"] == seed) for seed in seeds] for s in strategies}
+    runs = {
+        s: [next(r for r in records if r["strategy"] == s and r["seed"] == seed) for seed in seeds] for s in strategies
+    }
     versions = [p["version"] for p in records[0]["curve"]]
     for run in (r for rs in runs.values() for r in rs):
         if [p["version"] for p in run["curve"]] != versions:
@@ -44,36 +46,54 @@ def summarize_learning(records: list[dict], base_score: float, target_gains: tup
     targets = {}
     for i, gain in enumerate(target_gains):
         target = base_score + gain
-        row = {"target_score": round(target, 6),
-               "iterations": {s: _round(crossing(versions, mean_curve(v), target)) for s, v in scores.items()}}
+        row = {
+            "target_score": round(target, 6),
+            "iterations": {s: _round(crossing(versions, mean_curve(v), target)) for s, v in scores.items()},
+        }
         for slow in ("random", "wider_draw"):
             if slow in scores and "explore" in scores:
-                row[f"{slow}_over_explore"] = paired_ratio_interval(versions, scores, slow, "explore", target,
-                                                                   resamples, seed=i)
+                row[f"{slow}_over_explore"] = paired_ratio_interval(
+                    versions, scores, slow, "explore", target, resamples, seed=i
+                )
         targets[f"{gain:+.2f}"] = row
     finals = {s: [v[-1] for v in vs] for s, vs in scores.items()}
     means = {s: [float(np.mean(v[1:])) for v in vs] for s, vs in scores.items()}
-    differences = {f"explore_minus_{other}": {"final": paired_difference(finals, "explore", other, resamples),
-                                               "mean_after_base": paired_difference(means, "explore", other, resamples)}
-                   for other in ("random", "wider_draw") if other in scores and "explore" in scores}
-    return {"versions": versions, "seeds": seeds, "strategies": per, "targets": targets, "differences": differences,
-            "exploration": _exploration_figures(runs.get("explore", []))}
+    differences = {
+        f"explore_minus_{other}": {
+            "final": paired_difference(finals, "explore", other, resamples),
+            "mean_after_base": paired_difference(means, "explore", other, resamples),
+        }
+        for other in ("random", "wider_draw")
+        if other in scores and "explore" in scores
+    }
+    return {
+        "versions": versions,
+        "seeds": seeds,
+        "strategies": per,
+        "targets": targets,
+        "differences": differences,
+        "exploration": _exploration_figures(runs.get("explore", [])),
+    }
 
 
 def _strategy_figures(versions: list[int], scores: list[list[float]], runs: list[dict], target: float) -> dict:
     gains = [v[-1] - v[0] for v in scores]
     rows = [row for r in runs for row in r["iterations"] if row["iteration"] >= 1]  # iteration 0 is random for all
     per_seed = [crossing(versions, v, target) for v in scores]
-    return {"mean_curve": [round(float(x), 4) for x in mean_curve(scores)],
-            "final_gain": {"mean": round(statistics.mean(gains), 4),
-                           "se": round(statistics.stdev(gains) / len(gains) ** 0.5, 4) if len(gains) > 1 else None},
-            "final_gain_per_seed": [round(g, 4) for g in gains],
-            "per_seed_iterations_to_target": [_round(c) for c in per_seed],
-            "reached_target": sum(c is not None for c in per_seed),
-            "reward_std": _mean([row["reward_std"] for row in rows]),
-            "zero_std_ratio": _mean([row["zero_std_ratio"] for row in rows]),
-            "trained_variance_ratio": _mean([_variance_ratio(row) for row in rows]),
-            "wall_min_per_run": _mean([r["wall_s"] / 60 for r in runs])}
+    return {
+        "mean_curve": [round(float(x), 4) for x in mean_curve(scores)],
+        "final_gain": {
+            "mean": round(statistics.mean(gains), 4),
+            "se": round(statistics.stdev(gains) / len(gains) ** 0.5, 4) if len(gains) > 1 else None,
+        },
+        "final_gain_per_seed": [round(g, 4) for g in gains],
+        "per_seed_iterations_to_target": [_round(c) for c in per_seed],
+        "reached_target": sum(c is not None for c in per_seed),
+        "reward_std": _mean([row["reward_std"] for row in rows]),
+        "zero_std_ratio": _mean([row["zero_std_ratio"] for row in rows]),
+        "trained_variance_ratio": _mean([_variance_ratio(row) for row in rows]),
+        "wall_min_per_run": _mean([r["wall_s"] / 60 for r in runs]),
+    }
 
 
 def _variance_ratio(row: dict) -> float | None:
@@ -88,11 +108,14 @@ def _exploration_figures(runs: list[dict]) -> dict:
     arms: dict[str, int] = {}
     for row in rows:
         arms[str(row["arm"])] = arms.get(str(row["arm"]), 0) + 1
-    return {"arms_chosen": arms, "explored_prompts": _mean([row["explored_prompts"] for row in rows]),
-            "samples_used": _mean([row["samples_used"] for row in rows]),
-            "kendall_tau": _distribution([row["kendall_tau"] for row in rows]),
-            "variance_gain": _distribution([row["variance_gain"] for row in rows]),
-            "fallback_iterations": sum(bool(row["fallback_random"]) for row in rows)}
+    return {
+        "arms_chosen": arms,
+        "explored_prompts": _mean([row["explored_prompts"] for row in rows]),
+        "samples_used": _mean([row["samples_used"] for row in rows]),
+        "kendall_tau": _distribution([row["kendall_tau"] for row in rows]),
+        "variance_gain": _distribution([row["variance_gain"] for row in rows]),
+        "fallback_iterations": sum(bool(row["fallback_random"]) for row in rows),
+    }
 
 
 def summarize_timing(runs: list[dict]) -> dict:
@@ -101,13 +124,17 @@ def summarize_timing(runs: list[dict]) -> dict:
     for run in runs:
         rows = [row for row in run["iterations"] if row["iteration"] >= 1] or run["iterations"]  # 0: workers warm up
         phases = {name: _mean([row[f"{name}_s"] for row in rows]) for name in ("sync", "rollout", "train", "overhead")}
-        out[run["strategy"]] = {"critical_s_per_iteration": _mean([_critical(row) for row in rows]),
-                                "critical_s_spread": _spread([_critical(row) for row in rows]),
-                                "phases_s": phases, "iterations": len(rows)}
+        out[run["strategy"]] = {
+            "critical_s_per_iteration": _mean([_critical(row) for row in rows]),
+            "critical_s_spread": _spread([_critical(row) for row in rows]),
+            "phases_s": phases,
+            "iterations": len(rows),
+        }
     if "explore" in out:
         explore = out["explore"]
-        explore["exploration_overhead_pct"] = round(100 * explore["phases_s"]["overhead"]
-                                                    / explore["critical_s_per_iteration"], 3)
+        explore["exploration_overhead_pct"] = round(
+            100 * explore["phases_s"]["overhead"] / explore["critical_s_per_iteration"], 3
+        )
     return out
 
 
@@ -118,16 +145,23 @@ def time_to_target(learning: dict, timing: dict, target_gain: float) -> dict:
     out = {}
     for slow, name in (("random", "time_to_target_speedup"), ("wider_draw", "time_to_target_speedup_vs_wider_draw")):
         ratio = row.get(f"{slow}_over_explore")
-        seconds = _ratio(timing.get(slow, {}).get("critical_s_per_iteration"),
-                         timing.get("explore", {}).get("critical_s_per_iteration"))
+        seconds = _ratio(
+            timing.get(slow, {}).get("critical_s_per_iteration"),
+            timing.get("explore", {}).get("critical_s_per_iteration"),
+        )
         if ratio is None or seconds is None:
             out[name], out[f"{name}_interval"] = None, None
             continue
         scale = lambda v: None if v is None else round(v * seconds, 4)  # noqa: E731
         out[name] = scale(ratio["ratio"])
-        out[f"{name}_interval"] = {"low": scale(ratio["low"]), "high": scale(ratio["high"]),
-                                   "unbounded": ratio["unbounded"], "undefined_share": ratio["undefined_share"],
-                                   "iterations_ratio": ratio["ratio"], "seconds_ratio": round(seconds, 4)}
+        out[f"{name}_interval"] = {
+            "low": scale(ratio["low"]),
+            "high": scale(ratio["high"]),
+            "unbounded": ratio["unbounded"],
+            "undefined_share": ratio["undefined_share"],
+            "iterations_ratio": ratio["ratio"],
+            "seconds_ratio": round(seconds, 4),
+        }
     return out
 
 
@@ -140,8 +174,13 @@ def _distribution(values: list) -> dict:
     if not clean:
         return {"n": 0, "mean": None, "p10": None, "median": None, "p90": None}
     q = np.quantile(clean, [0.1, 0.5, 0.9])
-    return {"n": len(clean), "mean": round(statistics.mean(clean), 4), "p10": round(float(q[0]), 4),
-            "median": round(float(q[1]), 4), "p90": round(float(q[2]), 4)}
+    return {
+        "n": len(clean),
+        "mean": round(statistics.mean(clean), 4),
+        "p10": round(float(q[0]), 4),
+        "median": round(float(q[1]), 4),
+        "p90": round(float(q[2]), 4),
+    }
 
 
 def _spread(values: list[float]) -> dict:
@@ -164,19 +203,26 @@ def _round(value: float | None) -> float | None:
 def format_exploration_report(figures: dict) -> str:
     """The headline figures as text (the CLI without --json)."""
     learning = figures["learning"]
-    lines = [f"base held-out {figures['base_score']:.3f}, headline target {figures['target_score']:.3f} "
-             f"(+{figures['target_gain']:.2f}); {figures['num_seeds']} seeds x {figures['iterations']} iterations; "
-             f"exploration budget {figures['explore_samples']:g} samples per iteration",
-             f"{'strategy':>10} {'final gain (SE)':>16} {'reached':>7} {'mean curve at ' + str(learning['versions']):<40}"]
+    lines = [
+        f"base held-out {figures['base_score']:.3f}, headline target {figures['target_score']:.3f} "
+        f"(+{figures['target_gain']:.2f}); {figures['num_seeds']} seeds x {figures['iterations']} iterations; "
+        f"exploration budget {figures['explore_samples']:g} samples per iteration",
+        f"{'strategy':>10} {'final gain (SE)':>16} {'reached':>7} {'mean curve at ' + str(learning['versions']):<40}",
+    ]
     for name, s in learning["strategies"].items():
         gain = s["final_gain"]
-        lines.append(f"{name:>10} {gain['mean']:+.3f} ({_fmt(gain['se'])}){'':>3} {s['reached_target']:>7} "
-                     f"{', '.join(f'{x:.3f}' for x in s['mean_curve'])}")
+        lines.append(
+            f"{name:>10} {gain['mean']:+.3f} ({_fmt(gain['se'])}){'':>3} {s['reached_target']:>7} "
+            f"{', '.join(f'{x:.3f}' for x in s['mean_curve'])}"
+        )
     for gain, row in learning["targets"].items():
         its = ", ".join(f"{s} {_fmt(v)}" for s, v in row["iterations"].items())
-        ratios = "; ".join(f"{k.replace('_over_', '/')} {_fmt(r['ratio'])} [{_fmt(r['low'])}, "
-                           f"{'inf' if r['unbounded'] else _fmt(r['high'])}]"
-                           for k, r in row.items() if k.endswith("_over_explore"))
+        ratios = "; ".join(
+            f"{k.replace('_over_', '/')} {_fmt(r['ratio'])} [{_fmt(r['low'])}, "
+            f"{'inf' if r['unbounded'] else _fmt(r['high'])}]"
+            for k, r in row.items()
+            if k.endswith("_over_explore")
+        )
         lines.append(f"target {gain}: iterations {its}; {ratios}")
     for name, t in figures["timing"].items():
         lines.append(f"{name:>10} critical {t['critical_s_per_iteration']:.2f} s/iteration, phases {t['phases_s']}")

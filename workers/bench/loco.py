@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workers.pulse.loco.launch import LocoRunConfig, LocoRun, run_loco, sync_totals
+from workers.pulse.loco.launch import LocoRun, LocoRunConfig, run_loco, sync_totals
 from workers.pulse.loco.tasks import TaskConfig
 from workers.pulse.loco.transport import ExchangeConfig
 
@@ -52,7 +52,9 @@ def lm_runs(quick: bool) -> dict[str, LocoRunConfig]:
         task = TaskConfig(name="lm", size="50m", lr=lr, warmup_steps=30, settle_steps=150, eval_batches=8)
         runs[f"lr={lr:g}"] = LocoRunConfig(modes=MODES, rounds=4, inner_steps=8, task=task, exchange=EXCHANGE)
     task = TaskConfig(name="lm", size="tiny", lr=1e-6, warmup_steps=30, settle_steps=150, eval_batches=8)
-    runs["0.5M, lr=1e-06, 24 rounds"] = LocoRunConfig(modes=MODES, rounds=24, inner_steps=8, task=task, exchange=EXCHANGE)
+    runs["0.5M, lr=1e-06, 24 rounds"] = LocoRunConfig(
+        modes=MODES, rounds=24, inner_steps=8, task=task, exchange=EXCHANGE
+    )
     return runs
 
 
@@ -92,9 +94,16 @@ def summarise(config: LocoRunConfig, run: LocoRun) -> dict:
     if failed:
         raise RuntimeError(f"replicas {failed} exited with errors; see their reports")
     task = config.task
-    out: dict = {"task": dataclasses.asdict(task), "num_replicas": config.num_replicas, "rounds": config.rounds,
-                 "inner_steps": config.inner_steps, "local_steps": config.rounds * config.inner_steps,
-                 "transport": config.transport, "wall_s": run.wall_s, "modes": {}}
+    out: dict = {
+        "task": dataclasses.asdict(task),
+        "num_replicas": config.num_replicas,
+        "rounds": config.rounds,
+        "inner_steps": config.inner_steps,
+        "local_steps": config.rounds * config.inner_steps,
+        "transport": config.transport,
+        "wall_s": run.wall_s,
+        "modes": {},
+    }
     for mode in config.modes:
         out["modes"][mode] = _mode_figures(run, mode)
     ddp, diloco, pulse = (out["modes"][m] for m in MODES)
@@ -156,24 +165,36 @@ def format_loco_report(figures: dict) -> str:
     lines = []
     for name, title in (("dit", "(a) tiny DiT, GRPO"), ("lm", "(b) LM-shaped task")):
         for label, run in figures.get(name, {}).items():
-            lines.append(f"{title}, {label}: {run['numel']:,} parameters, {run['num_replicas']} replicas, "
-                         f"{run['rounds']} rounds x H={run['inner_steps']} local steps ({run['wall_s']:.0f} s)")
-            lines.append(f"  {'mode':<10} {'MB/replica':>11} {'sparsity':>9} {'B/value':>8}  held-out metric: FP32 curve | BF16 view, final")
+            lines.append(
+                f"{title}, {label}: {run['numel']:,} parameters, {run['num_replicas']} replicas, "
+                f"{run['rounds']} rounds x H={run['inner_steps']} local steps ({run['wall_s']:.0f} s)"
+            )
+            lines.append(
+                f"  {'mode':<10} {'MB/replica':>11} {'sparsity':>9} {'B/value':>8}  held-out metric: FP32 curve | BF16 view, final"
+            )
             for mode in MODES:
                 m = run["modes"][mode]
                 per_value = "" if m["bytes_per_sent_value"] is None else f"{m['bytes_per_sent_value']:.2f}"
                 curve = ", ".join(f"{v:.5f}" for v in m["eval_curve"])
-                lines.append(f"  {mode:<10} {m['bytes_per_replica'] / 1e6:>11.3f} {m['sparsity']:>9.2%} {per_value:>8}  "
-                             f"{curve} | {m['final_bf16_metric']:.5f}")
+                lines.append(
+                    f"  {mode:<10} {m['bytes_per_replica'] / 1e6:>11.3f} {m['sparsity']:>9.2%} {per_value:>8}  "
+                    f"{curve} | {m['final_bf16_metric']:.5f}"
+                )
             met = run["targets_met"]
-            lines.append(f"  PULSELoCo: {run['bytes_ratio_vs_diloco']:.1f}x fewer bytes than DiLoCo ({_met(met, 'bytes_ratio_vs_diloco')}), "
-                         f"{run['bytes_ratio_vs_ddp']:.0f}x than DDP ({_met(met, 'bytes_ratio_vs_ddp')}), "
-                         f"sparsity {run['sparsity']:.2%} ({_met(met, 'sparsity')})")
+            lines.append(
+                f"  PULSELoCo: {run['bytes_ratio_vs_diloco']:.1f}x fewer bytes than DiLoCo ({_met(met, 'bytes_ratio_vs_diloco')}), "
+                f"{run['bytes_ratio_vs_ddp']:.0f}x than DDP ({_met(met, 'bytes_ratio_vs_ddp')}), "
+                f"sparsity {run['sparsity']:.2%} ({_met(met, 'sparsity')})"
+            )
             progress = run["progress_ratio_vs_diloco"]
-            lines.append(f"  final metric vs DiLoCo, paired over the held-out items: FP32 {_diff(run, '')}, BF16 view "
-                         f"{_diff(run, 'bf16_')}; progress {'n/a' if progress is None else f'{progress:.2f}'} of DiLoCo's; "
-                         f"identical weights every round: {run['weights_identical_every_round']}")
-    lines.append(f"paper (7B): sparsity 94.8-96.4 %, 1.77 GB vs 30.5 GB for DiLoCo ({PAPER['bytes_ratio_vs_diloco']:.1f}x)")
+            lines.append(
+                f"  final metric vs DiLoCo, paired over the held-out items: FP32 {_diff(run, '')}, BF16 view "
+                f"{_diff(run, 'bf16_')}; progress {'n/a' if progress is None else f'{progress:.2f}'} of DiLoCo's; "
+                f"identical weights every round: {run['weights_identical_every_round']}"
+            )
+    lines.append(
+        f"paper (7B): sparsity 94.8-96.4 %, 1.77 GB vs 30.5 GB for DiLoCo ({PAPER['bytes_ratio_vs_diloco']:.1f}x)"
+    )
     if figures["quick"]:
         lines.append("quick run: a smoke test; the targets belong to the full run")
     return "\n".join(lines)
@@ -181,7 +202,9 @@ def format_loco_report(figures: dict) -> str:
 
 def _diff(run: dict, view: str) -> str:
     within = "within" if run[f"final_{view}metric_within_noise"] else "OUTSIDE"
-    return f"{run[f'final_{view}metric_diff_vs_diloco']:+.5f} ({within} 2 s.e. {run[f'final_{view}metric_noise_2se']:.5f})"
+    return (
+        f"{run[f'final_{view}metric_diff_vs_diloco']:+.5f} ({within} 2 s.e. {run[f'final_{view}metric_noise_2se']:.5f})"
+    )
 
 
 def _met(met: dict, name: str) -> str:
@@ -199,8 +222,8 @@ def plot_loco_curves(figures: dict, path: Path) -> None:
     if not panels:
         raise ValueError("the figures hold no run to plot (expected a 'dit' or 'lm' section)")
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    for ax, (name, label, run) in zip(axes[0], panels):
-        for mode, style in zip(MODES, ("-s", "-o", "--^")):
+    for ax, (name, label, run) in zip(axes[0], panels, strict=False):
+        for mode, style in zip(MODES, ("-s", "-o", "--^"), strict=False):
             m = run["modes"][mode]
             steps = [r * run["inner_steps"] for r in m["eval_rounds"]]
             ax.plot(steps, m["eval_curve"], style, label=f"{mode} ({m['bytes_per_replica'] / 1e6:.2f} MB/replica)")

@@ -77,14 +77,19 @@ def measure_iteration(bench: MemoryBench, num_samples: int) -> dict:
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 
     torch.set_num_threads(bench.threads)
-    policy = load_model_policy(bench.model, resolution=bench.resolution, lora_rank=bench.lora_rank,
-                               guidance=bench.guidance, base_dtype="fp32")
-    config = TrainConfig(iterations=1, prompts_per_iteration=num_samples // bench.group_size,
-                         group_size=bench.group_size, reward="jpeg_compressibility",
-                         sampler=SamplerConfig(num_steps=bench.num_steps, noise_level=1.2, forward_dtype="fp32"),
-                         grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.0,
-                                         num_minibatches=bench.num_minibatches),
-                         rollout_batch=bench.rollout_batch, micro_batch=bench.micro_batch)
+    policy = load_model_policy(
+        bench.model, resolution=bench.resolution, lora_rank=bench.lora_rank, guidance=bench.guidance, base_dtype="fp32"
+    )
+    config = TrainConfig(
+        iterations=1,
+        prompts_per_iteration=num_samples // bench.group_size,
+        group_size=bench.group_size,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=bench.num_steps, noise_level=1.2, forward_dtype="fp32"),
+        grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.0, num_minibatches=bench.num_minibatches),
+        rollout_batch=bench.rollout_batch,
+        micro_batch=bench.micro_batch,
+    )
     trainer = GRPOTrainer(policy, config)
     policy.encode_prompts(["warm up"])  # the text encoder loads here, not inside the measured iteration
     loaded = _rss_bytes()
@@ -93,11 +98,16 @@ def measure_iteration(bench: MemoryBench, num_samples: int) -> dict:
     t1 = time.perf_counter()
     stats = trainer.update(batch)
     t2 = time.perf_counter()
-    return {"samples": num_samples, "rss_after_load_GB": round(loaded / 1e9, 3),
-            "peak_rss_GB": round(_peak_rss_bytes() / 1e9, 3), "collect_s": round(t1 - t0, 1),
-            "update_s": round(t2 - t1, 1), "optimizer_steps": stats["optimizer_steps"],
-            "transformer_params_M": round(sum(p.numel() for p in policy.transformer.parameters()) / 1e6, 1),
-            "vae_params_M": round(sum(p.numel() for p in policy.frozen.vae.parameters()) / 1e6, 1)}
+    return {
+        "samples": num_samples,
+        "rss_after_load_GB": round(loaded / 1e9, 3),
+        "peak_rss_GB": round(_peak_rss_bytes() / 1e9, 3),
+        "collect_s": round(t1 - t0, 1),
+        "update_s": round(t2 - t1, 1),
+        "optimizer_steps": stats["optimizer_steps"],
+        "transformer_params_M": round(sum(p.numel() for p in policy.transformer.parameters()) / 1e6, 1),
+        "vae_params_M": round(sum(p.numel() for p in policy.frozen.vae.parameters()) / 1e6, 1),
+    }
 
 
 def run_memory_bench(bench: MemoryBench, progress=lambda line: None) -> dict:
@@ -109,14 +119,19 @@ def run_memory_bench(bench: MemoryBench, progress=lambda line: None) -> dict:
             rows.append(pool.submit(measure_iteration, bench, n).result())
         progress(f"{n} samples: peak RSS {rows[-1]['peak_rss_GB']} GB")
     small, large = min(rows, key=lambda r: r["samples"]), max(rows, key=lambda r: r["samples"])
-    return {"bench": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(bench).items()},
-            "runs": rows, "ratio": round(large["peak_rss_GB"] / small["peak_rss_GB"], 3)}
+    return {
+        "bench": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(bench).items()},
+        "runs": rows,
+        "ratio": round(large["peak_rss_GB"] / small["peak_rss_GB"], 3),
+    }
 
 
 def format_memory_report(figures: dict) -> str:
     lines = [f"{'samples':>8} {'after load GB':>14} {'peak RSS GB':>12} {'collect s':>10} {'update s':>9}"]
     for r in figures["runs"]:
-        lines.append(f"{r['samples']:>8} {r['rss_after_load_GB']:>14} {r['peak_rss_GB']:>12} {r['collect_s']:>10} "
-                     f"{r['update_s']:>9}")
+        lines.append(
+            f"{r['samples']:>8} {r['rss_after_load_GB']:>14} {r['peak_rss_GB']:>12} {r['collect_s']:>10} "
+            f"{r['update_s']:>9}"
+        )
     lines.append(f"peak ratio, most / fewest samples: {figures['ratio']}")
     return "\n".join(lines)

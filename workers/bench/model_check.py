@@ -31,10 +31,20 @@ def _one(path: Path, device: str, resolution: int, lora_rank: int, batch_size: i
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    fields = {"resolution": resolution, "lora_rank": lora_rank,
-              "base_dtype": "bf16" if device.startswith("cuda") else "fp32"}
-    figures = bench_rollout(batch_size=batch_size, num_steps=num_steps, repeats=1, model=str(path),
-                            model_fields=fields, reward="jpeg_compressibility", device=device)
+    fields = {
+        "resolution": resolution,
+        "lora_rank": lora_rank,
+        "base_dtype": "bf16" if device.startswith("cuda") else "fp32",
+    }
+    figures = bench_rollout(
+        batch_size=batch_size,
+        num_steps=num_steps,
+        repeats=1,
+        model=str(path),
+        model_fields=fields,
+        reward="jpeg_compressibility",
+        device=device,
+    )
     figures["peak_memory_GB"] = None if _peak_bytes(device) is None else round(_peak_bytes(device) / 1e9, 3)
     return figures
 
@@ -55,9 +65,13 @@ def pulse_throughput(weights_before: dict, weights_after: dict) -> dict:
     apply_patch(receiver, patch, base_version=0)
     apply_s = time.perf_counter() - t0
     exact = all(torch.equal(receiver[k], cur[k]) for k in cur)
-    return {"dense_GB": round(dense / 1e9, 4), "patch_MB": round(len(patch) / 1e6, 3),
-            "encode_GBps": round(dense / 1e9 / encode_s, 3), "apply_GBps": round(dense / 1e9 / apply_s, 3),
-            "lossless": exact}
+    return {
+        "dense_GB": round(dense / 1e9, 4),
+        "patch_MB": round(len(patch) / 1e6, 3),
+        "encode_GBps": round(dense / 1e9 / encode_s, 3),
+        "apply_GBps": round(dense / 1e9 / apply_s, 3),
+        "lossless": exact,
+    }
 
 
 def _pulse_after_update(path: Path, resolution: int, lora_rank: int, device: str) -> dict:
@@ -67,11 +81,17 @@ def _pulse_after_update(path: Path, resolution: int, lora_rank: int, device: str
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
     from workers.trainer.presets import cpu_tiny
 
-    policy = load_any(path, resolution=resolution, lora_rank=lora_rank,
-                      base_dtype="bf16" if device.startswith("cuda") else "fp32").to(device)
+    policy = load_any(
+        path, resolution=resolution, lora_rank=lora_rank, base_dtype="bf16" if device.startswith("cuda") else "fp32"
+    ).to(device)
     preset = cpu_tiny()
-    config = TrainConfig(prompts_per_iteration=1, group_size=8, reward="jpeg_compressibility",
-                         sampler=SamplerConfig(num_steps=4, noise_level=0.0), grpo=preset.grpo)
+    config = TrainConfig(
+        prompts_per_iteration=1,
+        group_size=8,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=4, noise_level=0.0),
+        grpo=preset.grpo,
+    )
     trainer = GRPOTrainer(policy, config)
     before = {k: v.detach().clone() for k, v in policy.weights().items()}
     trainer.update(trainer.collect(0))
@@ -87,28 +107,51 @@ def _first_ratio(path: Path, resolution: int, lora_rank: int, device: str) -> di
     from workers.trainer.old_log_probs import first_minibatch_ratio
     from workers.trainer.presets import cpu_tiny_flow_grpo
 
-    policy = load_any(path, resolution=resolution, lora_rank=lora_rank, guidance=4.0,
-                      base_dtype="bf16" if device.startswith("cuda") else "fp32").to(device)
-    config = TrainConfig(prompts_per_iteration=1, group_size=8, reward="jpeg_compressibility",
-                         # BF16 as on GPUs; "auto" on a CPU (emulated BF16 is slow there; the tests cover it)
-                         sampler=SamplerConfig(num_steps=4, noise_level=0.7,
-                                               forward_dtype="bf16" if device.startswith("cuda") else "auto"),
-                         grpo=dataclasses.replace(cpu_tiny_flow_grpo().grpo, num_minibatches=2))
+    policy = load_any(
+        path,
+        resolution=resolution,
+        lora_rank=lora_rank,
+        guidance=4.0,
+        base_dtype="bf16" if device.startswith("cuda") else "fp32",
+    ).to(device)
+    config = TrainConfig(
+        prompts_per_iteration=1,
+        group_size=8,
+        reward="jpeg_compressibility",
+        # BF16 as on GPUs; "auto" on a CPU (emulated BF16 is slow there; the tests cover it)
+        sampler=SamplerConfig(
+            num_steps=4, noise_level=0.7, forward_dtype="bf16" if device.startswith("cuda") else "auto"
+        ),
+        grpo=dataclasses.replace(cpu_tiny_flow_grpo().grpo, num_minibatches=2),
+    )
     trainer = GRPOTrainer(policy, config)
     return first_minibatch_ratio(trainer, trainer.collect(0))
 
 
-def run_model_check(device: str = "cuda", widths: str = "real", resolution: int = 512, batch_size: int = 8,
-                    num_steps: int = 10, lora_rank: int = 64, workdir: str | None = None) -> dict:
+def run_model_check(
+    device: str = "cuda",
+    widths: str = "real",
+    resolution: int = 512,
+    batch_size: int = 8,
+    num_steps: int = 10,
+    lora_rank: int = 64,
+    workdir: str | None = None,
+) -> dict:
     from workers.model.families.tiny import build_tiny_pipeline
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch sees no CUDA device; run with --device cpu --widths tiny")
     root = Path(workdir or tempfile.mkdtemp(prefix="spotlight-model-check-"))
-    figures: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-                     "widths": widths, "resolution": resolution, "batch_size": batch_size, "num_steps": num_steps}
-    paths = {n: build_tiny_pipeline("qwen-image", root / f"qwen-{widths}-{n}", widths=widths, num_layers=n)
-             for n in (1, 2)}
+    figures: dict = {
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+        "widths": widths,
+        "resolution": resolution,
+        "batch_size": batch_size,
+        "num_steps": num_steps,
+    }
+    paths = {
+        n: build_tiny_pipeline("qwen-image", root / f"qwen-{widths}-{n}", widths=widths, num_layers=n) for n in (1, 2)
+    }
     for mode, rank in (("lora", lora_rank), ("full", 0)):
         one, two = (_one(paths[n], device, resolution, rank, batch_size, num_steps) for n in (1, 2))
         figures[mode] = two

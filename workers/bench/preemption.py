@@ -23,18 +23,22 @@ from __future__ import annotations
 import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from resources.queue.records import Request
 from resources.store.local import LocalTensorStore
+from workers.algo.sampler import SamplerConfig
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder, publish_policy
-from workers.algo.sampler import SamplerConfig
 
-PROMPTS = ["two red circles", "a blue square left of a green triangle", "three yellow squares", "a purple circle on the left"]
+PROMPTS = [
+    "two red circles",
+    "a blue square left of a green triangle",
+    "three yellow squares",
+    "a purple circle on the left",
+]
 
 
 class _Abort(Exception):
@@ -42,7 +46,7 @@ class _Abort(Exception):
 
 
 def _policy(quick: bool):
-    from workers.model.policy import PolicyConfig, SHIPPED_BASE, build_policy, load_policy
+    from workers.model.policy import SHIPPED_BASE, PolicyConfig, build_policy, load_policy
 
     if quick:
         cfg = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
@@ -72,7 +76,9 @@ def _interrupted(store, spec: RolloutSpec, rid: str, k: int, commit_every: int, 
         checks["n"] += 1
         return checks["n"] > k
 
-    hooks = StepHooks(report=record, should_stop=stop_at_k) if notice else StepHooks(report=record, after_step=abort_at_k)
+    hooks = (
+        StepHooks(report=record, should_stop=stop_at_k) if notice else StepHooks(report=record, after_step=abort_at_k)
+    )
     request = Request.from_dict(rollout_request(rid, 0, spec))
     try:
         work_request(request, 1, store, PolicyHolder(store), worker_id="first", commit_every=commit_every, hooks=hooks)
@@ -80,8 +86,11 @@ def _interrupted(store, spec: RolloutSpec, rid: str, k: int, commit_every: int, 
         pass
     resumed = work_request(request, 2, store, PolicyHolder(store), worker_id="second", commit_every=commit_every)
     lost = k - resumed.resumed_from_step
-    return {"steps_lost": lost, "seconds_lost": sum(step_s[s] for s in range(resumed.resumed_from_step + 1, k + 1)),
-            "result_hash": resumed.result_hash}
+    return {
+        "steps_lost": lost,
+        "seconds_lost": sum(step_s[s] for s in range(resumed.resumed_from_step + 1, k + 1)),
+        "result_hash": resumed.result_hash,
+    }
 
 
 def lost_work(store, sampler: SamplerConfig, num_seeds: int, cadences: list[int]) -> list[dict[str, Any]]:
@@ -89,8 +98,14 @@ def lost_work(store, sampler: SamplerConfig, num_seeds: int, cadences: list[int]
     n = sampler.num_steps
     reference = {}
     for i in range(num_seeds):
-        out = work_request(Request.from_dict(rollout_request(f"ref{i}", 0, _spec(i, sampler))), 1, store,
-                           PolicyHolder(store), worker_id="ref", commit_every=n + 1)
+        out = work_request(
+            Request.from_dict(rollout_request(f"ref{i}", 0, _spec(i, sampler))),
+            1,
+            store,
+            PolicyHolder(store),
+            worker_id="ref",
+            commit_every=n + 1,
+        )
         reference[i] = out.result_hash
     # Without state commitment a notice saves nothing either: the worker has nothing to commit.
     strategies = [("no state commitment (killed, or noticed)", n + 1, False)]
@@ -98,13 +113,23 @@ def lost_work(store, sampler: SamplerConfig, num_seeds: int, cadences: list[int]
     strategies += [(f"commit every {cadences[-1]} steps + commit on notice (SIGTERM)", cadences[-1], True)]
     rows = []
     for s, (name, c, notice) in enumerate(strategies):
-        trials = [(i, _interrupted(store, _spec(i, sampler), f"s{s}-k{k}-i{i}", k, c, notice))
-                  for i in range(num_seeds) for k in range(1, n)]
-        rows.append({"strategy": name, "commit_every": None if c > n else c, "notice": notice, "trials": len(trials),
-                     "steps_lost_mean": statistics.mean(t["steps_lost"] for _, t in trials),
-                     "steps_lost_max": max(t["steps_lost"] for _, t in trials),
-                     "seconds_lost_mean": statistics.mean(t["seconds_lost"] for _, t in trials),
-                     "resumed_results_bit_identical": all(t["result_hash"] == reference[i] for i, t in trials)})
+        trials = [
+            (i, _interrupted(store, _spec(i, sampler), f"s{s}-k{k}-i{i}", k, c, notice))
+            for i in range(num_seeds)
+            for k in range(1, n)
+        ]
+        rows.append(
+            {
+                "strategy": name,
+                "commit_every": None if c > n else c,
+                "notice": notice,
+                "trials": len(trials),
+                "steps_lost_mean": statistics.mean(t["steps_lost"] for _, t in trials),
+                "steps_lost_max": max(t["steps_lost"] for _, t in trials),
+                "seconds_lost_mean": statistics.mean(t["seconds_lost"] for _, t in trials),
+                "resumed_results_bit_identical": all(t["result_hash"] == reference[i] for i, t in trials),
+            }
+        )
     return rows
 
 
@@ -120,25 +145,41 @@ def commit_overhead(store, sampler: SamplerConfig, cadences: list[int], repeats:
 
     for r in range(repeats):
         request = Request.from_dict(rollout_request(f"ovh{r}", 0, _spec(r, sampler)))
-        work_request(request, 1, store, PolicyHolder(store), worker_id="w", commit_every=1, hooks=StepHooks(report=record))
+        work_request(
+            request, 1, store, PolicyHolder(store), worker_id="w", commit_every=1, hooks=StepHooks(report=record)
+        )
     for key in store.list_commits("runs/bench/rollouts/"):
         if "/ovh" in key:
             sizes.append(store.read_manifest(key).objects["tensors.safetensors"].size_bytes)
     step_s, commit_s = statistics.median(steps), statistics.median(commits)
-    return {"step_s_median": step_s, "commit_s_median": commit_s, "result_bytes": max(sizes) if sizes else None,  # a state commit is at most this
-            "per_cadence": [{"commit_every": c, "overhead_s_per_step": commit_s / c,
-                             "overhead_pct_of_step": 100 * commit_s / c / step_s} for c in cadences]}
+    return {
+        "step_s_median": step_s,
+        "commit_s_median": commit_s,
+        "result_bytes": max(sizes) if sizes else None,  # a state commit is at most this
+        "per_cadence": [
+            {
+                "commit_every": c,
+                "overhead_s_per_step": commit_s / c,
+                "overhead_pct_of_step": 100 * commit_s / c / step_s,
+            }
+            for c in cadences
+        ],
+    }
 
 
-def _drain(tmp: Path, store_url: str, sampler: SamplerConfig, delays: list[float], num_requests: int, pull: bool) -> dict:
+def _drain(
+    tmp: Path, store_url: str, sampler: SamplerConfig, delays: list[float], num_requests: int, pull: bool
+) -> dict:
     from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
     from resources.queue import open_queue
 
     mode = "pull" if pull else "static"
     requests = [rollout_request(f"{mode}{i:03d}", 1, _spec(i, sampler)) for i in range(num_requests)]
     queues = [open_queue(tmp / f"{mode}-{w if not pull else 'shared'}.db") for w in range(len(delays))]
-    slots = [WorkerSlot(f"w{w}", spot=False, step_delay_s=d, queue_url=None if pull else str(tmp / f"{mode}-{w}.db"))
-             for w, d in enumerate(delays)]
+    slots = [
+        WorkerSlot(f"w{w}", spot=False, step_delay_s=d, queue_url=None if pull else str(tmp / f"{mode}-{w}.db"))
+        for w, d in enumerate(delays)
+    ]
     config = ClusterConfig(str(tmp / f"{mode}-shared.db"), store_url, commit_every=2, ready_timeout_s=900)
     with LocalCluster(config, slots) as cluster:
         for i, request in enumerate(requests):  # after every worker is ready: start-up is not timed
@@ -148,15 +189,24 @@ def _drain(tmp: Path, store_url: str, sampler: SamplerConfig, delays: list[float
     for e in cluster.tracker.events:
         if e["event"] == "acked" and e["first"]:
             per_worker[e["worker_id"]] = per_worker.get(e["worker_id"], 0) + 1
-    return {"wall_s": summary.wall_s, "completed": summary.completed,
-            "requests_per_s": num_requests / summary.wall_s, "requests_per_worker": per_worker}
+    return {
+        "wall_s": summary.wall_s,
+        "completed": summary.completed,
+        "requests_per_s": num_requests / summary.wall_s,
+        "requests_per_worker": per_worker,
+    }
 
 
 def throughput(tmp: Path, store_url: str, sampler: SamplerConfig, delays: list[float], num_requests: int) -> dict:
     pull = _drain(tmp, store_url, sampler, delays, num_requests, pull=True)
     static = _drain(tmp, store_url, sampler, delays, num_requests, pull=False)
-    return {"step_delay_s_per_worker": delays, "requests": num_requests, "pull": pull, "static": static,
-            "pull_speedup": static["wall_s"] / pull["wall_s"]}
+    return {
+        "step_delay_s_per_worker": delays,
+        "requests": num_requests,
+        "pull": pull,
+        "static": static,
+        "pull_speedup": static["wall_s"] / pull["wall_s"],
+    }
 
 
 def run_preemption_bench(quick: bool = False, with_throughput: bool = True) -> dict[str, Any]:
@@ -171,8 +221,11 @@ def run_preemption_bench(quick: bool = False, with_throughput: bool = True) -> d
         store = LocalTensorStore(Path(tmp) / "store")
         publish_policy(store, "bench", policy)
         figures: dict[str, Any] = {
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "policy": policy_name,
-            "num_steps": sampler.num_steps, "forward_dtype": sampler.forward_dtype, "quick": quick,
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "policy": policy_name,
+            "num_steps": sampler.num_steps,
+            "forward_dtype": sampler.forward_dtype,
+            "quick": quick,
             "lost_work": lost_work(store, sampler, num_seeds=1 if quick else 3, cadences=cadences),
             "commit_overhead": commit_overhead(store, sampler, cadences, repeats=2 if quick else 5),
         }
@@ -185,22 +238,34 @@ def run_preemption_bench(quick: bool = False, with_throughput: bool = True) -> d
 
 def format_preemption_report(figures: dict[str, Any]) -> str:
     """The figures as a few plain-text tables."""
-    lines = [f"policy: {figures['policy']}, {figures['num_steps']} steps, machine: {figures['machine']}", "",
-             "lost denoising work per preemption (kill just after step k, k = 1..num_steps-1):"]
+    lines = [
+        f"policy: {figures['policy']}, {figures['num_steps']} steps, machine: {figures['machine']}",
+        "",
+        "lost denoising work per preemption (kill just after step k, k = 1..num_steps-1):",
+    ]
     for row in figures["lost_work"]:
-        lines.append(f"  {row['strategy']:<58} {row['steps_lost_mean']:5.2f} steps  {row['seconds_lost_mean']:7.3f} s  "
-                     f"(max {row['steps_lost_max']}, bit-identical: {row['resumed_results_bit_identical']})")
+        lines.append(
+            f"  {row['strategy']:<58} {row['steps_lost_mean']:5.2f} steps  {row['seconds_lost_mean']:7.3f} s  "
+            f"(max {row['steps_lost_max']}, bit-identical: {row['resumed_results_bit_identical']})"
+        )
     ovh = figures["commit_overhead"]
-    lines += ["", f"one denoising step {ovh['step_s_median'] * 1000:.1f} ms, one state commit {ovh['commit_s_median'] * 1000:.1f} ms "
-                  f"(result {ovh['result_bytes']} bytes):"]
+    lines += [
+        "",
+        f"one denoising step {ovh['step_s_median'] * 1000:.1f} ms, one state commit {ovh['commit_s_median'] * 1000:.1f} ms "
+        f"(result {ovh['result_bytes']} bytes):",
+    ]
     for row in ovh["per_cadence"]:
-        lines.append(f"  commit every {row['commit_every']}: {row['overhead_s_per_step'] * 1000:7.1f} ms per step "
-                     f"({row['overhead_pct_of_step']:.0f} % of a step)")
+        lines.append(
+            f"  commit every {row['commit_every']}: {row['overhead_s_per_step'] * 1000:7.1f} ms per step "
+            f"({row['overhead_pct_of_step']:.0f} % of a step)"
+        )
     if "throughput" in figures:
         tp = figures["throughput"]
         lines += ["", f"{tp['requests']} requests on workers with per-step delays {tp['step_delay_s_per_worker']}:"]
         for mode in ("pull", "static"):
             r = tp[mode]
-            lines.append(f"  {mode:<7} {r['wall_s']:6.1f} s  {r['requests_per_s']:.2f} requests/s  per worker {r['requests_per_worker']}")
+            lines.append(
+                f"  {mode:<7} {r['wall_s']:6.1f} s  {r['requests_per_s']:.2f} requests/s  per worker {r['requests_per_worker']}"
+            )
         lines.append(f"  pull is {tp['pull_speedup']:.2f}x faster than static assignment")
     return "\n".join(lines)

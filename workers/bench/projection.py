@@ -19,8 +19,12 @@ prediction.
 from __future__ import annotations
 
 WEIGHTS_BYTES = 20e9 * 2
-ASSUMED_GBPS = {"nvlink_peer_copy": 450.0, "pcie_host_to_gpu": 64.0,
-                "object_store_best": 12.5, "object_store_typical": 1.25}
+ASSUMED_GBPS = {
+    "nvlink_peer_copy": 450.0,
+    "pcie_host_to_gpu": 64.0,
+    "object_store_best": 12.5,
+    "object_store_typical": 1.25,
+}
 
 
 def project_20b(measured: dict) -> dict:
@@ -30,10 +34,13 @@ def project_20b(measured: dict) -> dict:
     fixed_naive = naive["process_start_s"] + naive["rendezvous_s"]
     nvlink_s = WEIGHTS_BYTES / (ASSUMED_GBPS["nvlink_peer_copy"] * 1e9)
     pcie_s = WEIGHTS_BYTES / (ASSUMED_GBPS["pcie_host_to_gpu"] * 1e9)
-    out = {"label": "PROJECTION from measured fixed costs and assumed bandwidths (see workers/bench/projection.py)",
-           "weights_bytes": WEIGHTS_BYTES, "assumed_GBps": dict(ASSUMED_GBPS),
-           "elastic.weight_transfer_s": round(nvlink_s, 3),
-           "elastic.total_s": round(elastic_rdv + nvlink_s, 3)}
+    out = {
+        "label": "PROJECTION from measured fixed costs and assumed bandwidths (see workers/bench/projection.py)",
+        "weights_bytes": WEIGHTS_BYTES,
+        "assumed_GBps": dict(ASSUMED_GBPS),
+        "elastic.weight_transfer_s": round(nvlink_s, 3),
+        "elastic.total_s": round(elastic_rdv + nvlink_s, 3),
+    }
     for case in ("best", "typical"):
         store_s = WEIGHTS_BYTES / (ASSUMED_GBPS[f"object_store_{case}"] * 1e9)
         out[f"naive_{case}.weight_transfer_s"] = round(store_s + pcie_s, 2)

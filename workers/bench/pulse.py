@@ -24,7 +24,7 @@ from workers.bench.pulse_stats import (
     timed_roundtrip,
     zstd_levels,
 )
-from workers.pulse.loco.tiny_lm import LMConfig, TrajectoryConfig, lm_50m, lm_tiny, lm_trajectory, num_parameters
+from workers.pulse.loco.tiny_lm import TrajectoryConfig, lm_50m, lm_tiny, lm_trajectory, num_parameters
 from workers.pulse.weights_hash import as_bf16
 
 log = logging.getLogger(__name__)
@@ -169,11 +169,14 @@ def run_dit_bench(quick: bool = False) -> dict:
     from workers.bench.dit_trajectory import dit_grpo_states
 
     num_states = 3 if quick else 33
-    config = BenchConfig(ks=(1,) if quick else (1, 8, 32), detailed_pairs=1, repeats=1 if quick else 3,
-                         zstd_levels=(1,))
+    config = BenchConfig(
+        ks=(1,) if quick else (1, 8, 32), detailed_pairs=1, repeats=1 if quick else 3, zstd_levels=(1,)
+    )
     with single_thread():
-        return {f"lr={lr:g}": bench_trajectory(dit_grpo_states(num_states, lr), config)
-                for lr in (DIT_LRS[:1] if quick else DIT_LRS)}
+        return {
+            f"lr={lr:g}": bench_trajectory(dit_grpo_states(num_states, lr), config)
+            for lr in (DIT_LRS[:1] if quick else DIT_LRS)
+        }
 
 
 def run_pulse_bench(quick: bool = False, dit: bool = True) -> dict:

@@ -55,9 +55,13 @@ def patch_sync(receiver: dict, prev: dict, cur: dict, step: int) -> dict:
     t0 = time.perf_counter()
     apply_patch(receiver, patch, base_version=step - 1)
     apply_s = time.perf_counter() - t0
-    return {"bytes": len(patch), "changed_values": read_patch_header(patch).num_changed,
-            "encode_s": round(encode_s, 4), "apply_s": round(apply_s, 4),
-            "reached_trainer_hash": weights_hash(receiver) == weights_hash(cur)}
+    return {
+        "bytes": len(patch),
+        "changed_values": read_patch_header(patch).num_changed,
+        "encode_s": round(encode_s, 4),
+        "apply_s": round(apply_s, 4),
+        "reached_trainer_hash": weights_hash(receiver) == weights_hash(cur),
+    }
 
 
 def dense_sync(receiver: dict, cur: dict) -> dict:
@@ -69,8 +73,12 @@ def dense_sync(receiver: dict, cur: dict) -> dict:
     for name, tensor in tensors_from_bytes(data).items():
         receiver[name].copy_(tensor)
     apply_s = time.perf_counter() - t0
-    return {"bytes": len(data), "encode_s": round(encode_s, 4), "apply_s": round(apply_s, 4),
-            "reached_trainer_hash": weights_hash(receiver) == weights_hash(cur)}
+    return {
+        "bytes": len(data),
+        "encode_s": round(encode_s, 4),
+        "apply_s": round(apply_s, 4),
+        "reached_trainer_hash": weights_hash(receiver) == weights_hash(cur),
+    }
 
 
 def _trainer(path: Path, lora_rank: int, resolution: int, lr: float, sampler_steps: int):
@@ -81,13 +89,26 @@ def _trainer(path: Path, lora_rank: int, resolution: int, lr: float, sampler_ste
 
     policy = load_any(path, resolution=resolution, lora_rank=lora_rank, base_dtype="fp32")
     grpo = dataclasses.replace(cpu_tiny().grpo, lr=lr)
-    config = TrainConfig(prompts_per_iteration=1, group_size=2, reward="jpeg_compressibility", grpo=grpo,
-                         sampler=SamplerConfig(num_steps=sampler_steps, noise_level=0.0))
+    config = TrainConfig(
+        prompts_per_iteration=1,
+        group_size=2,
+        reward="jpeg_compressibility",
+        grpo=grpo,
+        sampler=SamplerConfig(num_steps=sampler_steps, noise_level=0.0),
+    )
     return policy, GRPOTrainer(policy, config)
 
 
-def run_pulse_modes(model: str | None = None, lora_rank: int = 32, steps: int = 3, layers: int = 1,
-                    resolution: int = 64, lr: float = 3e-4, sampler_steps: int = 2, workdir: str | None = None) -> dict:
+def run_pulse_modes(
+    model: str | None = None,
+    lora_rank: int = 32,
+    steps: int = 3,
+    layers: int = 1,
+    resolution: int = 64,
+    lr: float = 3e-4,
+    sampler_steps: int = 2,
+    workdir: str | None = None,
+) -> dict:
     """Train `steps` LoRA updates and sync each one three ways; per-step and total figures (see the module doc)."""
     if lora_rank < 1 or steps < 1 or layers < 1 or sampler_steps < 1 or not lr > 0:
         raise ValueError("--lora-rank, --steps, --layers and the sampler steps must be >= 1, and --lr > 0")
@@ -110,42 +131,67 @@ def run_pulse_modes(model: str | None = None, lora_rank: int = 32, steps: int = 
         train_s = time.perf_counter() - t0
         lora_now = bf16(policy.weights())
         merged_now, _ = merged_weights(policy.transformer)
-        row = {"step": step, "train_s": round(train_s, 2), "loss": stats.get("loss"),
-               "lora": {**patch_sync(receivers["lora"], sent["lora"], lora_now, step),
-                        "changed_fraction": changed_share(sent["lora"], lora_now)},
-               "merged": {**patch_sync(receivers["merged"], sent["merged"], merged_now, step),
-                          "changed_fraction": changed_share(sent["merged"], merged_now),
-                          "changed_fraction_of_targets": changed_share(sent["merged"], merged_now, targets),
-                          "changed_outside_targets": changed_share(sent["merged"], merged_now,
-                                                                   set(merged_now) - targets)},
-               "dense": {**dense_sync(receivers["dense"], merged_now),
-                         "changed_fraction": changed_share(sent["merged"], merged_now)}}
+        row = {
+            "step": step,
+            "train_s": round(train_s, 2),
+            "loss": stats.get("loss"),
+            "lora": {
+                **patch_sync(receivers["lora"], sent["lora"], lora_now, step),
+                "changed_fraction": changed_share(sent["lora"], lora_now),
+            },
+            "merged": {
+                **patch_sync(receivers["merged"], sent["merged"], merged_now, step),
+                "changed_fraction": changed_share(sent["merged"], merged_now),
+                "changed_fraction_of_targets": changed_share(sent["merged"], merged_now, targets),
+                "changed_outside_targets": changed_share(sent["merged"], merged_now, set(merged_now) - targets),
+            },
+            "dense": {
+                **dense_sync(receivers["dense"], merged_now),
+                "changed_fraction": changed_share(sent["merged"], merged_now),
+            },
+        }
         per_step.append(row)
         sent = {"lora": lora_now, "merged": merged_now}
-    return {"model": described, "lora_rank": lora_rank, "resolution": resolution, "lr": lr, "steps": steps,
-            "num_values": {"lora": sum(t.numel() for t in sent["lora"].values()),
-                           "merged": sum(t.numel() for t in sent["merged"].values()),
-                           "merged_targets": sum(sent["merged"][n].numel() for n in targets)},
-            "adapter_dense_bytes": len(tensors_to_bytes(sent["lora"])),
-            "per_step": per_step, "total": _totals(per_step)}
+    return {
+        "model": described,
+        "lora_rank": lora_rank,
+        "resolution": resolution,
+        "lr": lr,
+        "steps": steps,
+        "num_values": {
+            "lora": sum(t.numel() for t in sent["lora"].values()),
+            "merged": sum(t.numel() for t in sent["merged"].values()),
+            "merged_targets": sum(sent["merged"][n].numel() for n in targets),
+        },
+        "adapter_dense_bytes": len(tensors_to_bytes(sent["lora"])),
+        "per_step": per_step,
+        "total": _totals(per_step),
+    }
 
 
 def _totals(per_step: list[dict]) -> dict:
     total = {}
     for mode in MODES:
         rows = [r[mode] for r in per_step]
-        total[mode] = {"bytes": sum(r["bytes"] for r in rows), "encode_s": round(sum(r["encode_s"] for r in rows), 4),
-                       "apply_s": round(sum(r["apply_s"] for r in rows), 4),
-                       "mean_changed_fraction": sum(r["changed_fraction"] for r in rows) / len(rows),
-                       "reached_trainer_hash": all(r["reached_trainer_hash"] for r in rows)}
+        total[mode] = {
+            "bytes": sum(r["bytes"] for r in rows),
+            "encode_s": round(sum(r["encode_s"] for r in rows), 4),
+            "apply_s": round(sum(r["apply_s"] for r in rows), 4),
+            "mean_changed_fraction": sum(r["changed_fraction"] for r in rows) / len(rows),
+            "reached_trainer_hash": all(r["reached_trainer_hash"] for r in rows),
+        }
     return total
 
 
 def report_text(figures: dict) -> str:
     """A small table: one line per mode with totals, then the per-step bytes."""
-    lines = [f"{figures['model']}; LoRA rank {figures['lora_rank']}, lr {figures['lr']}, {figures['steps']} steps",
-             f"{'mode':>8} {'bytes':>14} {'changed':>9} {'encode_s':>9} {'apply_s':>8}  hash"]
+    lines = [
+        f"{figures['model']}; LoRA rank {figures['lora_rank']}, lr {figures['lr']}, {figures['steps']} steps",
+        f"{'mode':>8} {'bytes':>14} {'changed':>9} {'encode_s':>9} {'apply_s':>8}  hash",
+    ]
     for mode, t in figures["total"].items():
-        lines.append(f"{mode:>8} {t['bytes']:>14,} {t['mean_changed_fraction']:>9.5f} {t['encode_s']:>9.3f} "
-                     f"{t['apply_s']:>8.3f}  {'ok' if t['reached_trainer_hash'] else 'MISMATCH'}")
+        lines.append(
+            f"{mode:>8} {t['bytes']:>14,} {t['mean_changed_fraction']:>9.5f} {t['encode_s']:>9.3f} "
+            f"{t['apply_s']:>8.3f}  {'ok' if t['reached_trainer_hash'] else 'MISMATCH'}"
+        )
     return "\n".join(lines)

@@ -31,7 +31,9 @@ def format_pulse_report(figures: dict) -> str:
         target = figures["targets"][name]
         value = "n/a" if target["value"] is None else f"{target['value']:.2f}"
         lines.append(f"{name:<32} {value:>10} {target['target']:>10}  {'yes' if target['met'] else 'NO'}")
-    lines.append(f"bit-exact round trips: {figures['bitwise_exact'] and figures['synthetic_1pct']['absolute_bitwise_exact']}")
+    lines.append(
+        f"bit-exact round trips: {figures['bitwise_exact'] and figures['synthetic_1pct']['absolute_bitwise_exact']}"
+    )
     lines += _dit_lines(figures.get("dit_grpo", {}))
     return "\n".join(lines)
 
@@ -40,7 +42,10 @@ def _dit_lines(dit: dict) -> list[str]:
     """(a) The tiny DiT's GRPO trajectories, one block per learning rate."""
     lines = []
     for name, fig in dit.items():
-        lines += ["", f"tiny DiT, GRPO {name}: {fig['num_states']} states, {fig['dense_bytes'] / 1e6:.1f} MB dense BF16"]
+        lines += [
+            "",
+            f"tiny DiT, GRPO {name}: {fig['num_states']} states, {fig['dense_bytes'] / 1e6:.1f} MB dense BF16",
+        ]
         lines += _k_rows(fig["by_k"])
     return lines
 

@@ -80,7 +80,9 @@ def _entropy_bits(symbols: np.ndarray) -> float:
     return float(-(counts * np.log2(counts / symbols.size)).sum())
 
 
-def _seconds(fn: Callable[[], object], repeats: int, setup: Callable[[], object] | None = None) -> list[tuple[float, float]]:
+def _seconds(
+    fn: Callable[[], object], repeats: int, setup: Callable[[], object] | None = None
+) -> list[tuple[float, float]]:
     """(wall, process CPU) seconds of `fn` per repeat; `setup` runs untimed before each.
 
     CPU time is reported beside wall time because this machine's cores are shared:

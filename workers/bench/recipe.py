@@ -28,21 +28,33 @@ from workers.model.policy import SHIPPED_BASE
 from workers.trainer.presets import get_preset
 
 
-def run_one(preset: str, seed: int, iterations: int | None = None, checkpoint=SHIPPED_BASE,
-            progress: Callable[[dict], None] | None = None) -> dict:
+def run_one(
+    preset: str,
+    seed: int,
+    iterations: int | None = None,
+    checkpoint=SHIPPED_BASE,
+    progress: Callable[[dict], None] | None = None,
+) -> dict:
     """One training run (`spotlight train`'s phases in a scratch run folder): the validation curve
     (iteration, strict, partial) and its wall time."""
     config = get_preset(preset)
     config = dataclasses.replace(config, seed=seed, iterations=iterations or config.iterations)
     curve, started = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="spotlight-recipe-") as run_dir:
-        ctx = RunContext.local(Path(run_dir), f"recipe-{seed}", preset, config, checkpoint=str(checkpoint),
-                               report=False)
+        ctx = RunContext.local(
+            Path(run_dir), f"recipe-{seed}", preset, config, checkpoint=str(checkpoint), report=False
+        )
         for record in train_records(ctx):
             record["wall_s"] = round(time.perf_counter() - started, 1)
             if record["validation_score"] is not None:
-                curve.append({"iteration": record["iteration"], "wall_s": record["wall_s"],
-                              "strict": record["validation_score"], "partial": record["validation_partial"]})
+                curve.append(
+                    {
+                        "iteration": record["iteration"],
+                        "wall_s": record["wall_s"],
+                        "strict": record["validation_score"],
+                        "partial": record["validation_partial"],
+                    }
+                )
             if progress is not None:
                 progress({"seed": seed, **record})
     start, end = curve[0], curve[-1]
@@ -59,8 +71,13 @@ def run_one(preset: str, seed: int, iterations: int | None = None, checkpoint=SH
     }
 
 
-def bench_recipe(preset: str, seeds: list[int], iterations: int | None = None, checkpoint=SHIPPED_BASE,
-                 progress: Callable[[dict], None] | None = None) -> dict:
+def bench_recipe(
+    preset: str,
+    seeds: list[int],
+    iterations: int | None = None,
+    checkpoint=SHIPPED_BASE,
+    progress: Callable[[dict], None] | None = None,
+) -> dict:
     """Figures over seeds: mean/min gain, final scores, minutes per run."""
     if not seeds:
         raise ValueError("give at least one seed (--seed 0 --seed 1 --seed 2)")

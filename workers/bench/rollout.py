@@ -3,18 +3,17 @@ pipeline folder (`--model DIR`), and the share of rollout time spent outside the
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import time
 
 import torch
 
-import dataclasses
-
-from workers.model.policy import load_policy
-from workers.trainer.presets import cpu_tiny, cpu_tiny_flow_grpo
 from workers.algo.sampler import resolve_forward_dtype
-from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig, trainable_parameters
+from workers.model.policy import load_policy
 from workers.model.spec import load_any
+from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig, trainable_parameters
+from workers.trainer.presets import cpu_tiny, cpu_tiny_flow_grpo
 
 
 class _ForwardClock:
@@ -34,9 +33,16 @@ class _ForwardClock:
         return out
 
 
-def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, full_sde: bool = False,
-                  model: str | None = None, model_fields: dict | None = None, reward: str | None = None,
-                  device: str = "cpu") -> dict:
+def bench_rollout(
+    batch_size: int = 64,
+    num_steps: int = 8,
+    repeats: int = 3,
+    full_sde: bool = False,
+    model: str | None = None,
+    model_fields: dict | None = None,
+    reward: str | None = None,
+    device: str = "cpu",
+) -> dict:
     """Median seconds of a batch rollout (with reward) and of one GRPO update on it, with the
     cpu_tiny preset's sampler and objective (ODE rollouts, NFT update); full_sde: Flow-GRPO's
     preset with every step sampled by the SDE and trained instead. model: a diffusers pipeline
@@ -47,8 +53,13 @@ def bench_rollout(batch_size: int = 64, num_steps: int = 8, repeats: int = 3, fu
     preset = cpu_tiny_flow_grpo() if full_sde else cpu_tiny()
     window = None if full_sde else preset.sampler.sde_window
     sampler = dataclasses.replace(preset.sampler, num_steps=num_steps, sde_window=window)
-    config = TrainConfig(prompts_per_iteration=batch_size // 8, group_size=8, sampler=sampler, grpo=preset.grpo,
-                         reward=reward or preset.reward)
+    config = TrainConfig(
+        prompts_per_iteration=batch_size // 8,
+        group_size=8,
+        sampler=sampler,
+        grpo=preset.grpo,
+        reward=reward or preset.reward,
+    )
     trainer = GRPOTrainer(policy, config)
     trainer.collect(0)  # warm-up: first calls allocate and pick kernels
     rollout_s, update_s, forward_share = [], [], []

@@ -77,11 +77,15 @@ class SelectionBench:
         if self.planner_level != "none" and self.planner_level not in self.levels:
             raise ValueError(f"SelectionBench.planner_level {self.planner_level!r} must be one of levels {self.levels}")
         if not 1 <= self.keep_factor or round(self.keep_factor * g) > self.num_candidates:
-            raise ValueError(f"SelectionBench.keep_factor must be >= 1 with W = round(keep_factor x G) <= num_candidates, "
-                             f"got {self.keep_factor} (G = {g}, M = {self.num_candidates})")
+            raise ValueError(
+                f"SelectionBench.keep_factor must be >= 1 with W = round(keep_factor x G) <= num_candidates, "
+                f"got {self.keep_factor} (G = {g}, M = {self.num_candidates})"
+            )
         if self.wider_draw < 1 or self.wider_draw * g > self.num_candidates or self.num_candidates < 2 * g:
-            raise ValueError(f"SelectionBench needs num_candidates >= 2 G and wider_draw x G <= num_candidates "
-                             f"(G = {g}), got num_candidates={self.num_candidates}, wider_draw={self.wider_draw}")
+            raise ValueError(
+                f"SelectionBench needs num_candidates >= 2 G and wider_draw x G <= num_candidates "
+                f"(G = {g}), got num_candidates={self.num_candidates}, wider_draw={self.wider_draw}"
+            )
 
     def train_config(self):
         from workers.trainer.presets import get_preset
@@ -110,16 +114,26 @@ def run_selection_bench(bench: SelectionBench, policy=None, progress: Callable[[
         if v in needed:
             fresh[v] = sample_rewards(policy, bench, config, "none")
         if v in bench.pairs_at:
-            stale[v] = {"none": fresh[v], **{lv: sample_rewards(policy, bench, config, lv)
-                                              for lv in bench.stale_levels if lv != "none"}}
+            stale[v] = {
+                "none": fresh[v],
+                **{lv: sample_rewards(policy, bench, config, lv) for lv in bench.stale_levels if lv != "none"},
+            }
         say(f"selection: weights v{v} sampled ({time.perf_counter() - started:.0f} s)")
         if v < needed[-1]:
             trainer.update(trainer.collect(v))  # the run trains on random seeds: v -> v+1
     pairs = [score_pair(k, stale[k], fresh[k + 1], bench, config) for k in bench.pairs_at]
-    return {"strategies": _mean_strategies(pairs), "kendall_tau": _mean_tau(pairs), "pairs": pairs,
-            "preset": bench.preset, "reward": config.reward, "group_size": config.group_size,
-            "num_prompts": bench.num_prompts, "num_candidates": bench.num_candidates,
-            "planner_arm": planner_arm(bench, config.group_size).name, "wall_s": round(time.perf_counter() - started, 1)}
+    return {
+        "strategies": _mean_strategies(pairs),
+        "kendall_tau": _mean_tau(pairs),
+        "pairs": pairs,
+        "preset": bench.preset,
+        "reward": config.reward,
+        "group_size": config.group_size,
+        "num_prompts": bench.num_prompts,
+        "num_candidates": bench.num_candidates,
+        "planner_arm": planner_arm(bench, config.group_size).name,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def sample_rewards(policy, bench: SelectionBench, config, level: str) -> np.ndarray:
@@ -127,8 +141,10 @@ def sample_rewards(policy, bench: SelectionBench, config, level: str) -> np.ndar
     exploration request takes: `explore_rewards`, one batch per prompt)."""
     from workers.explore.request import ExploreSpec, explore_rewards
 
-    rows = [explore_rewards(policy, ExploreSpec("bench", prompt, tuple(seeds), 0, config.sampler, level, config.reward))
-            for prompt, seeds in zip(bench_prompts(bench, config), bench_candidates(bench, config))]
+    rows = [
+        explore_rewards(policy, ExploreSpec("bench", prompt, tuple(seeds), 0, config.sampler, level, config.reward))
+        for prompt, seeds in zip(bench_prompts(bench, config), bench_candidates(bench, config), strict=False)
+    ]
     return np.asarray(rows, dtype=np.float64)
 
 
@@ -141,8 +157,10 @@ def bench_prompts(bench: SelectionBench, config) -> list[str]:
 def bench_candidates(bench: SelectionBench, config) -> list[list[int]]:
     from workers.algo.seeds import candidate_seeds
 
-    return [candidate_seeds(config.seed, BENCH_ITERATION, i, config.group_size, bench.num_candidates)
-            for i in range(bench.num_prompts)]
+    return [
+        candidate_seeds(config.seed, BENCH_ITERATION, i, config.group_size, bench.num_candidates)
+        for i in range(bench.num_prompts)
+    ]
 
 
 def planner_arm(bench: SelectionBench, group_size: int):
@@ -163,19 +181,28 @@ def score_pair(k: int, stale: dict[str, np.ndarray], fresh: np.ndarray, bench: S
     baseline = random_baseline(fresh, g)
     strategies = {name: score_strategy(fresh, drawn, g, baseline) for name, drawn in picks.items()}
     tau = {lv: mean_over_groups(kendall_tau_b, stale[lv].tolist(), fresh.tolist()) for lv in stale}
-    return {"k": k, "random_variance": baseline, "strategies": strategies,
-            "kendall_tau": {lv: None if t is None else round(t, 4) for lv, t in tau.items()}}
+    return {
+        "k": k,
+        "random_variance": baseline,
+        "strategies": strategies,
+        "kendall_tau": {lv: None if t is None else round(t, 4) for lv, t in tau.items()},
+    }
 
 
-def strategy_picks(stale: dict[str, np.ndarray], fresh: np.ndarray, g: int, w: int, wider: int) -> dict[str, list[list[int]]]:
+def strategy_picks(
+    stale: dict[str, np.ndarray], fresh: np.ndarray, g: int, w: int, wider: int
+) -> dict[str, list[list[int]]]:
     """Strategy -> per prompt, the candidate indices drawn on the fresh weights (the trained G are the max-variance
     G of them, `score_strategy`)."""
     from workers.algo.selection import select_max_variance
 
     m = fresh.shape[1]
     everyone = list(range(m))
-    picks = {"random": [list(range(g)) for _ in fresh], "wider_draw": [list(range(wider * g)) for _ in fresh],
-             "fresh_oracle": [everyone for _ in fresh]}
+    picks = {
+        "random": [list(range(g)) for _ in fresh],
+        "wider_draw": [list(range(wider * g)) for _ in fresh],
+        "fresh_oracle": [everyone for _ in fresh],
+    }
     for lv, rewards in stale.items():
         picks[f"stale_{lv}"] = [select_max_variance(everyone, row.tolist(), g) for row in rewards]
         if w > g:
@@ -191,15 +218,21 @@ def planner_picks(bench: SelectionBench, config, stale: np.ndarray) -> list[list
     arm = planner_arm(bench, config.group_size)
     candidates = bench_candidates(bench, config)
     plan_config = dataclasses.replace(config, prompts_per_iteration=bench.num_prompts)
-    explored = {i: (seeds, row.tolist()) for i, (seeds, row) in enumerate(zip(candidates, stale))}
-    plan = plan_from_exploration(plan_config, BENCH_ITERATION, explored, f"explore:{arm.name}",
-                                 keep=arm.kept(config.group_size), min_contest_std=ExploreConfig().min_contest_std)
-    return [[seeds.index(s) for s in group] for seeds, group in zip(candidates, plan.seeds)]
+    explored = {i: (seeds, row.tolist()) for i, (seeds, row) in enumerate(zip(candidates, stale, strict=False))}
+    plan = plan_from_exploration(
+        plan_config,
+        BENCH_ITERATION,
+        explored,
+        f"explore:{arm.name}",
+        keep=arm.kept(config.group_size),
+        min_contest_std=ExploreConfig().min_contest_std,
+    )
+    return [[seeds.index(s) for s in group] for seeds, group in zip(candidates, plan.seeds, strict=False)]
 
 
 def random_baseline(fresh: np.ndarray, g: int) -> float:
     """Mean reward variance of random groups on the fresh weights: every disjoint block of G candidates."""
-    blocks = [np.var(row[b * g:(b + 1) * g]) for row in fresh for b in range(fresh.shape[1] // g)]
+    blocks = [np.var(row[b * g : (b + 1) * g]) for row in fresh for b in range(fresh.shape[1] // g)]
     return float(np.mean(blocks))
 
 
@@ -207,11 +240,13 @@ def score_strategy(fresh: np.ndarray, drawn: list[list[int]], g: int, baseline: 
     """variance_ratio, zero_std_share and rollout_cost of a strategy that draws `drawn` and trains the max-variance G."""
     from workers.explore.state import trained_variance
 
-    variances = [trained_variance([float(row[j]) for j in idx], g) for row, idx in zip(fresh, drawn)]
+    variances = [trained_variance([float(row[j]) for j in idx], g) for row, idx in zip(fresh, drawn, strict=False)]
     ratio = float(np.mean(variances)) / baseline if baseline > ZERO_STD else None
-    return {"variance_ratio": None if ratio is None else round(ratio, 4),
-            "zero_std_share": round(float(np.mean([v <= ZERO_STD for v in variances])), 4),
-            "rollout_cost": round(float(np.mean([len(idx) for idx in drawn])) / g, 4)}
+    return {
+        "variance_ratio": None if ratio is None else round(ratio, 4),
+        "zero_std_share": round(float(np.mean([v <= ZERO_STD for v in variances])), 4),
+        "rollout_cost": round(float(np.mean([len(idx) for idx in drawn])) / g, 4),
+    }
 
 
 def _mean_strategies(pairs: list[dict]) -> dict:
@@ -234,14 +269,20 @@ def _mean_tau(pairs: list[dict]) -> dict:
 
 def selection_text(figures: dict) -> str:
     """The figures as a table."""
-    lines = [f"{figures['preset']} ({figures['reward']}), {figures['num_prompts']} prompts x {figures['num_candidates']} "
-             f"candidates, G = {figures['group_size']}, pairs k = {[p['k'] for p in figures['pairs']]}, "
-             f"planner {figures['planner_arm']}, {figures['wall_s']} s",
-             f"{'strategy':>22}  {'variance_ratio':>14}  {'zero_std_share':>14}  {'rollout_cost':>12}"]
+    lines = [
+        f"{figures['preset']} ({figures['reward']}), {figures['num_prompts']} prompts x {figures['num_candidates']} "
+        f"candidates, G = {figures['group_size']}, pairs k = {[p['k'] for p in figures['pairs']]}, "
+        f"planner {figures['planner_arm']}, {figures['wall_s']} s",
+        f"{'strategy':>22}  {'variance_ratio':>14}  {'zero_std_share':>14}  {'rollout_cost':>12}",
+    ]
     for name, s in figures["strategies"].items():
-        lines.append(f"{name:>22}  {_fmt(s['variance_ratio']):>14}  {_fmt(s['zero_std_share']):>14}  {_fmt(s['rollout_cost']):>12}")
-    lines.append("kendall tau (stale level vs fresh full sampler): "
-                 + ", ".join(f"{lv} {_fmt(t)}" for lv, t in figures["kendall_tau"].items()))
+        lines.append(
+            f"{name:>22}  {_fmt(s['variance_ratio']):>14}  {_fmt(s['zero_std_share']):>14}  {_fmt(s['rollout_cost']):>12}"
+        )
+    lines.append(
+        "kendall tau (stale level vs fresh full sampler): "
+        + ", ".join(f"{lv} {_fmt(t)}" for lv, t in figures["kendall_tau"].items())
+    )
     return "\n".join(lines)
 
 

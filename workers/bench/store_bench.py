@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from resources.store.base import TensorStore
 from resources.store import open_store
+from resources.store.base import TensorStore
 from resources.store.local import LocalTensorStore
 
 
@@ -42,8 +42,14 @@ def _timed_rows(store: TensorStore, backend: str, label: str, size: int, count: 
 
     def row(op: str, mode: str, seconds: float) -> dict:
         return {
-            "backend": backend, "objects": label, "object_bytes": size, "count": count, "op": op, "mode": mode,
-            "seconds": round(seconds, 4), "MB_per_s": round(size * count / seconds / 1e6, 1),
+            "backend": backend,
+            "objects": label,
+            "object_bytes": size,
+            "count": count,
+            "op": op,
+            "mode": mode,
+            "seconds": round(seconds, 4),
+            "MB_per_s": round(size * count / seconds / 1e6, 1),
             "objects_per_s": round(count / seconds, 1),
         }
 

@@ -30,12 +30,23 @@ def reserved_worker_id(iteration: int) -> str:
 
 def begin_iteration(ledger: Ledger, ctx, iteration: int) -> None:
     """Run row (first start time kept), the reserved node's lifetime for this iteration, the iteration row."""
-    recorded = {"train": dataclasses.asdict(ctx.train), "iterations": ctx.num_iterations,
-                "anchor_every": ctx.anchor_every, "checkpoint": ctx.checkpoint}
-    ledger.start_run(ctx.run, preset=ctx.preset, config=recorded, store_url=ctx.store_url,
-                     queue_url=public_url(ctx.queue_url))
-    ledger.start_worker(reserved_worker_id(iteration), role="trainer", instance_type="reserved-node", spot=False,
-                        num_gpus=0, usd_per_hour=ctx.reserved_usd_per_hour)
+    recorded = {
+        "train": dataclasses.asdict(ctx.train),
+        "iterations": ctx.num_iterations,
+        "anchor_every": ctx.anchor_every,
+        "checkpoint": ctx.checkpoint,
+    }
+    ledger.start_run(
+        ctx.run, preset=ctx.preset, config=recorded, store_url=ctx.store_url, queue_url=public_url(ctx.queue_url)
+    )
+    ledger.start_worker(
+        reserved_worker_id(iteration),
+        role="trainer",
+        instance_type="reserved-node",
+        spot=False,
+        num_gpus=0,
+        usd_per_hour=ctx.reserved_usd_per_hour,
+    )
     ledger.start_iteration(iteration, weights_version=iteration)
 
 
@@ -80,8 +91,10 @@ def phase(ledger: Ledger, iteration: int, name: str) -> Iterator[Window]:
 
 def phase_cost(ledger: Ledger, iteration: int, name: str) -> dict[str, float]:
     """USD of the capacity alive during the phase, split spot / reserved, and its wall time."""
-    rows = ledger.query("SELECT wall_s, usd, usd_spot, usd_reserved FROM cost_per_phase WHERE iteration = ? AND phase = ?",
-                        [iteration, name]).as_dicts()
+    rows = ledger.query(
+        "SELECT wall_s, usd, usd_spot, usd_reserved FROM cost_per_phase WHERE iteration = ? AND phase = ?",
+        [iteration, name],
+    ).as_dicts()
     if not rows:
         return {"wall_s": 0.0, "usd": 0.0, "usd_spot": 0.0, "usd_reserved": 0.0}
     return {k: float(v or 0.0) for k, v in rows[0].items()}
@@ -97,7 +110,12 @@ def close_dangling_workers(ledger) -> int:
     """Workers a killed run left open end as interrupted at the ledger's last recorded moment (not now:
     the time the run was down is not billed)."""
     last = ledger.query("SELECT max(coalesce(ended_at, started_at)) FROM phases").rows[0][0]
-    open_ids = [r[0] for r in ledger.query("SELECT worker_id FROM workers WHERE ended_at IS NULL AND worker_id NOT LIKE 'reserved-%'").rows]
+    open_ids = [
+        r[0]
+        for r in ledger.query(
+            "SELECT worker_id FROM workers WHERE ended_at IS NULL AND worker_id NOT LIKE 'reserved-%'"
+        ).rows
+    ]
     for worker_id in open_ids:
         ledger.end_worker(worker_id, reason="interrupted", at=last)
     return len(open_ids)

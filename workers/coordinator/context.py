@@ -59,8 +59,10 @@ class Sampling:
         if self.mode not in SAMPLING_MODES:
             raise ValueError(f"unknown rollout mode {self.mode!r}; choose one of {SAMPLING_MODES}")
         if self.explore_samples is not None and (self.mode != "inprocess" or not self.explore_samples > 0):
-            raise ValueError(f"explore_samples (a budget in samples, > 0) is for in-process rollouts; got "
-                             f"{self.explore_samples} with mode {self.mode!r} (queue workers explore on their own time)")
+            raise ValueError(
+                f"explore_samples (a budget in samples, > 0) is for in-process rollouts; got "
+                f"{self.explore_samples} with mode {self.mode!r} (queue workers explore on their own time)"
+            )
 
     @property
     def explores(self) -> bool:
@@ -135,9 +137,21 @@ class RunContext:
         return self.report_dir is not None and (iteration % self.report_every == 0 or self.is_final(iteration))
 
     @classmethod
-    def local(cls, run_dir: Path, run: str, preset: str, train: TrainConfig, *, checkpoint: str | None = None,
-              reserved_usd_per_hour: float = 0.10, report: bool = True, model: dict | None = None,
-              device: str = "cpu", validation: Any = None, hacking: Any = None) -> "RunContext":
+    def local(
+        cls,
+        run_dir: Path,
+        run: str,
+        preset: str,
+        train: TrainConfig,
+        *,
+        checkpoint: str | None = None,
+        reserved_usd_per_hour: float = 0.10,
+        report: bool = True,
+        model: dict | None = None,
+        device: str = "cpu",
+        validation: Any = None,
+        hacking: Any = None,
+    ) -> "RunContext":
         """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
         rewritten on validated iterations, and only the last iteration's rollout results kept (each is about
         15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses."""
@@ -145,11 +159,23 @@ class RunContext:
 
         run_dir = run_dir.resolve()
         store_url = str(run_dir / "store")
-        return cls(run, preset, train, open_store(store_url), Ledger(run_dir / "ledger.duckdb"),
-                   run_dir / "report" if report else None, store_url, checkpoint=checkpoint, model=model, device=device,
-                   validation=validation, hacking=hacking,
-                   reserved_usd_per_hour=reserved_usd_per_hour, report_every=train.validate_every,
-                   keep_rollout_iterations=1)
+        return cls(
+            run,
+            preset,
+            train,
+            open_store(store_url),
+            Ledger(run_dir / "ledger.duckdb"),
+            run_dir / "report" if report else None,
+            store_url,
+            checkpoint=checkpoint,
+            model=model,
+            device=device,
+            validation=validation,
+            hacking=hacking,
+            reserved_usd_per_hour=reserved_usd_per_hour,
+            report_every=train.validate_every,
+            keep_rollout_iterations=1,
+        )
 
 
 def check_device(device: str) -> str:
@@ -162,6 +188,8 @@ def check_device(device: str) -> str:
     if kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count <= int(index or 0):
-            raise ValueError(f"device {device!r}: this machine has {count} CUDA device(s) (torch {torch.__version__}); "
-                             "pass --device cpu, or install a CUDA build of torch")
+            raise ValueError(
+                f"device {device!r}: this machine has {count} CUDA device(s) (torch {torch.__version__}); "
+                "pass --device cpu, or install a CUDA build of torch"
+            )
     return device

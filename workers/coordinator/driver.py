@@ -18,14 +18,18 @@ from typing import Callable, Iterator
 
 from workers.coordinator.context import RunContext
 from workers.coordinator.explore_phases import exploration_phase, seed_plan_phase
-from workers.coordinator.phases import (PhaseResult, report_phase, rollout_phase, sync_phase, train_phase,
-                                        validate_phase)
+from workers.coordinator.phases import PhaseResult, report_phase, rollout_phase, sync_phase, train_phase, validate_phase
 
 Phase = Callable[[RunContext, int], PhaseResult]
 ITERATION_PHASES: tuple[tuple[str, Phase], ...] = (
-    ("weight_patch", sync_phase), ("rollouts", rollout_phase), ("exploration", exploration_phase),
-    ("policy_update", train_phase), ("seed_plan", seed_plan_phase), ("validation", validate_phase),
-    ("report", report_phase))
+    ("weight_patch", sync_phase),
+    ("rollouts", rollout_phase),
+    ("exploration", exploration_phase),
+    ("policy_update", train_phase),
+    ("seed_plan", seed_plan_phase),
+    ("validation", validate_phase),
+    ("report", report_phase),
+)
 """Asset name -> phase, in the order the assets materialize."""
 FINAL_PHASES = ("weight_patch", "validation", "report")
 """What the final iteration (k = N) runs: sync and validate the trained weights."""
@@ -38,8 +42,7 @@ def completed_iterations(ledger) -> set[int]:
 
 def run_iteration(ctx: RunContext, k: int) -> dict[str, PhaseResult]:
     """Every phase of iteration k in order (the final iteration's three on k = N); asset name -> its result."""
-    return {name: phase(ctx, k) for name, phase in ITERATION_PHASES
-            if not ctx.is_final(k) or name in FINAL_PHASES}
+    return {name: phase(ctx, k) for name, phase in ITERATION_PHASES if not ctx.is_final(k) or name in FINAL_PHASES}
 
 
 def train_records(ctx: RunContext) -> Iterator[dict]:

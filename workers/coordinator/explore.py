@@ -30,15 +30,15 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-from resources.keys import bandit_state_key, explore_result_key, exploration_key, rollout_key
+from resources.keys import bandit_state_key, exploration_key, explore_result_key, rollout_key
 from resources.store.base import TensorStore
 from workers.algo.bandit import Arm
-from workers.explore.request import ExploreSpec
 from workers.algo.seeds import candidate_seeds
-from workers.explore.state import ExplorationState, ExploreConfig, Review, explored_variance, review_rollout
+from workers.explore.request import ExploreSpec
 from workers.explore.seed_plan import SeedPlan, load_seed_plan, plan_from_exploration, publish_seed_plan
-from workers.trainer.grpo_trainer import TrainConfig
+from workers.explore.state import ExplorationState, ExploreConfig, Review, explored_variance, review_rollout
 from workers.task.prompt_file import prompt_fields, train_prompts
+from workers.trainer.grpo_trainer import TrainConfig
 
 STATE_NAME = "state.json"
 SESSION_NAME = "session.json"
@@ -97,8 +97,10 @@ def load_state(store: TensorStore, run: str, config: ExploreConfig, group_size: 
         return ExplorationState.new(config, group_size)
     state = ExplorationState.from_dict(json.loads(store.load_bytes(key, STATE_NAME)))
     if [a.name for a in state.bandit.arms] != [a.name for a in config.arms(group_size)]:
-        raise ValueError(f"run {run!r} explored with arms {[a.name for a in state.bandit.arms]}, not "
-                         f"{[a.name for a in config.arms(group_size)]}: was it resumed with another configuration?")
+        raise ValueError(
+            f"run {run!r} explored with arms {[a.name for a in state.bandit.arms]}, not "
+            f"{[a.name for a in config.arms(group_size)]}: was it resumed with another configuration?"
+        )
     return state
 
 
@@ -108,12 +110,15 @@ def save_state(store: TensorStore, run: str, state: ExplorationState) -> None:
 
 def explored_prompts(config: TrainConfig, explore_config: ExploreConfig | None, iteration: int) -> list[int]:
     """Indices of iteration+1's prompts that exploration samples: all but the plan's control prompts."""
-    controls = set() if explore_config is None else set(explore_config.controls(iteration + 1, config.prompts_per_iteration))
+    controls = (
+        set() if explore_config is None else set(explore_config.controls(iteration + 1, config.prompts_per_iteration))
+    )
     return [i for i in range(config.prompts_per_iteration) if i not in controls]
 
 
-def explore_requests(config: TrainConfig, run: str, iteration: int, arm: Arm,
-                     explore_config: ExploreConfig | None = None) -> list[dict]:
+def explore_requests(
+    config: TrainConfig, run: str, iteration: int, arm: Arm, explore_config: ExploreConfig | None = None
+) -> list[dict]:
     """Queue requests exploring iteration+1's prompts on weights v(iteration): one per explored prompt (every prompt
     but the control prompts of `explore_config`), M candidates, in prompt order."""
     prompts = train_prompts(config, iteration + 1)
@@ -123,20 +128,36 @@ def explore_requests(config: TrainConfig, run: str, iteration: int, arm: Arm,
         if i not in keep:
             continue
         seeds = candidate_seeds(config.seed, iteration + 1, i, config.group_size, arm.seeds_per_prompt)
-        spec = ExploreSpec(run, prompt, tuple(seeds), iteration, config.sampler, arm.cache_level, config.reward,
-                           prompt_fields(config.prompts, prompt) or None)
-        out.append({"request_id": explore_request_id(iteration, i), "iteration": iteration, "kind": "explore",
-                    "payload": spec.to_payload()})
+        spec = ExploreSpec(
+            run,
+            prompt,
+            tuple(seeds),
+            iteration,
+            config.sampler,
+            arm.cache_level,
+            config.reward,
+            prompt_fields(config.prompts, prompt) or None,
+        )
+        out.append(
+            {
+                "request_id": explore_request_id(iteration, i),
+                "iteration": iteration,
+                "kind": "explore",
+                "payload": spec.to_payload(),
+            }
+        )
     return out
 
 
-def review_iteration(store: TensorStore, run: str, config: TrainConfig, iteration: int,
-                     explore_config: ExploreConfig) -> Review:
+def review_iteration(
+    store: TensorStore, run: str, config: TrainConfig, iteration: int, explore_config: ExploreConfig
+) -> Review:
     """Judge the plan iteration `iteration` sampled with on its committed rollout results; update the state."""
     plan = load_seed_plan(store, run, iteration)
     state = load_state(store, run, explore_config, config.group_size)
-    review = review_rollout(state, explore_config, iteration, plan, real_rewards(store, run, plan),
-                            group_size=config.group_size)
+    review = review_rollout(
+        state, explore_config, iteration, plan, real_rewards(store, run, plan), group_size=config.group_size
+    )
     save_state(store, run, state)
     return review
 
@@ -164,12 +185,19 @@ def seed_groups(store: TensorStore, run: str, config: TrainConfig, iteration: in
 
     plan = load_seed_plan(store, run, iteration)
     made = iteration > 0 and store.read_manifest(exploration_key(run, iteration - 1)) is not None
-    return seed_group_rows(plan, real_rewards(store, run, plan), review, config.group_size,
-                           default_seeds(config, iteration), explored_results(store, run, iteration - 1) if made else {})
+    return seed_group_rows(
+        plan,
+        real_rewards(store, run, plan),
+        review,
+        config.group_size,
+        default_seeds(config, iteration),
+        explored_results(store, run, iteration - 1) if made else {},
+    )
 
 
-def start_exploration(store: TensorStore, queue, run: str, config: TrainConfig, iteration: int,
-                      explore_config: ExploreConfig) -> Session:
+def start_exploration(
+    store: TensorStore, queue, run: str, config: TrainConfig, iteration: int, explore_config: ExploreConfig
+) -> Session:
     """Choose the arm and enqueue iteration+1's exploration requests (a session already started is reused)."""
     key = exploration_key(run, iteration)
     if store.read_manifest(key) is not None:  # a redone iteration: the same requests, same arm
@@ -178,8 +206,16 @@ def start_exploration(store: TensorStore, queue, run: str, config: TrainConfig, 
         state = load_state(store, run, explore_config, config.group_size)
         num_explored = max(1, len(explored_prompts(config, explore_config, iteration)))
         choice = state.bandit.choose(state.budget_s(), num_explored, explore_config.num_workers)
-        session = Session(iteration, None if choice.arm is None else choice.arm.name, state.budget_s(), choice.predicted_s,
-                          choice.ucb, choice.reason, started_at=time.time(), num_workers=explore_config.num_workers)
+        session = Session(
+            iteration,
+            None if choice.arm is None else choice.arm.name,
+            state.budget_s(),
+            choice.predicted_s,
+            choice.ucb,
+            choice.reason,
+            started_at=time.time(),
+            num_workers=explore_config.num_workers,
+        )
         if choice.arm is not None:
             requests = explore_requests(config, run, iteration, choice.arm, explore_config)
             session.request_ids = [r["request_id"] for r in requests]
@@ -191,8 +227,15 @@ def start_exploration(store: TensorStore, queue, run: str, config: TrainConfig, 
     return session
 
 
-def finish_exploration(store: TensorStore, queue, run: str, config: TrainConfig, iteration: int,
-                       explore_config: ExploreConfig, train_s: float | None = None) -> Finished:
+def finish_exploration(
+    store: TensorStore,
+    queue,
+    run: str,
+    config: TrainConfig,
+    iteration: int,
+    explore_config: ExploreConfig,
+    train_s: float | None = None,
+) -> Finished:
     """Training has ended: cancel what is left, plan iteration+1 from what finished, publish the plan."""
     started = time.perf_counter()
     session = load_session(store, run, iteration)
@@ -214,20 +257,31 @@ def finish_exploration(store: TensorStore, queue, run: str, config: TrainConfig,
     plan = next_plan(config, iteration + 1, session.arm, state, results, explore_config)
     publish_seed_plan(store, run, plan)
     save_state(store, run, state)
-    return Finished(session, plan, len(results), cancelled, compute_s / session.num_workers,
-                    explored_variance([r for _, r in results.values()]), time.perf_counter() - started, results,
-                    finished_at, worker_ids)
+    return Finished(
+        session,
+        plan,
+        len(results),
+        cancelled,
+        compute_s / session.num_workers,
+        explored_variance([r for _, r in results.values()]),
+        time.perf_counter() - started,
+        results,
+        finished_at,
+        worker_ids,
+    )
 
 
 def publish_session(store: TensorStore, run: str, session: Session) -> None:
     """Commit the session: the finishing step (maybe another process) and later reviews read it."""
-    store.publish(exploration_key(run, session.iteration), {SESSION_NAME: json.dumps(asdict(session), sort_keys=True).encode()})
+    store.publish(
+        exploration_key(run, session.iteration), {SESSION_NAME: json.dumps(asdict(session), sort_keys=True).encode()}
+    )
 
 
 def _committed_results(store: TensorStore, run: str, session: Session, done) -> dict[int, dict]:
     """Prompt index -> result metadata of the session's requests in `done` that committed a result."""
     out = {}
-    for i, rid in zip(session.prompt_indices, session.request_ids):
+    for i, rid in zip(session.prompt_indices, session.request_ids, strict=False):
         manifest = store.read_manifest(explore_result_key(run, session.iteration, rid)) if rid in done else None
         if manifest is not None:
             out[i] = manifest.metadata
@@ -238,32 +292,49 @@ def explored_results(store: TensorStore, run: str, iteration: int) -> dict[int, 
     """Prompt index -> (candidate seeds, explored rewards) of every request of iteration's exploration that
     committed a result (also those finished after the plan was made)."""
     session = load_session(store, run, iteration)
-    return {i: ([int(s) for s in meta["seeds"]], [float(r) for r in meta["rewards"]])
-            for i, meta in _committed_results(store, run, session, set(session.request_ids)).items()}
+    return {
+        i: ([int(s) for s in meta["seeds"]], [float(r) for r in meta["rewards"]])
+        for i, meta in _committed_results(store, run, session, set(session.request_ids)).items()
+    }
 
 
-def next_plan(config: TrainConfig, iteration: int, arm: str | None, state: ExplorationState,
-              results: dict[int, tuple[list[int], list[float]]], explore_config: ExploreConfig | None = None) -> SeedPlan:
+def next_plan(
+    config: TrainConfig,
+    iteration: int,
+    arm: str | None,
+    state: ExplorationState,
+    results: dict[int, tuple[list[int], list[float]]],
+    explore_config: ExploreConfig | None = None,
+) -> SeedPlan:
     """The plan of `iteration` from what exploration finished; its planner says why it is random when it is.
     An explored plan keeps the arm's W seeds per contested prompt and names `explore_config`'s control prompts."""
     if arm is None:
         return plan_from_exploration(config, iteration, {}, "random:no-arm-fits-budget", use_exploration=False)
     if state.fallback:
-        return plan_from_exploration(config, iteration, results, f"random:fallback-tau-{state.last_kendall_tau:.2f}",
-                                     use_exploration=False)
+        return plan_from_exploration(
+            config, iteration, results, f"random:fallback-tau-{state.last_kendall_tau:.2f}", use_exploration=False
+        )
     if not results:
         return plan_from_exploration(config, iteration, {}, "random:nothing-explored-in-time", use_exploration=False)
     ec = explore_config or ExploreConfig()
-    return plan_from_exploration(config, iteration, results, f"explore:{arm}", keep=Arm.parse(arm).kept(config.group_size),
-                                 controls=tuple(ec.controls(iteration, config.prompts_per_iteration)),
-                                 min_contest_std=ec.min_contest_std)
+    return plan_from_exploration(
+        config,
+        iteration,
+        results,
+        f"explore:{arm}",
+        keep=Arm.parse(arm).kept(config.group_size),
+        controls=tuple(ec.controls(iteration, config.prompts_per_iteration)),
+        min_contest_std=ec.min_contest_std,
+    )
 
 
 def load_session(store: TensorStore, run: str, iteration: int) -> Session:
     key = exploration_key(run, iteration)
     if store.read_manifest(key) is None:
-        raise LookupError(f"run {run!r} has no exploration session for iteration {iteration} ({store.url}/{key}): "
-                          f"materialize iteration {iteration}'s exploration first")
+        raise LookupError(
+            f"run {run!r} has no exploration session for iteration {iteration} ({store.url}/{key}): "
+            f"materialize iteration {iteration}'s exploration first"
+        )
     return Session(**json.loads(store.load_bytes(key, SESSION_NAME)))
 
 
@@ -275,22 +346,36 @@ def exploration_record(finished: Finished):
 
     s, arm = finished.session, finished.session.arm_spec
     return ExplorationRecord(
-        iteration=s.iteration, arm=s.arm or "none", budget_s=s.budget_s or 0.0, time_used_s=finished.time_used_s,
-        num_requests=finished.num_done, reward_variance=finished.reward_variance,
+        iteration=s.iteration,
+        arm=s.arm or "none",
+        budget_s=s.budget_s or 0.0,
+        time_used_s=finished.time_used_s,
+        num_requests=finished.num_done,
+        reward_variance=finished.reward_variance,
         ucb_score=None if s.ucb is None or math.isinf(s.ucb) else s.ucb,
-        seeds_per_prompt=None if arm is None else arm.seeds_per_prompt, cache_level=None if arm is None else arm.cache_level,
-        overhead_s=finished.overhead_s, fallback_random=finished.plan.planner.startswith("random:fallback"))
+        seeds_per_prompt=None if arm is None else arm.seeds_per_prompt,
+        cache_level=None if arm is None else arm.cache_level,
+        overhead_s=finished.overhead_s,
+        fallback_random=finished.plan.planner.startswith("random:fallback"),
+    )
 
 
 def with_review(record, review: Review):
     """The row of the iteration that made the plan, completed by the monitor's verdict on its rollout."""
     import dataclasses
 
-    return dataclasses.replace(record, rank_consistency=review.concordance, kendall_tau=review.kendall_tau,
-                               spearman_rho=review.spearman_rho, variance_gain=review.variance_gain)
+    return dataclasses.replace(
+        record,
+        rank_consistency=review.concordance,
+        kendall_tau=review.kendall_tau,
+        spearman_rho=review.spearman_rho,
+        variance_gain=review.variance_gain,
+    )
 
 
-def explore_request_records(finished: Finished, config: TrainConfig, run: str, enqueued_at: float | None = None) -> list:
+def explore_request_records(
+    finished: Finished, config: TrainConfig, run: str, enqueued_at: float | None = None
+) -> list:
     """One ledger `requests` row per exploration request: done (reward = mean explored reward) or cancelled."""
     from resources.ledger.records import RequestRecord
 
@@ -299,12 +384,24 @@ def explore_request_records(finished: Finished, config: TrainConfig, run: str, e
         return []
     prompts = train_prompts(config, s.iteration + 1)
     rows = []
-    for i, rid in zip(s.prompt_indices, s.request_ids):
+    for i, rid in zip(s.prompt_indices, s.request_ids, strict=False):
         seeds = candidate_seeds(config.seed, s.iteration + 1, i, config.group_size, s.arm_spec.seeds_per_prompt)
         done = finished.results.get(i)
-        rows.append(RequestRecord(
-            request_id=rid, iteration=s.iteration, kind="explore", prompt=prompts[i], seed=seeds[0], weights_version=s.iteration,
-            worker_id=finished.worker_ids.get(i), attempts=1, status="done" if done else "cancelled",
-            reward=None if done is None else sum(done[1]) / len(done[1]), enqueued_at=enqueued_at or s.started_at,
-            finished_at=finished.finished_at.get(i), arm=s.arm))
+        rows.append(
+            RequestRecord(
+                request_id=rid,
+                iteration=s.iteration,
+                kind="explore",
+                prompt=prompts[i],
+                seed=seeds[0],
+                weights_version=s.iteration,
+                worker_id=finished.worker_ids.get(i),
+                attempts=1,
+                status="done" if done else "cancelled",
+                reward=None if done is None else sum(done[1]) / len(done[1]),
+                enqueued_at=enqueued_at or s.started_at,
+                finished_at=finished.finished_at.get(i),
+                arm=s.arm,
+            )
+        )
     return rows

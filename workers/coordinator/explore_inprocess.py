@@ -23,10 +23,19 @@ from __future__ import annotations
 
 import time
 
-from resources.keys import explore_result_key, exploration_key
+from resources.keys import exploration_key, explore_result_key
 from resources.store.base import TensorStore
-from workers.coordinator.explore import (Finished, Session, explore_requests, explored_prompts, load_session,
-                                         load_state, next_plan, publish_session, save_state)
+from workers.coordinator.explore import (
+    Finished,
+    Session,
+    explore_requests,
+    explored_prompts,
+    load_session,
+    load_state,
+    next_plan,
+    publish_session,
+    save_state,
+)
 from workers.explore.request import ExploreSpec, commit_explore_result, explore_rewards
 from workers.explore.seed_plan import publish_seed_plan
 from workers.explore.state import ExploreConfig, explored_variance
@@ -36,8 +45,15 @@ WORKER_ID = "coordinator"
 """Who the results say explored them."""
 
 
-def explore_in_process(store: TensorStore, run: str, config: TrainConfig, iteration: int, explore_config: ExploreConfig,
-                       budget_samples: float, device: str = "cpu") -> Finished:
+def explore_in_process(
+    store: TensorStore,
+    run: str,
+    config: TrainConfig,
+    iteration: int,
+    explore_config: ExploreConfig,
+    budget_samples: float,
+    device: str = "cpu",
+) -> Finished:
     """Explore iteration+1's prompts on weights v(iteration) within `budget_samples`; publish iteration+1's plan."""
     if not budget_samples > 0:
         raise ValueError(f"budget_samples must be > 0, got {budget_samples}")
@@ -50,7 +66,7 @@ def explore_in_process(store: TensorStore, run: str, config: TrainConfig, iterat
     if requests:
         per_prompt = state.bandit.work_units(arm)
         # What the pool finishes before training ends (the small tolerance: an arm costing exactly the budget fits).
-        fit = list(zip(session.prompt_indices, requests))[: int(budget_samples / per_prompt + 1e-9)]
+        fit = list(zip(session.prompt_indices, requests, strict=False))[: int(budget_samples / per_prompt + 1e-9)]
         results = _explore(store, run, iteration, fit, device, per_prompt, config.rollout_batch)
         spent = per_prompt * len(results)
         if results:
@@ -59,30 +75,62 @@ def explore_in_process(store: TensorStore, run: str, config: TrainConfig, iterat
     publish_seed_plan(store, run, plan)
     save_state(store, run, state)
     now = time.time()
-    return Finished(session, plan, len(results), len(requests) - len(results), spent,
-                    explored_variance([r for _, r in results.values()]), 0.0, results,
-                    {i: now for i in results}, {i: WORKER_ID for i in results})
+    return Finished(
+        session,
+        plan,
+        len(results),
+        len(requests) - len(results),
+        spent,
+        explored_variance([r for _, r in results.values()]),
+        0.0,
+        results,
+        {i: now for i in results},
+        {i: WORKER_ID for i in results},
+    )
 
 
-def _session(store: TensorStore, run: str, config: TrainConfig, iteration: int, state, budget_samples: float,
-             explore_config: ExploreConfig) -> Session:
+def _session(
+    store: TensorStore,
+    run: str,
+    config: TrainConfig,
+    iteration: int,
+    state,
+    budget_samples: float,
+    explore_config: ExploreConfig,
+) -> Session:
     """The bandit's choice for this iteration, committed (a redone iteration reuses the committed one). Costs in
     samples are exact, so an arm fits when it costs at most the budget (no safety margin)."""
     if store.read_manifest(exploration_key(run, iteration)) is not None:
         return load_session(store, run, iteration)
     indices = explored_prompts(config, explore_config, iteration)
     choice = state.bandit.choose(budget_samples, max(1, len(indices)), 1, unit_cost=1.0)
-    session = Session(iteration, None if choice.arm is None else choice.arm.name, budget_samples, choice.predicted_s,
-                      choice.ucb, f"{choice.reason} (budget counted in samples)", started_at=time.time())
+    session = Session(
+        iteration,
+        None if choice.arm is None else choice.arm.name,
+        budget_samples,
+        choice.predicted_s,
+        choice.ucb,
+        f"{choice.reason} (budget counted in samples)",
+        started_at=time.time(),
+    )
     if choice.arm is not None:
-        session.request_ids = [r["request_id"] for r in explore_requests(config, run, iteration, choice.arm, explore_config)]
+        session.request_ids = [
+            r["request_id"] for r in explore_requests(config, run, iteration, choice.arm, explore_config)
+        ]
         session.prompt_indices = indices
     publish_session(store, run, session)
     return session
 
 
-def _explore(store: TensorStore, run: str, iteration: int, requests: list[tuple[int, dict]], device: str,
-             per_prompt: float, chunk: int | None = None) -> dict[int, tuple[list[int], list[float]]]:
+def _explore(
+    store: TensorStore,
+    run: str,
+    iteration: int,
+    requests: list[tuple[int, dict]],
+    device: str,
+    per_prompt: float,
+    chunk: int | None = None,
+) -> dict[int, tuple[list[int], list[float]]]:
     """Prompt index -> (candidate seeds, explored rewards) of (prompt index, request) pairs, each committed where a
     worker would commit it; each request sampled `chunk` seeds at a time (None: whole)."""
     from workers.trainer.resident import resident_checkpoint

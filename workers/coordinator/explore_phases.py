@@ -27,8 +27,9 @@ def explore_config(ctx: RunContext):
     from workers.explore.state import explore_config_for
 
     alive = ctx.ledger.query("SELECT count(*) FROM workers WHERE ended_at IS NULL AND role = 'rollout'").rows[0][0]
-    return dataclasses.replace(ctx.explore_config or explore_config_for(ctx.preset),
-                               num_workers=int(alive) or ctx.sampling.num_workers)
+    return dataclasses.replace(
+        ctx.explore_config or explore_config_for(ctx.preset), num_workers=int(alive) or ctx.sampling.num_workers
+    )
 
 
 def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
@@ -42,24 +43,52 @@ def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
     previous = ctx.ledger.query("SELECT * FROM exploration WHERE iteration = ?", [k - 1]).as_dicts()
     if previous:
         ctx.ledger.record_exploration(with_review(ExplorationRecord(**previous[0]), review))
-    meta = {"planner_of_this_rollout": review.planner, "kendall_tau": review.kendall_tau,
-            "spearman_rho": review.spearman_rho, "rank_consistency": review.concordance,
-            "variance_gain": review.variance_gain, "planned_variance": review.planned_variance,
-            "random_variance": review.random_variance, "next_plan_falls_back": review.fallback}
+    meta = {
+        "planner_of_this_rollout": review.planner,
+        "kendall_tau": review.kendall_tau,
+        "spearman_rho": review.spearman_rho,
+        "rank_consistency": review.concordance,
+        "variance_gain": review.variance_gain,
+        "planned_variance": review.planned_variance,
+        "random_variance": review.random_variance,
+        "next_plan_falls_back": review.fallback,
+    }
     if ctx.sampling.explores_in_process:
-        return PhaseResult({"enabled": True, "for_iteration": k + 1, "in_process": True,
-                            "budget_samples": ctx.sampling.explore_samples, **meta})
+        return PhaseResult(
+            {
+                "enabled": True,
+                "for_iteration": k + 1,
+                "in_process": True,
+                "budget_samples": ctx.sampling.explore_samples,
+                **meta,
+            }
+        )
     if not ctx.sampling.explores:
-        why = "exploration is switched off" if ctx.sampling.mode == "workers" else (
-            f"rollouts are {ctx.sampling.mode!r}: no worker lives through training to explore (use spotlight run "
-            "--rollouts local_cluster, or workers on a queue)")
+        why = (
+            "exploration is switched off"
+            if ctx.sampling.mode == "workers"
+            else (
+                f"rollouts are {ctx.sampling.mode!r}: no worker lives through training to explore (use spotlight run "
+                "--rollouts local_cluster, or workers on a queue)"
+            )
+        )
         return PhaseResult({"enabled": False, "why": why, **meta})
     with _queue(ctx) as queue:
         session = start_exploration(ctx.store, queue, ctx.run, ctx.train, k, config)
     ctx.ledger.record_phase(k, "explore", session.started_at)
-    return PhaseResult({"enabled": True, "for_iteration": k + 1, "arm": session.arm or "none", "reason": session.reason,
-                        "budget_s": session.budget_s, "predicted_s": session.predicted_s,
-                        "num_requests": len(session.request_ids), "num_workers": session.num_workers, **meta})
+    return PhaseResult(
+        {
+            "enabled": True,
+            "for_iteration": k + 1,
+            "arm": session.arm or "none",
+            "reason": session.reason,
+            "budget_s": session.budget_s,
+            "predicted_s": session.predicted_s,
+            "num_requests": len(session.request_ids),
+            "num_workers": session.num_workers,
+            **meta,
+        }
+    )
 
 
 def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
@@ -78,13 +107,26 @@ def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
     ctx.ledger.record_exploration(record)
     ctx.ledger.record_requests(explore_request_records(finished, ctx.train, ctx.run))
     plan = finished.plan
-    out = PhaseResult({"for_iteration": k + 1, "planner": plan.planner, "arm": record.arm,
-                       "reason": finished.session.reason, "budget_s": record.budget_s,
-                       "time_used_s": record.time_used_s, "train_s": train_s, "overhead_s": record.overhead_s,
-                       "explored_prompts": finished.num_done, "cancelled_requests": finished.num_cancelled,
-                       "explored_reward_variance": record.reward_variance}, tables={"plan": plan_table(plan)})
+    out = PhaseResult(
+        {
+            "for_iteration": k + 1,
+            "planner": plan.planner,
+            "arm": record.arm,
+            "reason": finished.session.reason,
+            "budget_s": record.budget_s,
+            "time_used_s": record.time_used_s,
+            "train_s": train_s,
+            "overhead_s": record.overhead_s,
+            "explored_prompts": finished.num_done,
+            "cancelled_requests": finished.num_cancelled,
+            "explored_reward_variance": record.reward_variance,
+        },
+        tables={"plan": plan_table(plan)},
+    )
     if ctx.draws(k):
-        out.pictures = {"consistency": (consistency_png(ctx), "rank consistency of stale, cheap rewards with real ones")}
+        out.pictures = {
+            "consistency": (consistency_png(ctx), "rank consistency of stale, cheap rewards with real ones")
+        }
     return out
 
 
@@ -95,8 +137,9 @@ def _finish(ctx: RunContext, k: int, train_s: float):
     from workers.coordinator.explore_inprocess import explore_in_process
 
     if ctx.sampling.explores_in_process:
-        return explore_in_process(ctx.store, ctx.run, ctx.train, k, explore_config(ctx), ctx.sampling.explore_samples,
-                                  ctx.device)
+        return explore_in_process(
+            ctx.store, ctx.run, ctx.train, k, explore_config(ctx), ctx.sampling.explore_samples, ctx.device
+        )
     with _queue(ctx) as queue:
         finished = finish_exploration(ctx.store, queue, ctx.run, ctx.train, k, explore_config(ctx), train_s=train_s)
     ctx.ledger.record_phase(k, "explore", finished.session.started_at, time.time())
@@ -105,19 +148,23 @@ def _finish(ctx: RunContext, k: int, train_s: float):
 
 def plan_table(plan) -> str:
     """The plan as a Markdown table: prompt, seeds, explored rewards."""
-    rows = zip(plan.prompts, plan.seeds, plan.explored_rewards or [None] * len(plan.seeds))
+    rows = zip(plan.prompts, plan.seeds, plan.explored_rewards or [None] * len(plan.seeds), strict=False)
     return "| prompt | seeds | explored rewards |\n|---|---|---|\n" + "".join(
         f"| {p} | {', '.join(map(str, s))} | {'' if r is None else ', '.join(f'{x:.2f}' for x in r)} |\n"
-        for p, s, r in rows)
+        for p, s, r in rows
+    )
 
 
 def consistency_png(ctx: RunContext) -> bytes:
     from workers.coordinator.plots import line_plot_png
 
-    rows = ctx.ledger.query("SELECT iteration, kendall_tau, spearman_rho, variance_gain FROM exploration "
-                            "ORDER BY iteration").rows
-    series = {name: ([r[0] for r in rows if r[i] is not None], [r[i] for r in rows if r[i] is not None])
-              for i, name in ((1, "Kendall tau"), (2, "Spearman rho"), (3, "variance gain"))}
+    rows = ctx.ledger.query(
+        "SELECT iteration, kendall_tau, spearman_rho, variance_gain FROM exploration ORDER BY iteration"
+    ).rows
+    series = {
+        name: ([r[0] for r in rows if r[i] is not None], [r[i] for r in rows if r[i] is not None])
+        for i, name in ((1, "Kendall tau"), (2, "Spearman rho"), (3, "variance gain"))
+    }
     return line_plot_png(series, "exploration: stale vs real rankings", "iteration (plan made)", "value")
 
 

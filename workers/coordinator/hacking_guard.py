@@ -49,7 +49,9 @@ class HackingGuardConfig:
             raise ValueError(f"on_hacking must be one of {HACKING_ACTIONS}, got {self.on_hacking!r}")
         if not (math.isfinite(self.rollback_lr_scale) and 0 < self.rollback_lr_scale <= 1):
             raise ValueError(f"rollback_lr_scale must lie in (0, 1], got {self.rollback_lr_scale!r}")
-        if self.rollback_kl_beta is not None and not (math.isfinite(self.rollback_kl_beta) and self.rollback_kl_beta >= 0):
+        if self.rollback_kl_beta is not None and not (
+            math.isfinite(self.rollback_kl_beta) and self.rollback_kl_beta >= 0
+        ):
             raise ValueError(f"rollback_kl_beta must be a number >= 0 or None, got {self.rollback_kl_beta!r}")
 
 
@@ -71,23 +73,38 @@ def held_out_signals(ctx: RunContext, k: int, result, gold_reward: str, seeds: i
     stats = image_statistics(result.images, seeds)
     components = {name: float(np.mean(v)) for name, v in parts.items()}
     return HackingSignalsRecord(
-        iteration=k, weights_version=k, proxy_reward=ctx.train.reward, proxy=float(np.mean(proxy)),
-        proxy_se=standard_error([float(p) for p in proxy]), gold_reward=gold_reward, gold=float(result.score),
-        gold_se=standard_error(list(result.scores)), proxy_components=json.dumps(components) if components else None,
-        **{name: None if not math.isfinite(stats[name]) else stats[name] for name in STAT_COLUMNS})
+        iteration=k,
+        weights_version=k,
+        proxy_reward=ctx.train.reward,
+        proxy=float(np.mean(proxy)),
+        proxy_se=standard_error([float(p) for p in proxy]),
+        gold_reward=gold_reward,
+        gold=float(result.score),
+        gold_se=standard_error(list(result.scores)),
+        proxy_components=json.dumps(components) if components else None,
+        **{name: None if not math.isfinite(stats[name]) else stats[name] for name in STAT_COLUMNS},
+    )
 
 
 def _signals(row: dict) -> Signals:
-    return Signals(int(row["iteration"]), row["proxy"], row["proxy_se"], row["gold"], row["gold_se"],
-                   {n: row[n] for n in STAT_COLUMNS if row.get(n) is not None})
+    return Signals(
+        int(row["iteration"]),
+        row["proxy"],
+        row["proxy_se"],
+        row["gold"],
+        row["gold_se"],
+        {n: row[n] for n in STAT_COLUMNS if row.get(n) is not None},
+    )
 
 
 def _history(ledger, k: int) -> tuple[list[Signals], Signals | None]:
     """(the validations before k since the base or the last rollback, the restored weights' first; the base's)."""
     rows = ledger.query("SELECT * FROM hacking_signals WHERE iteration < ? ORDER BY iteration", [k]).as_dicts()
     base = next((_signals(r) for r in rows if r["weights_version"] == 0), None)
-    back = ledger.query("SELECT iteration, restored_version FROM hacking_rollbacks WHERE iteration < ? "
-                        "ORDER BY iteration DESC LIMIT 1", [k]).rows
+    back = ledger.query(
+        "SELECT iteration, restored_version FROM hacking_rollbacks WHERE iteration < ? ORDER BY iteration DESC LIMIT 1",
+        [k],
+    ).rows
     if not back:
         return [_signals(r) for r in rows], base
     at, restored = back[0]
@@ -105,8 +122,11 @@ def guard_validation(ctx: RunContext, k: int, record: HackingSignalsRecord) -> t
     action = config.on_hacking if verdict.flagged else None
     if action == "rollback" and not _best_exists(ctx):
         action = "stop"  # nothing better to go back to (cannot happen after a validated base): stop instead
-    ctx.ledger.record_hacking_signals(dataclasses.replace(record, flagged=verdict.flagged, rule=verdict.rule,
-                                                          detail=verdict.detail or None, action=action))
+    ctx.ledger.record_hacking_signals(
+        dataclasses.replace(
+            record, flagged=verdict.flagged, rule=verdict.rule, detail=verdict.detail or None, action=action
+        )
+    )
     if not verdict.flagged:
         _keep_if_best(ctx, k, record.gold)
     elif action == "rollback":
@@ -150,9 +170,16 @@ def _roll_back(ctx: RunContext, k: int, config: HackingGuardConfig) -> None:
     into = k if ctx.is_final(k) else k + 1
     _copy_checkpoint(ctx.store, guard_best_key(ctx.run), weights_key(ctx.run, into), into)
     grpo = rolled_back_grpo(ctx.train.grpo, config, rollbacks_before(ctx.ledger, k) + 1)
-    ctx.ledger.record_hacking_rollback(HackingRollbackRecord(
-        iteration=k, restored_version=best[0], restored_gold=best[1], into_version=into,
-        learning_rate=grpo.lr, kl_beta=grpo.kl_beta))
+    ctx.ledger.record_hacking_rollback(
+        HackingRollbackRecord(
+            iteration=k,
+            restored_version=best[0],
+            restored_gold=best[1],
+            into_version=into,
+            learning_rate=grpo.lr,
+            kl_beta=grpo.kl_beta,
+        )
+    )
 
 
 def rollbacks_before(ledger, k: int) -> int:
@@ -165,7 +192,7 @@ def rolled_back_grpo(grpo, config: HackingGuardConfig, rollbacks: int):
     if rollbacks == 0:
         return grpo
     kl = grpo.kl_beta if config.rollback_kl_beta is None else max(grpo.kl_beta, config.rollback_kl_beta)
-    return dataclasses.replace(grpo, lr=grpo.lr * config.rollback_lr_scale ** rollbacks, kl_beta=kl)
+    return dataclasses.replace(grpo, lr=grpo.lr * config.rollback_lr_scale**rollbacks, kl_beta=kl)
 
 
 def guarded_train_config(ctx: RunContext, k: int):
@@ -176,10 +203,15 @@ def guarded_train_config(ctx: RunContext, k: int):
     return dataclasses.replace(ctx.train, grpo=rolled_back_grpo(ctx.train.grpo, guard_config(ctx), n))
 
 
-def hacking_from_options(on_hacking: str | None = None, window: int | None = None, z: float | None = None,
-                         max_drop: float | None = None, max_rise: float | None = None,
-                         rollback_lr_scale: float | None = None,
-                         rollback_kl_beta: float | None = None) -> HackingGuardConfig:
+def hacking_from_options(
+    on_hacking: str | None = None,
+    window: int | None = None,
+    z: float | None = None,
+    max_drop: float | None = None,
+    max_rise: float | None = None,
+    rollback_lr_scale: float | None = None,
+    rollback_kl_beta: float | None = None,
+) -> HackingGuardConfig:
     """The HackingGuardConfig of the command-line options (None: the default; `max_drop` 0 turns the drop test
     off); ValueError naming the option, before any compute."""
     rule_changes = {k: v for k, v in {"window": window, "z": z, "max_rise": max_rise}.items() if v is not None}

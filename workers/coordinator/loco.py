@@ -26,12 +26,19 @@ def record_loco_ledger(path: Path, run_id: str, config: LocoRunConfig, run: Loco
         ledger.start_run(run_id, preset=f"loco-{'+'.join(config.modes)}", config=config.to_json())
         for mode in config.modes:
             for row in sync_rows(run, mode):
-                ledger.record_sync(SyncRecord(
-                    version=row["round"] + 1, kind=mode, replica=row["replica"], iteration=row["round"],
-                    dense_bytes=row["dense_bytes"], patch_bytes=row["bytes_sent"],
-                    changed_fraction=min(1.0, row["density"]), encode_s=row["encode_s"],
-                    weights_hash=row["weights_hash"],
-                ))
+                ledger.record_sync(
+                    SyncRecord(
+                        version=row["round"] + 1,
+                        kind=mode,
+                        replica=row["replica"],
+                        iteration=row["round"],
+                        dense_bytes=row["dense_bytes"],
+                        patch_bytes=row["bytes_sent"],
+                        changed_fraction=min(1.0, row["density"]),
+                        encode_s=row["encode_s"],
+                        weights_hash=row["weights_hash"],
+                    )
+                )
         ok = all(code == 0 for code in run.exit_codes.values())
         ledger.end_run(run_id, status="succeeded" if ok else "failed")
 
@@ -40,8 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run one mode and write its ledger: `python -m workers.coordinator.loco --mode pulseloco --out runs/x`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m workers.coordinator.loco",
-                                     description="Multi-replica DDP / DiLoCo / PULSELoCo training (one mode per run).")
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.coordinator.loco",
+        description="Multi-replica DDP / DiLoCo / PULSELoCo training (one mode per run).",
+    )
     parser.add_argument("--mode", choices=LOCO_MODES, default="pulseloco")
     parser.add_argument("--task", choices=("lm", "dit"), default="lm")
     parser.add_argument("--lr", type=float, default=1e-6, help="inner AdamW learning rate")
@@ -56,9 +65,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         config = LocoRunConfig(
-            modes=(args.mode,), num_replicas=args.replicas, rounds=args.rounds, inner_steps=args.inner_steps,
+            modes=(args.mode,),
+            num_replicas=args.replicas,
+            rounds=args.rounds,
+            inner_steps=args.inner_steps,
             task=TaskConfig(name=args.task, size="50m" if args.task == "lm" else "tiny", lr=args.lr),
-            transport=args.transport, store_url=args.store,
+            transport=args.transport,
+            store_url=args.store,
             exchange=ExchangeConfig(timeout_s=args.timeout_s, missing_policy=args.missing),
         )
     except ValueError as err:

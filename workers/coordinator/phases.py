@@ -54,8 +54,9 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
     books.begin_iteration(ctx.ledger, ctx, k)
     with books.phase(ctx.ledger, k, "sync"):
         publish_run_rewards(ctx)
-        out = publish_version(ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint,
-                              model=ctx.model)
+        out = publish_version(
+            ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint, model=ctx.model
+        )
         cached = None
         if ctx.model is not None and k == 0:
             # The base just became the resident policy: encode the whole run's prompts once, drop the encoders.
@@ -70,16 +71,36 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
             from workers.task.prompt_file import train_prompts
 
             c = ctx.train
-            publish_run_prompt_embeddings(ctx.store, ctx.run, [p for i in range(k, min(k + 2, ctx.num_iterations))
-                                          for p in train_prompts(c, i)])
-    ctx.ledger.record_sync(SyncRecord(version=k, kind=out.kind, dense_bytes=out.dense_bytes, patch_bytes=out.sent_bytes,
-                                      iteration=k, changed_fraction=out.changed_fraction, encode_s=out.encode_s,
-                                      apply_s=out.apply_s, weights_hash=out.trainer_hash))
-    meta = {"weights_version": k, "kind": out.kind, "dense_bytes": out.dense_bytes, "sent_bytes": out.sent_bytes,
-            "times_smaller": round(out.dense_bytes / max(out.sent_bytes, 1), 2),
-            "changed_fraction": out.changed_fraction, "encode_s": out.encode_s, "apply_s": out.apply_s,
-            "weights_hash": out.trainer_hash, "anchor_stored": out.anchored, **phase_cost(ctx, k, "sync"),
-            **({} if cached is None else {"prompts_cached_then_text_encoders_dropped": cached})}
+            publish_run_prompt_embeddings(
+                ctx.store, ctx.run, [p for i in range(k, min(k + 2, ctx.num_iterations)) for p in train_prompts(c, i)]
+            )
+    ctx.ledger.record_sync(
+        SyncRecord(
+            version=k,
+            kind=out.kind,
+            dense_bytes=out.dense_bytes,
+            patch_bytes=out.sent_bytes,
+            iteration=k,
+            changed_fraction=out.changed_fraction,
+            encode_s=out.encode_s,
+            apply_s=out.apply_s,
+            weights_hash=out.trainer_hash,
+        )
+    )
+    meta = {
+        "weights_version": k,
+        "kind": out.kind,
+        "dense_bytes": out.dense_bytes,
+        "sent_bytes": out.sent_bytes,
+        "times_smaller": round(out.dense_bytes / max(out.sent_bytes, 1), 2),
+        "changed_fraction": out.changed_fraction,
+        "encode_s": out.encode_s,
+        "apply_s": out.apply_s,
+        "weights_hash": out.trainer_hash,
+        "anchor_stored": out.anchored,
+        **phase_cost(ctx, k, "sync"),
+        **({} if cached is None else {"prompts_cached_then_text_encoders_dropped": cached}),
+    }
     check = (out.reproduced, {"trainer_hash": out.trainer_hash, "receiver_hash": out.receiver_hash})
     return PhaseResult(meta, checks={PATCH_CHECK: check})
 
@@ -109,23 +130,34 @@ def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
     results = load_results(ctx.store, ctx.run, k, requests)
     ctx.ledger.record_requests(request_records(requests, results, k, enqueued_at=summary.enqueued_at))
     finite = [r for r in (float(m["reward"]) for _, m in results) if math.isfinite(r)]
-    meta = {"mode": summary.mode, "num_requests": len(requests), "planner": plan.planner,
-            "reward_mean": sum(finite) / max(len(finite), 1), "reward_min": min(finite, default=float("nan")),
-            "reward_max": max(finite, default=float("nan")),
-            "retried_requests": sum(int(m.get("attempt", 1)) > 1 for _, m in results),
-            "preemptions": summary.preemptions, "workers_started": summary.workers_started,
-            **phase_cost(ctx, k, "rollout")}
-    out = PhaseResult(meta, checks={REWARDS_CHECK: (len(finite) == len(requests),
-                                                    {"finite": len(finite), "requests": len(requests)})})
+    meta = {
+        "mode": summary.mode,
+        "num_requests": len(requests),
+        "planner": plan.planner,
+        "reward_mean": sum(finite) / max(len(finite), 1),
+        "reward_min": min(finite, default=float("nan")),
+        "reward_max": max(finite, default=float("nan")),
+        "retried_requests": sum(int(m.get("attempt", 1)) > 1 for _, m in results),
+        "preemptions": summary.preemptions,
+        "workers_started": summary.workers_started,
+        **phase_cost(ctx, k, "rollout"),
+    }
+    out = PhaseResult(
+        meta, checks={REWARDS_CHECK: (len(finite) == len(requests), {"finite": len(finite), "requests": len(requests)})}
+    )
     if ctx.draws(k):
         import numpy as np
 
         from workers.coordinator.plots import histogram_png, image_grid_png
 
-        grid = image_grid_png(np.stack([t["image"].numpy() for t, _ in results]), columns=max(len(g) for g in plan.seeds))
+        grid = image_grid_png(
+            np.stack([t["image"].numpy() for t, _ in results]), columns=max(len(g) for g in plan.seeds)
+        )
         write_grid(ctx, f"{iteration_label(k)}-rollouts.png", grid)
-        out.pictures = {"reward_histogram": (histogram_png(finite, f"rewards, iteration {k}", "reward"), "rewards"),
-                        "samples": (grid, "one row per prompt, one column per seed")}
+        out.pictures = {
+            "reward_histogram": (histogram_png(finite, f"rewards, iteration {k}", "reward"), "rewards"),
+            "samples": (grid, "one row per prompt, one column per seed"),
+        }
     return out
 
 
@@ -140,12 +172,26 @@ def train_phase(ctx: RunContext, k: int) -> PhaseResult:
     config = guarded_train_config(ctx, k)  # a reward-hacking rollback lowers the lr / raises the KL from then on
     with books.phase(ctx.ledger, k, "train") as window:
         stats = train_iteration(ctx.store, ctx.run, config, k, requests, ctx.device)
-    ctx.ledger.record_train_step(TrainStepRecord(
-        iteration=k, step=0, loss=stats.get("loss"), kl=stats.get("kl"), reward_mean=stats["reward_mean"],
-        reward_std=stats["reward_std"], zero_std_ratio=stats["zero_std_ratio"], clip_fraction=stats.get("clip_frac"),
-        grad_norm=stats.get("grad_norm"), learning_rate=stats.get("learning_rate", config.grpo.lr),
-        duration_s=window.seconds))
-    meta = {"weights_version_out": k + 1, **{name: float(v) for name, v in stats.items()}, **phase_cost(ctx, k, "train")}
+    ctx.ledger.record_train_step(
+        TrainStepRecord(
+            iteration=k,
+            step=0,
+            loss=stats.get("loss"),
+            kl=stats.get("kl"),
+            reward_mean=stats["reward_mean"],
+            reward_std=stats["reward_std"],
+            zero_std_ratio=stats["zero_std_ratio"],
+            clip_fraction=stats.get("clip_frac"),
+            grad_norm=stats.get("grad_norm"),
+            learning_rate=stats.get("learning_rate", config.grpo.lr),
+            duration_s=window.seconds,
+        )
+    )
+    meta = {
+        "weights_version_out": k + 1,
+        **{name: float(v) for name, v in stats.items()},
+        **phase_cost(ctx, k, "train"),
+    }
     return PhaseResult(meta, record={name: v for name, v in stats.items() if name != "checkpoint_bytes"})
 
 
@@ -159,31 +205,54 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     if not ctx.validates(k):
         from workers.coordinator.hacking_guard import HACKING_CHECK
 
-        return PhaseResult({"validated": False, "validate_every": ctx.train.validate_every},
-                           checks={GUARD_CHECK: (True, {"validated": False}), HACKING_CHECK: (True, {"validated": False})},
-                           record=validation_record(None, named))
+        return PhaseResult(
+            {"validated": False, "validate_every": ctx.train.validate_every},
+            checks={GUARD_CHECK: (True, {"validated": False}), HACKING_CHECK: (True, {"validated": False})},
+            record=validation_record(None, named),
+        )
     from workers.coordinator.hacking_guard import held_out_signals
     from workers.trainer.resident import release_memory, resident_checkpoint
 
     policy, _ = resident_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
     with books.phase(ctx.ledger, k, "validate"):
-        result = plan.evaluate(policy, seeds, ctx.train.sampler, keep_images=True,  # the guard reads the images
-                               batch_size=ctx.train.rollout_batch)
+        result = plan.evaluate(
+            policy,
+            seeds,
+            ctx.train.sampler,
+            keep_images=True,  # the guard reads the images
+            batch_size=ctx.train.rollout_batch,
+        )
         signals = held_out_signals(ctx, k, result, plan.reward, seeds)
     del policy
     release_memory()
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
-    ctx.ledger.record_validation(k, weights_version=k, score=result.score, num_prompts=len(set(result.prompts)),
-                                 criteria=criteria, reward=plan.reward)
+    ctx.ledger.record_validation(
+        k,
+        weights_version=k,
+        score=result.score,
+        num_prompts=len(set(result.prompts)),
+        criteria=criteria,
+        reward=plan.reward,
+    )
     base = books.base_validation_score(ctx.ledger)
     guard = None if base is None else base - ctx.max_validation_drop
-    meta = {"weights_version": k, "reward": plan.reward, "score": result.score, "partial": result.partial,
-            "base_score": base, "guard": guard, **{f"category/{c}": v for c, v in result.per_category.items()},
-            **({} if plan.detector else result.per_criterion), **phase_cost(ctx, k, "validate")}
-    out = PhaseResult(meta, checks={GUARD_CHECK: (guard is None or result.score >= guard,
-                                                  {"score": result.score, "guard": guard})},
-                      record=validation_record(result, named))
+    meta = {
+        "weights_version": k,
+        "reward": plan.reward,
+        "score": result.score,
+        "partial": result.partial,
+        "base_score": base,
+        "guard": guard,
+        **{f"category/{c}": v for c, v in result.per_category.items()},
+        **({} if plan.detector else result.per_criterion),
+        **phase_cost(ctx, k, "validate"),
+    }
+    out = PhaseResult(
+        meta,
+        checks={GUARD_CHECK: (guard is None or result.score >= guard, {"score": result.score, "guard": guard})},
+        record=validation_record(result, named),
+    )
     hacking_guard_result(ctx, k, signals, out)
     if ctx.draws(k):
         out.pictures = validation_pictures(ctx, k, result, seeds, named)
@@ -196,12 +265,25 @@ def hacking_guard_result(ctx: RunContext, k: int, signals, out: PhaseResult) -> 
     from workers.coordinator.hacking_guard import HACKING_CHECK, guard_validation
 
     verdict, action = guard_validation(ctx, k, signals)
-    fields = {"hacking_flagged": verdict.flagged, "hacking_rule": verdict.rule, "hacking_action": action,
-              "proxy_heldout": round(signals.proxy, 6), "gold_heldout": round(signals.gold, 6)}
+    fields = {
+        "hacking_flagged": verdict.flagged,
+        "hacking_rule": verdict.rule,
+        "hacking_action": action,
+        "proxy_heldout": round(signals.proxy, 6),
+        "gold_heldout": round(signals.gold, 6),
+    }
     out.metadata.update({**fields, "hacking_detail": verdict.detail})
     out.record.update(fields)
-    out.checks[HACKING_CHECK] = (not verdict.flagged, {"rule": verdict.rule, "detail": verdict.detail,
-                                                       "action": action, "proxy": signals.proxy, "gold": signals.gold})
+    out.checks[HACKING_CHECK] = (
+        not verdict.flagged,
+        {
+            "rule": verdict.rule,
+            "detail": verdict.detail,
+            "action": action,
+            "proxy": signals.proxy,
+            "gold": signals.gold,
+        },
+    )
 
 
 def validation_pictures(ctx: RunContext, k: int, result, seeds: int, reward: str | None) -> dict:
@@ -214,11 +296,23 @@ def validation_pictures(ctx: RunContext, k: int, result, seeds: int, reward: str
     grid = image_grid_png(first_seed, columns=8)
     write_grid(ctx, f"{iteration_label(k)}-validation.png", grid)
     curve = ctx.ledger.query("SELECT weights_version, score FROM validation ORDER BY weights_version").rows
-    plot = line_plot_png({"held-out": ([r[0] for r in curve], [r[1] for r in curve])}, "validation",
-                         "weights version", "strict score" if reward is None else reward[:40])
+    plot = line_plot_png(
+        {"held-out": ([r[0] for r in curve], [r[1] for r in curve])},
+        "validation",
+        "weights version",
+        "strict score" if reward is None else reward[:40],
+    )
     pictures = {"curve": (plot, "held-out score so far"), "samples": (grid, "held-out prompts, first fixed seed")}
-    pictures.update(heldout_pictures(ctx.report_dir, k, result.images[::seeds], result.prompts[::seeds],
-                                     scores=result.scores[::seeds], reward=reward))
+    pictures.update(
+        heldout_pictures(
+            ctx.report_dir,
+            k,
+            result.images[::seeds],
+            result.prompts[::seeds],
+            scores=result.scores[::seeds],
+            reward=reward,
+        )
+    )
     return pictures
 
 
@@ -230,19 +324,25 @@ def report_phase(ctx: RunContext, k: int) -> PhaseResult:
         old = rollouts_prefix(ctx.run, k - ctx.keep_rollout_iterations)
         for key in ctx.store.list_commits(old):
             ctx.store.delete_commit(key)
-    cost = ctx.ledger.query("SELECT usd_total, usd_spot, usd_reserved, critical_path_s FROM cost_per_iteration "
-                            "WHERE iteration = ?", [k]).as_dicts()
-    meta = {"final": ctx.is_final(k), **{f"iteration_{name}": float(v or 0.0) for name, v in (cost[0] if cost else {}).items()}}
+    cost = ctx.ledger.query(
+        "SELECT usd_total, usd_spot, usd_reserved, critical_path_s FROM cost_per_iteration WHERE iteration = ?", [k]
+    ).as_dicts()
+    meta = {
+        "final": ctx.is_final(k),
+        **{f"iteration_{name}": float(v or 0.0) for name, v in (cost[0] if cost else {}).items()},
+    }
     out = PhaseResult(meta)
     if ctx.draws(k):
         from workers.coordinator.report import write_report
 
         written = write_report(ctx.ledger, ctx.store, ctx.run, ctx.report_dir)
         out.paths = {"report": str(written.index)}
-        out.pictures = {"rewards": (written.plots["reward"], "reward per iteration"),
-                        "cost": (written.plots["cost"], "cost per iteration"),
-                        "heldout_by_category": (written.plots["categories"], "held-out score per category"),
-                        "exploration_payoff": (written.plots["payoff"], "explored vs random seeds' reward variance")}
+        out.pictures = {
+            "rewards": (written.plots["reward"], "reward per iteration"),
+            "cost": (written.plots["cost"], "cost per iteration"),
+            "heldout_by_category": (written.plots["categories"], "held-out score per category"),
+            "exploration_payoff": (written.plots["payoff"], "explored vs random seeds' reward variance"),
+        }
     return out
 
 
@@ -251,8 +351,14 @@ def validation_record(result, reward: str | None = None) -> dict:
     (a reward, not MiniGenEval's detector, scored it) also `validation_reward`."""
     named = {} if reward is None else {"validation_reward": reward}
     if result is None:
-        return {"validation_score": None, "validation_partial": None, "validation_per_category": None,
-                "validation_per_criterion": None, "validation_num_prompts": None, **named}
+        return {
+            "validation_score": None,
+            "validation_partial": None,
+            "validation_per_category": None,
+            "validation_per_criterion": None,
+            "validation_num_prompts": None,
+            **named,
+        }
     return {
         "validation_score": round(result.score, 6),
         "validation_partial": None if result.partial is None else round(result.partial, 6),
@@ -266,8 +372,12 @@ def validation_record(result, reward: str | None = None) -> dict:
 def phase_cost(ctx: RunContext, k: int, phase: str) -> dict[str, float]:
     """The phase's wall time and USD (spot / reserved) as metadata fields."""
     c = books.phase_cost(ctx.ledger, k, phase)
-    return {"phase_wall_s": round(c["wall_s"], 3), "phase_usd": c["usd"], "phase_usd_spot": c["usd_spot"],
-            "phase_usd_reserved": c["usd_reserved"]}
+    return {
+        "phase_wall_s": round(c["wall_s"], 3),
+        "phase_usd": c["usd"],
+        "phase_usd_spot": c["usd_spot"],
+        "phase_usd_reserved": c["usd_reserved"],
+    }
 
 
 def write_grid(ctx: RunContext, name: str, png: bytes) -> None:

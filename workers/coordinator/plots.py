@@ -25,7 +25,7 @@ def image_grid_png(images_NHW3: np.ndarray, columns: int = 8, scale: int = 3) ->
     grid = np.full((rows * (h + 1) + 1, columns * (w + 1) + 1, 3), 255, dtype=np.uint8)
     for i, image in enumerate(images_NHW3):
         r, c = divmod(i, columns)
-        grid[1 + r * (h + 1): 1 + r * (h + 1) + h, 1 + c * (w + 1): 1 + c * (w + 1) + w] = image
+        grid[1 + r * (h + 1) : 1 + r * (h + 1) + h, 1 + c * (w + 1) : 1 + c * (w + 1) + w] = image
     picture = Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST)
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")
@@ -35,8 +35,9 @@ def image_grid_png(images_NHW3: np.ndarray, columns: int = 8, scale: int = 3) ->
 def captioned_grid_png(images_NHW3: np.ndarray, captions: Sequence[str], columns: int = 4) -> bytes:
     """Images in rows of `columns`, each with its caption above it (a prompt and its criteria, say)."""
     if len(images_NHW3) != len(captions) or not len(captions):
-        raise ValueError(f"captioned_grid_png needs one caption per image, got {len(images_NHW3)} images, "
-                         f"{len(captions)} captions")
+        raise ValueError(
+            f"captioned_grid_png needs one caption per image, got {len(images_NHW3)} images, {len(captions)} captions"
+        )
     columns = max(1, min(columns, len(captions)))
     rows = -(-len(captions) // columns)
     lines = max(c.count("\n") + 1 for c in captions)
@@ -49,8 +50,9 @@ def captioned_grid_png(images_NHW3: np.ndarray, captions: Sequence[str], columns
     return to_png(fig)
 
 
-def line_plot_png(series: dict[str, tuple[Sequence[float], Sequence[float]]], title: str, xlabel: str,
-                  ylabel: str) -> bytes:
+def line_plot_png(
+    series: dict[str, tuple[Sequence[float], Sequence[float]]], title: str, xlabel: str, ylabel: str
+) -> bytes:
     """One line per named (xs, ys) series."""
     fig, ax = figure()
     for name, (xs, ys) in series.items():
@@ -61,8 +63,14 @@ def line_plot_png(series: dict[str, tuple[Sequence[float], Sequence[float]]], ti
     return to_png(fig)
 
 
-def proxy_gold_png(versions: Sequence[int], proxy: Sequence[float], gold: Sequence[float], flagged: Sequence[bool],
-                   rollbacks: Sequence[int], labels: tuple[str, str]) -> bytes:
+def proxy_gold_png(
+    versions: Sequence[int],
+    proxy: Sequence[float],
+    gold: Sequence[float],
+    flagged: Sequence[bool],
+    rollbacks: Sequence[int],
+    labels: tuple[str, str],
+) -> bytes:
     """The proxy (training) reward on the left axis and the gold reward on the right, per weights version, with the
     flagged validations marked and each rollback (at the flagged version) as a dashed line."""
     fig, left = figure()
@@ -71,12 +79,23 @@ def proxy_gold_png(versions: Sequence[int], proxy: Sequence[float], gold: Sequen
     right.plot(list(versions), list(gold), marker="s", markersize=3, color="#55a868", label=f"gold: {labels[1]}")
     hits = [i for i, f in enumerate(flagged) if f]
     if hits:
-        left.scatter([versions[i] for i in hits], [proxy[i] for i in hits], s=90, marker="X", color="#c44e52",
-                     zorder=3, label="flagged")
+        left.scatter(
+            [versions[i] for i in hits],
+            [proxy[i] for i in hits],
+            s=90,
+            marker="X",
+            color="#c44e52",
+            zorder=3,
+            label="flagged",
+        )
         right.scatter([versions[i] for i in hits], [gold[i] for i in hits], s=90, marker="X", color="#c44e52", zorder=3)
     for n, version in enumerate(rollbacks):
         left.axvline(version, linestyle="--", color="#c44e52", alpha=0.6, label="rollback" if n == 0 else None)
-    title = f"proxy vs gold: {len(hits)} flagged, {len(rollbacks)} rollback(s)" if versions else "proxy vs gold (no validation yet)"
+    title = (
+        f"proxy vs gold: {len(hits)} flagged, {len(rollbacks)} rollback(s)"
+        if versions
+        else "proxy vs gold (no validation yet)"
+    )
     left.set(title=title, xlabel="weights version", ylabel="proxy (training reward)")
     right.set_ylabel("gold (held-out reward)")
     handles = [h for ax in (left, right) for h in ax.get_legend_handles_labels()[0]]
@@ -110,8 +129,11 @@ def figure(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6, 3.
     matplotlib.use("Agg")  # no display on workers, CI or the Dagster daemon
     import matplotlib.pyplot as plt
 
-    return plt.subplots(nrows, ncols, figsize=figsize, dpi=100, squeeze=False) if nrows * ncols > 1 else \
-        plt.subplots(figsize=figsize, dpi=100)
+    return (
+        plt.subplots(nrows, ncols, figsize=figsize, dpi=100, squeeze=False)
+        if nrows * ncols > 1
+        else plt.subplots(figsize=figsize, dpi=100)
+    )
 
 
 def to_png(fig) -> bytes:

@@ -23,10 +23,10 @@ import torch
 
 from resources.keys import rollout_key
 from resources.store.base import TensorStore
-from workers.task.render import to_uint8
-from workers.rollout.state import InFlight, RolloutSpec, result_commit, result_components
 from workers.algo.sampler import Trajectory
 from workers.explore.seed_plan import SeedPlan
+from workers.rollout.state import InFlight, RolloutSpec, result_commit, result_components
+from workers.task.render import to_uint8
 from workers.trainer.grpo_trainer import Rollouts, TrainConfig, keep_max_variance
 
 
@@ -45,16 +45,31 @@ def request_id(iteration: int, prompt_index: int, sample_index: int) -> str:
     return f"it{iteration}-p{prompt_index}-s{sample_index}"
 
 
-def iteration_requests(config: TrainConfig, run: str, iteration: int, weights_version: int,
-                       plan: SeedPlan) -> list[PlannedRequest]:
+def iteration_requests(
+    config: TrainConfig, run: str, iteration: int, weights_version: int, plan: SeedPlan
+) -> list[PlannedRequest]:
     """The iteration's requests in batch order (prompt-major), seeds from the plan."""
     from workers.task.prompt_file import prompt_fields
 
     plan.check_matches(config)
-    return [PlannedRequest(request_id(iteration, i, j), i, j,
-                           RolloutSpec(run, prompt, seed, weights_version, config.sampler, config.reward,
-                                       prompt_fields=prompt_fields(config.prompts, prompt) or None))
-            for i, (prompt, seeds) in enumerate(zip(plan.prompts, plan.seeds)) for j, seed in enumerate(seeds)]
+    return [
+        PlannedRequest(
+            request_id(iteration, i, j),
+            i,
+            j,
+            RolloutSpec(
+                run,
+                prompt,
+                seed,
+                weights_version,
+                config.sampler,
+                config.reward,
+                prompt_fields=prompt_fields(config.prompts, prompt) or None,
+            ),
+        )
+        for i, (prompt, seeds) in enumerate(zip(plan.prompts, plan.seeds, strict=False))
+        for j, seed in enumerate(seeds)
+    ]
 
 
 def queue_batches(requests: list[PlannedRequest], seeds_per_request: int) -> list[tuple[str, RolloutSpec]]:
@@ -64,14 +79,15 @@ def queue_batches(requests: list[PlannedRequest], seeds_per_request: int) -> lis
     out: list[tuple[str, RolloutSpec]] = []
     for _, group in itertools.groupby(requests, key=lambda r: r.prompt_index):
         group = list(group)
-        for chunk in (group[n:n + seeds_per_request] for n in range(0, len(group), seeds_per_request)):
+        for chunk in (group[n : n + seeds_per_request] for n in range(0, len(group), seeds_per_request)):
             rid = chunk[0].request_id if len(chunk) == 1 else f"{chunk[0].request_id}x{len(chunk)}"
             out.append((rid, RolloutSpec.batched([r.spec for r in chunk], [r.request_id for r in chunk])))
     return out
 
 
-def publish_batch(store: TensorStore, run: str, iteration: int, requests: list[PlannedRequest],
-                  batch: Rollouts, worker_id: str) -> int:
+def publish_batch(
+    store: TensorStore, run: str, iteration: int, requests: list[PlannedRequest], batch: Rollouts, worker_id: str
+) -> int:
     """Commit every request's result from an in-process batch; returns how many this call committed."""
     traj = batch.trajectory
     if traj.seeds != [r.spec.seed for r in requests]:
@@ -79,17 +95,26 @@ def publish_batch(store: TensorStore, run: str, iteration: int, requests: list[P
     images = batch.images if batch.images is not None else to_uint8(traj.images)
     won = 0
     for n, req in enumerate(requests):
-        flight = InFlight(req.spec, traj.step, traj.latents[:, n:n + 1].clone(), traj.log_probs[:, n:n + 1].clone())
-        info = {"worker_id": worker_id, "attempt": 1, "resumed_from_step": 0, "steps_done": traj.step,
-                "compute_s": batch.rollout_s / len(requests), "finished_at": time.time()}
+        flight = InFlight(req.spec, traj.step, traj.latents[:, n : n + 1].clone(), traj.log_probs[:, n : n + 1].clone())
+        info = {
+            "worker_id": worker_id,
+            "attempt": 1,
+            "resumed_from_step": 0,
+            "steps_done": traj.step,
+            "compute_s": batch.rollout_s / len(requests),
+            "finished_at": time.time(),
+        }
         parts = {name: float(values[n]) for name, values in (batch.reward_components or {}).items()}
-        tensors, meta = result_commit(flight, torch.from_numpy(images[n]), float(batch.rewards[n]), info,
-                                      components=parts)
+        tensors, meta = result_commit(
+            flight, torch.from_numpy(images[n]), float(batch.rewards[n]), info, components=parts
+        )
         won += store.publish_tensors(rollout_key(run, iteration, req.request_id), tensors, meta, exclusive=True).won
     return won
 
 
-def load_results(store: TensorStore, run: str, iteration: int, requests: list[PlannedRequest]) -> list[tuple[dict, dict]]:
+def load_results(
+    store: TensorStore, run: str, iteration: int, requests: list[PlannedRequest]
+) -> list[tuple[dict, dict]]:
     """(tensors, metadata) of every request's committed result, in batch order."""
     out = []
     for req in requests:
@@ -103,27 +128,39 @@ def load_results(store: TensorStore, run: str, iteration: int, requests: list[Pl
     return out
 
 
-def load_batch(store: TensorStore, run: str, config: TrainConfig, iteration: int,
-               requests: list[PlannedRequest]) -> Rollouts:
+def load_batch(
+    store: TensorStore, run: str, config: TrainConfig, iteration: int, requests: list[PlannedRequest]
+) -> Rollouts:
     """The trainer's batch rebuilt from committed results (advantages recomputed per group). A prompt
     sampled wider than group_size (TrainConfig.rollouts_per_prompt) keeps its group_size samples of
     largest reward variance, as `spotlight train` does."""
     results = load_results(store, run, iteration, requests)
     latents = torch.stack([t["latents"] for t, _ in results], dim=1)  # (num_steps + 1, N, 3, H, W)
     log_probs = torch.stack([t["log_probs"] for t, _ in results], dim=1)  # (num_steps, N)
-    traj = Trajectory([r.spec.prompt for r in requests], [r.spec.seed for r in requests], latents, log_probs,
-                      config.sampler.num_steps)
+    traj = Trajectory(
+        [r.spec.prompt for r in requests], [r.spec.seed for r in requests], latents, log_probs, config.sampler.num_steps
+    )
     rewards = torch.tensor([m["reward"] for _, m in results], dtype=torch.float32)
     group_ids = torch.tensor([r.prompt_index for r in requests])
     advantages = config.grpo.advantages(rewards, group_ids)
     rollout_s = sum(float(m.get("compute_s", 0.0)) for _, m in results)
     components = result_components([m for _, m in results])  # a multi-reward's parts: the train phase's reward/<name>
-    return keep_max_variance(Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s,
-                                      reward_components=components), config.group_size, config.grpo)
+    return keep_max_variance(
+        Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s, reward_components=components),
+        config.group_size,
+        config.grpo,
+    )
 
 
-def collect_in_process(store: TensorStore, run: str, config: TrainConfig, iteration: int,
-                       requests: list[PlannedRequest], worker_id: str = "trainer", device: str = "cpu") -> int:
+def collect_in_process(
+    store: TensorStore,
+    run: str,
+    config: TrainConfig,
+    iteration: int,
+    requests: list[PlannedRequest],
+    worker_id: str = "trainer",
+    device: str = "cpu",
+) -> int:
     """The rollout phase without workers: the trainer samples the batch at the iteration's weights
     version (its FP32 checkpoint, on the process's resident policy) and commits every result, sampling and
     decoding `config.rollout_batch` requests at a time; returns how many this call committed."""
@@ -139,21 +176,34 @@ def collect_in_process(store: TensorStore, run: str, config: TrainConfig, iterat
     return publish_batch(store, run, iteration, requests, batch, worker_id)
 
 
-def request_records(requests: list[PlannedRequest], results: list[tuple[dict, dict]], iteration: int,
-                    enqueued_at: float | None = None) -> list:
+def request_records(
+    requests: list[PlannedRequest], results: list[tuple[dict, dict]], iteration: int, enqueued_at: float | None = None
+) -> list:
     """One ledger `requests` row per request with a committed result (non-finite rewards marked failed)."""
     import math
 
     from resources.ledger.records import RequestRecord, components_json
 
     rows = []
-    for req, (_, meta) in zip(requests, results):
+    for req, (_, meta) in zip(requests, results, strict=False):
         reward = float(meta["reward"])
         finite = math.isfinite(reward)
-        rows.append(RequestRecord(
-            request_id=req.request_id, iteration=iteration, kind="rollout", prompt=req.spec.prompt, seed=req.spec.seed,
-            weights_version=req.spec.weights_version, worker_id=meta.get("worker_id"), attempts=int(meta.get("attempt", 1)),
-            status="done" if finite else "failed", result_hash=meta.get("result_hash"), reward=reward if finite else None,
-            enqueued_at=enqueued_at, finished_at=meta.get("finished_at"),
-            reward_components=components_json(meta.get("reward_components"))))
+        rows.append(
+            RequestRecord(
+                request_id=req.request_id,
+                iteration=iteration,
+                kind="rollout",
+                prompt=req.spec.prompt,
+                seed=req.spec.seed,
+                weights_version=req.spec.weights_version,
+                worker_id=meta.get("worker_id"),
+                attempts=int(meta.get("attempt", 1)),
+                status="done" if finite else "failed",
+                result_hash=meta.get("result_hash"),
+                reward=reward if finite else None,
+                enqueued_at=enqueued_at,
+                finished_at=meta.get("finished_at"),
+                reward_components=components_json(meta.get("reward_components")),
+            )
+        )
     return rows

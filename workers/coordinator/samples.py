@@ -67,8 +67,14 @@ def reward_marks(scores: list[float], reward: str) -> list[str]:
     return [f"{label} {score:.4g}" for score in scores]
 
 
-def heldout_pictures(report_dir: Path, k: int, images_NHW3: np.ndarray, prompts: list[str],
-                     scores: list[float] | None = None, reward: str | None = None) -> dict[str, tuple[bytes, str]]:
+def heldout_pictures(
+    report_dir: Path,
+    k: int,
+    images_NHW3: np.ndarray,
+    prompts: list[str],
+    scores: list[float] | None = None,
+    reward: str | None = None,
+) -> dict[str, tuple[bytes, str]]:
     """Write the captioned grid of v(k) and (for k > 0, when v0's samples were kept) the before/after grid;
     returns them as PhaseResult pictures (name -> (PNG, caption)). Captions: the detector's pass/fail per
     criterion, or with `reward` each image's value in `scores`."""
@@ -78,14 +84,15 @@ def heldout_pictures(report_dir: Path, k: int, images_NHW3: np.ndarray, prompts:
     shown = shown_indices(prompts) if reward is None else list(range(min(len(prompts), SHOWN_REWARD_PROMPTS)))
     images, names = images_NHW3[shown], [prompts[i] for i in shown]
     marks = verdicts(images, names) if reward is None else reward_marks([scores[i] for i in shown], reward)
-    captions = [f"{p}\n{m}" for p, m in zip(names, marks)]
+    captions = [f"{p}\n{m}" for p, m in zip(names, marks, strict=False)]
     grid = captioned_grid_png(images, captions, columns=4)
     (report_dir / "grids").mkdir(parents=True, exist_ok=True)
     (report_dir / "samples").mkdir(parents=True, exist_ok=True)
     (report_dir / "grids" / f"{iteration_label(k)}-heldout.png").write_bytes(grid)
     _write(report_dir, "heldout_samples", grid, {"weights_version": k, "captions": captions})
-    np.savez_compressed(report_dir / "samples" / f"heldout-v{k}.npz", images=images, prompts=np.array(names),
-                        marks=np.array(marks))
+    np.savez_compressed(
+        report_dir / "samples" / f"heldout-v{k}.npz", images=images, prompts=np.array(names), marks=np.array(marks)
+    )
     scored_by = "pass/fail per criterion" if reward is None else f"scored by {reward}"
     out = {"heldout_samples": (grid, f"weights v{k}: held-out prompts, first fixed seed, {scored_by}")}
     before = report_dir / "samples" / "heldout-v0.npz"
@@ -98,8 +105,9 @@ def heldout_pictures(report_dir: Path, k: int, images_NHW3: np.ndarray, prompts:
     return out
 
 
-def before_after_png(base, images_NHW3: np.ndarray, prompts: list[str], marks: list[str],
-                     k: int) -> tuple[bytes, list[str]] | None:
+def before_after_png(
+    base, images_NHW3: np.ndarray, prompts: list[str], marks: list[str], k: int
+) -> tuple[bytes, list[str]] | None:
     """Base samples on the top row, v(k)'s below, one column per prompt (None when v0 showed other prompts)."""
     from workers.coordinator.plots import captioned_grid_png
 
@@ -107,7 +115,7 @@ def before_after_png(base, images_NHW3: np.ndarray, prompts: list[str], marks: l
         return None
     # v0's own captions (older reports kept none: the detector's verdicts are computed again).
     before_marks = [str(m) for m in base["marks"]] if "marks" in base else verdicts(base["images"], prompts)
-    captions = [f"{p}\nv0: {m}" for p, m in zip(prompts, before_marks)] + [f"v{k}: {m}" for m in marks]
+    captions = [f"{p}\nv0: {m}" for p, m in zip(prompts, before_marks, strict=False)] + [f"v{k}: {m}" for m in marks]
     return captioned_grid_png(np.concatenate([base["images"], images_NHW3]), captions, columns=len(prompts)), captions
 
 

@@ -65,24 +65,48 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
     if not outcome.complete or len(outcome.results) != len(ids):
         raise RolloutsIncompleteError(
             f"iteration {iteration}: {len(outcome.results)} of {len(ids)} rollout requests finished within "
-            f"{workers.timeout_s:g} s (unfinished: {sorted(outcome.unfinished)[:5]}...); are workers pulling from {queue_url}?")
+            f"{workers.timeout_s:g} s (unfinished: {sorted(outcome.unfinished)[:5]}...); are workers pulling from {queue_url}?"
+        )
     return summary
 
 
-def _run_local_cluster(workers: Sampling, store_url: str, queue_url: str, ledger: Ledger, queue,
-                       ids: list[str], iteration: int, summary: PhaseSummary) -> None:
+def _run_local_cluster(
+    workers: Sampling,
+    store_url: str,
+    queue_url: str,
+    ledger: Ledger,
+    queue,
+    ids: list[str],
+    iteration: int,
+    summary: PhaseSummary,
+) -> None:
     """Worker processes for this phase only; slot names carry the iteration so worker ids stay unique in the ledger."""
     from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
     from resources.cluster.preemption import poisson_trace
 
-    slots = [WorkerSlot(f"it{iteration}w{i}", spot=i >= workers.num_reserved,
-                        usd_per_hour=workers.spot_usd_per_hour if i >= workers.num_reserved else workers.reserved_usd_per_hour)
-             for i in range(workers.num_workers)]
-    config = ClusterConfig(queue_url, store_url, commit_every=workers.commit_every, lease_s=workers.lease_s,
-                           restart_delay_s=workers.restart_delay_s,
-                           log_dir=str(Path(workers.log_dir)) if workers.log_dir else None)
-    trace = poisson_trace([s.name for s in slots if s.spot], rate_per_hour=workers.preemptions_per_hour,
-                          duration_s=workers.timeout_s, notice_share=workers.notice_share, seed=iteration)
+    slots = [
+        WorkerSlot(
+            f"it{iteration}w{i}",
+            spot=i >= workers.num_reserved,
+            usd_per_hour=workers.spot_usd_per_hour if i >= workers.num_reserved else workers.reserved_usd_per_hour,
+        )
+        for i in range(workers.num_workers)
+    ]
+    config = ClusterConfig(
+        queue_url,
+        store_url,
+        commit_every=workers.commit_every,
+        lease_s=workers.lease_s,
+        restart_delay_s=workers.restart_delay_s,
+        log_dir=str(Path(workers.log_dir)) if workers.log_dir else None,
+    )
+    trace = poisson_trace(
+        [s.name for s in slots if s.spot],
+        rate_per_hour=workers.preemptions_per_hour,
+        duration_s=workers.timeout_s,
+        notice_share=workers.notice_share,
+        seed=iteration,
+    )
     with LocalCluster(config, slots, ledger) as cluster:
         done = lambda: queue.wait_until_done(ids, timeout_s=0).complete  # noqa: E731
         result = cluster.run_until(done, trace=trace, timeout_s=workers.timeout_s)

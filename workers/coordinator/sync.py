@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +65,15 @@ class SyncOutcome:
         return self.trainer_hash == self.receiver_hash
 
 
-def publish_version(store: TensorStore, run: str, version: int, *, anchor_every: int = 10,
-                    base: str | Path | None = None, model: dict | None = None) -> SyncOutcome:
+def publish_version(
+    store: TensorStore,
+    run: str,
+    version: int,
+    *,
+    anchor_every: int = 10,
+    base: str | Path | None = None,
+    model: dict | None = None,
+) -> SyncOutcome:
     """Publish `version` (version 0 from the `base` folder, default the shipped base; a diffusers pipeline folder
     with `model`'s ModelSpec fields, e.g. lora_rank, sync_mode) and verify it."""
     from workers.model.policy import SHIPPED_BASE
@@ -84,7 +90,9 @@ def publish_version(store: TensorStore, run: str, version: int, *, anchor_every:
     config = ChainConfig(anchor_every=anchor_every)
     previous, replay_s = _replay_previous(chain, version, config)
     started = time.perf_counter()
-    publisher = ChainPublisher(chain, config, last_version=None if previous is None else version - 1, last_state=previous)
+    publisher = ChainPublisher(
+        chain, config, last_version=None if previous is None else version - 1, last_state=previous
+    )
     publisher.publish(version, current)
     encode_s = time.perf_counter() - started
     dense = sum(t.numel() * t.element_size() for t in current.values())
@@ -94,8 +102,19 @@ def publish_version(store: TensorStore, run: str, version: int, *, anchor_every:
     else:
         sent, kind = len(patch), "patch"
         changed = read_patch_header(patch).num_changed / sum(t.numel() for t in current.values())
-    return SyncOutcome(version, kind, dense, sent, changed, encode_s, apply_s, replay_s, weights_hash(current),
-                       receiver_hash, version % anchor_every == 0)
+    return SyncOutcome(
+        version,
+        kind,
+        dense,
+        sent,
+        changed,
+        encode_s,
+        apply_s,
+        replay_s,
+        weights_hash(current),
+        receiver_hash,
+        version % anchor_every == 0,
+    )
 
 
 def published_form(policy) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -118,7 +137,7 @@ def checkpoint_form(store: TensorStore, run: str, version: int) -> tuple[dict, d
     if spec is None or spec.get("sync_mode") == "merged":
         return published_form(resident_checkpoint(store, run, version)[0])
     tensors = store.load_tensors(weights_key(run, version))
-    return spec, {k[len("policy."):]: v.to(torch.bfloat16) for k, v in tensors.items() if k.startswith("policy.")}
+    return spec, {k[len("policy.") :]: v.to(torch.bfloat16) for k, v in tensors.items() if k.startswith("policy.")}
 
 
 def _replay_previous(chain: StoreChain, version: int, config: ChainConfig) -> tuple[dict | None, float]:
@@ -131,7 +150,9 @@ def _replay_previous(chain: StoreChain, version: int, config: ChainConfig) -> tu
     return previous, time.perf_counter() - started
 
 
-def _receive(chain: StoreChain, version: int, previous: dict | None, *, anchored: bool) -> tuple[str, float, bytes | None]:
+def _receive(
+    chain: StoreChain, version: int, previous: dict | None, *, anchored: bool
+) -> tuple[str, float, bytes | None]:
     """Reach `version` as a receiver would, from what the store now holds: (hash reached, seconds, the patch).
 
     `previous` (version-1, already replayed) takes the published patch in place; an anchored

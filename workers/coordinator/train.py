@@ -35,8 +35,14 @@ class TrainOrder:
     device: str
 
 
-def train_iteration(store: TensorStore, run: str, config: TrainConfig, iteration: int,
-                    requests: list[PlannedRequest], device: str = "cpu") -> dict[str, float]:
+def train_iteration(
+    store: TensorStore,
+    run: str,
+    config: TrainConfig,
+    iteration: int,
+    requests: list[PlannedRequest],
+    device: str = "cpu",
+) -> dict[str, float]:
     """Update weights version `iteration` into `iteration + 1` on the iteration's committed results;
     returns the batch's reward statistics and the update's loss statistics."""
     setup, order = current_setup(), TrainOrder(store.url, run, config, iteration, requests, device)
@@ -62,8 +68,9 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     alone = setup.ranks is None
     # Alone, the process's resident policy trains in place; FSDP2 replaces the parameters it shards, so ranks
     # train a copy of their own.
-    policy, optimizer_state = (resident_checkpoint(store, run, k, order.device) if alone
-                               else load_checkpoint(store, run, k, order.device))
+    policy, optimizer_state = (
+        resident_checkpoint(store, run, k, order.device) if alone else load_checkpoint(store, run, k, order.device)
+    )
     if alone:
         forget_version()  # until the update is published, the resident weights match no checkpoint
     from workers.trainer.memory import enable_gradient_checkpointing, gradient_checkpointing_enabled

@@ -52,18 +52,35 @@ def worker_pool(ctx: RunContext, num_workers: int, preemptions_per_hour: float, 
     if ctx.queue_url is None:
         raise ValueError("a worker pool needs the run's queue: give the run a queue URL")
     sampling, session = ctx.sampling, pool_session(ctx.ledger)
-    slots = [WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=sampling.spot_usd_per_hour)
-             for i in range(num_workers)]
-    config = ClusterConfig(ctx.queue_url, ctx.store_url, commit_every=sampling.commit_every, lease_s=sampling.lease_s,
-                           restart_delay_s=sampling.restart_delay_s, log_dir=None if log_dir is None else str(log_dir),
-                           nice=POOL_NICE)
-    trace = poisson_trace([s.name for s in slots], rate_per_hour=preemptions_per_hour, duration_s=POOL_LIFETIME_S,
-                          notice_share=sampling.notice_share, seed=session)
+    slots = [
+        WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=sampling.spot_usd_per_hour)
+        for i in range(num_workers)
+    ]
+    config = ClusterConfig(
+        ctx.queue_url,
+        ctx.store_url,
+        commit_every=sampling.commit_every,
+        lease_s=sampling.lease_s,
+        restart_delay_s=sampling.restart_delay_s,
+        log_dir=None if log_dir is None else str(log_dir),
+        nice=POOL_NICE,
+    )
+    trace = poisson_trace(
+        [s.name for s in slots],
+        rate_per_hour=preemptions_per_hour,
+        duration_s=POOL_LIFETIME_S,
+        notice_share=sampling.notice_share,
+        seed=session,
+    )
     stop = threading.Event()
     cluster = LocalCluster(config, slots, ctx.ledger)
     cluster.start()
-    pump = threading.Thread(target=cluster.run_until, args=(stop.is_set,),
-                            kwargs={"trace": trace, "timeout_s": POOL_LIFETIME_S}, daemon=True)
+    pump = threading.Thread(
+        target=cluster.run_until,
+        args=(stop.is_set,),
+        kwargs={"trace": trace, "timeout_s": POOL_LIFETIME_S},
+        daemon=True,
+    )
     pump.start()
     try:
         yield

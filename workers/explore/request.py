@@ -66,13 +66,16 @@ class CacheLevel:
         return None
 
 
-CACHE_LEVELS: dict[str, CacheLevel] = {level.name: level for level in (
-    CacheLevel("none", 1.0, None, 1.0),
-    CacheLevel("fbcache", 1.0, "fbcache", 0.8),
-    CacheLevel("taylorseer", 1.0, "taylorseer", 0.8),
-    CacheLevel("half_steps", 0.5, None, 0.5),
-    CacheLevel("quarter_steps", 0.25, None, 0.25),
-)}
+CACHE_LEVELS: dict[str, CacheLevel] = {
+    level.name: level
+    for level in (
+        CacheLevel("none", 1.0, None, 1.0),
+        CacheLevel("fbcache", 1.0, "fbcache", 0.8),
+        CacheLevel("taylorseer", 1.0, "taylorseer", 0.8),
+        CacheLevel("half_steps", 0.5, None, 0.5),
+        CacheLevel("quarter_steps", 0.25, None, 0.25),
+    )
+}
 """Named cheap-sampler levels; nominal costs from docs/EXPLORATION.md's measurement (8-step ODE, 16 seeds)."""
 
 
@@ -119,9 +122,15 @@ class ExploreSpec:
         sampler = dataclasses.asdict(self.sampler)
         if sampler["sde_window"] is not None:
             sampler["sde_window"] = list(sampler["sde_window"])
-        payload = {"run": self.run, "prompt": self.prompt, "seeds": list(self.seeds),
-                   "weights_version": self.weights_version, "sampler": sampler, "cache_level": self.cache_level,
-                   "reward": self.reward}
+        payload = {
+            "run": self.run,
+            "prompt": self.prompt,
+            "seeds": list(self.seeds),
+            "weights_version": self.weights_version,
+            "sampler": sampler,
+            "cache_level": self.cache_level,
+            "reward": self.reward,
+        }
         if self.prompt_fields is not None:  # absent otherwise: the payload and fingerprint are what they were
             payload["prompt_fields"] = self.prompt_fields
         return payload
@@ -138,8 +147,16 @@ class ExploreSpec:
         config = SamplerConfig.from_json(payload["sampler"], "explore payload")
         if not isinstance(payload["seeds"], list):
             raise ValueError("explore payload: seeds must be a list")
-        return cls(payload["run"], payload["prompt"], tuple(payload["seeds"]), payload["weights_version"], config,
-                   payload["cache_level"], payload["reward"], payload.get("prompt_fields"))
+        return cls(
+            payload["run"],
+            payload["prompt"],
+            tuple(payload["seeds"]),
+            payload["weights_version"],
+            config,
+            payload["cache_level"],
+            payload["reward"],
+            payload.get("prompt_fields"),
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -164,8 +181,10 @@ def cache_hooks(transformer, level: CacheLevel) -> Iterator[None]:
         yield
         return
     if level.hook == "fbcache" and len(getattr(transformer, "transformer_blocks", ())) < 2:
-        raise ValueError(f"cache level {level.name!r} needs a transformer with at least 2 blocks (FirstBlockCache "
-                         "skips the blocks after the first); choose another level for this model")
+        raise ValueError(
+            f"cache level {level.name!r} needs a transformer with at least 2 blocks (FirstBlockCache "
+            "skips the blocks after the first); choose another level for this model"
+        )
     transformer.enable_cache(config)
     _forget_child_registries(transformer)
     try:
@@ -192,7 +211,7 @@ def explore_rewards(policy, spec: ExploreSpec, chunk: int | None = None) -> list
     size = chunk or len(seeds)
     images = []
     for start in range(0, len(seeds), size):
-        part = seeds[start:start + size]
+        part = seeds[start : start + size]
         with cache_hooks(policy.transformer, level):
             traj = rollout(policy, [spec.prompt] * len(part), part, level.sampler(spec.sampler))
         images.append(decode_images(policy, traj.images))
@@ -213,8 +232,15 @@ class ExploreOutcome:
     compute_s: float = 0.0
 
 
-def work_explore_request(request, store, holder, *, worker_id: str, attempt: int = 1,
-                         report: Callable[..., None] = lambda event, **fields: None) -> ExploreOutcome:
+def work_explore_request(
+    request,
+    store,
+    holder,
+    *,
+    worker_id: str,
+    attempt: int = 1,
+    report: Callable[..., None] = lambda event, **fields: None,
+) -> ExploreOutcome:
     """A rollout worker's handling of an `explore` request: policy at the stale version, cheap sampling,
     the rewards committed exclusively at `explore_result_key`. ValueError for a malformed payload."""
     from resources.keys import explore_result_key
@@ -237,12 +263,23 @@ def work_explore_request(request, store, holder, *, worker_id: str, attempt: int
     return ExploreOutcome(request.request_id, "done", key, rewards, compute_s)
 
 
-def commit_explore_result(store, key: str, spec: ExploreSpec, rewards: list[float], *, compute_s: float,
-                          worker_id: str, attempt: int = 1) -> None:
+def commit_explore_result(
+    store, key: str, spec: ExploreSpec, rewards: list[float], *, compute_s: float, worker_id: str, attempt: int = 1
+) -> None:
     """Commit a request's explored rewards at `key`, exclusively (a second attempt's commit loses, harmlessly).
     `compute_s` is what the explorer spent, in its budget's unit (worker-seconds, or samples in process)."""
     body = {"seeds": list(spec.seeds), "rewards": rewards}
-    meta = {"format": EXPLORE_FORMAT, "fingerprint": spec.fingerprint, "prompt": spec.prompt, "seeds": list(spec.seeds),
-            "rewards": rewards, "cache_level": spec.cache_level, "weights_version": spec.weights_version,
-            "worker_id": worker_id, "attempt": attempt, "compute_s": compute_s, "finished_at": time.time()}
+    meta = {
+        "format": EXPLORE_FORMAT,
+        "fingerprint": spec.fingerprint,
+        "prompt": spec.prompt,
+        "seeds": list(spec.seeds),
+        "rewards": rewards,
+        "cache_level": spec.cache_level,
+        "weights_version": spec.weights_version,
+        "worker_id": worker_id,
+        "attempt": attempt,
+        "compute_s": compute_s,
+        "finished_at": time.time(),
+    }
     store.publish(key, {RESULT_NAME: json.dumps(body).encode()}, meta, exclusive=True)

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 
 from resources.keys import seed_plan_key
 from resources.store.base import TensorStore
-from workers.trainer.grpo_trainer import TrainConfig, default_seeds
 from workers.task.prompt_file import train_prompts
+from workers.trainer.grpo_trainer import TrainConfig, default_seeds
 
 PLAN_NAME = "seed_plan.json"
 
@@ -49,14 +49,19 @@ class SeedPlan:
 
     def __post_init__(self) -> None:
         if len(self.prompts) != len(self.seeds):
-            raise ValueError(f"seed plan of iteration {self.iteration}: {len(self.prompts)} prompts but {len(self.seeds)} seed groups")
+            raise ValueError(
+                f"seed plan of iteration {self.iteration}: {len(self.prompts)} prompts but {len(self.seeds)} seed groups"
+            )
         if self.explored_rewards is not None and (
-                len(self.explored_rewards) != len(self.seeds)
-                or any(r is not None and len(r) != len(g) for r, g in zip(self.explored_rewards, self.seeds))):
+            len(self.explored_rewards) != len(self.seeds)
+            or any(r is not None and len(r) != len(g) for r, g in zip(self.explored_rewards, self.seeds, strict=False))
+        ):
             raise ValueError(f"seed plan of iteration {self.iteration}: explored rewards do not match the seeds")
         if any(not 0 <= i < len(self.seeds) for i in self.control_prompts):
-            raise ValueError(f"seed plan of iteration {self.iteration}: control prompts {list(self.control_prompts)} "
-                             f"outside its {len(self.seeds)} prompts")
+            raise ValueError(
+                f"seed plan of iteration {self.iteration}: control prompts {list(self.control_prompts)} "
+                f"outside its {len(self.seeds)} prompts"
+            )
 
     @property
     def explored(self) -> bool:
@@ -76,9 +81,11 @@ class SeedPlan:
 
             sizes.add(Arm.parse(self.planner.split(":", 1)[1]).kept(config.group_size))
         if self.prompts != expected or any(len(g) not in sizes for g in self.seeds):
-            raise ValueError(f"seed plan of iteration {self.iteration} does not match the training config "
-                             f"({len(self.prompts)} prompts x {[len(g) for g in self.seeds]} seeds); "
-                             "was the run restarted with another preset?")
+            raise ValueError(
+                f"seed plan of iteration {self.iteration} does not match the training config "
+                f"({len(self.prompts)} prompts x {[len(g) for g in self.seeds]} seeds); "
+                "was the run restarted with another preset?"
+            )
 
 
 def default_seed_plan(config: TrainConfig, iteration: int) -> SeedPlan:
@@ -88,9 +95,16 @@ def default_seed_plan(config: TrainConfig, iteration: int) -> SeedPlan:
     return SeedPlan(iteration, "default", prompts, default_seeds(config, iteration))
 
 
-def plan_from_exploration(config: TrainConfig, iteration: int, explored: dict[int, tuple[list[int], list[float]]],
-                          planner: str, use_exploration: bool = True, keep: int | None = None,
-                          controls: tuple[int, ...] = (), min_contest_std: float = 0.0) -> SeedPlan:
+def plan_from_exploration(
+    config: TrainConfig,
+    iteration: int,
+    explored: dict[int, tuple[list[int], list[float]]],
+    planner: str,
+    use_exploration: bool = True,
+    keep: int | None = None,
+    controls: tuple[int, ...] = (),
+    min_contest_std: float = 0.0,
+) -> SeedPlan:
     """The plan of `iteration` from explored candidates (prompt index -> (candidate seeds, explored rewards)).
 
     With `use_exploration`, an explored prompt gets the `keep` (default G) candidates of largest explored
@@ -108,12 +122,15 @@ def plan_from_exploration(config: TrainConfig, iteration: int, explored: dict[in
     for i, (candidates, values) in sorted(explored.items()):
         if not 0 <= i < len(seeds):
             raise ValueError(f"explored prompt index {i} is outside iteration {iteration}'s {len(seeds)} prompts")
-        by_seed = dict(zip(candidates, values))
+        by_seed = dict(zip(candidates, values, strict=False))
         if use_exploration and i not in controls:
             contested = float(np.std(values)) > min_contest_std
             # Uncontested: the first G candidates, i.e. the G default request seeds (workers/algo/seeds.py).
-            seeds[i] = select_max_variance(candidates, values, min(width, len(candidates))) if contested \
-                else list(candidates[:config.group_size])
+            seeds[i] = (
+                select_max_variance(candidates, values, min(width, len(candidates)))
+                if contested
+                else list(candidates[: config.group_size])
+            )
         if all(s in by_seed for s in seeds[i]):
             rewards[i] = [float(by_seed[s]) for s in seeds[i]]
     return SeedPlan(iteration, planner, plan.prompts, seeds, rewards, tuple(controls))
@@ -129,13 +146,20 @@ def load_seed_plan(store: TensorStore, run: str, iteration: int) -> SeedPlan:
     """The committed plan of `iteration` (LookupError when the explore phase has not written it)."""
     key = seed_plan_key(run, iteration)
     if store.read_manifest(key) is None:
-        raise LookupError(f"run {run!r} has no seed plan for iteration {iteration} ({store.url}/{key}): "
-                          f"materialize iteration {iteration - 1}'s seed_plan first")
+        raise LookupError(
+            f"run {run!r} has no seed plan for iteration {iteration} ({store.url}/{key}): "
+            f"materialize iteration {iteration - 1}'s seed_plan first"
+        )
     raw = json.loads(store.load_bytes(key, PLAN_NAME))
     rewards = raw.get("explored_rewards")  # absent in plans written before exploration existed
-    return SeedPlan(raw["iteration"], raw["planner"], list(raw["prompts"]), [list(map(int, g)) for g in raw["seeds"]],
-                    None if rewards is None else [None if r is None else [float(x) for x in r] for r in rewards],
-                    tuple(int(i) for i in raw.get("control_prompts", ())))
+    return SeedPlan(
+        raw["iteration"],
+        raw["planner"],
+        list(raw["prompts"]),
+        [list(map(int, g)) for g in raw["seeds"]],
+        None if rewards is None else [None if r is None else [float(x) for x in r] for r in rewards],
+        tuple(int(i) for i in raw.get("control_prompts", ())),
+    )
 
 
 def plan_for_iteration(store: TensorStore, run: str, config: TrainConfig, iteration: int) -> SeedPlan:

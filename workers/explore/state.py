@@ -66,7 +66,9 @@ class ExploreConfig:
     def __post_init__(self) -> None:
         from workers.explore.request import cache_level
 
-        if not self.seed_multipliers or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in self.seed_multipliers):
+        if not self.seed_multipliers or any(
+            isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in self.seed_multipliers
+        ):
             raise ValueError(f"ExploreConfig.seed_multipliers must be ints >= 1, got {self.seed_multipliers}")
         if not self.cache_levels:
             raise ValueError("ExploreConfig.cache_levels must name at least one level")
@@ -80,7 +82,11 @@ class ExploreConfig:
             raise ValueError(f"ExploreConfig.num_workers must be >= 1, got {self.num_workers}")
         if not self.keep_factors or any(isinstance(f, bool) or not f >= 1 for f in self.keep_factors):
             raise ValueError(f"ExploreConfig.keep_factors must be numbers >= 1, got {self.keep_factors}")
-        if isinstance(self.control_prompts, bool) or not isinstance(self.control_prompts, int) or self.control_prompts < 0:
+        if (
+            isinstance(self.control_prompts, bool)
+            or not isinstance(self.control_prompts, int)
+            or self.control_prompts < 0
+        ):
             raise ValueError(f"ExploreConfig.control_prompts must be an int >= 0, got {self.control_prompts!r}")
         if not self.min_contest_std >= 0:
             raise ValueError(f"ExploreConfig.min_contest_std must be >= 0, got {self.min_contest_std}")
@@ -148,15 +154,27 @@ class ExplorationState:
             self.timed.append(iteration)
 
     def to_dict(self) -> dict:
-        return {"bandit": self.bandit.to_dict(), "train_s": {str(k): v for k, v in self.train_s.items()},
-                "random_variance": self.random_variance, "last_kendall_tau": self.last_kendall_tau,
-                "fallback": self.fallback, "reviewed": list(self.reviewed), "timed": list(self.timed)}
+        return {
+            "bandit": self.bandit.to_dict(),
+            "train_s": {str(k): v for k, v in self.train_s.items()},
+            "random_variance": self.random_variance,
+            "last_kendall_tau": self.last_kendall_tau,
+            "fallback": self.fallback,
+            "reviewed": list(self.reviewed),
+            "timed": list(self.timed),
+        }
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ExplorationState":
-        return cls(UCBBandit.from_dict(raw["bandit"]), {int(k): float(v) for k, v in raw.get("train_s", {}).items()},
-                   raw.get("random_variance"), raw.get("last_kendall_tau"), bool(raw.get("fallback", False)),
-                   [int(k) for k in raw.get("reviewed", [])], [int(k) for k in raw.get("timed", [])])
+        return cls(
+            UCBBandit.from_dict(raw["bandit"]),
+            {int(k): float(v) for k, v in raw.get("train_s", {}).items()},
+            raw.get("random_variance"),
+            raw.get("last_kendall_tau"),
+            bool(raw.get("fallback", False)),
+            [int(k) for k in raw.get("reviewed", [])],
+            [int(k) for k in raw.get("timed", [])],
+        )
 
 
 @dataclass(frozen=True)
@@ -188,23 +206,29 @@ class Review:
         return asdict(self)
 
 
-def review_rollout(state: ExplorationState, config: ExploreConfig, iteration: int, plan: SeedPlan,
-                   real_rewards: list[list[float]], group_size: int | None = None) -> Review:
+def review_rollout(
+    state: ExplorationState,
+    config: ExploreConfig,
+    iteration: int,
+    plan: SeedPlan,
+    real_rewards: list[list[float]],
+    group_size: int | None = None,
+) -> Review:
     """Judge `plan` on the real rewards of its seeds (real_rewards[i][j] for plan.seeds[i][j]); update the state.
     group_size: the size of the groups trained on (a larger group, a wider draw, is cut to its max-variance
     subset as the trainer does); None: every group is trained whole."""
-    if len(real_rewards) != len(plan.seeds) or any(len(r) != len(s) for r, s in zip(real_rewards, plan.seeds)):
+    if len(real_rewards) != len(plan.seeds) or any(len(r) != len(s) for r, s in zip(real_rewards, plan.seeds, strict=False)):
         raise ValueError(f"iteration {iteration}: real rewards do not match the plan's seeds")
     explored = plan.explored_rewards or [None] * len(plan.seeds)
     controls = set(plan.control_prompts)
-    pairs = [(e, r) for e, r in zip(explored, real_rewards) if e is not None]
+    pairs = [(e, r) for e, r in zip(explored, real_rewards, strict=False) if e is not None]
     xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
     tau = mean_over_groups(kendall_tau_b, xs, ys)
     variances = [trained_variance(r, group_size) for r in real_rewards]
     planned = float(np.mean(variances))
     # Groups that kept their default seeds are random-seed groups: they refresh the baseline.
     is_explored = [plan.explored and e is not None and i not in controls for i, e in enumerate(explored)]
-    random_groups = [v for v, x in zip(variances, is_explored) if not x]
+    random_groups = [v for v, x in zip(variances, is_explored, strict=False) if not x]
     first = iteration not in state.reviewed
     if first and random_groups:
         value, w = float(np.mean(random_groups)), config.baseline_decay
@@ -219,9 +243,20 @@ def review_rollout(state: ExplorationState, config: ExploreConfig, iteration: in
             state.last_kendall_tau = tau
             state.fallback = tau < config.min_kendall_tau
         state.reviewed.append(iteration)
-    return Review(iteration, plan.planner, tau, mean_over_groups(spearman_rho, xs, ys),
-                  mean_over_groups(pairwise_concordance, xs, ys), planned, state.random_variance, gain, state.fallback,
-                  [kendall_tau_b(x, y) for x, y in zip(xs, ys)], variances, is_explored)
+    return Review(
+        iteration,
+        plan.planner,
+        tau,
+        mean_over_groups(spearman_rho, xs, ys),
+        mean_over_groups(pairwise_concordance, xs, ys),
+        planned,
+        state.random_variance,
+        gain,
+        state.fallback,
+        [kendall_tau_b(x, y) for x, y in zip(xs, ys, strict=False)],
+        variances,
+        is_explored,
+    )
 
 
 def trained_variance(rewards: list[float], group_size: int | None) -> float:

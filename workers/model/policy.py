@@ -124,7 +124,9 @@ class Policy(nn.Module):
         mask = torch.arange(MAX_PROMPT_WORDS, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
         return self.text_encoder(ids_t, mask), mask
 
-    def velocity(self, x_N3HW: torch.Tensor, sigma_N: torch.Tensor, emb: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def velocity(
+        self, x_N3HW: torch.Tensor, sigma_N: torch.Tensor, emb: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """The flow-matching velocity (noise - data) predicted at noise level sigma."""
         n = x_N3HW.shape[0]
         side = self.config.tokens_per_side

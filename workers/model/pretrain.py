@@ -19,9 +19,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from workers.algo.sampler import SamplerConfig, autocast_for
 from workers.task.prompts import parse_prompt, split_prompts
 from workers.task.render import render_scene, to_model_space
-from workers.algo.sampler import SamplerConfig, autocast_for
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,6 @@ def pretrain(policy, config: PretrainConfig) -> Iterator[tuple[int, float]]:
         yield step, loss.item()
     if ema is not None:
         with torch.no_grad():
-            for p, e in zip(params, ema):
+            for p, e in zip(params, ema, strict=False):
                 p.copy_(e)
     policy.eval()

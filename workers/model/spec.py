@@ -15,8 +15,16 @@ from pathlib import Path
 
 from workers.model.policy import Policy, PolicyConfig, build_policy, load_policy
 
-MODEL_FIELDS = ("resolution", "lora_rank", "lora_alpha", "guidance", "negative_prompt", "max_sequence_length",
-                "base_dtype", "sync_mode")
+MODEL_FIELDS = (
+    "resolution",
+    "lora_rank",
+    "lora_alpha",
+    "guidance",
+    "negative_prompt",
+    "max_sequence_length",
+    "base_dtype",
+    "sync_mode",
+)
 """What `load_any` accepts for a diffusers folder (ModelSpec's fields besides path and family)."""
 
 
@@ -47,8 +55,9 @@ def load_any(path: str | Path, **model_fields):
 
         return load_model_policy(path, **given)  # a folder that is not a pipeline gets detect_family's error
     if given:
-        raise ValueError(f"{path} is a spotlight pixel policy: {sorted(given)} apply to diffusers pipelines "
-                         "(--model DIR)")
+        raise ValueError(
+            f"{path} is a spotlight pixel policy: {sorted(given)} apply to diffusers pipelines (--model DIR)"
+        )
     return load_policy(path)
 
 

@@ -88,7 +88,11 @@ def decode_updates(weights: Mapping[str, torch.Tensor], patch: bytes, header: Pa
 
 
 def _new_bits(
-    weights: Mapping[str, torch.Tensor], entry: TensorEntry, indices: np.ndarray, segment: dict[str, np.ndarray], mode: str
+    weights: Mapping[str, torch.Tensor],
+    entry: TensorEntry,
+    indices: np.ndarray,
+    segment: dict[str, np.ndarray],
+    mode: str,
 ) -> np.ndarray:
     """New int16 bit patterns at `indices`: absolute values, or the receiver's plus the ULP deltas."""
     if mode == "absolute":
@@ -110,7 +114,9 @@ def _decompress_streams(patch: bytes, header: PatchHeader) -> dict[str, np.ndarr
     streams = {}
     for stream in header.streams:
         frame = view[stream.offset : stream.offset + stream.length]
-        expected = (stream.count + 7) // 8 if stream.layout == "bits" else stream.count * np.dtype(stream.dtype).itemsize
+        expected = (
+            (stream.count + 7) // 8 if stream.layout == "bits" else stream.count * np.dtype(stream.dtype).itemsize
+        )
         raw = b"" if stream.length == 0 else decompress_exact(frame, expected, f"stream {stream.name}")
         streams[stream.name] = stream_from_bytes(raw, stream.dtype, stream.layout, stream.count)
     return streams

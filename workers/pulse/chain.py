@@ -108,8 +108,12 @@ class ChainPublisher:
         cur = {name: as_bf16(tensor, name).clone() for name, tensor in state.items()}
         if self.last_state is not None:
             patch = encode_patch(
-                self.last_state, cur, base_version=version - 1, version=version,
-                mode=self.config.mode, level=self.config.zstd_level,
+                self.last_state,
+                cur,
+                base_version=version - 1,
+                version=version,
+                mode=self.config.mode,
+                level=self.config.zstd_level,
             )
             self.sink.put_patch(version, patch)
         if version % self.config.anchor_every == 0:

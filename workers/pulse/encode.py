@@ -104,7 +104,7 @@ def _add_tensor(streams: _Streams, name: str, prev: torch.Tensor, cur: torch.Ten
     offsets = {stream: streams.counts.get(stream, 0) for stream in streams.parts}
     gaps = gaps_from_indices(indices)
     gap_width = choose_gap_width(gaps)
-    for stream, part in zip(GAP_STREAMS_BY_WIDTH[gap_width], split_levels(gaps, GAP_ESCAPES_BY_WIDTH[gap_width])):
+    for stream, part in zip(GAP_STREAMS_BY_WIDTH[gap_width], split_levels(gaps, GAP_ESCAPES_BY_WIDTH[gap_width]), strict=False):
         streams.add(stream, part)
     new_bits = cur_bits[indices]
     if mode == "absolute":
@@ -137,7 +137,14 @@ def _compress_streams(streams: dict[str, list[np.ndarray]], mode: str, level: in
         raw = stream_to_bytes(values, dtype, layout)
         frame = compressor.compress(raw) if raw else b""
         entries.append(
-            {"name": name, "dtype": dtype, "layout": layout, "count": int(values.size), "offset": offset, "length": len(frame)}
+            {
+                "name": name,
+                "dtype": dtype,
+                "layout": layout,
+                "count": int(values.size),
+                "offset": offset,
+                "length": len(frame),
+            }
         )
         frames.append(frame)
         offset += len(frame)

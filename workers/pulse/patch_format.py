@@ -164,7 +164,9 @@ def read_patch_header(patch: bytes) -> PatchHeader:
         raise PatchError(f"patch header is not valid JSON: {err!r:.200}") from err
     header = _header_from_json(raw, header_end)
     if header.format_version != format_version:
-        raise PatchError(f"format version {header.format_version} in the header disagrees with {format_version} in the prefix")
+        raise PatchError(
+            f"format version {header.format_version} in the header disagrees with {format_version} in the prefix"
+        )
     payload = view[header_end:]
     if len(payload) != header.payload_size:
         raise PatchError(f"patch payload is {len(payload)} bytes, header says {header.payload_size} (truncated?)")

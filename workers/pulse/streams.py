@@ -86,7 +86,7 @@ def join_levels(levels: list[np.ndarray], escapes: tuple[int, ...], dtype: type 
     if last.dtype == np.uint64 and last.size and int(last.max()) >= 1 << 62:
         raise PatchError("patch gap out of range")
     values = last.astype(dtype)
-    for stored, escape in zip(reversed(levels[:-1]), reversed(escapes)):
+    for stored, escape in zip(reversed(levels[:-1]), reversed(escapes), strict=False):
         escaped = stored == escape
         if np.count_nonzero(escaped) != values.size:
             raise PatchError("patch escape counts do not match the next level")

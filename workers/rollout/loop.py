@@ -25,8 +25,9 @@ from workers.rollout.weights import ModelMismatchError
 class WorkerLoop:
     """One worker: pulls requests until told to stop (SIGTERM, a cloud notice) or idle too long."""
 
-    def __init__(self, queue: RequestQueue, store: TensorStore, args: argparse.Namespace,
-                 stop: threading.Event, report) -> None:
+    def __init__(
+        self, queue: RequestQueue, store: TensorStore, args: argparse.Namespace, stop: threading.Event, report
+    ) -> None:
         import torch
 
         from workers.rollout.weights import PolicyHolder
@@ -34,12 +35,17 @@ class WorkerLoop:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         from diffusers import QwenImageTransformer2DModel  # noqa: F401  (import now: "ready" means ready to sample)
+
         self.queue, self.store, self.args, self.stop, self.report = queue, store, args, stop, report
         self.holder = PolicyHolder(store, device=args.device, model=getattr(args, "model", None))
         self.misconfigured = False
         """Set when a run trains another model than --model: the worker stops (exit 2) instead of claiming on."""
-        self.labels = {"instance_type": args.instance_type, "gpu_type": args.gpu_type, "spot": args.spot,
-                       "usd_per_hour": args.usd_per_hour}
+        self.labels = {
+            "instance_type": args.instance_type,
+            "gpu_type": args.gpu_type,
+            "spot": args.spot,
+            "usd_per_hour": args.usd_per_hour,
+        }
 
     def run(self) -> str:
         self.report("ready", pid=_pid(), commit_every=self.args.commit_every, **self.labels)
@@ -72,11 +78,22 @@ class WorkerLoop:
             self.queue.release(lease)
             return
         with LeaseKeeper(self.queue, lease) as keeper:
-            hooks = StepHooks(should_stop=self.stop.is_set, lease_lost=lambda: keeper.lost, report=self.report,
-                              step_delay_s=self.args.step_delay_s)
+            hooks = StepHooks(
+                should_stop=self.stop.is_set,
+                lease_lost=lambda: keeper.lost,
+                report=self.report,
+                step_delay_s=self.args.step_delay_s,
+            )
             try:
-                outcome = work_request(lease.request, lease.attempts, self.store, self.holder,
-                                       worker_id=self.args.worker_id, commit_every=self.args.commit_every, hooks=hooks)
+                outcome = work_request(
+                    lease.request,
+                    lease.attempts,
+                    self.store,
+                    self.holder,
+                    worker_id=self.args.worker_id,
+                    commit_every=self.args.commit_every,
+                    hooks=hooks,
+                )
             except (ValueError, LookupError, StoreError) as err:
                 # A malformed request or missing weights: give it back; after max_deliveries it is a dead letter.
                 self._give_back(lease, err)
@@ -97,9 +114,17 @@ class WorkerLoop:
             return
         with LeaseKeeper(self.queue, lease):
             try:
-                check_run_reward(self.store, lease.request.payload.get("run", ""), lease.request.payload.get("reward", ""))
-                outcome = work_explore_request(lease.request, self.store, self.holder, worker_id=self.args.worker_id,
-                                               attempt=lease.attempts, report=self.report)
+                check_run_reward(
+                    self.store, lease.request.payload.get("run", ""), lease.request.payload.get("reward", "")
+                )
+                outcome = work_explore_request(
+                    lease.request,
+                    self.store,
+                    self.holder,
+                    worker_id=self.args.worker_id,
+                    attempt=lease.attempts,
+                    report=self.report,
+                )
             except (ValueError, LookupError, StoreError) as err:
                 self._give_back(lease, err)
                 return

@@ -92,16 +92,28 @@ def check_run_reward(store: TensorStore, run: str, reward: str) -> None:
         named = None
     if named is None:
         if any(marker in reward for marker in REMOTE_MARKERS):
-            raise ValueError(f"request for run {run!r} names a remote reward, and the run names no rewards in the store "
-                             f"({run_rewards_key(run)}): refused")
+            raise ValueError(
+                f"request for run {run!r} names a remote reward, and the run names no rewards in the store "
+                f"({run_rewards_key(run)}): refused"
+            )
         return
     if reward not in named:
-        raise ValueError(f"request for run {run!r} names reward {reward[:200]!r}, which is not one of the run's "
-                         f"({', '.join(map(repr, named))}): refused")
+        raise ValueError(
+            f"request for run {run!r} names reward {reward[:200]!r}, which is not one of the run's "
+            f"({', '.join(map(repr, named))}): refused"
+        )
 
 
-def work_request(request: Request, attempt: int, store: TensorStore, holder: PolicyHolder, *,
-                 worker_id: str, commit_every: int, hooks: StepHooks = StepHooks()) -> RequestOutcome:
+def work_request(
+    request: Request,
+    attempt: int,
+    store: TensorStore,
+    holder: PolicyHolder,
+    *,
+    worker_id: str,
+    commit_every: int,
+    hooks: StepHooks = StepHooks(),
+) -> RequestOutcome:
     """Run one attempt at `request`; ValueError for a malformed payload (before any compute)."""
     if commit_every < 1:
         raise ValueError(f"commit_every must be >= 1, got {commit_every}")
@@ -117,7 +129,9 @@ def work_request(request: Request, attempt: int, store: TensorStore, holder: Pol
         if committed_states(store, spec.run, rid):  # left by a holder whose lease had expired
             store.delete_commit(rollout_state_key(spec.run, rid))
         step = spec.sampler.num_steps
-        return RequestOutcome(rid, "already_done", step, step, step, result_key, done.metadata.get("result_hash"), False)
+        return RequestOutcome(
+            rid, "already_done", step, step, step, result_key, done.metadata.get("result_hash"), False
+        )
     from workers.algo.sampler import sample_shape
 
     policy = holder.policy_for(spec)  # ValueError for a resolution or guidance it cannot serve
@@ -166,8 +180,15 @@ class _Stepper:
 
         started = time.perf_counter()
         t = flight.step
-        x, lp = denoise_step(self.policy, flight.latents[t].to(self.device), t, list(self.spec.seeds),
-                             self.spec.sampler, self.cond, self.sigmas)
+        x, lp = denoise_step(
+            self.policy,
+            flight.latents[t].to(self.device),
+            t,
+            list(self.spec.seeds),
+            self.spec.sampler,
+            self.cond,
+            self.sigmas,
+        )
         flight.latents[t + 1] = x.cpu()
         if lp is not None:
             flight.log_probs[t] = lp.cpu()
@@ -177,7 +198,9 @@ class _Stepper:
         return time.perf_counter() - started
 
 
-def _commit(store: TensorStore, key: str, flight: InFlight, me: dict, outcome: RequestOutcome, hooks: StepHooks) -> None:
+def _commit(
+    store: TensorStore, key: str, flight: InFlight, me: dict, outcome: RequestOutcome, hooks: StepHooks
+) -> None:
     if flight.step <= outcome.committed_step:
         return  # nothing new since the last commit (or since the state this attempt resumed from)
     started = time.perf_counter()
@@ -190,8 +213,16 @@ def _commit(store: TensorStore, key: str, flight: InFlight, me: dict, outcome: R
     hooks.report("commit", request_id=outcome.request_id, step=flight.step, commit_s=seconds)
 
 
-def _publish_result(store: TensorStore, policy, flight: InFlight, me: dict, outcome: RequestOutcome,
-                    spec: RolloutSpec, result_keys: list[str], hooks: StepHooks) -> None:
+def _publish_result(
+    store: TensorStore,
+    policy,
+    flight: InFlight,
+    me: dict,
+    outcome: RequestOutcome,
+    spec: RolloutSpec,
+    result_keys: list[str],
+    hooks: StepHooks,
+) -> None:
     """Score every sample and commit each one's result exclusively under its own key (one key for a request
     of one sample); then drop the request's in-flight state."""
     from workers.task.render import decode_images
@@ -204,24 +235,51 @@ def _publish_result(store: TensorStore, policy, flight: InFlight, me: dict, outc
     rewards = [float(r) for r in totals]
     import torch
 
-    info = {**me, "steps_done": flight.step - outcome.resumed_from_step, "compute_s": outcome.compute_s / batch,
-            "attempts": flight.attempts + [{**me, "committed_step": flight.step}], "finished_at": time.time()}
+    info = {
+        **me,
+        "steps_done": flight.step - outcome.resumed_from_step,
+        "compute_s": outcome.compute_s / batch,
+        "attempts": flight.attempts + [{**me, "committed_step": flight.step}],
+        "finished_at": time.time(),
+    }
     hashes, won = [], []
     for n, key in enumerate(result_keys):
-        tensors, meta = result_commit(flight, torch.from_numpy(images_u8[n]), rewards[n], info, sample=n,
-                                      components={name: float(values[n]) for name, values in parts.items()})
+        tensors, meta = result_commit(
+            flight,
+            torch.from_numpy(images_u8[n]),
+            rewards[n],
+            info,
+            sample=n,
+            components={name: float(values[n]) for name, values in parts.items()},
+        )
         published = store.publish_tensors(key, tensors, meta, exclusive=True)
         committed = published.manifest.metadata.get("result_hash")
         hashes.append(committed)
         won.append(published.won)
         if not published.won and committed != meta["result_hash"]:
             # Determinism is what resumption relies on: say loudly when it breaks.
-            hooks.report("hash_mismatch", request_id=outcome.request_id, result_key=key, committed=committed,
-                         ours=meta["result_hash"])
+            hooks.report(
+                "hash_mismatch",
+                request_id=outcome.request_id,
+                result_key=key,
+                committed=committed,
+                ours=meta["result_hash"],
+            )
     store.delete_commit(rollout_state_key(spec.run, outcome.request_id))  # every attempt's state
     outcome.status, outcome.committed_step = "done", flight.step
     outcome.won = won[0]
     outcome.result_hash = hashes[0]
-    fields = {"result_hash": hashes[0], "reward": rewards[0]} if batch == 1 else {"result_hashes": hashes, "rewards": rewards}
-    hooks.report("done", request_id=outcome.request_id, result_key=outcome.result_key, won=won[0],
-                 steps_done=flight.step - outcome.resumed_from_step, compute_s=outcome.compute_s, **fields)
+    fields = (
+        {"result_hash": hashes[0], "reward": rewards[0]}
+        if batch == 1
+        else {"result_hashes": hashes, "rewards": rewards}
+    )
+    hooks.report(
+        "done",
+        request_id=outcome.request_id,
+        result_key=outcome.result_key,
+        won=won[0],
+        steps_done=flight.step - outcome.resumed_from_step,
+        compute_s=outcome.compute_s,
+        **fields,
+    )

@@ -21,8 +21,8 @@ import uuid
 from typing import Any, Callable
 
 from resources.keys import rollout_state_key
-from resources.store.manifest import Manifest
 from resources.store.base import TENSORS_NAME, StoreError, TensorStore
+from resources.store.manifest import Manifest
 from resources.store.tensors import tensors_from_bytes
 from workers.rollout.state import InFlight, RolloutSpec
 
@@ -41,8 +41,9 @@ def committed_states(store: TensorStore, run: str, request_id: str) -> list[str]
     return store.list_commits(rollout_state_key(run, request_id) + "/")
 
 
-def resume_or_start(store: TensorStore, spec: RolloutSpec, request_id: str, image_shape: tuple[int, int, int],
-                    report: Report) -> InFlight:
+def resume_or_start(
+    store: TensorStore, spec: RolloutSpec, request_id: str, image_shape: tuple[int, int, int], report: Report
+) -> InFlight:
     """The furthest committed state that reads back intact and matches `spec`, else a fresh start."""
     candidates: list[tuple[int, str, Manifest]] = []
     for key in committed_states(store, spec.run, request_id):

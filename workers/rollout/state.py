@@ -44,8 +44,19 @@ from workers.algo.sampler import SamplerConfig
 
 STATE_FORMAT = "spotlight-rollout-state/1"
 RESULT_FORMAT = "spotlight-rollout-result/1"
-_PAYLOAD_FIELDS = {"run", "prompt", "seed", "weights_version", "sampler", "reward", "batch_seeds", "sample_ids",
-                   "resolution", "guidance", "prompt_fields"}
+_PAYLOAD_FIELDS = {
+    "run",
+    "prompt",
+    "seed",
+    "weights_version",
+    "sampler",
+    "reward",
+    "batch_seeds",
+    "sample_ids",
+    "resolution",
+    "guidance",
+    "prompt_fields",
+}
 MAX_RESOLUTION = 8192
 """Largest image side a request may ask for, in pixels."""
 MAX_BATCH = 256
@@ -93,20 +104,30 @@ class RolloutSpec:
         if len(self.seeds) > MAX_BATCH:
             raise ValueError(f"a rollout request carries at most {MAX_BATCH} seeds, got {len(self.seeds)}")
         if self.batch_seeds and len(self.sample_ids) != len(self.seeds):
-            raise ValueError(f"a batched rollout request needs one sample id per seed: {len(self.seeds)} seeds, "
-                             f"{len(self.sample_ids)} sample ids")
+            raise ValueError(
+                f"a batched rollout request needs one sample id per seed: {len(self.seeds)} seeds, "
+                f"{len(self.sample_ids)} sample ids"
+            )
         if not self.batch_seeds and self.sample_ids:
             raise ValueError("sample_ids are only for a batched rollout request (one with batch_seeds)")
         if len(set(self.sample_ids)) != len(self.sample_ids):
             raise ValueError("a batched rollout request's sample ids must be distinct")
         for sample_id in self.sample_ids:
             check_name(sample_id, "sample id")
-        if self.resolution is not None and (isinstance(self.resolution, bool) or not isinstance(self.resolution, int)
-                                            or not 1 <= self.resolution <= MAX_RESOLUTION):
-            raise ValueError(f"resolution must be an int in [1, {MAX_RESOLUTION}] (pixels) or absent, "
-                             f"got {self.resolution!r}")
-        if self.guidance is not None and (isinstance(self.guidance, bool) or not isinstance(self.guidance, (int, float))
-                                          or not math.isfinite(self.guidance) or self.guidance < 0):
+        if self.resolution is not None and (
+            isinstance(self.resolution, bool)
+            or not isinstance(self.resolution, int)
+            or not 1 <= self.resolution <= MAX_RESOLUTION
+        ):
+            raise ValueError(
+                f"resolution must be an int in [1, {MAX_RESOLUTION}] (pixels) or absent, got {self.resolution!r}"
+            )
+        if self.guidance is not None and (
+            isinstance(self.guidance, bool)
+            or not isinstance(self.guidance, (int, float))
+            or not math.isfinite(self.guidance)
+            or self.guidance < 0
+        ):
             raise ValueError(f"guidance must be a finite number >= 0 or absent, got {self.guidance!r}")
         check_request_fields(self.run, self.prompt, self.weights_version, self.reward)
         check_prompt_fields(self.prompt_fields)
@@ -138,26 +159,53 @@ class RolloutSpec:
         missing = sorted({"run", "prompt", "seed", "weights_version"} - set(payload))
         extra = sorted(set(payload) - _PAYLOAD_FIELDS)
         if missing or extra:
-            raise ValueError(f"rollout payload: missing fields {missing}, unknown fields {extra}; allowed {sorted(_PAYLOAD_FIELDS)}")
+            raise ValueError(
+                f"rollout payload: missing fields {missing}, unknown fields {extra}; allowed {sorted(_PAYLOAD_FIELDS)}"
+            )
         config = SamplerConfig.from_json(payload.get("sampler"), "rollout payload")
         batch_seeds, sample_ids = payload.get("batch_seeds", []), payload.get("sample_ids", [])
         if not isinstance(batch_seeds, list) or not isinstance(sample_ids, list):
             raise ValueError("rollout payload: batch_seeds and sample_ids must be lists")
-        return cls(payload["run"], payload["prompt"], payload["seed"], payload["weights_version"],
-                   config, payload.get("reward", "minigeneval"), tuple(batch_seeds), tuple(sample_ids),
-                   payload.get("resolution"), payload.get("guidance"), payload.get("prompt_fields"))
+        return cls(
+            payload["run"],
+            payload["prompt"],
+            payload["seed"],
+            payload["weights_version"],
+            config,
+            payload.get("reward", "minigeneval"),
+            tuple(batch_seeds),
+            tuple(sample_ids),
+            payload.get("resolution"),
+            payload.get("guidance"),
+            payload.get("prompt_fields"),
+        )
 
     def to_payload(self) -> dict[str, Any]:
         """Plain JSON payload for the queue (the inverse of `from_payload`)."""
         sampler = dataclasses.asdict(self.sampler)
         if sampler["sde_window"] is not None:
             sampler["sde_window"] = list(sampler["sde_window"])
-        payload = {"run": self.run, "prompt": self.prompt, "seed": self.seed, "weights_version": self.weights_version,
-                   "sampler": sampler, "reward": self.reward}
+        payload = {
+            "run": self.run,
+            "prompt": self.prompt,
+            "seed": self.seed,
+            "weights_version": self.weights_version,
+            "sampler": sampler,
+            "reward": self.reward,
+        }
         if self.batch_seeds:  # absent for one sample: its payload and fingerprint are what they always were
             payload.update(batch_seeds=list(self.batch_seeds), sample_ids=list(self.sample_ids))
-        payload.update({k: v for k, v in (("resolution", self.resolution), ("guidance", self.guidance),
-                                          ("prompt_fields", self.prompt_fields)) if v is not None})
+        payload.update(
+            {
+                k: v
+                for k, v in (
+                    ("resolution", self.resolution),
+                    ("guidance", self.guidance),
+                    ("prompt_fields", self.prompt_fields),
+                )
+                if v is not None
+            }
+        )
         return payload
 
     @property
@@ -198,13 +246,23 @@ class InFlight:
     def to_commit(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Tensors and manifest metadata of the state commit (only the latents computed so far)."""
         tensors = {"latents": self.latents[: self.step + 1].clone(), "log_probs": self.log_probs.clone()}
-        meta = {"format": STATE_FORMAT, "fingerprint": self.spec.fingerprint, "step": self.step,
-                "num_steps": self.spec.sampler.num_steps, "attempts": list(self.attempts)}
+        meta = {
+            "format": STATE_FORMAT,
+            "fingerprint": self.spec.fingerprint,
+            "step": self.step,
+            "num_steps": self.spec.sampler.num_steps,
+            "attempts": list(self.attempts),
+        }
         return tensors, meta
 
     @classmethod
-    def from_commit(cls, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], spec: RolloutSpec,
-                    image_shape: tuple[int, int, int]) -> "InFlight":
+    def from_commit(
+        cls,
+        tensors: Mapping[str, torch.Tensor],
+        meta: Mapping[str, Any],
+        spec: RolloutSpec,
+        image_shape: tuple[int, int, int],
+    ) -> "InFlight":
         """Rebuild committed state; ValueError if it belongs to another request or is malformed."""
         if meta.get("format") != STATE_FORMAT:
             raise ValueError(f"rollout state has format {meta.get('format')!r}, expected {STATE_FORMAT!r}")
@@ -216,9 +274,15 @@ class InFlight:
             raise ValueError(f"rollout state is malformed (step {step!r}, tensors {sorted(tensors)})")
         if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
             raise ValueError("rollout state is malformed (attempts is not a list of records)")
-        if (tuple(lat.shape) != (step + 1, b, *image_shape) or tuple(lp.shape) != (n, b)
-                or lat.dtype != torch.float32 or lp.dtype != torch.float32):
-            raise ValueError(f"rollout state tensors have shapes {tuple(lat.shape)}, {tuple(lp.shape)} for step {step} of {n}")
+        if (
+            tuple(lat.shape) != (step + 1, b, *image_shape)
+            or tuple(lp.shape) != (n, b)
+            or lat.dtype != torch.float32
+            or lp.dtype != torch.float32
+        ):
+            raise ValueError(
+                f"rollout state tensors have shapes {tuple(lat.shape)}, {tuple(lp.shape)} for step {step} of {n}"
+            )
         latents = torch.full((n + 1, b, *image_shape), float("nan"))
         latents[: step + 1] = lat
         return cls(spec, step, latents, lp.clone(), list(attempts))
@@ -238,8 +302,14 @@ def trajectory_hash(latents: torch.Tensor, log_probs: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
-def result_commit(flight: InFlight, image_HW3: torch.Tensor, reward: float, info: Mapping[str, Any],
-                  sample: int = 0, components: Mapping[str, float] | None = None) -> tuple[dict, dict]:
+def result_commit(
+    flight: InFlight,
+    image_HW3: torch.Tensor,
+    reward: float,
+    info: Mapping[str, Any],
+    sample: int = 0,
+    components: Mapping[str, float] | None = None,
+) -> tuple[dict, dict]:
     """Tensors and metadata of the result commit of sample `sample` of a finished request (a batched request
     commits one result per sample, each exactly what a request of that sample alone would commit).
     `components`: a multi-reward's raw value of each component for this sample (metadata `reward_components`)."""
@@ -253,9 +323,16 @@ def result_commit(flight: InFlight, image_HW3: torch.Tensor, reward: float, info
     spec = flight.spec.sample(sample) if flight.spec.batch_seeds else flight.spec
     latents, log_probs = flight.latents[:, sample].contiguous(), flight.log_probs[:, sample].contiguous()
     tensors = {"latents": latents, "log_probs": log_probs, "image": image_HW3}
-    meta = {"format": RESULT_FORMAT, "fingerprint": spec.fingerprint, "prompt": spec.prompt,
-            "seed": spec.seed, "weights_version": spec.weights_version, "reward": float(reward),
-            "result_hash": trajectory_hash(latents, log_probs), **dict(info)}
+    meta = {
+        "format": RESULT_FORMAT,
+        "fingerprint": spec.fingerprint,
+        "prompt": spec.prompt,
+        "seed": spec.seed,
+        "weights_version": spec.weights_version,
+        "reward": float(reward),
+        "result_hash": trajectory_hash(latents, log_probs),
+        **dict(info),
+    }
     if components:  # absent for a single reward: those results' metadata is what it always was
         meta["reward_components"] = {name: float(value) for name, value in components.items()}
     return tensors, meta

@@ -60,8 +60,10 @@ class PolicyHolder:
             self.run, self.version, self.policy, self._bf16 = run, None, None, {}
         anchors = [v for v in chain.anchor_versions() if v <= version]
         if not anchors:
-            raise LookupError(f"run {run!r} has no anchor at or before version {version} in {self.store.url}; "
-                              "publish the policy first (StoreChain + ChainPublisher)")
+            raise LookupError(
+                f"run {run!r} has no anchor at or before version {version} in {self.store.url}; "
+                "publish the policy first (StoreChain + ChainPublisher)"
+            )
         meta = chain.anchor_metadata(anchors[-1])
         if self.policy is None:
             _check_model(meta.get("policy_config"), run, self.model)
@@ -93,8 +95,10 @@ class PolicyHolder:
             if not hasattr(policy, "at"):
                 if spec.guidance is None and spec.resolution == policy.config.image_size:
                     return policy
-                raise ValueError(f"rollout request: run {spec.run!r} trains the pixel policy, which samples at one size "
-                                 f"with no guidance; drop resolution={spec.resolution} / guidance={spec.guidance}")
+                raise ValueError(
+                    f"rollout request: run {spec.run!r} trains the pixel policy, which samples at one size "
+                    f"with no guidance; drop resolution={spec.resolution} / guidance={spec.guidance}"
+                )
             try:
                 self._views[key] = policy.at(resolution=spec.resolution, guidance=spec.guidance)
             except ValueError as err:
@@ -107,18 +111,24 @@ def _check_model(cfg, run: str, model: str | None) -> None:
     if model is None or not isinstance(cfg, dict):
         return
     if "family" not in cfg:
-        raise ModelMismatchError(f"run {run!r} trains the pixel policy, but this worker was started with --model "
-                                 f"{model}: start it without --model (MODEL empty)")
+        raise ModelMismatchError(
+            f"run {run!r} trains the pixel policy, but this worker was started with --model "
+            f"{model}: start it without --model (MODEL empty)"
+        )
     if cfg.get("path") != model:
-        raise ModelMismatchError(f"run {run!r} trains the pipeline at {cfg.get('path')} (its anchor's spec), but this "
-                                 f"worker was started with --model {model}: every node must hold the run's weights at "
-                                 "the run's path; start workers with MODEL set to it")
+        raise ModelMismatchError(
+            f"run {run!r} trains the pipeline at {cfg.get('path')} (its anchor's spec), but this "
+            f"worker was started with --model {model}: every node must hold the run's weights at "
+            "the run's path; start workers with MODEL set to it"
+        )
 
 
 def _build_from(meta: dict, run: str) -> Policy:
     cfg = meta.get("policy_config")
     if not isinstance(cfg, dict):
-        raise LookupError(f"run {run!r}: the anchor records no policy_config; publish it with StoreChain(policy_config=...)")
+        raise LookupError(
+            f"run {run!r}: the anchor records no policy_config; publish it with StoreChain(policy_config=...)"
+        )
     return build_from_spec(cfg)
 
 

@@ -30,20 +30,31 @@ EXIT_UNREACHABLE = 2
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workers.rollout", description=__doc__.split("\n\n")[0])
-    p.add_argument("--queue", required=True, help="Queue URL: a SQLite file, sqlite:///abs/path.db or redis://host:port/db.")
+    p.add_argument(
+        "--queue", required=True, help="Queue URL: a SQLite file, sqlite:///abs/path.db or redis://host:port/db."
+    )
     p.add_argument("--store", required=True, help="Tensor store: a folder, file:///abs/path or s3://bucket/prefix.")
     p.add_argument("--worker-id", default=None, help="Unique worker name (default: HOST-PID).")
-    p.add_argument("--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps (default 2).")
+    p.add_argument(
+        "--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps (default 2)."
+    )
     p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
     p.add_argument("--device", default="cpu", help="torch device for sampling (cpu, cuda, cuda:1).")
-    p.add_argument("--model", default=None,
-                   help="The diffusers pipeline folder the run trains (absolute; its PULSE anchor names it): checked at "
-                        "start, so a node without the weights there stops at once; a run on another folder is refused. "
-                        "Default: whatever the anchor names.")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="The diffusers pipeline folder the run trains (absolute; its PULSE anchor names it): checked at "
+        "start, so a node without the weights there stops at once; a run on another folder is refused. "
+        "Default: whatever the anchor names.",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
     p.add_argument("--poll-s", type=float, default=0.2, help="Wait between claims while the queue is empty.")
-    p.add_argument("--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM).")
-    p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device locally.")
+    p.add_argument(
+        "--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM)."
+    )
+    p.add_argument(
+        "--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device locally."
+    )
     add_cloud_flags(p, priced="this worker")
     return p
 
@@ -51,27 +62,50 @@ def build_parser() -> argparse.ArgumentParser:
 def add_cloud_flags(p: argparse.ArgumentParser, priced: str) -> None:
     """The flags of the ledger's price labels and of a spot VM's preemption notice, shared with the SP node agent
     (`priced`: what --usd-per-hour is the price of)."""
-    p.add_argument("--instance-type", default=None,
-                   help="Instance label for the ledger, e.g. g5.xlarge (default: SkyPilot's cloud/region, else local-cpu).")
-    p.add_argument("--gpu-type", default=None, help="GPU label for the ledger (e.g. A10G), priced from the table if --usd-per-hour is absent.")
+    p.add_argument(
+        "--instance-type",
+        default=None,
+        help="Instance label for the ledger, e.g. g5.xlarge (default: SkyPilot's cloud/region, else local-cpu).",
+    )
+    p.add_argument(
+        "--gpu-type",
+        default=None,
+        help="GPU label for the ledger (e.g. A10G), priced from the table if --usd-per-hour is absent.",
+    )
     capacity = p.add_mutually_exclusive_group()
-    capacity.add_argument("--spot", dest="spot", action="store_true", default=True, help="Preemptible capacity (default).")
+    capacity.add_argument(
+        "--spot", dest="spot", action="store_true", default=True, help="Preemptible capacity (default)."
+    )
     capacity.add_argument("--reserved", dest="spot", action="store_false", help="On-demand / reserved capacity.")
     p.add_argument("--usd-per-hour", type=float, default=None, help=f"Price of {priced} for the ledger.")
-    p.add_argument("--preemption-notice", default="off", choices=("off", "auto", "aws", "gcp"),
-                   help="Poll this cloud's metadata server for a preemption notice and treat it as SIGTERM "
-                        "(auto: the cloud SkyPilot launched this VM on).")
-    p.add_argument("--notice-url", default=None, help="Override the metadata URL polled for the notice (tests, proxies).")
+    p.add_argument(
+        "--preemption-notice",
+        default="off",
+        choices=("off", "auto", "aws", "gcp"),
+        help="Poll this cloud's metadata server for a preemption notice and treat it as SIGTERM "
+        "(auto: the cloud SkyPilot launched this VM on).",
+    )
+    p.add_argument(
+        "--notice-url", default=None, help="Override the metadata URL polled for the notice (tests, proxies)."
+    )
     p.add_argument("--notice-interval-s", type=float, default=5.0, help="Seconds between notice polls.")
-    p.add_argument("--notice-exit-code", type=int, default=0,
-                   help="Exit code after stopping on SIGTERM or a notice (SkyPilot: a code in recover_on_exit_codes).")
+    p.add_argument(
+        "--notice-exit-code",
+        type=int,
+        default=0,
+        help="Exit code after stopping on SIGTERM or a notice (SkyPilot: a code in recover_on_exit_codes).",
+    )
 
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError naming the flag, before anything is opened or imported."""
     if args.commit_every < 1:
         raise ValueError(f"--commit-every must be >= 1, got {args.commit_every}")
-    for flag, value in (("--lease-s", args.lease_s), ("--poll-s", args.poll_s), ("--notice-interval-s", args.notice_interval_s)):
+    for flag, value in (
+        ("--lease-s", args.lease_s),
+        ("--poll-s", args.poll_s),
+        ("--notice-interval-s", args.notice_interval_s),
+    ):
         if not value > 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
     if args.usd_per_hour is not None and not args.usd_per_hour >= 0:
@@ -95,12 +129,16 @@ def check_model_folder(model: str) -> None:
     from pathlib import Path
 
     if not Path(model).is_absolute():
-        raise ValueError(f"--model {model!r} must be an absolute path: the run's anchor names its folder that way, "
-                         "and every node must hold the weights at that same path")
+        raise ValueError(
+            f"--model {model!r} must be an absolute path: the run's anchor names its folder that way, "
+            "and every node must hold the weights at that same path"
+        )
     if not (Path(model) / "model_index.json").is_file():
-        raise ValueError(f"--model {model}: no diffusers pipeline on this node (no model_index.json there); mount the "
-                         "weights at that path (SkyPilot file_mounts, e.g. spotlight launch --model-source "
-                         "s3://bucket/path), or leave MODEL empty for the pixel policy")
+        raise ValueError(
+            f"--model {model}: no diffusers pipeline on this node (no model_index.json there); mount the "
+            "weights at that path (SkyPilot file_mounts, e.g. spotlight launch --model-source "
+            "s3://bucket/path), or leave MODEL empty for the pixel policy"
+        )
 
 
 class EventLog:
@@ -176,10 +214,10 @@ def default_instance_type(cluster_info: str | None) -> str:
 def open_io(args: argparse.Namespace, who: str = "workers.rollout"):
     """(queue, store) of `args.queue` and `args.store`, checked reachable, or None after printing (as `who`) why
     one cannot be used. The SP node agent opens its own the same way."""
-    from resources.queue.base import QueueUnavailableError
     from resources.queue import open_queue
-    from resources.store.base import StoreError
+    from resources.queue.base import QueueUnavailableError
     from resources.store import open_store
+    from resources.store.base import StoreError
 
     try:
         queue = open_queue(args.queue)

@@ -23,16 +23,67 @@ from typing import Any, Mapping
 from resources.ledger import Ledger
 
 COLUMNS = {
-    "workers": ("worker_id", "role", "instance_type", "gpu_type", "num_gpus", "spot", "usd_per_hour", "price_source",
-                "started_at", "ended_at", "end_reason"),
+    "workers": (
+        "worker_id",
+        "role",
+        "instance_type",
+        "gpu_type",
+        "num_gpus",
+        "spot",
+        "usd_per_hour",
+        "price_source",
+        "started_at",
+        "ended_at",
+        "end_reason",
+    ),
     "iterations": ("iteration", "weights_version", "started_at", "ended_at", "critical_path_s", "status"),
     "phases": ("iteration", "phase", "started_at", "ended_at"),
-    "requests": ("request_id", "iteration", "kind", "prompt", "seed", "weights_version", "worker_id", "attempts",
-                 "enqueued_at", "finished_at", "arm", "status"),
-    "attempts": ("request_id", "attempt", "worker_id", "started_at", "ended_at", "outcome", "resumed_from_step", "steps_done"),
-    "preemptions": ("worker_id", "preempted_at", "notice_s", "request_id", "steps_lost", "seconds_lost", "state_committed"),
-    "exploration": ("iteration", "arm", "budget_s", "time_used_s", "num_requests", "seeds_per_prompt", "cache_level",
-                    "overhead_s", "variance_gain", "ucb_score", "fallback_random"),
+    "requests": (
+        "request_id",
+        "iteration",
+        "kind",
+        "prompt",
+        "seed",
+        "weights_version",
+        "worker_id",
+        "attempts",
+        "enqueued_at",
+        "finished_at",
+        "arm",
+        "status",
+    ),
+    "attempts": (
+        "request_id",
+        "attempt",
+        "worker_id",
+        "started_at",
+        "ended_at",
+        "outcome",
+        "resumed_from_step",
+        "steps_done",
+    ),
+    "preemptions": (
+        "worker_id",
+        "preempted_at",
+        "notice_s",
+        "request_id",
+        "steps_lost",
+        "seconds_lost",
+        "state_committed",
+    ),
+    "exploration": (
+        "iteration",
+        "arm",
+        "budget_s",
+        "time_used_s",
+        "num_requests",
+        "seeds_per_prompt",
+        "cache_level",
+        "overhead_s",
+        "variance_gain",
+        "ucb_score",
+        "fallback_random",
+    ),
     "validation": ("iteration", "weights_version", "score", "num_prompts", "recorded_at"),
 }
 _TIMES = {"started_at", "ended_at", "enqueued_at", "finished_at", "preempted_at", "recorded_at"}
@@ -58,10 +109,31 @@ class SimBooks:
         self.workers: dict[str, dict[str, Any]] = {}
         self.phase_rows: dict[tuple[int, str], dict[str, Any]] = {}
 
-    def worker_start(self, worker_id: str, *, role: str, spot: bool, usd_per_hour: float, gpu_type: str | None,
-                     t: float, source: str, num_gpus: int = 1) -> None:
-        row = dict(worker_id=worker_id, role=role, instance_type="sim", gpu_type=gpu_type, num_gpus=num_gpus, spot=spot,
-                   usd_per_hour=usd_per_hour, price_source=source, started_at=t, ended_at=None, end_reason=None)
+    def worker_start(
+        self,
+        worker_id: str,
+        *,
+        role: str,
+        spot: bool,
+        usd_per_hour: float,
+        gpu_type: str | None,
+        t: float,
+        source: str,
+        num_gpus: int = 1,
+    ) -> None:
+        row = dict(
+            worker_id=worker_id,
+            role=role,
+            instance_type="sim",
+            gpu_type=gpu_type,
+            num_gpus=num_gpus,
+            spot=spot,
+            usd_per_hour=usd_per_hour,
+            price_source=source,
+            started_at=t,
+            ended_at=None,
+            end_reason=None,
+        )
         self.workers[worker_id] = row
         self.rows["workers"].append(row)
 
@@ -77,8 +149,16 @@ class SimBooks:
 
     def iteration(self, iteration: int, start: float, end: float) -> None:
         spans = [(r["started_at"], r["ended_at"]) for (k, _), r in self.phase_rows.items() if k == iteration]
-        self.rows["iterations"].append(dict(iteration=iteration, weights_version=iteration, started_at=start, ended_at=end,
-                                            critical_path_s=union_s(spans), status="succeeded"))
+        self.rows["iterations"].append(
+            dict(
+                iteration=iteration,
+                weights_version=iteration,
+                started_at=start,
+                ended_at=end,
+                critical_path_s=union_s(spans),
+                status="succeeded",
+            )
+        )
 
     def add(self, table: str, **row: Any) -> None:
         self.rows[table].append(row)
@@ -99,8 +179,10 @@ class SimBooks:
                     out.writerow(columns)
                     out.writerows([self._cell(c, r.get(c)) for c in columns] for r in self.rows[table])
                 names = ", ".join(columns)
-                ledger.query(f"INSERT INTO {table} ({names}) SELECT {names} FROM read_csv(?, header = true, all_varchar = true)",
-                             [str(path)])
+                ledger.query(
+                    f"INSERT INTO {table} ({names}) SELECT {names} FROM read_csv(?, header = true, all_varchar = true)",
+                    [str(path)],
+                )
         ledger.end_run(run_id, status="succeeded", at=self.stamp(end_s))
 
     def stamp(self, t: float) -> datetime:

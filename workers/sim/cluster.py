@@ -68,9 +68,18 @@ class Work:
 
 
 class SimCluster:
-    def __init__(self, env: simpy.Environment, queues: dict, books: SimBooks, times: ServiceTimes, config: SimConfig,
-                 slots: list[Slot], usd_per_gpu_hour: float, price_source: str,
-                 worker_times: Mapping[str, WorkerTimes] | None = None) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        queues: dict,
+        books: SimBooks,
+        times: ServiceTimes,
+        config: SimConfig,
+        slots: list[Slot],
+        usd_per_gpu_hour: float,
+        price_source: str,
+        worker_times: Mapping[str, WorkerTimes] | None = None,
+    ) -> None:
         self.env, self.queues, self.books, self.times, self.config = env, queues, books, times, config
         self.worker_times = dict(worker_times or {})
         self.policy: Policy = config.policy
@@ -100,6 +109,7 @@ class SimCluster:
         def later():
             yield self.env.timeout(max(0.0, at - self.env.now) + 1e-6)
             self.notify(key)
+
         self.env.process(later())
 
     # --- slot lifecycle ------------------------------------------------------------------
@@ -117,8 +127,15 @@ class SimCluster:
         if delay_s > 0:
             yield self.env.timeout(delay_s)
         startup = self.times.startup_s if slot.generation == 0 else self._replacement_startup_s(slot)
-        self.books.worker_start(slot.worker_id, role="rollout", spot=self.policy.spot, usd_per_hour=self.usd,
-                                gpu_type=self.times.gpu_type, t=self.env.now, source=self.price_source)
+        self.books.worker_start(
+            slot.worker_id,
+            role="rollout",
+            spot=self.policy.spot,
+            usd_per_hour=self.usd,
+            gpu_type=self.times.gpu_type,
+            t=self.env.now,
+            source=self.price_source,
+        )
         slot.state = "starting"
         slot.process = self.env.process(self._boot(slot, self._measured(slot.worker_id, "startup_s", startup)))
 
@@ -158,8 +175,16 @@ class SimCluster:
         self.env.process(self._start_after(slot, end - now + restart_s))
 
     def _idle_preemption(self, worker_id: str, notice_s: float) -> None:
-        self.books.add("preemptions", worker_id=worker_id, preempted_at=self.env.now, notice_s=notice_s, request_id=None,
-                       steps_lost=0, seconds_lost=0.0, state_committed=False)
+        self.books.add(
+            "preemptions",
+            worker_id=worker_id,
+            preempted_at=self.env.now,
+            notice_s=notice_s,
+            request_id=None,
+            steps_lost=0,
+            seconds_lost=0.0,
+            state_committed=False,
+        )
 
     # --- SP groups -----------------------------------------------------------------------
 
@@ -170,16 +195,23 @@ class SimCluster:
     def form_groups(self, node: int) -> None:
         """Group the node's free GPUs at the degree the real policy picks for the current queue depth."""
         free = [s for s in self.slots.values() if s.node == node and s.state == "free"]
-        degrees = [d for d in (1, 2, 4, 8) if self.times.min_sp_degree <= d <= min(len(free), self.config.gpus_per_node)]
+        degrees = [
+            d for d in (1, 2, 4, 8) if self.times.min_sp_degree <= d <= min(len(free), self.config.gpus_per_node)
+        ]
         if not degrees:
             return
         depth = self.queue_for(node).stats().open
         reform = self.times.elastic_reform_s if self.policy.elastic_sp else self.times.model_load_s
-        choice = choose_sp_degree(len(free), depth, {d: self.latency_s(d) for d in degrees},
-                                  current_degree=self.degree.get(node), reform_s=reform)
+        choice = choose_sp_degree(
+            len(free),
+            depth,
+            {d: self.latency_s(d) for d in degrees},
+            current_degree=self.degree.get(node),
+            reform_s=reform,
+        )
         self.degree[node] = choice.degree
         for i in range(choice.num_groups):
-            members = free[i * choice.degree:(i + 1) * choice.degree]
+            members = free[i * choice.degree : (i + 1) * choice.degree]
             group = Group(members[0].worker_id, node, members, choice.degree)
             for s in members:
                 s.state, s.group = "busy", group
@@ -241,7 +273,9 @@ class SimCluster:
             _, victim, notice_s, outcome = stop.cause
             elapsed = max(0.0, self.env.now - t0 - claim_s)
             reached = min(steps, start_step + int(elapsed / step_s))
-            self._interrupted(group, queue, lease, key, (victim, notice_s, outcome), start_step, reached, step_s, beat, t0)
+            self._interrupted(
+                group, queue, lease, key, (victim, notice_s, outcome), start_step, reached, step_s, beat, t0
+            )
             raise
         self.work.busy_gpu_s += total * group.degree
         self._attempt(lease, group, t0, "done", start_step, steps)
@@ -271,15 +305,30 @@ class SimCluster:
         else:
             self._wake_at(key, beat + self.config.lease_s)
         self._attempt(lease, group, t0, "preempted", start_step, reached)
-        self.books.add("preemptions", worker_id=victim, preempted_at=self.env.now, notice_s=notice_s,
-                       request_id=lease.request_id, steps_lost=lost, seconds_lost=lost * step_s,
-                       state_committed=self.policy.commits and keep > 0)
+        self.books.add(
+            "preemptions",
+            worker_id=victim,
+            preempted_at=self.env.now,
+            notice_s=notice_s,
+            request_id=lease.request_id,
+            steps_lost=lost,
+            seconds_lost=lost * step_s,
+            state_committed=self.policy.commits and keep > 0,
+        )
         outcome["recorded"] = True
 
     def _attempt(self, lease: Lease, group: Group, t0: float, outcome: str, start_step: int, steps_done) -> None:
-        self.books.add("attempts", request_id=lease.request_id, attempt=lease.attempts, worker_id=group.worker_id,
-                       started_at=t0, ended_at=self.env.now, outcome=outcome, resumed_from_step=start_step,
-                       steps_done=steps_done)
+        self.books.add(
+            "attempts",
+            request_id=lease.request_id,
+            attempt=lease.attempts,
+            worker_id=group.worker_id,
+            started_at=t0,
+            ended_at=self.env.now,
+            outcome=outcome,
+            resumed_from_step=start_step,
+            steps_done=steps_done,
+        )
 
     def live_groups(self) -> int:
         return len({id(s.group) for s in self.slots.values() if s.group is not None})

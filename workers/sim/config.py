@@ -38,8 +38,12 @@ POLICIES = {
     "rlboost": Policy("rlboost", pull=True, commits=True, elastic_sp=False, explore=False),
     "spotlight": Policy("spotlight"),
 }
-POLICY_LABELS = {"roll": "reserved-only sync (ROLL-like)", "naive_spot": "naive spot", "rlboost": "pull + commits (RLBoost-like)",
-                 "spotlight": "spotlight"}
+POLICY_LABELS = {
+    "roll": "reserved-only sync (ROLL-like)",
+    "naive_spot": "naive spot",
+    "rlboost": "pull + commits (RLBoost-like)",
+    "spotlight": "spotlight",
+}
 
 
 @dataclass(frozen=True)
@@ -66,13 +70,23 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_spot_gpus", "num_trainer_gpus", "gpus_per_node", "iterations", "prompts_per_iteration",
-                     "group_size", "commit_every", "validate_every"):
+        for name in (
+            "num_spot_gpus",
+            "num_trainer_gpus",
+            "gpus_per_node",
+            "iterations",
+            "prompts_per_iteration",
+            "group_size",
+            "commit_every",
+            "validate_every",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SimConfig.{name} must be an int >= 1, got {value!r}")
         if not self.lease_s > 0 or not self.explore_speedup > 0:
-            raise ValueError(f"SimConfig.lease_s and explore_speedup must be > 0, got {self.lease_s}, {self.explore_speedup}")
+            raise ValueError(
+                f"SimConfig.lease_s and explore_speedup must be > 0, got {self.lease_s}, {self.explore_speedup}"
+            )
 
     @property
     def samples_per_iteration(self) -> int:

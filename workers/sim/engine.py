@@ -24,9 +24,9 @@ from typing import Any, Mapping, Sequence
 
 import simpy
 
+from resources.cluster.preemption import PreemptionEvent
 from resources.ledger import Ledger
 from resources.prices import PriceTable, load_prices
-from resources.cluster.preemption import PreemptionEvent
 from resources.queue.base import QueueConfig
 from resources.queue.sqlite import SqliteQueue
 from workers.algo.bandit import predict_budget_s
@@ -68,8 +68,16 @@ class SimResult:
 
 
 class SimCoordinator:
-    def __init__(self, config: SimConfig, times: ServiceTimes, events: list[PreemptionEvent], curve: LearningCurve,
-                 prices: PriceTable, setup: Setup, workdir: Path) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        times: ServiceTimes,
+        events: list[PreemptionEvent],
+        curve: LearningCurve,
+        prices: PriceTable,
+        setup: Setup,
+        workdir: Path,
+    ) -> None:
         self.config, self.times, self.curve, self.setup = config, times, curve, setup
         self.env = simpy.Environment()
         self.books = SimBooks(setup.epoch_s)
@@ -81,11 +89,17 @@ class SimCoordinator:
         qconfig = QueueConfig(max_deliveries=1000)
         keys = ["all"] if policy.pull else sorted({s.node for s in slots})
         self.queues = {k: SqliteQueue(workdir / f"queue-{k}.db", qconfig, clock=clock) for k in keys}
-        spot_rate, spot_source = self._price(prices, spot=policy.spot, given=setup.spot_usd_per_gpu_hour if policy.spot
-                                             else setup.reserved_usd_per_gpu_hour)
-        self.reserved_rate, self.reserved_source = self._price(prices, spot=False, given=setup.reserved_usd_per_gpu_hour)
-        self.cluster = SimCluster(self.env, self.queues, self.books, times, config, slots, spot_rate, spot_source,
-                                  worker_times=setup.workers)
+        spot_rate, spot_source = self._price(
+            prices,
+            spot=policy.spot,
+            given=setup.spot_usd_per_gpu_hour if policy.spot else setup.reserved_usd_per_gpu_hour,
+        )
+        self.reserved_rate, self.reserved_source = self._price(
+            prices, spot=False, given=setup.reserved_usd_per_gpu_hour
+        )
+        self.cluster = SimCluster(
+            self.env, self.queues, self.books, times, config, slots, spot_rate, spot_source, worker_times=setup.workers
+        )
         self.cluster.on_done = self._on_done
         self.events = events if policy.spot else []
         self.bandit = ExploreConfig().new_bandit(config.group_size) if policy.explore else None
@@ -123,8 +137,9 @@ class SimCoordinator:
         t, cfg = self.times, self.config
         train_s = t.update_s_per_sample * cfg.samples_per_iteration / cfg.num_trainer_gpus
         validates = k % cfg.validate_every == 0 or k == cfg.iterations
-        return IterationTimes(t.sync_s, train_s, t.validate_s if validates else None, t.gaps_s,
-                              before_s=t.between_s if k > 0 else 0.0)
+        return IterationTimes(
+            t.sync_s, train_s, t.validate_s if validates else None, t.gaps_s, before_s=t.between_s if k > 0 else 0.0
+        )
 
     def _phase(self, k: int, name: str, seconds: float):
         start = self.env.now
@@ -136,9 +151,16 @@ class SimCoordinator:
         gaps = seg.gaps_s
         yield self.env.timeout(seg.before_s)
         start, reserved = self.env.now, f"reserved-it-{k:06d}"
-        self.books.worker_start(reserved, role="trainer", spot=False, num_gpus=self.config.num_trainer_gpus,
-                                usd_per_hour=self.reserved_rate * self.config.num_trainer_gpus,
-                                gpu_type=self.times.gpu_type, t=start, source=self.reserved_source)
+        self.books.worker_start(
+            reserved,
+            role="trainer",
+            spot=False,
+            num_gpus=self.config.num_trainer_gpus,
+            usd_per_hour=self.reserved_rate * self.config.num_trainer_gpus,
+            gpu_type=self.times.gpu_type,
+            t=start,
+            source=self.reserved_source,
+        )
         yield self.env.timeout(gaps[0])
         yield from self._phase(k, "sync", seg.sync_s)
         yield self.env.timeout(gaps[1])
@@ -166,8 +188,14 @@ class SimCoordinator:
 
     def _validate(self, k: int, seg: IterationTimes):
         yield from self._phase(k, "validate", seg.validate_s)
-        self.books.add("validation", iteration=k, weights_version=k, score=self.curve.score(self.progress),
-                       num_prompts=self.config.prompts_per_iteration, recorded_at=self.env.now)
+        self.books.add(
+            "validation",
+            iteration=k,
+            weights_version=k,
+            score=self.curve.score(self.progress),
+            num_prompts=self.config.prompts_per_iteration,
+            recorded_at=self.env.now,
+        )
 
     def _advance_progress(self) -> None:
         """The update just trained moves the run along the curve; explored seeds count explore_speedup."""
@@ -178,7 +206,11 @@ class SimCoordinator:
         for r in requests:
             self.cluster.enqueued_at[r["request_id"]] = self.env.now
         for queue_key, queue in self.queues.items():
-            mine = requests if queue_key == "all" else [r for i, r in enumerate(requests) if i % len(self.queues) == queue_key]
+            mine = (
+                requests
+                if queue_key == "all"
+                else [r for i, r in enumerate(requests) if i % len(self.queues) == queue_key]
+            )
             if mine:
                 queue.put(mine)
         self.cluster.notify_all()
@@ -187,9 +219,16 @@ class SimCoordinator:
         start, t = self.env.now, self.times
         yield self.env.timeout(_given(seg.enqueue_s, t.enqueue_s))
         cfg = self.config
-        payload = {"steps": t.num_steps, "step_s": _given(seg.step_s, t.step_s), "claim_s": _given(seg.claim_s, t.claim_s)}
-        requests = [{"request_id": f"it{k}-p{p}-s{s}", "iteration": k, "kind": "rollout", "payload": payload}
-                    for p in range(cfg.prompts_per_iteration) for s in range(cfg.group_size)]
+        payload = {
+            "steps": t.num_steps,
+            "step_s": _given(seg.step_s, t.step_s),
+            "claim_s": _given(seg.claim_s, t.claim_s),
+        }
+        requests = [
+            {"request_id": f"it{k}-p{p}-s{s}", "iteration": k, "kind": "rollout", "payload": payload}
+            for p in range(cfg.prompts_per_iteration)
+            for s in range(cfg.group_size)
+        ]
         self.pending["rollout"] = len(requests)
         self.rollout_done = self.env.event()
         self._put(requests)
@@ -209,9 +248,21 @@ class SimCoordinator:
         for i, r in enumerate(requests):
             rid = r["request_id"]
             worker, attempts, enq, fin = finished.get(rid, (None, 0, self.cluster.enqueued_at.get(rid), None))
-            self.books.add("requests", request_id=rid, iteration=k, kind=r["kind"], prompt=f"p{i // self.config.group_size}",
-                           seed=i, weights_version=k, worker_id=worker, attempts=attempts, enqueued_at=enq,
-                           finished_at=fin, arm=arm, status="done" if fin is not None else "cancelled")
+            self.books.add(
+                "requests",
+                request_id=rid,
+                iteration=k,
+                kind=r["kind"],
+                prompt=f"p{i // self.config.group_size}",
+                seed=i,
+                weights_version=k,
+                worker_id=worker,
+                attempts=attempts,
+                enqueued_at=enq,
+                finished_at=fin,
+                arm=arm,
+                status="done" if fin is not None else "cancelled",
+            )
 
     def _start_exploration(self, k: int, seg: IterationTimes):
         """The real bandit's arm within the predicted training time, sized to the workers alive now; no arm that
@@ -223,10 +274,18 @@ class SimCoordinator:
         if choice.arm is not None:
             level = CACHE_LEVELS[choice.arm.cache_level].nominal_cost
             measured = _given(seg.explore_request_s, self.times.explore_request_s)
-            step_s = measured / self.times.num_steps if measured else self.times.step_s * choice.arm.seeds_per_prompt * level
-            payload = {"steps": self.times.num_steps, "step_s": step_s, "claim_s": _given(seg.claim_s, self.times.claim_s)}
-            requests = [{"request_id": f"explore-it{k}-p{p}", "iteration": k, "kind": "explore", "payload": payload}
-                        for p in range(self.config.prompts_per_iteration)]
+            step_s = (
+                measured / self.times.num_steps if measured else self.times.step_s * choice.arm.seeds_per_prompt * level
+            )
+            payload = {
+                "steps": self.times.num_steps,
+                "step_s": step_s,
+                "claim_s": _given(seg.claim_s, self.times.claim_s),
+            }
+            requests = [
+                {"request_id": f"explore-it{k}-p{p}", "iteration": k, "kind": "explore", "payload": payload}
+                for p in range(self.config.prompts_per_iteration)
+            ]
             self._put(requests)
         return choice, requests, budget, workers
 
@@ -238,9 +297,20 @@ class SimCoordinator:
             queue.cancel_iteration(k, "explore")
         self.books.phase(k, "explore", explore_start, self.env.now)
         if choice.arm is None:
-            self.books.add("exploration", iteration=k, arm="none", budget_s=budget or 0.0, time_used_s=0.0, num_requests=0,
-                           seeds_per_prompt=None, cache_level=None, overhead_s=0.0, variance_gain=None, ucb_score=None,
-                           fallback_random=False)
+            self.books.add(
+                "exploration",
+                iteration=k,
+                arm="none",
+                budget_s=budget or 0.0,
+                time_used_s=0.0,
+                num_requests=0,
+                seeds_per_prompt=None,
+                cache_level=None,
+                overhead_s=0.0,
+                variance_gain=None,
+                ucb_score=None,
+                fallback_random=False,
+            )
             return
         done = [r["request_id"] for r in requests if r["request_id"] in self.cluster.work.finished]
         used = sum(self.cluster.work.compute_s[rid] for rid in done)
@@ -249,14 +319,25 @@ class SimCoordinator:
         elif train_s:
             self.bandit.observe_time(choice.arm, train_s * workers, 1)
         self.explored_share = len(done) / len(requests)
-        gain = self.rng.gauss(VARIANCE_GAIN * (choice.arm.seeds_per_prompt / (2 * self.config.group_size)) ** 0.25, 0.15)
+        gain = self.rng.gauss(
+            VARIANCE_GAIN * (choice.arm.seeds_per_prompt / (2 * self.config.group_size)) ** 0.25, 0.15
+        )
         if done:
             self.bandit.observe_gain(choice.arm, gain)
-        self.books.add("exploration", iteration=k, arm=choice.arm.name, budget_s=budget or 0.0, time_used_s=used / workers,
-                       num_requests=len(requests), seeds_per_prompt=choice.arm.seeds_per_prompt,
-                       cache_level=choice.arm.cache_level, overhead_s=0.0, variance_gain=gain if done else None,
-                       ucb_score=None if choice.ucb is None or choice.ucb == float("inf") else choice.ucb,
-                       fallback_random=not done)
+        self.books.add(
+            "exploration",
+            iteration=k,
+            arm=choice.arm.name,
+            budget_s=budget or 0.0,
+            time_used_s=used / workers,
+            num_requests=len(requests),
+            seeds_per_prompt=choice.arm.seeds_per_prompt,
+            cache_level=choice.arm.cache_level,
+            overhead_s=0.0,
+            variance_gain=gain if done else None,
+            ucb_score=None if choice.ucb is None or choice.ucb == float("inf") else choice.ucb,
+            fallback_random=not done,
+        )
         self._record_requests(requests, k, choice.arm.name)
 
 
@@ -271,9 +352,17 @@ def _given(measured: float | None, default: float) -> float:
     return default if measured is None else measured
 
 
-def simulate(config: SimConfig, times: ServiceTimes, market: Market, curve: LearningCurve, *,
-             prices: PriceTable | None = None, setup: Setup = Setup(), out_dir: Path | None = None,
-             target: float | None = None) -> SimResult:
+def simulate(
+    config: SimConfig,
+    times: ServiceTimes,
+    market: Market,
+    curve: LearningCurve,
+    *,
+    prices: PriceTable | None = None,
+    setup: Setup = Setup(),
+    out_dir: Path | None = None,
+    target: float | None = None,
+) -> SimResult:
     """Run one simulated training run; its ledger goes to out_dir/ledger.duckdb (or a temporary file)."""
     from workers.sim.metrics import run_metrics
 
@@ -292,10 +381,16 @@ def simulate(config: SimConfig, times: ServiceTimes, market: Market, curve: Lear
             path.unlink()
         path.parent.mkdir(parents=True, exist_ok=True)
         ledger = Ledger(path, prices=prices)
-        record = {"policy": asdict(config.policy), "sim": {k: v for k, v in asdict(config).items() if k != "policy"},
-                  "market": market.name, "curve": curve.source, "model": times.model}
-        coordinator.books.write(ledger, run_id=f"sim-{config.policy.name}-{config.num_spot_gpus}", config=record,
-                                end_s=coordinator.end_s)
+        record = {
+            "policy": asdict(config.policy),
+            "sim": {k: v for k, v in asdict(config).items() if k != "policy"},
+            "market": market.name,
+            "curve": curve.source,
+            "model": times.model,
+        }
+        coordinator.books.write(
+            ledger, run_id=f"sim-{config.policy.name}-{config.num_spot_gpus}", config=record, end_s=coordinator.end_s
+        )
         metrics = run_metrics(ledger, coordinator, target)
         result = SimResult(config, path if out_dir else Path(""), metrics)
     return result

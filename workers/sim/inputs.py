@@ -22,9 +22,15 @@ from typing import Mapping
 
 from resources.ledger.db import query_ledger
 
-
-GAPS = ("start->sync", "sync->rollout", "rollout->explore", "explore->validate", "validate->train",
-        "train->explore end", "->iteration end")
+GAPS = (
+    "start->sync",
+    "sync->rollout",
+    "rollout->explore",
+    "explore->validate",
+    "validate->train",
+    "train->explore end",
+    "->iteration end",
+)
 """The coordinator's hand-overs within an iteration, in order (ServiceTimes.gaps_s, IterationTimes.gaps_s)."""
 
 
@@ -84,10 +90,13 @@ class ServiceTimes:
             if not getattr(self, name) > 0:
                 raise ValueError(f"ServiceTimes.{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if len(self.gaps_s) != len(GAPS):
-            raise ValueError(f"ServiceTimes.gaps_s must give {len(GAPS)} hand-over times ({', '.join(GAPS)}), "
-                             f"got {len(self.gaps_s)}")
+            raise ValueError(
+                f"ServiceTimes.gaps_s must give {len(GAPS)} hand-over times ({', '.join(GAPS)}), got {len(self.gaps_s)}"
+            )
         if self.num_steps < 1 or self.min_sp_degree < 1:
-            raise ValueError(f"ServiceTimes.num_steps and min_sp_degree must be >= 1, got {self.num_steps}, {self.min_sp_degree}")
+            raise ValueError(
+                f"ServiceTimes.num_steps and min_sp_degree must be >= 1, got {self.num_steps}, {self.min_sp_degree}"
+            )
 
     @property
     def sample_s(self) -> float:
@@ -145,9 +154,14 @@ def qwen_image_20b(gpu_type: str = "H200", resolution: int = 512) -> ServiceTime
     scale = 1.0 if resolution == 512 else (1280 / 512) ** 2 * 1.2  # tokens x6.25, attention's extra ~20 %: assumption
     rollout_share = 0.6  # assumption: rollout 60 % of a Flow-GRPO step's GPU time (no public split)
     return ServiceTimes(
-        model="qwen-image-20b", gpu_type=gpu_type, num_steps=10,
-        step_s=per_image_s * rollout_share * scale / 10, update_s_per_sample=per_image_s * (1 - rollout_share) * scale,
-        sync_s=5.0, validate_s=60.0, min_sp_degree=1 if resolution == 512 else 2,
+        model="qwen-image-20b",
+        gpu_type=gpu_type,
+        num_steps=10,
+        step_s=per_image_s * rollout_share * scale / 10,
+        update_s_per_sample=per_image_s * (1 - rollout_share) * scale,
+        sync_s=5.0,
+        validate_s=60.0,
+        min_sp_degree=1 if resolution == 512 else 2,
         sources={
             "step_s": f"{_VERL_OMNI}; x0.6 rollout share (assumption) / 10 steps (Flow-GRPO Qwen-Image train steps)",
             "update_s_per_sample": f"{_VERL_OMNI}; x0.4 update share (assumption)",
@@ -216,13 +230,20 @@ def curve_from_bench(path: str | Path, strategy: str = "random") -> tuple[Learni
         mean = learning["strategies"][strategy]["mean_curve"]
         row = learning["targets"][f"{figures['target_gain']:+.2f}"]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"--curve {path}: not a `spotlight bench exploration --json` record with a {strategy!r} "
-                         f"curve ({type(err).__name__}: {err})") from None
+        raise ValueError(
+            f"--curve {path}: not a `spotlight bench exploration --json` record with a {strategy!r} "
+            f"curve ({type(err).__name__}: {err})"
+        ) from None
     ratio = row.get("random_over_explore", {}).get("ratio")
-    measured = (f"explore speedup {ratio} measured at +{figures['target_gain']:.2f}" if ratio is not None else
-                f"no explore speedup measured at +{figures['target_gain']:.2f} (a mean curve never reached it)")
-    source = (f"MEASURED ON THE TINY CPU DiT, not Qwen-Image: {path}, {strategy} seeds, mean held-out over "
-              f"{len(learning['seeds'])} run seeds; {measured}")
+    measured = (
+        f"explore speedup {ratio} measured at +{figures['target_gain']:.2f}"
+        if ratio is not None
+        else f"no explore speedup measured at +{figures['target_gain']:.2f} (a mean curve never reached it)"
+    )
+    source = (
+        f"MEASURED ON THE TINY CPU DiT, not Qwen-Image: {path}, {strategy} seeds, mean held-out over "
+        f"{len(learning['seeds'])} run seeds; {measured}"
+    )
     return LearningCurve(tuple(float(v) for v in learning["versions"]), tuple(float(x) for x in mean), source), ratio
 
 
@@ -230,8 +251,12 @@ def default_curve() -> LearningCurve:
     """A measured curve (not a Qwen-Image one): `spotlight train --seed 0` on 2 threads, cpu_tiny_long, random seeds."""
     its = tuple(float(i) for i in range(0, 45, 5))
     scores = (0.289, 0.242, 0.289, 0.281, 0.313, 0.391, 0.477, 0.445, 0.461)
-    return LearningCurve(its, scores, "MEASURED ON THE TINY CPU DiT, not Qwen-Image: docs/BENCHMARKS.md, cpu_tiny_long "
-                                      "seed 0 (2 threads), held-out strict at iterations 0, 5, ..., 40")
+    return LearningCurve(
+        its,
+        scores,
+        "MEASURED ON THE TINY CPU DiT, not Qwen-Image: docs/BENCHMARKS.md, cpu_tiny_long "
+        "seed 0 (2 threads), held-out strict at iterations 0, 5, ..., 40",
+    )
 
 
 def check_positive(value: float, what: str) -> float:

@@ -80,7 +80,9 @@ def parse_market(text: str) -> Market:
         try:
             mean_h, shape = float(parts[0]), float(parts[1]) if len(parts) > 1 else 1.0
         except (ValueError, IndexError):
-            raise ValueError(f"--market {text!r}: write renewal:MEAN_HOURS or renewal:MEAN_HOURS:SHAPE, e.g. renewal:2:0.7") from None
+            raise ValueError(
+                f"--market {text!r}: write renewal:MEAN_HOURS or renewal:MEAN_HOURS:SHAPE, e.g. renewal:2:0.7"
+            ) from None
         if not (mean_h > 0 and shape > 0) or len(parts) > 2:
             raise ValueError(f"--market {text!r}: MEAN_HOURS and SHAPE must be > 0")
         return Market(f"renewal mean {mean_h:g} h, shape {shape:g}", mean_gap_h=mean_h, shape=shape)

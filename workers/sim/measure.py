@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from resources.ledger.db import query_ledger
 from resources.cluster.preemption import PreemptionEvent
+from resources.ledger.db import query_ledger
 from workers.sim.config import SimConfig, get_policy
 from workers.sim.engine import Setup
 from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, WorkerTimes
@@ -69,20 +69,32 @@ def _timeline(it: dict, p: dict, before_s: float) -> IterationTimes:
     sync, val = p["sync"], p.get("validate")
     if "rollout" not in p:  # the final iteration: sync, validate
         after = val or (sync[1], sync[1])
-        return IterationTimes(_s(*sync), 0.0, _s(*val) if val else None,
-                              (_s(it["started_at"], sync[0]), _s(sync[1], after[0]), 0, 0, 0, 0, _s(after[1], it["ended_at"])),
-                              before_s=before_s, explore=False)
+        return IterationTimes(
+            _s(*sync),
+            0.0,
+            _s(*val) if val else None,
+            (_s(it["started_at"], sync[0]), _s(sync[1], after[0]), 0, 0, 0, 0, _s(after[1], it["ended_at"])),
+            before_s=before_s,
+            explore=False,
+        )
     rollout, train = p["rollout"], p["train"]
     explore = p.get("explore")
     explore_start = explore[0] if explore else rollout[1]
     explore_end = explore[1] if explore else train[1]
     # Without validation the explore->validate and validate->train hand-overs are one (put in the first).
     before_train = val[0] if val else train[0]
-    gaps = (_s(it["started_at"], sync[0]), _s(sync[1], rollout[0]), _s(rollout[1], explore_start),
-            _s(explore_start, before_train), _s(val[1], train[0]) if val else 0.0, max(0.0, _s(train[1], explore_end)),
-            _s(max(explore_end, train[1]), it["ended_at"]))
-    return IterationTimes(_s(*sync), _s(*train), _s(*val) if val else None, gaps, before_s=before_s,
-                          explore=explore is not None)
+    gaps = (
+        _s(it["started_at"], sync[0]),
+        _s(sync[1], rollout[0]),
+        _s(rollout[1], explore_start),
+        _s(explore_start, before_train),
+        _s(val[1], train[0]) if val else 0.0,
+        max(0.0, _s(train[1], explore_end)),
+        _s(max(explore_end, train[1]), it["ended_at"]),
+    )
+    return IterationTimes(
+        _s(*sync), _s(*train), _s(*val) if val else None, gaps, before_s=before_s, explore=explore is not None
+    )
 
 
 def _mean(values: list[float]) -> float | None:
@@ -94,14 +106,19 @@ def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
     (the load of that moment is in them), the hand-over into the first claim (its least over the run: a phase
     that waited for a worker to come up would count that wait twice) and out of the last result."""
     its, phases = _phase_windows(path)
-    attempts = _rows(path, "SELECT a.worker_id, a.started_at, a.ended_at, a.steps_done, a.outcome, r.kind, r.iteration "
-                           "FROM attempts a JOIN requests r USING (request_id) ORDER BY a.worker_id, a.started_at")
+    attempts = _rows(
+        path,
+        "SELECT a.worker_id, a.started_at, a.ended_at, a.steps_done, a.outcome, r.kind, r.iteration "
+        "FROM attempts a JOIN requests r USING (request_id) ORDER BY a.worker_id, a.started_at",
+    )
     by_iteration: dict[int, list[dict]] = {}
     for a in attempts:
         by_iteration.setdefault(a["iteration"], []).append(a)
-    firsts = [_s(phases[k]["rollout"][0], min(a["started_at"] for a in rows if a["kind"] == "rollout"))
-              for k, rows in by_iteration.items() if "rollout" in phases.get(k, {})
-              and any(a["kind"] == "rollout" for a in rows)]
+    firsts = [
+        _s(phases[k]["rollout"][0], min(a["started_at"] for a in rows if a["kind"] == "rollout"))
+        for k, rows in by_iteration.items()
+        if "rollout" in phases.get(k, {}) and any(a["kind"] == "rollout" for a in rows)
+    ]
     enqueue_s = min(firsts) if firsts else None
     out, previous_end = [], t0
     for k, it in sorted(its.items()):
@@ -109,24 +126,44 @@ def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
         previous_end = it["ended_at"]
         rows = by_iteration.get(k, [])
         done = [a for a in rows if a["kind"] == "rollout" and a["outcome"] == "done" and a["steps_done"]]
-        gaps = [_s(a["ended_at"], b["started_at"]) for a, b in zip(rows, rows[1:])
-                if a["worker_id"] == b["worker_id"] and 0 <= _s(a["ended_at"], b["started_at"]) < 1.0]
-        explore = [_s(a["started_at"], a["ended_at"]) for a in rows if a["kind"] == "explore" and a["outcome"] == "done"]
-        step_s = (sum(_s(a["started_at"], a["ended_at"]) for a in done) / sum(a["steps_done"] for a in done)) if done else None
+        gaps = [
+            _s(a["ended_at"], b["started_at"])
+            for a, b in zip(rows, rows[1:], strict=False)
+            if a["worker_id"] == b["worker_id"] and 0 <= _s(a["ended_at"], b["started_at"]) < 1.0
+        ]
+        explore = [
+            _s(a["started_at"], a["ended_at"]) for a in rows if a["kind"] == "explore" and a["outcome"] == "done"
+        ]
+        step_s = (
+            (sum(_s(a["started_at"], a["ended_at"]) for a in done) / sum(a["steps_done"] for a in done))
+            if done
+            else None
+        )
         last = max((a["ended_at"] for a in rows if a["kind"] == "rollout"), default=None)
         collect_s = _s(last, phases[k]["rollout"][1]) if last is not None and "rollout" in phases[k] else None
-        out.append(dataclasses.replace(timeline, step_s=step_s, claim_s=_mean(gaps), enqueue_s=enqueue_s,
-                                       collect_s=None if collect_s is None else max(0.0, collect_s),
-                                       explore_request_s=_mean(explore)))
+        out.append(
+            dataclasses.replace(
+                timeline,
+                step_s=step_s,
+                claim_s=_mean(gaps),
+                enqueue_s=enqueue_s,
+                collect_s=None if collect_s is None else max(0.0, collect_s),
+                explore_request_s=_mean(explore),
+            )
+        )
     return out
 
 
 def _worker_times(path: Path, slots: dict[str, list[dict]], t0: datetime) -> dict[str, WorkerTimes]:
     """Each worker process's restart delay (its slot's previous end, or t0, to its start), start-up (to its first
     claim; never ready if it never claimed) and exit (its preemption to its end)."""
-    first = {r["worker_id"]: r["t"] for r in _rows(path, "SELECT worker_id, min(started_at) AS t FROM attempts GROUP BY 1")}
-    preempted = {r["worker_id"]: r["t"] for r in _rows(path, "SELECT worker_id, min(preempted_at) AS t FROM preemptions "
-                                                             "GROUP BY 1")}
+    first = {
+        r["worker_id"]: r["t"] for r in _rows(path, "SELECT worker_id, min(started_at) AS t FROM attempts GROUP BY 1")
+    }
+    preempted = {
+        r["worker_id"]: r["t"]
+        for r in _rows(path, "SELECT worker_id, min(preempted_at) AS t FROM preemptions GROUP BY 1")
+    }
     out = {}
     for workers in slots.values():
         previous_end = t0
@@ -134,8 +171,10 @@ def _worker_times(path: Path, slots: dict[str, list[dict]], t0: datetime) -> dic
             ended = w["ended_at"] or w["started_at"]
             ready = first.get(w["worker_id"], ended)
             out[w["worker_id"]] = WorkerTimes(
-                restart_delay_s=max(0.0, _s(previous_end, w["started_at"])), startup_s=max(0.0, _s(w["started_at"], ready)),
-                exit_s=_s(preempted[w["worker_id"]], ended) if w["worker_id"] in preempted and w["ended_at"] else None)
+                restart_delay_s=max(0.0, _s(previous_end, w["started_at"])),
+                startup_s=max(0.0, _s(w["started_at"], ready)),
+                exit_s=_s(preempted[w["worker_id"]], ended) if w["worker_id"] in preempted and w["ended_at"] else None,
+            )
             previous_end = ended
     return out
 
@@ -146,48 +185,85 @@ def replay_inputs(path: str | Path) -> Replay:
     workers = _rows(path, "SELECT * FROM workers ORDER BY started_at")
     rollout = [w for w in workers if w["role"] == "rollout"]
     if not rollout:
-        raise ValueError(f"{path}: no rollout workers in the ledger; replay needs a `spotlight run` with worker processes")
+        raise ValueError(
+            f"{path}: no rollout workers in the ledger; replay needs a `spotlight run` with worker processes"
+        )
     slots: dict[str, list[dict]] = {}
     for w in rollout:
         slots.setdefault(w["worker_id"].split(".")[0], []).append(w)
     t0 = rollout[0]["started_at"]
     per_worker = _worker_times(path, slots, t0)
     per_iteration = _iteration_times(path, t0)
-    runs = _rows(path, "SELECT max(steps_done + resumed_from_step) AS n FROM attempts a JOIN requests r USING (request_id) "
-                       "WHERE r.kind = 'rollout' AND a.outcome = 'done'")
-    typical = lambda name, default: _median([getattr(i, name) for i in per_iteration  # noqa: E731
-                                            if getattr(i, name) is not None], default)
+    runs = _rows(
+        path,
+        "SELECT max(steps_done + resumed_from_step) AS n FROM attempts a JOIN requests r USING (request_id) "
+        "WHERE r.kind = 'rollout' AND a.outcome = 'done'",
+    )
+    typical = lambda name, default: _median(
+        [
+            getattr(i, name)
+            for i in per_iteration  # noqa: E731
+            if getattr(i, name) is not None
+        ],
+        default,
+    )
     restarts = [w.restart_delay_s for ws in slots.values() for w in (per_worker[x["worker_id"]] for x in ws[1:])]
-    times = ServiceTimes(model="measured", gpu_type="local", step_s=typical("step_s", 0.01), num_steps=int(runs[0]["n"] or 4),
-                         claim_s=typical("claim_s", 0.01), enqueue_s=typical("enqueue_s", 0.05),
-                         collect_s=typical("collect_s", 0.05), startup_s=_median([w.startup_s for w in per_worker.values()], 5.0),
-                         restart_delay_s=_median(restarts, 3.0), explore_request_s=typical("explore_request_s", 0.05),
-                         sources={"*": f"measured from {path}"})
-    trace = tuple(PreemptionEvent(round(_s(t0, p["preempted_at"]), 6), p["worker_id"].split(".")[0], p["notice_s"])
-                  for p in _rows(path, "SELECT worker_id, preempted_at, notice_s FROM preemptions ORDER BY 2"))
-    shape = _rows(path, "SELECT count(DISTINCT prompt) AS p, count(*) AS n FROM requests "
-                        "WHERE kind = 'rollout' AND iteration = 0")[0]
+    times = ServiceTimes(
+        model="measured",
+        gpu_type="local",
+        step_s=typical("step_s", 0.01),
+        num_steps=int(runs[0]["n"] or 4),
+        claim_s=typical("claim_s", 0.01),
+        enqueue_s=typical("enqueue_s", 0.05),
+        collect_s=typical("collect_s", 0.05),
+        startup_s=_median([w.startup_s for w in per_worker.values()], 5.0),
+        restart_delay_s=_median(restarts, 3.0),
+        explore_request_s=typical("explore_request_s", 0.05),
+        sources={"*": f"measured from {path}"},
+    )
+    trace = tuple(
+        PreemptionEvent(round(_s(t0, p["preempted_at"]), 6), p["worker_id"].split(".")[0], p["notice_s"])
+        for p in _rows(path, "SELECT worker_id, preempted_at, notice_s FROM preemptions ORDER BY 2")
+    )
+    shape = _rows(
+        path, "SELECT count(DISTINCT prompt) AS p, count(*) AS n FROM requests WHERE kind = 'rollout' AND iteration = 0"
+    )[0]
     iterations = _rows(path, "SELECT max(iteration) AS k FROM iterations")[0]["k"]
-    config = SimConfig(get_policy("spotlight"), num_spot_gpus=len(slots), num_trainer_gpus=1, gpus_per_node=1,
-                       iterations=int(iterations), prompts_per_iteration=int(shape["p"]),
-                       group_size=int(shape["n"]) // int(shape["p"]), commit_every=2, lease_s=10.0)
+    config = SimConfig(
+        get_policy("spotlight"),
+        num_spot_gpus=len(slots),
+        num_trainer_gpus=1,
+        gpus_per_node=1,
+        iterations=int(iterations),
+        prompts_per_iteration=int(shape["p"]),
+        group_size=int(shape["n"]) // int(shape["p"]),
+        commit_every=2,
+        lease_s=10.0,
+    )
     trainer = [w for w in workers if w["role"] == "trainer"]
-    setup = Setup(spot_usd_per_gpu_hour=rollout[0]["usd_per_hour"],
-                  reserved_usd_per_gpu_hour=trainer[0]["usd_per_hour"] if trainer else 0.0, slots=sorted(slots),
-                  iterations=per_iteration, workers=per_worker,
-                  epoch_s=t0.timestamp() if t0.tzinfo else (t0 - datetime(1970, 1, 1)).total_seconds())
+    setup = Setup(
+        spot_usd_per_gpu_hour=rollout[0]["usd_per_hour"],
+        reserved_usd_per_gpu_hour=trainer[0]["usd_per_hour"] if trainer else 0.0,
+        slots=sorted(slots),
+        iterations=per_iteration,
+        workers=per_worker,
+        epoch_s=t0.timestamp() if t0.tzinfo else (t0 - datetime(1970, 1, 1)).total_seconds(),
+    )
     curve = LearningCurve((0.0, 1.0), (0.0, 0.0), "replay: scores are not compared")
     return Replay(config, times, Market(f"trace of {path}", trace=trace), curve, setup)
 
 
 def per_iteration(path: Path) -> list[dict]:
     """Each iteration's COMPARED figures and its rollout phase's seconds (the part the simulator predicts)."""
-    return _rows(path, "SELECT c.iteration, c.wall_s, c.critical_path_s, c.usd_total, "
-                       "(SELECT count(*) FROM preemptions p, iterations i WHERE i.iteration = c.iteration "
-                       " AND p.preempted_at >= i.started_at AND p.preempted_at < i.ended_at) AS preemptions, "
-                       "(SELECT coalesce(sum(date_diff('microsecond', f.started_at, f.ended_at)) / 1e6, 0) FROM phases f "
-                       " WHERE f.iteration = c.iteration AND f.phase = 'rollout') AS rollout_s "
-                       "FROM cost_per_iteration c ORDER BY 1")
+    return _rows(
+        path,
+        "SELECT c.iteration, c.wall_s, c.critical_path_s, c.usd_total, "
+        "(SELECT count(*) FROM preemptions p, iterations i WHERE i.iteration = c.iteration "
+        " AND p.preempted_at >= i.started_at AND p.preempted_at < i.ended_at) AS preemptions, "
+        "(SELECT coalesce(sum(date_diff('microsecond', f.started_at, f.ended_at)) / 1e6, 0) FROM phases f "
+        " WHERE f.iteration = c.iteration AND f.phase = 'rollout') AS rollout_s "
+        "FROM cost_per_iteration c ORDER BY 1",
+    )
 
 
 def compare(real: str | Path, simulated: str | Path) -> dict[str, float]:
@@ -200,8 +276,8 @@ def compare(real: str | Path, simulated: str | Path) -> dict[str, float]:
     out = {}
     for name in COMPARED:
         floor = 1.0 if name == "preemptions" else 1e-9
-        errs = [abs(y[name] - x[name]) / max(abs(x[name]), floor) for x, y in zip(a, b)]
+        errs = [abs(y[name] - x[name]) / max(abs(x[name]), floor) for x, y in zip(a, b, strict=False)]
         out[name] = sum(errs) / len(errs)
-    rollouts = [abs(y["rollout_s"] - x["rollout_s"]) / x["rollout_s"] for x, y in zip(a, b) if x["rollout_s"] > 0]
+    rollouts = [abs(y["rollout_s"] - x["rollout_s"]) / x["rollout_s"] for x, y in zip(a, b, strict=False) if x["rollout_s"] > 0]
     out["rollout_s"] = sum(rollouts) / len(rollouts) if rollouts else 0.0
     return out

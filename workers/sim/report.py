@@ -23,8 +23,19 @@ PAPER_CLAIMS = (
 )
 
 
-def sweep(base: SimConfig, times, market, curve, *, spot_gpus: Sequence[int], policies: Sequence[str],
-          target: float | None, prices=None, out_dir: Path | None = None, seeds: Sequence[int] = (0,)) -> list[dict[str, Any]]:
+def sweep(
+    base: SimConfig,
+    times,
+    market,
+    curve,
+    *,
+    spot_gpus: Sequence[int],
+    policies: Sequence[str],
+    target: float | None,
+    prices=None,
+    out_dir: Path | None = None,
+    seeds: Sequence[int] = (0,),
+) -> list[dict[str, Any]]:
     """One simulated run per (policy, spot GPU count, seed); rows of metrics with the configuration."""
     rows = []
     for n in spot_gpus:
@@ -34,9 +45,16 @@ def sweep(base: SimConfig, times, market, curve, *, spot_gpus: Sequence[int], po
                 folder = None if out_dir is None else out_dir / f"{name}-{n}-seed{seed}"
                 started = time.perf_counter()
                 result = simulate(config, times, market, curve, prices=prices, out_dir=folder, target=target)
-                rows.append({"policy": name, "spot_gpus": n, "seed": seed, **result.metrics,
-                             "sim_wall_s": time.perf_counter() - started,
-                             "ledger": str(result.ledger_path) if folder else None})
+                rows.append(
+                    {
+                        "policy": name,
+                        "spot_gpus": n,
+                        "seed": seed,
+                        **result.metrics,
+                        "sim_wall_s": time.perf_counter() - started,
+                        "ledger": str(result.ledger_path) if folder else None,
+                    }
+                )
     return rows
 
 
@@ -46,14 +64,18 @@ def _fmt(v: Any, spec: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table: cost, time to target, utilisation, throughput per policy and spot-GPU count."""
-    head = ("| spot GPUs | policy | total $ | wall h | h to target | $ to target | preemptions | rollout GPU util | "
-            "rollout samples/s |\n|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| spot GPUs | policy | total $ | wall h | h to target | $ to target | preemptions | rollout GPU util | "
+        "rollout samples/s |\n|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for r in rows:
-        lines.append(f"| {r['spot_gpus']} | {POLICY_LABELS[r['policy']]} | {_fmt(r['usd_total'], '.1f')} | "
-                     f"{_fmt(r['wall_h'], '.2f')} | {_fmt(r['hours_to_target'], '.2f')} | {_fmt(r['usd_to_target'], '.1f')} | "
-                     f"{r['preemptions']} | {_fmt(r['rollout_gpu_utilisation'], '.0%')} | "
-                     f"{_fmt(r['rollout_samples_per_s'], '.1f')} |")
+        lines.append(
+            f"| {r['spot_gpus']} | {POLICY_LABELS[r['policy']]} | {_fmt(r['usd_total'], '.1f')} | "
+            f"{_fmt(r['wall_h'], '.2f')} | {_fmt(r['hours_to_target'], '.2f')} | {_fmt(r['usd_to_target'], '.1f')} | "
+            f"{r['preemptions']} | {_fmt(r['rollout_gpu_utilisation'], '.0%')} | "
+            f"{_fmt(r['rollout_samples_per_s'], '.1f')} |"
+        )
     return "\n".join(lines)
 
 
@@ -64,14 +86,18 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("usd_total", "total cost ($)"), ("hours_to_target", "hours to target"),
-              ("rollout_gpu_utilisation", "rollout GPU utilisation"), ("rollout_samples_per_s", "rollout samples / s"))
+    panels = (
+        ("usd_total", "total cost ($)"),
+        ("hours_to_target", "hours to target"),
+        ("rollout_gpu_utilisation", "rollout GPU utilisation"),
+        ("rollout_samples_per_s", "rollout samples / s"),
+    )
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.6))
-    for ax, (key, label) in zip(axes, panels):
+    for ax, (key, label) in zip(axes, panels, strict=False):
         for name in dict.fromkeys(r["policy"] for r in rows):
             pts = [(r["spot_gpus"], r[key]) for r in rows if r["policy"] == name and r[key] is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=POLICY_LABELS[name])
+                ax.plot(*zip(*pts, strict=False), marker="o", label=POLICY_LABELS[name])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("spot GPUs")
         ax.set_title(label)
@@ -86,6 +112,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
 
 def plan(rows: list[dict[str, Any]], *, budget_usd: float, deadline_h: float) -> dict[str, Any] | None:
     """The cheapest row that reaches the target within the deadline and the budget (None if none does)."""
-    ok = [r for r in rows if r["hours_to_target"] is not None and r["hours_to_target"] <= deadline_h
-          and r["usd_to_target"] <= budget_usd]
+    ok = [
+        r
+        for r in rows
+        if r["hours_to_target"] is not None and r["hours_to_target"] <= deadline_h and r["usd_to_target"] <= budget_usd
+    ]
     return min(ok, key=lambda r: (r["usd_to_target"], r["hours_to_target"])) if ok else None

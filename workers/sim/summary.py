@@ -18,8 +18,15 @@ from typing import Any, Iterable, Sequence
 from workers.sim.config import POLICY_LABELS
 
 BASELINES = ("roll", "naive_spot", "rlboost")
-FIGURES = ("usd_total", "wall_h", "hours_to_target", "preemptions", "rollout_gpu_utilisation", "rollout_samples_per_s",
-           "samples_per_hour")
+FIGURES = (
+    "usd_total",
+    "wall_h",
+    "hours_to_target",
+    "preemptions",
+    "rollout_gpu_utilisation",
+    "rollout_samples_per_s",
+    "samples_per_hour",
+)
 
 
 def spread(values: Iterable[float | None]) -> dict[str, Any]:
@@ -36,8 +43,9 @@ def by_policy(rows: Sequence[dict]) -> list[dict[str, Any]]:
     out = []
     for n, policy in keys:
         mine = [r for r in rows if r["spot_gpus"] == n and r["policy"] == policy]
-        out.append({"spot_gpus": n, "policy": policy, "seeds": len(mine),
-                    **{f: spread(r[f] for r in mine) for f in FIGURES}})
+        out.append(
+            {"spot_gpus": n, "policy": policy, "seeds": len(mine), **{f: spread(r[f] for r in mine) for f in FIGURES}}
+        )
     return out
 
 
@@ -56,9 +64,11 @@ def _ratios(rows: Sequence[dict], n: int, figure: str) -> list[float]:
 def against_paper(rows: Sequence[dict]) -> dict[str, Any]:
     """Cost and time-to-target ratios per spot-GPU count, and the throughput scaling from the fewest to the most GPUs."""
     counts = sorted({r["spot_gpus"] for r in rows})
-    out: dict[str, Any] = {"cost_ratio": {n: spread(_ratios(rows, n, "usd_total")) for n in counts},
-                           "target_ratio": {n: spread(_ratios(rows, n, "hours_to_target")) for n in counts},
-                           "scaling": {}}
+    out: dict[str, Any] = {
+        "cost_ratio": {n: spread(_ratios(rows, n, "usd_total")) for n in counts},
+        "target_ratio": {n: spread(_ratios(rows, n, "hours_to_target")) for n in counts},
+        "scaling": {},
+    }
     lo, hi = counts[0], counts[-1]
     for policy in dict.fromkeys(r["policy"] for r in rows):
         for figure in ("rollout_samples_per_s", "samples_per_hour"):
@@ -85,24 +95,38 @@ def _cell(s: dict, spec: str, scale: float = 1.0, unit: str = "") -> str:
 
 def summary_markdown(rows: Sequence[dict]) -> str:
     """The table per policy and GPU count (mean, min-max over seeds), then the comparison with the paper's claims."""
-    head = ("| spot GPUs | policy | total $ | wall h | h to target (seeds reaching it) | preemptions | rollout GPU util % "
-            "| rollout samples/s | samples/h |\n|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| spot GPUs | policy | total $ | wall h | h to target (seeds reaching it) | preemptions | rollout GPU util % "
+        "| rollout samples/s | samples/h |\n|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for r in by_policy(rows):
         target = r["hours_to_target"]
-        lines.append(f"| {r['spot_gpus']} | {POLICY_LABELS[r['policy']]} | {_cell(r['usd_total'], '.1f')} | "
-                     f"{_cell(r['wall_h'], '.2f')} | {_cell(target, '.2f')} ({target['n']}/{r['seeds']}) | "
-                     f"{_cell(r['preemptions'], '.1f')} | {_cell(r['rollout_gpu_utilisation'], '.0f', 100)} | "
-                     f"{_cell(r['rollout_samples_per_s'], '.1f')} | {_cell(r['samples_per_hour'], '.0f')} |")
+        lines.append(
+            f"| {r['spot_gpus']} | {POLICY_LABELS[r['policy']]} | {_cell(r['usd_total'], '.1f')} | "
+            f"{_cell(r['wall_h'], '.2f')} | {_cell(target, '.2f')} ({target['n']}/{r['seeds']}) | "
+            f"{_cell(r['preemptions'], '.1f')} | {_cell(r['rollout_gpu_utilisation'], '.0f', 100)} | "
+            f"{_cell(r['rollout_samples_per_s'], '.1f')} | {_cell(r['samples_per_hour'], '.0f')} |"
+        )
     paper = against_paper(rows)
-    lines += ["", "| spot GPUs | best baseline $ / spotlight $ (paper: 1.4-6.4x) | best baseline h / spotlight h to target "
-                  "(paper: 4x) |", "|---|---|---|"]
+    lines += [
+        "",
+        "| spot GPUs | best baseline $ / spotlight $ (paper: 1.4-6.4x) | best baseline h / spotlight h to target "
+        "(paper: 4x) |",
+        "|---|---|---|",
+    ]
     for n, cost in paper["cost_ratio"].items():
         lines.append(f"| {n} | {_cell(cost, '.2f', unit='x')} | {_cell(paper['target_ratio'][n], '.2f', unit='x')} |")
     lo, hi = paper["gpus"]
-    lines += ["", f"| policy | rollout samples/s, {hi} vs {lo} GPUs (ideal {hi / lo:g}x; paper: near-linear) | "
-                  f"end-to-end samples/h, {hi} vs {lo} GPUs |", "|---|---|---|"]
+    lines += [
+        "",
+        f"| policy | rollout samples/s, {hi} vs {lo} GPUs (ideal {hi / lo:g}x; paper: near-linear) | "
+        f"end-to-end samples/h, {hi} vs {lo} GPUs |",
+        "|---|---|---|",
+    ]
     for policy, s in paper["scaling"].items():
-        lines.append(f"| {POLICY_LABELS[policy]} | {_cell(s['rollout_samples_per_s'], '.2f', unit='x')} | "
-                     f"{_cell(s['samples_per_hour'], '.2f', unit='x')} |")
+        lines.append(
+            f"| {POLICY_LABELS[policy]} | {_cell(s['rollout_samples_per_s'], '.2f', unit='x')} | "
+            f"{_cell(s['samples_per_hour'], '.2f', unit='x')} |"
+        )
     return "\n".join(lines)

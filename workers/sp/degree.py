@@ -49,8 +49,13 @@ def makespan_s(num_workers: int, queue_depth: int, degree: int, latency_s: float
     return math.ceil(queue_depth / groups) * latency_s
 
 
-def choose_sp_degree(num_workers: int, queue_depth: int, latency_s: Mapping[int, float],
-                     current_degree: int | None = None, reform_s: float = 0.0) -> DegreeChoice:
+def choose_sp_degree(
+    num_workers: int,
+    queue_depth: int,
+    latency_s: Mapping[int, float],
+    current_degree: int | None = None,
+    reform_s: float = 0.0,
+) -> DegreeChoice:
     """The degree (a key of latency_s, <= num_workers) with the smallest makespan; see the module doc."""
     _check_inputs(num_workers, queue_depth, latency_s, reform_s)
     degrees = sorted(d for d in latency_s if d <= num_workers)

@@ -38,8 +38,12 @@ class GroupLost(RuntimeError):
         super().__init__(f"SP group {'+'.join(members)} lost: {why}")
 
 
-_REQUEST_ERRORS = {"ModelMismatchError": ModelMismatchError, "ValueError": ValueError, "LookupError": LookupError,
-                   "StoreError": StoreError}
+_REQUEST_ERRORS = {
+    "ModelMismatchError": ModelMismatchError,
+    "ValueError": ValueError,
+    "LookupError": LookupError,
+    "StoreError": StoreError,
+}
 
 
 def reply_error(reply: dict[str, Any]) -> Exception:
@@ -78,7 +82,7 @@ class GroupChannel:
     def call_each(self, msgs: list[dict[str, Any]], handles: list | None = None) -> tuple[dict[str, dict], list[str]]:
         """msgs[i] to the i-th of `handles` (default: the members in rank order); returns every reply by worker id
         and the ids of those that died or stayed silent. Raises nothing: each reply is its sender's own outcome."""
-        handles = self.handles[:len(msgs)] if handles is None else handles
+        handles = self.handles[: len(msgs)] if handles is None else handles
         dead = []
         for handle, msg in zip(handles, msgs, strict=True):
             try:
@@ -151,8 +155,9 @@ class GroupPolicy:
         return _Prompts(prompts), None
 
     def velocity(self, x: torch.Tensor, sigma_N: torch.Tensor, cond: _Prompts, mask=None) -> torch.Tensor:
-        reply = self.channel.call({"op": "velocity", "x": x.detach().cpu().numpy(),
-                                   "sigma": sigma_N.detach().cpu().numpy()})
+        reply = self.channel.call(
+            {"op": "velocity", "x": x.detach().cpu().numpy(), "sigma": sigma_N.detach().cpu().numpy()}
+        )
         return torch.from_numpy(reply["v"])
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -35,12 +35,16 @@ def check_family_degree(policy, degree: int) -> None:
     check_cp_plan(transformer)
     heads = int(transformer.config.num_attention_heads)
     if heads % degree:
-        raise ValueError(f"SP degree {degree} must divide the {heads} attention heads of {spec.family}'s "
-                         f"transformer (Ulysses gives each rank heads / degree)")
+        raise ValueError(
+            f"SP degree {degree} must divide the {heads} attention heads of {spec.family}'s "
+            f"transformer (Ulysses gives each rank heads / degree)"
+        )
     tokens = int(policy.latent_shape[0])
     if tokens % degree:
-        raise ValueError(f"SP degree {degree} must divide the {tokens} image tokens of {spec.family} at resolution "
-                         f"{spec.resolution}; choose another resolution or degree")
+        raise ValueError(
+            f"SP degree {degree} must divide the {tokens} image tokens of {spec.family} at resolution "
+            f"{spec.resolution}; choose another resolution or degree"
+        )
 
 
 class FamilySequenceParallel:
@@ -71,8 +75,10 @@ def split_ready_text(inputs: dict[str, torch.Tensor], degree: int, family: str) 
     mask = inputs.get("encoder_hidden_states_mask")
     if mask is None:
         if text.shape[1] % degree:
-            raise ValueError(f"SP degree {degree} must divide the {text.shape[1]} text tokens of {family}, which has "
-                             f"no text mask to pad with: set max_sequence_length to a multiple of {degree}")
+            raise ValueError(
+                f"SP degree {degree} must divide the {text.shape[1]} text tokens of {family}, which has "
+                f"no text mask to pad with: set max_sequence_length to a multiple of {degree}"
+            )
         return inputs
     text, mask = pad_text(text, mask, degree)
     return {**inputs, "encoder_hidden_states": text, "encoder_hidden_states_mask": mask}
@@ -115,20 +121,26 @@ def check_folder_degree(model: str, degree: int, spec_fields: dict | None = None
     config = read_config(model, "transformer")
     name = str(config.get("_class_name"))
     if not getattr(getattr(diffusers, name, None), "_cp_plan", None):
-        raise ValueError(f"{name}, the transformer of {model}, has no context-parallel plan (_cp_plan) in diffusers "
-                         f"{diffusers.__version__}, so it cannot be sampled in Ulysses groups: use SP degree 1 (one "
-                         "rollout worker per GPU)")
+        raise ValueError(
+            f"{name}, the transformer of {model}, has no context-parallel plan (_cp_plan) in diffusers "
+            f"{diffusers.__version__}, so it cannot be sampled in Ulysses groups: use SP degree 1 (one "
+            "rollout worker per GPU)"
+        )
     heads = int(config.get("num_attention_heads", 0))
     if heads % degree:
-        raise ValueError(f"SP degree {degree} must divide the {heads} attention heads of {model}'s transformer "
-                         f"(Ulysses gives each rank heads / degree): choose one of "
-                         f"{[d for d in range(1, heads + 1) if heads % d == 0]}")
+        raise ValueError(
+            f"SP degree {degree} must divide the {heads} attention heads of {model}'s transformer "
+            f"(Ulysses gives each rank heads / degree): choose one of "
+            f"{[d for d in range(1, heads + 1) if heads % d == 0]}"
+        )
     family = detect_family(model)
     spec = ModelSpec(path=str(model), family=family, **(spec_fields or {}))
     tokens = int(family_for(family).geometry(spec).latent_shape[0])
     if family_for(family).packed and tokens % degree:
-        raise ValueError(f"SP degree {degree} must divide the {tokens} image tokens of {family} at resolution "
-                         f"{spec.resolution}; choose another resolution or degree")
+        raise ValueError(
+            f"SP degree {degree} must divide the {tokens} image tokens of {family} at resolution "
+            f"{spec.resolution}; choose another resolution or degree"
+        )
 
 
 def _check_int_degree(degree: int) -> None:
@@ -136,5 +148,12 @@ def _check_int_degree(degree: int) -> None:
         raise ValueError(f"SP degree must be an int >= 1, got {degree!r}")
 
 
-__all__ = ["FamilySequenceParallel", "check_family_degree", "check_folder_degree", "is_family_policy", "sp_degrees",
-           "sp_view", "split_ready_text"]
+__all__ = [
+    "FamilySequenceParallel",
+    "check_family_degree",
+    "check_folder_degree",
+    "is_family_policy",
+    "sp_degrees",
+    "sp_view",
+    "split_ready_text",
+]

@@ -133,10 +133,22 @@ class NodeAgent:
             product = self.config.policy_config is None
             cfg = None if product else asdict(self.config.policy_config)
             device = self._free_device()
-            proc = self._ctx.Process(target=worker_main, name=f"spotlight-{wid}", daemon=True,
-                                     args=(child, wid, self.config.host, self.store.port, cfg,
-                                           self.config.threads_per_worker, device, self.config.store_url,
-                                           self.config.model))
+            proc = self._ctx.Process(
+                target=worker_main,
+                name=f"spotlight-{wid}",
+                daemon=True,
+                args=(
+                    child,
+                    wid,
+                    self.config.host,
+                    self.store.port,
+                    cfg,
+                    self.config.threads_per_worker,
+                    device,
+                    self.config.store_url,
+                    self.config.model,
+                ),
+            )
             proc.start()
             child.close()
             self.workers[wid] = _Handle(wid, proc, parent, self.config.reply_timeout_s, device)
@@ -162,8 +174,9 @@ class NodeAgent:
         """Naive weights: each worker reads the tensor store. Returns the wall seconds."""
         t0 = time.perf_counter()
         for wid in worker_ids:
-            self.workers[wid].send({"op": "load_store", "store_url": self.config.store_url,
-                                    "key": self.config.weights_key})
+            self.workers[wid].send(
+                {"op": "load_store", "store_url": self.config.store_url, "key": self.config.weights_key}
+            )
         hashes = {self.workers[wid].expect("load_store")["hash"] for wid in worker_ids}
         self._check_hashes(hashes)
         return time.perf_counter() - t0
@@ -210,18 +223,28 @@ class NodeAgent:
         ids = self.live_loaded()
         if not ids:
             raise RuntimeError("no live worker with weights: spawn and load one first")
-        fits = (list(range(1, len(ids) + 1)) if self.config.policy_config is None  # the request decides (probe)
-                else allowed_degrees(self.config.policy_config, len(ids)))
+        fits = (
+            list(range(1, len(ids) + 1))
+            if self.config.policy_config is None  # the request decides (probe)
+            else allowed_degrees(self.config.policy_config, len(ids))
+        )
         degree = degree or fits[-1]
         if degree not in fits:
             raise ValueError(f"degree {degree} is not possible with {len(ids)} workers (possible: {fits})")
         self.generation += 1
-        groups = [ids[i:i + degree] for i in range(0, len(ids) - degree + 1, degree)]
+        groups = [ids[i : i + degree] for i in range(0, len(ids) - degree + 1, degree)]
         t0 = time.perf_counter()
         for g, members in enumerate(groups):
             for rank, wid in enumerate(members):
-                self.workers[wid].send({"op": "join", "prefix": f"gen{self.generation}/g{g}", "rank": rank,
-                                        "world_size": degree, "timeout_s": self.config.join_timeout_s})
+                self.workers[wid].send(
+                    {
+                        "op": "join",
+                        "prefix": f"gen{self.generation}/g{g}",
+                        "rank": rank,
+                        "world_size": degree,
+                        "timeout_s": self.config.join_timeout_s,
+                    }
+                )
         replies = {wid: self.workers[wid].expect("join") for members in groups for wid in members}
         total = time.perf_counter() - t0
         self.groups = groups
@@ -229,16 +252,22 @@ class NodeAgent:
         return ReformReport(self.generation, degree, groups, total, total - warm, warm, replies)
 
     # ----- requests -----
-    def run_requests(self, requests: list[SPRequest], on_dispatch: Callable[[str, int], None] | None = None,
-                     degree_after_loss: Callable[[int], int | None] | None = None) -> dict[str, Any]:
+    def run_requests(
+        self,
+        requests: list[SPRequest],
+        on_dispatch: Callable[[str, int], None] | None = None,
+        degree_after_loss: Callable[[int], int | None] | None = None,
+    ) -> dict[str, Any]:
         """Sample every request on the current groups; re-form and resume when workers are lost.
 
         Returns request id -> final SamplerState. on_dispatch(request_id, step) runs after
         each chunk is sent (tests use it to kill a worker mid-request).
         """
         if self.config.policy_config is None:
-            raise RuntimeError("run_requests is the pixel path; the product path serves queue requests with "
-                               "workers.sp.node_requests.RequestServer")
+            raise RuntimeError(
+                "run_requests is the pixel path; the product path serves queue requests with "
+                "workers.sp.node_requests.RequestServer"
+            )
         runner = GroupRunner(self, on_dispatch)
         while True:
             finished = runner.run(requests)

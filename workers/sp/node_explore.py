@@ -18,11 +18,19 @@ from collections import deque
 from typing import Callable
 
 from resources.queue.records import Lease
-from workers.sp.group_policy import GroupChannel, GroupLost, reply_error
+from workers.sp.group_policy import GroupChannel, reply_error
 
 
-def serve_explore(agent, queue, report, leases: list[Lease], *, node_id: str, stop: threading.Event,
-                  give_back: Callable[[Lease, Exception], None]) -> None:
+def serve_explore(
+    agent,
+    queue,
+    report,
+    leases: list[Lease],
+    *,
+    node_id: str,
+    stop: threading.Event,
+    give_back: Callable[[Lease, Exception], None],
+) -> None:
     """Work every exploration lease on the live members, one request per member at a time. Each is acked, or given
     back: with `give_back` for a bad request, released after a `group_lost` event when its member died, released
     unworked once the node is stopping. The caller keeps the leases alive (LeaseKeeper)."""
@@ -37,17 +45,26 @@ def serve_explore(agent, queue, report, leases: list[Lease], *, node_id: str, st
         if not members:
             raise RuntimeError("every device worker of the node is lost")
         batch = [pending.popleft() for _ in range(min(len(members), len(pending)))]
-        _explore_batch(agent, queue, report, batch, members[:len(batch)], node_id, give_back)
+        _explore_batch(agent, queue, report, batch, members[: len(batch)], node_id, give_back)
 
 
-def _explore_batch(agent, queue, report, leases: list[Lease], members: list[str], node_id: str,
-                   give_back: Callable[[Lease, Exception], None]) -> None:
+def _explore_batch(
+    agent,
+    queue,
+    report,
+    leases: list[Lease],
+    members: list[str],
+    node_id: str,
+    give_back: Callable[[Lease, Exception], None],
+) -> None:
     """leases[i] on members[i], all at once; then each one's outcome."""
     channel = GroupChannel([agent.workers[w] for w in members], agent.config.reply_timeout_s)
-    msgs = [{"op": "explore", "request": lease.request, "worker_id": f"{node_id}/{wid}", "attempt": lease.attempts}
-            for lease, wid in zip(leases, members)]
+    msgs = [
+        {"op": "explore", "request": lease.request, "worker_id": f"{node_id}/{wid}", "attempt": lease.attempts}
+        for lease, wid in zip(leases, members, strict=False)
+    ]
     replies, _ = channel.call_each(msgs)
-    for lease, wid in zip(leases, members):
+    for lease, wid in zip(leases, members, strict=False):
         reply = replies.get(wid)
         if reply is None:  # died (or went silent and was killed) mid-request: nothing was committed
             report("group_lost", request_id=lease.request_id, group=wid, dead=[wid], error=None)

@@ -100,10 +100,15 @@ class GroupRunner:
         members = agent.groups[group]
         wire = agent.committed.get(request.request_id)
         step = 0 if wire is None else wire["step"]
-        msg = {"op": "run", "prompt": request.prompt, "seed": request.seed,
-               "sampler": dataclasses.asdict(request.sampler), "state": wire,
-               "stop_at": min(step + agent.config.commit_every, request.sampler.num_steps),
-               "text": agent.text_cache.get(request.prompt)}
+        msg = {
+            "op": "run",
+            "prompt": request.prompt,
+            "seed": request.seed,
+            "sampler": dataclasses.asdict(request.sampler),
+            "state": wire,
+            "stop_at": min(step + agent.config.commit_every, request.sampler.num_steps),
+            "text": agent.text_cache.get(request.prompt),
+        }
         self.first_dispatch.setdefault(request.request_id, (time.perf_counter(), agent.generation, len(members)))
         chunk = _Chunk(request, group, set(members), time.perf_counter())
         for wid in members:

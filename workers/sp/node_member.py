@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from resources.store.base import StoreError
-
 from workers.rollout.weights import ModelMismatchError
 
 REQUEST_ERRORS = (ModelMismatchError, ValueError, LookupError, StoreError)
@@ -84,8 +83,14 @@ class RequestMember:
         leave_group(self.hooked)
         self.hooked = self.spec = self.view = self.sp = self.cond = None
         t1 = time.perf_counter()
-        init_group(self.rendezvous, msg["prefix"], msg["rank"], msg["world_size"], self.device,
-                   timeout_s=msg.get("timeout_s", 30.0))
+        init_group(
+            self.rendezvous,
+            msg["prefix"],
+            msg["rank"],
+            msg["world_size"],
+            self.device,
+            timeout_s=msg.get("timeout_s", 30.0),
+        )
         self.rank, self.degree = msg["rank"], msg["world_size"]
         return {"leave_s": t1 - t0, "init_s": time.perf_counter() - t1, "enable_s": 0.0, "warmup_s": 0.0}
 
@@ -159,15 +164,24 @@ class RequestMember:
         def report(event: str, **fields) -> None:  # the agent prints them, with the time they happened
             events.append({"event": event, **fields, "t": time.time()})
 
-        outcome = work_explore_request(Request.from_dict(msg["request"]), self.holder.store, self.holder,
-                                       worker_id=msg["worker_id"], attempt=int(msg["attempt"]), report=report)
+        outcome = work_explore_request(
+            Request.from_dict(msg["request"]),
+            self.holder.store,
+            self.holder,
+            worker_id=msg["worker_id"],
+            attempt=int(msg["attempt"]),
+            report=report,
+        )
         return {"status": outcome.status, "result_key": outcome.result_key, "events": events}
 
     def _op_status(self, msg):
         policy = self.holder.policy
         frozen = getattr(policy, "frozen", None)
-        return {"loaded": list(frozen.loaded) if frozen is not None else [], "run": self.holder.run,
-                "version": self.holder.version}
+        return {
+            "loaded": list(frozen.loaded) if frozen is not None else [],
+            "run": self.holder.run,
+            "version": self.holder.version,
+        }
 
     def _need_prepared(self) -> None:
         if self.view is None:

@@ -97,8 +97,11 @@ class RequestServer:
             explore = [lease for lease in leases if lease.request.kind == "explore"]
             for lease in explore:  # alive while the rollouts go first
                 keepers.enter_context(LeaseKeeper(self.queue, lease))
-            jobs = [job for job in (self._admit(lease, keepers) for lease in leases if lease.request.kind != "explore")
-                    if job is not None]
+            jobs = [
+                job
+                for job in (self._admit(lease, keepers) for lease in leases if lease.request.kind != "explore")
+                if job is not None
+            ]
             while jobs and not self.stop.is_set():
                 degree = self._choose_degree(jobs)
                 jobs = [job for job in jobs if self._fits(job, degree)]
@@ -107,8 +110,15 @@ class RequestServer:
                     jobs = self._run_round(jobs)
             for job in jobs:  # stopping: each was committed by its group at the stop
                 self.queue.release(job.lease)
-            serve_explore(self.agent, self.queue, self.report, explore, node_id=self.config.node_id, stop=self.stop,
-                          give_back=self._give_back)
+            serve_explore(
+                self.agent,
+                self.queue,
+                self.report,
+                explore,
+                node_id=self.config.node_id,
+                stop=self.stop,
+                give_back=self._give_back,
+            )
 
     # ----- admission and degree -----
     def _admit(self, lease: Lease, keepers: ExitStack) -> _Job | None:
@@ -160,8 +170,13 @@ class RequestServer:
         """A job whose policy cannot be split `degree` ways (only with a fixed --degree) is given back."""
         if degree in job.degrees:
             return True
-        self._give_back(job.lease, ValueError(f"SP degree {degree} cannot split run {job.spec.run!r} at resolution "
-                                              f"{job.spec.resolution or 'default'}: possible degrees {job.degrees}"))
+        self._give_back(
+            job.lease,
+            ValueError(
+                f"SP degree {degree} cannot split run {job.spec.run!r} at resolution "
+                f"{job.spec.resolution or 'default'}: possible degrees {job.degrees}"
+            ),
+        )
         return False
 
     def _form(self, degree: int) -> None:
@@ -169,16 +184,20 @@ class RequestServer:
             return
         report = self.agent.form(degree)
         self.degree = degree
-        self.report("formed", generation=report.generation, degree=degree, groups=report.groups,
-                    reform_s=report.total_s)
+        self.report(
+            "formed", generation=report.generation, degree=degree, groups=report.groups, reform_s=report.total_s
+        )
 
     # ----- a round: one thread per group -----
     def _run_round(self, jobs: list[_Job]) -> list[_Job]:
         """Serve jobs on the current groups until done or a group is lost; returns the jobs left to resume."""
         round_ = _Round(deque(jobs), [], threading.Event(), threading.Lock(), [])
-        threads = [threading.Thread(target=self._group_loop, args=(members, round_),
-                                    name=f"group-{'+'.join(members)}", daemon=True)
-                   for members in self.agent.groups]
+        threads = [
+            threading.Thread(
+                target=self._group_loop, args=(members, round_), name=f"group-{'+'.join(members)}", daemon=True
+            )
+            for members in self.agent.groups
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -209,15 +228,23 @@ class RequestServer:
     def _work(self, job: _Job, holder: GroupHolder, regroup: threading.Event) -> bool:
         """One attempt at a job on one group; True when it must resume after the groups re-form."""
         group = "+".join(holder.channel.members)
-        hooks = StepHooks(should_stop=lambda: regroup.is_set() or self.stop.is_set(),
-                          lease_lost=lambda: job.keeper.lost,
-                          report=lambda event, **fields: self.report(event, group=group, **fields),
-                          step_delay_s=self.config.step_delay_s)
+        hooks = StepHooks(
+            should_stop=lambda: regroup.is_set() or self.stop.is_set(),
+            lease_lost=lambda: job.keeper.lost,
+            report=lambda event, **fields: self.report(event, group=group, **fields),
+            step_delay_s=self.config.step_delay_s,
+        )
         started = time.perf_counter()
         try:
-            outcome = work_request(job.lease.request, job.lease.attempts, self.store, holder,
-                                   worker_id=f"{self.config.node_id}/{group}", commit_every=self.config.commit_every,
-                                   hooks=hooks)
+            outcome = work_request(
+                job.lease.request,
+                job.lease.attempts,
+                self.store,
+                holder,
+                worker_id=f"{self.config.node_id}/{group}",
+                commit_every=self.config.commit_every,
+                hooks=hooks,
+            )
         except GroupLost as lost:
             regroup.set()
             self.report("group_lost", request_id=job.lease.request_id, group=group, dead=lost.dead, error=lost.error)

@@ -27,24 +27,41 @@ from workers.rollout.worker import EventLog, add_cloud_flags, check_model_folder
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workers.sp", description=__doc__.split("\n")[0])
-    p.add_argument("--queue", required=True, help="Queue URL: a SQLite file, sqlite:///abs/path.db or redis://host:port/db.")
+    p.add_argument(
+        "--queue", required=True, help="Queue URL: a SQLite file, sqlite:///abs/path.db or redis://host:port/db."
+    )
     p.add_argument("--store", required=True, help="Tensor store: a folder, file:///abs/path or s3://bucket/prefix.")
-    p.add_argument("--workers", type=int, default=2, help="Device workers on this node (one per GPU with --device cuda).")
+    p.add_argument(
+        "--workers", type=int, default=2, help="Device workers on this node (one per GPU with --device cuda)."
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="Where the workers run the model.")
-    p.add_argument("--degree", type=_degree, default=None,
-                   help="Groups of this many workers (fewer when fewer are left); auto (default): per round, by the "
-                        "degree policy.")
-    p.add_argument("--model", default=None,
-                   help="The diffusers pipeline folder the runs train (absolute), as python -m workers.rollout takes it: "
-                        "checked at start, and a run on another folder stops the node (exit 2).")
+    p.add_argument(
+        "--degree",
+        type=_degree,
+        default=None,
+        help="Groups of this many workers (fewer when fewer are left); auto (default): per round, by the "
+        "degree policy.",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="The diffusers pipeline folder the runs train (absolute), as python -m workers.rollout takes it: "
+        "checked at start, and a run on another folder stops the node (exit 2).",
+    )
     p.add_argument("--node-id", default=None, help="This node's name in events and records (default: HOST-PID).")
     p.add_argument("--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps.")
     p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
     p.add_argument("--poll-s", type=float, default=0.5, help="Wait between claims while the queue is empty.")
-    p.add_argument("--max-idle-s", type=float, default=None, help="Exit after this long without work (default: until SIGTERM).")
+    p.add_argument(
+        "--max-idle-s", type=float, default=None, help="Exit after this long without work (default: until SIGTERM)."
+    )
     p.add_argument("--max-requests", type=int, default=None, help="Exit after claiming this many requests.")
-    p.add_argument("--reply-timeout-s", type=float, default=600.0,
-                   help="Longest wait for a worker's answer (a first model load included); a silent worker is killed.")
+    p.add_argument(
+        "--reply-timeout-s",
+        type=float,
+        default=600.0,
+        help="Longest wait for a worker's answer (a first model load included); a silent worker is killed.",
+    )
     p.add_argument("--threads-per-worker", type=int, default=1, help="torch CPU threads of each device worker.")
     p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device.")
     add_cloud_flags(p, priced="the whole node (all its GPUs)")
@@ -63,13 +80,20 @@ def _degree(text: str) -> int | None:
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError naming the flag, before anything is opened or started."""
-    for flag, value in (("--workers", args.workers), ("--commit-every", args.commit_every),
-                        ("--threads-per-worker", args.threads_per_worker)):
+    for flag, value in (
+        ("--workers", args.workers),
+        ("--commit-every", args.commit_every),
+        ("--threads-per-worker", args.threads_per_worker),
+    ):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.degree is not None and not 1 <= args.degree <= args.workers:
         raise ValueError(f"--degree must lie in 1..--workers ({args.workers}), got {args.degree}")
-    for flag, value in (("--lease-s", args.lease_s), ("--poll-s", args.poll_s), ("--reply-timeout-s", args.reply_timeout_s)):
+    for flag, value in (
+        ("--lease-s", args.lease_s),
+        ("--poll-s", args.poll_s),
+        ("--reply-timeout-s", args.reply_timeout_s),
+    ):
         if not value > 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
     if args.step_delay_s < 0 or (args.max_idle_s is not None and args.max_idle_s < 0):
@@ -94,25 +118,42 @@ def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report:
     from workers.sp.node_agent import AgentConfig, NodeAgent
     from workers.sp.node_requests import RequestServer, ServeConfig
 
-    config = AgentConfig(store_url=store.url, device=args.device, commit_every=args.commit_every,
-                         threads_per_worker=args.threads_per_worker, reply_timeout_s=args.reply_timeout_s,
-                         model=args.model)
+    config = AgentConfig(
+        store_url=store.url,
+        device=args.device,
+        commit_every=args.commit_every,
+        threads_per_worker=args.threads_per_worker,
+        reply_timeout_s=args.reply_timeout_s,
+        model=args.model,
+    )
     with NodeAgent(config) as agent:
         ids = agent.spawn(args.workers)
         # The rollout worker's `ready` and `exit`: the relay and the ledger count the node as one worker at its price,
         # holding `num_gpus` GPUs (priced from the table for that many without --usd-per-hour).
-        report("ready", pid=os.getpid(), commit_every=args.commit_every, instance_type=args.instance_type,
-               gpu_type=args.gpu_type, spot=args.spot, usd_per_hour=args.usd_per_hour,
-               workers={w: agent.workers[w].proc.pid for w in ids}, devices={w: agent.workers[w].device for w in ids},
-               num_gpus=sum(agent.workers[w].device.startswith("cuda") for w in ids))
-        server = RequestServer(agent, queue, store, report,
-                               ServeConfig(args.node_id, args.commit_every, args.degree, args.step_delay_s), stop)
+        report(
+            "ready",
+            pid=os.getpid(),
+            commit_every=args.commit_every,
+            instance_type=args.instance_type,
+            gpu_type=args.gpu_type,
+            spot=args.spot,
+            usd_per_hour=args.usd_per_hour,
+            workers={w: agent.workers[w].proc.pid for w in ids},
+            devices={w: agent.workers[w].device for w in ids},
+            num_gpus=sum(agent.workers[w].device.startswith("cuda") for w in ids),
+        )
+        server = RequestServer(
+            agent,
+            queue,
+            store,
+            report,
+            ServeConfig(args.node_id, args.commit_every, args.degree, args.step_delay_s),
+            stop,
+        )
         reason = _claim_loop(args, agent, queue, server, stop, report)
         reason = "misconfigured" if server.misconfigured else reason
         report("exit", reason=reason, loaded=_loaded_parts(agent))
     return reason
-
-
 
 
 def _claim_loop(args, agent, queue, server, stop: threading.Event, report) -> str:

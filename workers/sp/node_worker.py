@@ -29,9 +29,17 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 
-def worker_main(conn: Connection, worker_id: str, store_host: str, store_port: int,
-                policy_config: dict[str, Any] | None, num_threads: int = 1, device: str = "cpu",
-                store_url: str | None = None, model: str | None = None) -> None:
+def worker_main(
+    conn: Connection,
+    worker_id: str,
+    store_host: str,
+    store_port: int,
+    policy_config: dict[str, Any] | None,
+    num_threads: int = 1,
+    device: str = "cpu",
+    store_url: str | None = None,
+    model: str | None = None,
+) -> None:
     """Process entry point (multiprocessing spawn target). policy_config None: a member of the product path
     (workers/sp/node_member.py) that serves queue requests of any run from `store_url` (only runs on the pipeline
     folder `model`, when given), on `device`."""
@@ -50,7 +58,8 @@ def worker_main(conn: Connection, worker_id: str, store_host: str, store_port: i
         from workers.sp.node_member import RequestMember
 
         worker = RequestMember(worker_id, store_url, device, store, model)
-        import diffusers, workers.algo.sampler, workers.sp.model_sp  # noqa: F401,E401  (imports paid before "ready")
+        import diffusers  # noqa: F401,E401  (imports paid before "ready")
+
     else:
         worker = _Worker(worker_id, _pixel_policy(policy_config), store)
     conn.send({"op": "ready", "worker_id": worker_id, "startup_s": time.perf_counter() - t0})
@@ -70,7 +79,8 @@ def _pixel_policy(policy_config: dict[str, Any]):
 
     cfg = PolicyConfig(**{**policy_config, "rope_axes": tuple(policy_config["rope_axes"])})
     policy = build_policy(cfg, seed=0).eval()
-    import workers.algo.sampler, workers.sp.shared_weights, workers.sp.ulysses  # noqa: F401,E401  (a standby pays imports before it is needed)
+    import workers.algo.sampler  # noqa: F401,E401  (a standby pays imports before it is needed)
+
     return policy
 
 
@@ -117,16 +127,21 @@ class _Worker:
     def _op_join(self, msg):
         from workers.sp.ulysses import join_group
 
-        timing = join_group(self.policy, self.store, msg["prefix"], msg["rank"], msg["world_size"],
-                            timeout_s=msg.get("timeout_s", 30.0))
+        timing = join_group(
+            self.policy, self.store, msg["prefix"], msg["rank"], msg["world_size"], timeout_s=msg.get("timeout_s", 30.0)
+        )
         self.rank, self.degree = msg["rank"], msg["world_size"]
         t0 = time.perf_counter()
         try:
             self._warm_up()
         except RuntimeError as err:  # a member died while the group formed
             return {"op": "broken", "error": str(err)[:300]}
-        return {"leave_s": timing.leave_s, "init_s": timing.init_s, "enable_s": timing.enable_s,
-                "warmup_s": time.perf_counter() - t0}
+        return {
+            "leave_s": timing.leave_s,
+            "init_s": timing.init_s,
+            "enable_s": timing.enable_s,
+            "warmup_s": time.perf_counter() - t0,
+        }
 
     def _warm_up(self) -> None:
         """One forward at the group's degree: the first call after a re-form allocates and plans."""

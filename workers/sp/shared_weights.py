@@ -72,8 +72,9 @@ def export_weights(state: Mapping[str, torch.Tensor], name: str, weights_hash_he
     entries, offset = [], 0
     for key in sorted(state):
         t = state[key].detach()
-        entries.append(TensorEntry(key, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset,
-                                   t.numel() * t.element_size()))
+        entries.append(
+            TensorEntry(key, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, t.numel() * t.element_size())
+        )
         offset += -(-entries[-1].nbytes // _ALIGN) * _ALIGN
     path = shm_dir() / name
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)

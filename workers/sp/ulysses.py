@@ -117,8 +117,9 @@ class JoinTiming:
     """enable_parallelism: device mesh and hooks."""
 
 
-def join_group(policy: Policy, store: dist.Store, prefix: str, rank: int, world_size: int,
-               timeout_s: float = 30.0) -> JoinTiming:
+def join_group(
+    policy: Policy, store: dist.Store, prefix: str, rank: int, world_size: int, timeout_s: float = 30.0
+) -> JoinTiming:
     """Leave any current group, then form group `prefix` as `rank` of `world_size` (1: no group)."""
     check_sp_degree(policy.config, world_size)
     t0 = time.perf_counter()
@@ -131,8 +132,9 @@ def join_group(policy: Policy, store: dist.Store, prefix: str, rank: int, world_
     return JoinTiming(t1 - t0, t2 - t1, time.perf_counter() - t2)
 
 
-def init_group(store: dist.Store, prefix: str, rank: int, world_size: int, device: torch.device,
-               timeout_s: float = 30.0) -> None:
+def init_group(
+    store: dist.Store, prefix: str, rank: int, world_size: int, device: torch.device, timeout_s: float = 30.0
+) -> None:
     """The default process group of group `prefix` (NCCL on CUDA, gloo on CPU); nothing for a group of one."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside a group of {world_size}")
@@ -141,8 +143,13 @@ def init_group(store: dist.Store, prefix: str, rank: int, world_size: int, devic
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL binds the group to the current device
-    dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(prefix, store),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 def leave_group(policy: Policy | None) -> None:
@@ -170,9 +177,11 @@ def check_cp_plan(transformer) -> None:
     import diffusers
 
     if not getattr(transformer, "_cp_plan", None):
-        raise ValueError(f"{type(transformer).__name__} has no context-parallel plan (_cp_plan) in diffusers "
-                         f"{diffusers.__version__}, so it cannot be sampled in Ulysses groups: serve it at SP degree 1 "
-                         "(or with python -m workers.rollout)")
+        raise ValueError(
+            f"{type(transformer).__name__} has no context-parallel plan (_cp_plan) in diffusers "
+            f"{diffusers.__version__}, so it cannot be sampled in Ulysses groups: serve it at SP degree 1 "
+            "(or with python -m workers.rollout)"
+        )
 
 
 def disable_sp(policy: Policy) -> None:

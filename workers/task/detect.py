@@ -122,8 +122,12 @@ def detect_objects(images_NHW3: np.ndarray) -> list[list[DetectedObject]]:
 
 def _relation_holds(relation: str, a: DetectedObject, b: DetectedObject) -> bool:
     m = RELATION_MARGIN_PX
-    return {"left_of": a.cx + m < b.cx, "right_of": a.cx > b.cx + m,
-            "above": a.cy + m < b.cy, "below": a.cy > b.cy + m}[relation]
+    return {
+        "left_of": a.cx + m < b.cx,
+        "right_of": a.cx > b.cx + m,
+        "above": a.cy + m < b.cy,
+        "below": a.cy > b.cy + m,
+    }[relation]
 
 
 def _position_holds(position: str, a: DetectedObject, size: int) -> bool:
@@ -156,7 +160,7 @@ def score_images(images_NHW3: np.ndarray, prompts: list[str]) -> list[ImageScore
         raise ValueError(f"{len(images_NHW3)} images but {len(prompts)} prompts")
     specs = [parse_prompt(p) for p in prompts]
     objects = detect_objects(images_NHW3)
-    return [score_objects(s, o, images_NHW3.shape[1]) for s, o in zip(specs, objects)]
+    return [score_objects(s, o, images_NHW3.shape[1]) for s, o in zip(specs, objects, strict=False)]
 
 
 def criterion_means(scores: list[ImageScore]) -> dict[str, float]:

@@ -62,8 +62,9 @@ def saturation(images_NHW3: np.ndarray) -> np.ndarray:
 def compressed_bytes(images_NHW3: np.ndarray) -> np.ndarray:
     """(N,) bytes of each image's raw pixels after zlib (level 6): the detail left in it. Lossless on purpose,
     so that a JPEG-size reward cannot game it by matching JPEG's blocks."""
-    return np.array([len(zlib.compress(np.ascontiguousarray(im).tobytes(), 6)) for im in _check(images_NHW3)],
-                    dtype=np.float64)
+    return np.array(
+        [len(zlib.compress(np.ascontiguousarray(im).tobytes(), 6)) for im in _check(images_NHW3)], dtype=np.float64
+    )
 
 
 def diversity(images_NHW3: np.ndarray, seeds_per_prompt: int) -> np.ndarray:
@@ -76,14 +77,18 @@ def diversity(images_NHW3: np.ndarray, seeds_per_prompt: int) -> np.ndarray:
     if seeds_per_prompt == 1:
         return np.full(len(groups), np.nan)
     diff = groups[:, :, None, :] - groups[:, None, :, :]  # (P, S, S, D)
-    rms = np.sqrt((diff ** 2).mean(axis=-1))
+    rms = np.sqrt((diff**2).mean(axis=-1))
     pairs = seeds_per_prompt * (seeds_per_prompt - 1)
     return (rms.sum(axis=(1, 2)) / pairs).astype(np.float64)
 
 
 def image_statistics(images_NHW3: np.ndarray, seeds_per_prompt: int) -> dict[str, float]:
     """The mean of each statistic in STATISTICS over the images (diversity: over prompts; NaN with one seed)."""
-    per_image = {"edge_density": edge_density(images_NHW3), "colour_entropy": colour_entropy(images_NHW3),
-                 "saturation": saturation(images_NHW3), "compressed_bytes": compressed_bytes(images_NHW3),
-                 "diversity": diversity(images_NHW3, seeds_per_prompt)}
+    per_image = {
+        "edge_density": edge_density(images_NHW3),
+        "colour_entropy": colour_entropy(images_NHW3),
+        "saturation": saturation(images_NHW3),
+        "compressed_bytes": compressed_bytes(images_NHW3),
+        "diversity": diversity(images_NHW3, seeds_per_prompt),
+    }
     return {name: float(np.mean(per_image[name])) for name in STATISTICS}

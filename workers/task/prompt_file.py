@@ -102,8 +102,10 @@ def load_table(source: PromptSource) -> PromptTable:
     """The source's rows, read once per process; ValueError if the file changed since the run recorded it."""
     path = Path(source.path)
     if file_digest(path) != source.digest:
-        raise ValueError(f"--prompts {path} changed since the run started (its digest differs); restore it, or "
-                         "start a new run on the new file")
+        raise ValueError(
+            f"--prompts {path} changed since the run started (its digest differs); restore it, or "
+            "start a new run on the new file"
+        )
     rows = read_rows(path)
     fields = check_rows(rows, path)
     train, heldout = split_heldout(tuple(r.text for r in rows), source.heldout_fraction, path)
@@ -123,8 +125,11 @@ def read_rows(path: Path) -> list[PromptRow]:
 
 
 def _text_rows(text: str) -> list[PromptRow]:
-    return [PromptRow(line.strip(), "{}", n) for n, line in enumerate(text.splitlines(), start=1)
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        PromptRow(line.strip(), "{}", n)
+        for n, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def _jsonl_rows(text: str, path: Path) -> list[PromptRow]:
@@ -160,22 +165,28 @@ def _parquet_rows(path: Path) -> list[PromptRow]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError(f"--prompts {path}: reading Parquet needs pyarrow, which is not installed; install it "
-                         "(pip install pyarrow) or give the prompts as JSON Lines (one {\"prompt\": ...} a line)") from None
+        raise ValueError(
+            f"--prompts {path}: reading Parquet needs pyarrow, which is not installed; install it "
+            '(pip install pyarrow) or give the prompts as JSON Lines (one {"prompt": ...} a line)'
+        ) from None
     records = pq.read_table(path).to_pylist()
     return [_record_row(r, n, path, "row") for n, r in enumerate(records, start=1)]
 
 
 def _dataset_rows(path: Path) -> list[PromptRow]:
     if not (path / "dataset_info.json").is_file() and not (path / "dataset_dict.json").is_file():
-        raise ValueError(f"--prompts {path} is a folder but not one saved by Hugging Face datasets' save_to_disk "
-                         "(no dataset_info.json); give a .txt, .jsonl or .parquet file")
+        raise ValueError(
+            f"--prompts {path} is a folder but not one saved by Hugging Face datasets' save_to_disk "
+            "(no dataset_info.json); give a .txt, .jsonl or .parquet file"
+        )
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"--prompts {path}: reading a Hugging Face datasets folder needs the datasets package, "
-                         "which is not installed; install it (pip install datasets) or export the prompts as JSON "
-                         "Lines") from None
+        raise ValueError(
+            f"--prompts {path}: reading a Hugging Face datasets folder needs the datasets package, "
+            "which is not installed; install it (pip install datasets) or export the prompts as JSON "
+            "Lines"
+        ) from None
     data = datasets.load_from_disk(str(path))
     if isinstance(data, datasets.DatasetDict):
         if "train" not in data:
@@ -188,8 +199,10 @@ def check_rows(rows: list[PromptRow], path: Path) -> dict[str, str]:
     """ValueError for no prompts, an empty or too long one, or one prompt given twice with different fields;
     returns prompt -> fields JSON for the prompts that carry fields."""
     if not rows:
-        raise ValueError(f"--prompts {path}: holds no prompt (text: one a line, # starts a comment; JSON Lines: "
-                         f"one {{\"{PROMPT_COLUMN}\": ...}} a line)")
+        raise ValueError(
+            f"--prompts {path}: holds no prompt (text: one a line, # starts a comment; JSON Lines: "
+            f'one {{"{PROMPT_COLUMN}": ...}} a line)'
+        )
     if len(rows) > MAX_PROMPTS:
         raise ValueError(f"--prompts {path}: {len(rows)} prompts, more than {MAX_PROMPTS}")
     fields: dict[str, tuple[str, int]] = {}
@@ -197,12 +210,16 @@ def check_rows(rows: list[PromptRow], path: Path) -> dict[str, str]:
         if not row.text:
             raise ValueError(f"--prompts {path}: line {row.line}: the prompt is empty")
         if len(row.text) > MAX_PROMPT_CHARS:
-            raise ValueError(f"--prompts {path}: line {row.line}: the prompt has {len(row.text)} characters, more "
-                             f"than {MAX_PROMPT_CHARS}")
+            raise ValueError(
+                f"--prompts {path}: line {row.line}: the prompt has {len(row.text)} characters, more "
+                f"than {MAX_PROMPT_CHARS}"
+            )
         known = fields.setdefault(row.text, (row.fields_json, row.line))
         if known[0] != row.fields_json:
-            raise ValueError(f"--prompts {path}: line {row.line} repeats the prompt of line {known[1]} with other "
-                             "fields; a prompt's fields must be the same wherever it appears")
+            raise ValueError(
+                f"--prompts {path}: line {row.line} repeats the prompt of line {known[1]} with other "
+                "fields; a prompt's fields must be the same wherever it appears"
+            )
     return {text: f for text, (f, _) in fields.items() if f != "{}"}
 
 
@@ -219,8 +236,10 @@ def split_heldout(texts: tuple[str, ...], fraction: float, path: Path) -> tuple[
     heldout = tuple(dict.fromkeys(t for t in texts if _bucket(t) < fraction))
     train = tuple(t for t in texts if _bucket(t) >= fraction)
     if not train or not heldout:
-        raise ValueError(f"--prompts {path}: holding out {fraction:.0%} of {len(set(texts))} distinct prompts leaves "
-                         f"{len(train)} to train on and {len(heldout)} held out; both need at least one")
+        raise ValueError(
+            f"--prompts {path}: holding out {fraction:.0%} of {len(set(texts))} distinct prompts leaves "
+            f"{len(train)} to train on and {len(heldout)} held out; both need at least one"
+        )
     return train, heldout
 
 

@@ -38,8 +38,13 @@ MAX_OBJECTS = 3  # more objects of a legible size (9-12 px) do not fit a 32x32 c
 
 VOCAB: tuple[str, ...] = tuple(
     ["<pad>"]
-    + sorted(set(COUNT_WORDS) | set(COLORS) | set(SHAPES) | {s + "s" for s in SHAPES}
-             | {"and", "left", "right", "of", "above", "below", "on", "the", "top", "bottom"})
+    + sorted(
+        set(COUNT_WORDS)
+        | set(COLORS)
+        | set(SHAPES)
+        | {s + "s" for s in SHAPES}
+        | {"and", "left", "right", "of", "above", "below", "on", "the", "top", "bottom"}
+    )
 )
 MAX_PROMPT_WORDS = 10
 
@@ -225,8 +230,9 @@ def tokenize(prompts: list[str]) -> tuple[list[list[int]], list[int]]:
     return ids, lengths
 
 
-def iteration_prompts(seed: int, iteration: int, num_prompts: int,
-                      categories: tuple[str, ...] | None = None) -> list[str]:
+def iteration_prompts(
+    seed: int, iteration: int, num_prompts: int, categories: tuple[str, ...] | None = None
+) -> list[str]:
     """The train prompts of an iteration: category-balanced, deterministic in (seed, iteration); the generator's
     seed is the "prompts" domain of workers/algo/seeds.py, apart from every request seed."""
     by_cat = _train_by_category()

@@ -35,13 +35,13 @@ def _satisfies(spec: SceneSpec, centers: list[tuple[float, float]], size: int) -
     if spec.relation:
         (x0, y0), (x1, y1) = centers[0], centers[1]
         m = RELATION_MARGIN_PX
-        return {"left_of": x0 + m < x1, "right_of": x0 > x1 + m,
-                "above": y0 + m < y1, "below": y0 > y1 + m}[spec.relation]
+        return {"left_of": x0 + m < x1, "right_of": x0 > x1 + m, "above": y0 + m < y1, "below": y0 > y1 + m}[
+            spec.relation
+        ]
     if spec.position:
         x, y = centers[0]
         half, m = size / 2, RELATION_MARGIN_PX / 2
-        return {"left": x < half - m, "right": x > half + m,
-                "top": y < half - m, "bottom": y > half + m}[spec.position]
+        return {"left": x < half - m, "right": x > half + m, "top": y < half - m, "bottom": y > half + m}[spec.position]
     return True
 
 

@@ -11,8 +11,12 @@ import numpy as np
 
 def check_reward_batch(images_NHW3: np.ndarray, prompts: list[str]) -> None:
     """ValueError saying what is wrong when the images are not uint8 (N, H, W, 3) or the prompts don't match them."""
-    if not isinstance(images_NHW3, np.ndarray) or images_NHW3.dtype != np.uint8 or images_NHW3.ndim != 4 \
-            or images_NHW3.shape[-1] != 3:
+    if (
+        not isinstance(images_NHW3, np.ndarray)
+        or images_NHW3.dtype != np.uint8
+        or images_NHW3.ndim != 4
+        or images_NHW3.shape[-1] != 3
+    ):
         shape = getattr(images_NHW3, "shape", None)
         dtype = getattr(images_NHW3, "dtype", type(images_NHW3).__name__)
         raise ValueError(f"a reward scores uint8 images of shape (N, H, W, 3), got {dtype} of shape {shape}")
@@ -28,8 +32,9 @@ def takes_fields(reward_fn: Callable) -> bool:
         return False
 
 
-def call_reward(reward_fn: Callable, images_NHW3: np.ndarray, prompts: list[str],
-                fields: list[dict[str, Any]] | None = None):
+def call_reward(
+    reward_fn: Callable, images_NHW3: np.ndarray, prompts: list[str], fields: list[dict[str, Any]] | None = None
+):
     """reward_fn(images, prompts), with `fields=` too when fields are given and the reward takes them."""
     if fields is not None and takes_fields(reward_fn):
         if len(fields) != len(prompts):

@@ -64,9 +64,11 @@ def register_reward_kind(kind: str, factory: RewardFactory) -> None:
 
 
 def _unknown(spec: str) -> ValueError:
-    return ValueError(f"unknown reward {spec!r}; registered rewards: {sorted(_REGISTRY)}; or a spec KIND:ARG "
-                      f"with KIND one of {sorted(_KINDS)} (e.g. clip:/models/PickScore_v1, "
-                      "multi:minigeneval=1.0,jpeg_compressibility=0.1), or an http://host:port reward server")
+    return ValueError(
+        f"unknown reward {spec!r}; registered rewards: {sorted(_REGISTRY)}; or a spec KIND:ARG "
+        f"with KIND one of {sorted(_KINDS)} (e.g. clip:/models/PickScore_v1, "
+        "multi:minigeneval=1.0,jpeg_compressibility=0.1), or an http://host:port reward server"
+    )
 
 
 def get_reward(spec: str) -> RewardFn:
@@ -97,8 +99,9 @@ def reward_kinds() -> list[str]:
     return sorted(_KINDS)
 
 
-def score_with_components(reward_fn: RewardFn, images_NHW3: np.ndarray, prompts: list[str],
-                          fields: list[dict] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def score_with_components(
+    reward_fn: RewardFn, images_NHW3: np.ndarray, prompts: list[str], fields: list[dict] | None = None
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The (N,) total and, for a reward with components, each component's (N,) raw values ({} otherwise).
     `fields`: each image's prompt fields (a prompts file's other columns), for rewards that take a `fields` keyword."""
     if hasattr(reward_fn, "components"):
@@ -108,7 +111,9 @@ def score_with_components(reward_fn: RewardFn, images_NHW3: np.ndarray, prompts:
         parts, total = {}, call_reward(reward_fn, images_NHW3, prompts, fields)
     total = np.asarray(total, dtype=np.float64)
     if total.shape != (len(images_NHW3),):
-        raise ValueError(f"the reward returned shape {total.shape} for {len(images_NHW3)} images; expected one float each")
+        raise ValueError(
+            f"the reward returned shape {total.shape} for {len(images_NHW3)} images; expected one float each"
+        )
     return total, parts
 
 
@@ -122,7 +127,8 @@ def check_per_request_reward(spec: str, where: str) -> None:
             f"and {where} scores one request's samples (one prompt's group, or a single image), not the iteration's "
             "batch, so each total would depend on how the requests were cut. Use normalize=none with queue workers, "
             "or sample in-process (spotlight train, spotlight run --rollouts inprocess), where the trainer scores "
-            "the whole iteration at once")
+            "the whole iteration at once"
+        )
 
 
 def minigeneval_partial(images_NHW3: np.ndarray, prompts: list[str]) -> np.ndarray:

@@ -69,19 +69,25 @@ def check_clip_folders(config: ClipRewardConfig) -> None:
     model = Path(config.model_path)
     config_file = model / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"clip reward: {model} holds no CLIP model (no config.json); pass a CLIPModel folder "
-                         "saved with save_pretrained, e.g. a PickScore_v1 snapshot")
+        raise ValueError(
+            f"clip reward: {model} holds no CLIP model (no config.json); pass a CLIPModel folder "
+            "saved with save_pretrained, e.g. a PickScore_v1 snapshot"
+        )
     model_type = json.loads(config_file.read_text()).get("model_type")
     if model_type != "clip":
         raise ValueError(f"clip reward: {model} holds a {model_type!r} model (config.json), not a CLIP model ('clip')")
     if not (model / "model.safetensors").is_file() and not (model / "model.safetensors.index.json").is_file():
-        raise ValueError(f"clip reward: {model} has no model.safetensors; spotlight loads safetensors weights "
-                         "only (a pytorch_model.bin is a pickle)")
+        raise ValueError(
+            f"clip reward: {model} has no model.safetensors; spotlight loads safetensors weights "
+            "only (a pytorch_model.bin is a pickle)"
+        )
     processor = Path(config.processor_path or config.model_path)
     has_tokenizer = (processor / "tokenizer.json").is_file() or (processor / "vocab.json").is_file()
     if not (processor / "preprocessor_config.json").is_file() or not has_tokenizer:
-        raise ValueError(f"clip reward: {processor} lacks a tokenizer or preprocessor_config.json; pass "
-                         "processor=PATH (PickScore uses laion/CLIP-ViT-H-14-laion2B-s32B-b79K's processor)")
+        raise ValueError(
+            f"clip reward: {processor} lacks a tokenizer or preprocessor_config.json; pass "
+            "processor=PATH (PickScore uses laion/CLIP-ViT-H-14-laion2B-s32B-b79K's processor)"
+        )
 
 
 def _load(config: ClipRewardConfig) -> tuple:
@@ -89,15 +95,16 @@ def _load(config: ClipRewardConfig) -> tuple:
     with _LOAD_LOCK:
         if key not in _LOADED:
             import torch
-            from transformers import AutoTokenizer, CLIPModel
+
             # The PIL processor always: PickScore and CLIP were trained on PIL's resize, and the torchvision
             # backend (the default where torchvision is installed) rounds differently, machine to machine.
-            from transformers import CLIPImageProcessorPil
+            from transformers import AutoTokenizer, CLIPImageProcessorPil, CLIPModel
 
             device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
             processor = config.processor_path or config.model_path
-            model = CLIPModel.from_pretrained(config.model_path, local_files_only=True, use_safetensors=True,
-                                              dtype=getattr(torch, config.dtype))
+            model = CLIPModel.from_pretrained(
+                config.model_path, local_files_only=True, use_safetensors=True, dtype=getattr(torch, config.dtype)
+            )
             tokenizer = AutoTokenizer.from_pretrained(processor, local_files_only=True)
             image_processor = CLIPImageProcessorPil.from_pretrained(processor, local_files_only=True)
             _LOADED[key] = (model.eval().requires_grad_(False).to(device), tokenizer, image_processor, device)
@@ -132,13 +139,19 @@ class ClipReward:
         with torch.inference_mode():
             text = []
             for i in range(0, len(unique), size):
-                tokens = tokenizer(unique[i:i + size], padding=True, truncation=True, max_length=max_len,
-                                   return_tensors="pt").to(device)
-                text.append(_features(model.get_text_features(input_ids=tokens["input_ids"],
-                                                              attention_mask=tokens.get("attention_mask"))).float())
+                tokens = tokenizer(
+                    unique[i : i + size], padding=True, truncation=True, max_length=max_len, return_tensors="pt"
+                ).to(device)
+                text.append(
+                    _features(
+                        model.get_text_features(
+                            input_ids=tokens["input_ids"], attention_mask=tokens.get("attention_mask")
+                        )
+                    ).float()
+                )
             image = []
             for i in range(0, len(images_NHW3), size):
-                pixels = image_processor(images=list(images_NHW3[i:i + size]), return_tensors="pt")["pixel_values"]
+                pixels = image_processor(images=list(images_NHW3[i : i + size]), return_tensors="pt")["pixel_values"]
                 image.append(_features(model.get_image_features(pixel_values=pixels.to(device, model.dtype))).float())
             text_PD = torch.nn.functional.normalize(torch.cat(text), dim=-1)  # fp32: cos is the score
             image_ND = torch.nn.functional.normalize(torch.cat(image), dim=-1)

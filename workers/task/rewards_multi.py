@@ -69,8 +69,10 @@ def _parse_json(arg: str) -> MultiRewardConfig:
         raise ValueError(f"multi reward: the JSON form does not parse: {err}") from None
     unknown = set(spec) - {"weights", "rewards", "normalize"} if isinstance(spec, dict) else {"(not an object)"}
     if unknown or not isinstance(spec.get("weights"), dict) or not isinstance(spec.get("rewards", {}), dict):
-        raise ValueError('multi reward: the JSON form is {"weights": {NAME: WEIGHT}, "rewards": {NAME: SPEC}, '
-                         f'"normalize": "none" | "zscore"}}; unexpected keys: {sorted(unknown)}')
+        raise ValueError(
+            'multi reward: the JSON form is {"weights": {NAME: WEIGHT}, "rewards": {NAME: SPEC}, '
+            f'"normalize": "none" | "zscore"}}; unexpected keys: {sorted(unknown)}'
+        )
     specs = spec.get("rewards", {})
     extra = set(specs) - set(spec["weights"])
     if extra:
@@ -87,8 +89,10 @@ def parse_multi_spec(arg: str) -> MultiRewardConfig:
     for item in arg.split(","):
         spec, sep, value = item.strip().rpartition("=")
         if not sep or not spec:
-            raise ValueError(f"multi reward component {item!r}: write SPEC=WEIGHT, e.g. minigeneval=1.0 "
-                             "(a spec with commas needs the JSON form)")
+            raise ValueError(
+                f"multi reward component {item!r}: write SPEC=WEIGHT, e.g. minigeneval=1.0 "
+                "(a spec with commas needs the JSON form)"
+            )
         if spec == "normalize":
             normalize = value
         else:
@@ -99,8 +103,10 @@ def parse_multi_spec(arg: str) -> MultiRewardConfig:
 def zscore(values_N: np.ndarray) -> np.ndarray:
     """(x - mean) / std over the batch; all zeros when every value is equal (the component ranks nothing here)."""
     if len(values_N) < 2:
-        raise ValueError(f"multi reward normalize=zscore needs at least 2 images per call, got {len(values_N)}; "
-                         "score components per image and combine them over the batch, or use normalize=none")
+        raise ValueError(
+            f"multi reward normalize=zscore needs at least 2 images per call, got {len(values_N)}; "
+            "score components per image and combine them over the batch, or use normalize=none"
+        )
     std = values_N.std()
     return np.zeros_like(values_N) if std == 0 else (values_N - values_N.mean()) / std
 
@@ -116,7 +122,9 @@ class MultiReward:
     def batch_dependent(self) -> bool:
         """True when an image's total depends on the other images scored with it (normalize=zscore, here or in
         a component that is itself a multi-reward)."""
-        return self.config.normalize == "zscore" or any(getattr(fn, "batch_dependent", False) for _, fn, _ in self.parts)
+        return self.config.normalize == "zscore" or any(
+            getattr(fn, "batch_dependent", False) for _, fn, _ in self.parts
+        )
 
     def load(self) -> None:
         """Load every component that loads a model (see ClipReward.load)."""
@@ -124,8 +132,9 @@ class MultiReward:
             if callable(getattr(fn, "load", None)):
                 fn.load()
 
-    def components(self, images_NHW3: np.ndarray, prompts: list[str],
-                   fields: list[dict] | None = None) -> dict[str, np.ndarray]:
+    def components(
+        self, images_NHW3: np.ndarray, prompts: list[str], fields: list[dict] | None = None
+    ) -> dict[str, np.ndarray]:
         """Each component's raw (N,) float64 values, by name (`fields` reach the components that take them)."""
         from workers.task.reward_inputs import call_reward
 
@@ -133,8 +142,9 @@ class MultiReward:
         for name, fn, _ in self.parts:
             values = np.asarray(call_reward(fn, images_NHW3, prompts, fields), dtype=np.float64)
             if values.shape != (len(images_NHW3),):
-                raise ValueError(f"multi reward component {name!r} returned shape {values.shape} for "
-                                 f"{len(images_NHW3)} images")
+                raise ValueError(
+                    f"multi reward component {name!r} returned shape {values.shape} for {len(images_NHW3)} images"
+                )
             out[name] = values
         return out
 

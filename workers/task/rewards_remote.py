@@ -62,11 +62,15 @@ class RemoteRewardConfig:
         if parts.username or parts.password:
             raise ValueError(f"remote reward url must not hold credentials; set ${TOKEN_ENV} on client and server")
         if parts.query or parts.fragment:
-            raise ValueError("remote reward url: options go in the spec's query (timeout_s, retries, backoff_s, "
-                             "max_images), not in RemoteRewardConfig.url")
+            raise ValueError(
+                "remote reward url: options go in the spec's query (timeout_s, retries, backoff_s, "
+                "max_images), not in RemoteRewardConfig.url"
+            )
         if not self.timeout_s > 0 or self.retries < 0 or self.backoff_s < 0 or self.max_images < 1:
-            raise ValueError(f"remote reward: need timeout_s > 0, retries >= 0, backoff_s >= 0, max_images >= 1; got "
-                             f"{self.timeout_s}, {self.retries}, {self.backoff_s}, {self.max_images}")
+            raise ValueError(
+                f"remote reward: need timeout_s > 0, retries >= 0, backoff_s >= 0, max_images >= 1; got "
+                f"{self.timeout_s}, {self.retries}, {self.backoff_s}, {self.max_images}"
+            )
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise ValueError(f"remote reward: concurrency must be in [1, {MAX_CONCURRENCY}], got {self.concurrency}")
 
@@ -78,12 +82,15 @@ def parse_remote_spec(spec: str) -> RemoteRewardConfig:
     for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
         kind = {"timeout_s": float, "backoff_s": float, "retries": int, "max_images": int, "concurrency": int}.get(key)
         if kind is None:
-            raise ValueError(f"remote reward option {key!r}: choose from timeout_s, retries, backoff_s, max_images, "
-                             "concurrency")
+            raise ValueError(
+                f"remote reward option {key!r}: choose from timeout_s, retries, backoff_s, max_images, concurrency"
+            )
         try:
             options[key] = kind(value)
         except ValueError:
-            raise ValueError(f"remote reward option {key}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise ValueError(
+                f"remote reward option {key}={value!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
     url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
     return RemoteRewardConfig(url=url, **options)
 
@@ -107,8 +114,10 @@ def decode_png(text: str, max_pixels: int = MAX_PIXELS) -> np.ndarray:
         raise ValueError(f"an image is not a base64 PNG: {err}") from None
     with img:
         if img.width * img.height > max_pixels:
-            raise ValueError(f"an image is {img.width}x{img.height} pixels; this server decodes at most {max_pixels} "
-                             "pixels per image (send smaller images, or start it with a larger --max-pixels)")
+            raise ValueError(
+                f"an image is {img.width}x{img.height} pixels; this server decodes at most {max_pixels} "
+                "pixels per image (send smaller images, or start it with a larger --max-pixels)"
+            )
         try:
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
         except (ValueError, OSError, Image.DecompressionBombError) as err:
@@ -128,25 +137,32 @@ def decode_request(body: bytes, max_images: int, max_pixels: int = MAX_PIXELS) -
     return images, prompts
 
 
-def decode_scoring_request(body: bytes, max_images: int,
-                           max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, list[str], list[dict] | None]:
+def decode_scoring_request(
+    body: bytes, max_images: int, max_pixels: int = MAX_PIXELS
+) -> tuple[np.ndarray, list[str], list[dict] | None]:
     """(images, prompts, each prompt's fields or None when the request sends none); ValueError if malformed or if
     an image's header says it is larger than `max_pixels`."""
     try:
         request = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"the request body is not JSON: {err}") from None
-    if not isinstance(request, dict) or not isinstance(request.get("images"), list) \
-            or not isinstance(request.get("prompts"), list):
+    if (
+        not isinstance(request, dict)
+        or not isinstance(request.get("images"), list)
+        or not isinstance(request.get("prompts"), list)
+    ):
         raise ValueError('the request must be {"prompts": [str], "images": [base64 PNG]}')
     images, prompts = request["images"], request["prompts"]
     if not 1 <= len(images) <= max_images or len(prompts) != len(images):
-        raise ValueError(f"{len(images)} images and {len(prompts)} prompts: send 1 to {max_images} of each, one prompt per image")
+        raise ValueError(
+            f"{len(images)} images and {len(prompts)} prompts: send 1 to {max_images} of each, one prompt per image"
+        )
     if not all(isinstance(p, str) for p in prompts) or not all(isinstance(i, str) for i in images):
         raise ValueError("prompts and images must be strings")
     fields = request.get("fields")
-    if fields is not None and (not isinstance(fields, list) or len(fields) != len(prompts)
-                               or not all(isinstance(f, dict) for f in fields)):
+    if fields is not None and (
+        not isinstance(fields, list) or len(fields) != len(prompts) or not all(isinstance(f, dict) for f in fields)
+    ):
         raise ValueError('"fields", when sent, must be one JSON object per prompt')
     decoded = [decode_png(i, max_pixels) for i in images]
     if len({d.shape for d in decoded}) != 1:
@@ -178,9 +194,15 @@ class RemoteReward:
     def __call__(self, images_NHW3: np.ndarray, prompts: list[str], fields: list[dict] | None = None) -> np.ndarray:
         check_reward_batch(images_NHW3, prompts)
         step = self.config.max_images
-        bodies = [(encode_request(images_NHW3[i:i + step], prompts[i:i + step],
-                                  None if fields is None else fields[i:i + step]), len(prompts[i:i + step]))
-                  for i in range(0, len(prompts), step)]
+        bodies = [
+            (
+                encode_request(
+                    images_NHW3[i : i + step], prompts[i : i + step], None if fields is None else fields[i : i + step]
+                ),
+                len(prompts[i : i + step]),
+            )
+            for i in range(0, len(prompts), step)
+        ]
         if not bodies:
             return np.zeros(0)
         workers = min(self.config.concurrency, len(bodies))
@@ -196,8 +218,9 @@ class RemoteReward:
 
     def _post(self, body: bytes, num_images: int) -> np.ndarray:
         c = self.config
-        answer = post_with_retries(c.url + "/score", body, timeout_s=c.timeout_s, retries=c.retries,
-                                   backoff_s=c.backoff_s, token_env=TOKEN_ENV)
+        answer = post_with_retries(
+            c.url + "/score", body, timeout_s=c.timeout_s, retries=c.retries, backoff_s=c.backoff_s, token_env=TOKEN_ENV
+        )
         return decode_rewards(answer, num_images)
 
 

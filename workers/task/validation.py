@@ -60,8 +60,9 @@ class ValidationPlan:
     fields: "PromptSource | None" = None
     """Where each held-out prompt's fields come from (a prompts file), or None."""
 
-    def evaluate(self, policy, seeds_per_prompt: int, sampler, keep_images: bool = False,
-                 batch_size: int | None = None):
+    def evaluate(
+        self, policy, seeds_per_prompt: int, sampler, keep_images: bool = False, batch_size: int | None = None
+    ):
         """Score `policy` on the plan's prompts x `seeds_per_prompt` fixed seeds (workers/task/evaluate.py), sampled
         and decoded `batch_size` images at a time (None: evaluate's and evaluate_reward's own defaults)."""
         from workers.task.evaluate import evaluate, evaluate_reward
@@ -69,8 +70,16 @@ class ValidationPlan:
         sized = {} if batch_size is None else {"batch_size": batch_size}
         if self.detector:
             return evaluate(policy, list(self.prompts), seeds_per_prompt, keep_images=keep_images, **sized)
-        return evaluate_reward(policy, list(self.prompts), self.reward, seeds_per_prompt, sampler,
-                               keep_images=keep_images, fields=self.fields, **sized)
+        return evaluate_reward(
+            policy,
+            list(self.prompts),
+            self.reward,
+            seeds_per_prompt,
+            sampler,
+            keep_images=keep_images,
+            fields=self.fields,
+            **sized,
+        )
 
 
 def resolve_validation(config: ValidationConfig | None, train_reward: str, model: bool) -> ValidationPlan:
@@ -84,17 +93,27 @@ def resolve_validation(config: ValidationConfig | None, train_reward: str, model
     prompts = config.prompts or tuple(split_prompts()["heldout"])
     detector = reward == DETECTOR_REWARD
     if not model:
-        check_minigeneval_prompts(prompts, "the pixel policy reads only those (its text encoder knows MiniGenEval's "
-                                  "words); give MiniGenEval prompts")
+        check_minigeneval_prompts(
+            prompts,
+            "the pixel policy reads only those (its text encoder knows MiniGenEval's words); give MiniGenEval prompts",
+        )
     elif detector:
-        check_minigeneval_prompts(prompts, "MiniGenEval's detector (validation reward minigeneval_strict) reads only "
-                                  "those; pass a --validation-reward that scores any prompt (e.g. "
-                                  "clip:/models/PickScore_v1)")
+        check_minigeneval_prompts(
+            prompts,
+            "MiniGenEval's detector (validation reward minigeneval_strict) reads only "
+            "those; pass a --validation-reward that scores any prompt (e.g. "
+            "clip:/models/PickScore_v1)",
+        )
     return ValidationPlan(reward, prompts, detector, config.fields)
 
 
-def validation_from_options(reward: str | None, prompts_file: str | Path | None, train_reward: str,
-                            model: bool, train_prompts: "PromptSource | None" = None) -> ValidationConfig:
+def validation_from_options(
+    reward: str | None,
+    prompts_file: str | Path | None,
+    train_reward: str,
+    model: bool,
+    train_prompts: "PromptSource | None" = None,
+) -> ValidationConfig:
     """The ValidationConfig of `--validation-reward` / `--validation-prompts` (the file read now), checked against
     the run's reward and policy (the defaults too); ValueError saying what to change, before any compute. Without
     --validation-prompts, a training prompts file with a held-out share (`train_prompts`) gives the held-out
@@ -113,9 +132,11 @@ def check_validation_reward(spec: str, given: bool = True) -> None:
 
     if getattr(get_reward(spec), "batch_dependent", False):
         source = "--validation-reward" if given else "the run's reward (the validation default for --model)"
-        raise ValueError(f"{source} {spec!r} uses normalize=zscore: z-scored totals average to 0 over the held-out "
-                         "images whatever the policy does; pass --validation-reward with one reward or a "
-                         "multi-reward with normalize=none")
+        raise ValueError(
+            f"{source} {spec!r} uses normalize=zscore: z-scored totals average to 0 over the held-out "
+            "images whatever the policy does; pass --validation-reward with one reward or a "
+            "multi-reward with normalize=none"
+        )
 
 
 def check_prompts(prompts, where: str) -> None:
@@ -128,8 +149,10 @@ def check_prompts(prompts, where: str) -> None:
     seen: dict[str, int] = {}
     for n, prompt in enumerate(prompts, start=1):
         if prompt in seen:
-            raise ValueError(f"{where}: prompt {n} repeats prompt {seen[prompt]} ({prompt!r:.60}); each held-out "
-                             "prompt counts once (the fixed seeds give it several images)")
+            raise ValueError(
+                f"{where}: prompt {n} repeats prompt {seen[prompt]} ({prompt!r:.60}); each held-out "
+                "prompt counts once (the fixed seeds give it several images)"
+            )
         seen[prompt] = n
 
 
@@ -141,8 +164,9 @@ def check_minigeneval_prompts(prompts, why: str) -> None:
         try:
             parse_prompt(prompt)
         except ValueError as err:
-            raise ValueError(f"validation prompt {n} ({prompt!r:.60}) is not a MiniGenEval prompt ({err}), and "
-                             f"{why}") from None
+            raise ValueError(
+                f"validation prompt {n} ({prompt!r:.60}) is not a MiniGenEval prompt ({err}), and {why}"
+            ) from None
 
 
 def read_prompts_file(path: str | Path) -> tuple[str, ...]:

@@ -60,15 +60,23 @@ def split_optimizer(state_dict: dict[str, Any]) -> OptimizerState:
     return OptimizerState(tensors, {"scalars": scalars, "param_groups": groups})
 
 
-def save_checkpoint(store: TensorStore, run: str, version: int, policy: Policy,
-                    optimizer: torch.optim.Optimizer | None = None) -> int:
+def save_checkpoint(
+    store: TensorStore, run: str, version: int, policy: Policy, optimizer: torch.optim.Optimizer | None = None
+) -> int:
     """Publish the trainer's state after update `version`; returns the bytes written."""
-    return publish_checkpoint(store, run, version, policy.spec(), policy.weights(),
-                              None if optimizer is None else optimizer.state_dict())
+    return publish_checkpoint(
+        store, run, version, policy.spec(), policy.weights(), None if optimizer is None else optimizer.state_dict()
+    )
 
 
-def publish_checkpoint(store: TensorStore, run: str, version: int, spec: dict, weights: dict[str, torch.Tensor],
-                       optimizer_state: dict[str, Any] | None) -> int:
+def publish_checkpoint(
+    store: TensorStore,
+    run: str,
+    version: int,
+    spec: dict,
+    weights: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any] | None,
+) -> int:
     """Publish a checkpoint from its parts: the policy's spec and whole `weights()`, and an optimizer `state_dict()`
     with whole tensors (an FSDP trainer gathers both first: workers/trainer/fsdp.py). Returns the bytes written."""
     tensors = {f"policy.{k}": v.detach().cpu().contiguous() for k, v in weights.items()}
@@ -87,23 +95,26 @@ def checkpoint_metadata(store: TensorStore, run: str, version: int) -> dict:
     key = weights_key(run, version)
     manifest = store.read_manifest(key)
     if manifest is None:
-        raise LookupError(f"run {run!r} has no trainer checkpoint at version {version} ({store.url}/{key}): "
-                          f"materialize the previous iteration's policy_update first")
+        raise LookupError(
+            f"run {run!r} has no trainer checkpoint at version {version} ({store.url}/{key}): "
+            f"materialize the previous iteration's policy_update first"
+        )
     meta = manifest.metadata
     if meta.get("format") != FORMAT:
         raise ValueError(f"{key}: format {meta.get('format')!r}, expected {FORMAT!r}")
     return meta
 
 
-def load_checkpoint(store: TensorStore, run: str, version: int,
-                    device: str = "cpu") -> tuple[Policy, OptimizerState | None]:
+def load_checkpoint(
+    store: TensorStore, run: str, version: int, device: str = "cpu"
+) -> tuple[Policy, OptimizerState | None]:
     """The policy at `version` (FP32, eval mode, on `device`) and its optimizer state (None for the base;
     `restore_optimizer` moves it to the parameters' device)."""
     key = weights_key(run, version)
     meta = checkpoint_metadata(store, run, version)
     tensors = store.load_tensors(key)
     policy = build_from_spec(meta["policy_config"])
-    policy.load_weights({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
+    policy.load_weights({k[len("policy.") :]: v for k, v in tensors.items() if k.startswith("policy.")})
     opt = None
     if meta.get("optimizer") is not None:
         opt = OptimizerState({k: v for k, v in tensors.items() if k.startswith("opt.")}, meta["optimizer"])

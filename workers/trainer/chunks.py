@@ -19,8 +19,9 @@ from workers.algo.sampler import SamplerConfig, Trajectory, rollout
 from workers.task.render import decode_images
 
 
-def sample_in_chunks(policy, prompts: list[str], seeds: list[int], sampler: SamplerConfig,
-                     chunk: int | None) -> tuple[Trajectory, np.ndarray]:
+def sample_in_chunks(
+    policy, prompts: list[str], seeds: list[int], sampler: SamplerConfig, chunk: int | None
+) -> tuple[Trajectory, np.ndarray]:
     """(the trajectory of every request, their uint8 images (N, H, W, 3)), sampled and decoded `chunk` requests
     at a time (None: all at once)."""
     if chunk is None or chunk >= len(prompts):
@@ -28,7 +29,7 @@ def sample_in_chunks(policy, prompts: list[str], seeds: list[int], sampler: Samp
         return traj, decode_images(policy, traj.images)
     trajs, images = [], []
     for start in range(0, len(prompts), chunk):
-        part = rollout(policy, prompts[start:start + chunk], seeds[start:start + chunk], sampler)
+        part = rollout(policy, prompts[start : start + chunk], seeds[start : start + chunk], sampler)
         images.append(decode_images(policy, part.images))
         trajs.append(part)
     return join_trajectories(trajs), np.concatenate(images)
@@ -38,9 +39,13 @@ def join_trajectories(parts: list[Trajectory]) -> Trajectory:
     """One trajectory of the parts' requests, in order (every part walked the same steps)."""
     steps = {p.step for p in parts}
     assert len(steps) == 1, f"parts stopped at different steps {sorted(steps)}"
-    return Trajectory([q for p in parts for q in p.prompts], [s for p in parts for s in p.seeds],
-                      torch.cat([p.latents for p in parts], dim=1), torch.cat([p.log_probs for p in parts], dim=1),
-                      parts[0].step)
+    return Trajectory(
+        [q for p in parts for q in p.prompts],
+        [s for p in parts for s in p.seeds],
+        torch.cat([p.latents for p in parts], dim=1),
+        torch.cat([p.log_probs for p in parts], dim=1),
+        parts[0].step,
+    )
 
 
 def micro_parts(part: slice, minibatch_size: int, micro_batch: int | None) -> list[tuple[slice, float]]:
@@ -48,5 +53,6 @@ def micro_parts(part: slice, minibatch_size: int, micro_batch: int | None) -> li
     `micro_batch` positions, each with its share of the whole minibatch (the weight of its mean loss)."""
     start, stop, _ = part.indices(minibatch_size)
     size = micro_batch or max(stop - start, 1)
-    return [(slice(a, min(a + size, stop)), (min(a + size, stop) - a) / minibatch_size)
-            for a in range(start, stop, size)]
+    return [
+        (slice(a, min(a + size, stop)), (min(a + size, stop) - a) / minibatch_size) for a in range(start, stop, size)
+    ]

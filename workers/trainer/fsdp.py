@@ -48,8 +48,9 @@ class FSDPConfig:
     more all-gather per block."""
 
 
-def init_distributed(device_type: str = "cuda", init_method: str = "env://", rank: int | None = None,
-                     world_size: int | None = None):
+def init_distributed(
+    device_type: str = "cuda", init_method: str = "env://", rank: int | None = None, world_size: int | None = None
+):
     """Join the process group (NCCL for "cuda", gloo for "cpu") and return a 1-D device mesh over it.
 
     Under torchrun the defaults read RANK, WORLD_SIZE and LOCAL_RANK from the environment; each process then
@@ -73,8 +74,7 @@ def transformer_blocks(transformer: nn.Module) -> list[nn.Module]:
     """The transformer's blocks, in order (the units FSDP gathers one at a time)."""
     blocks = [b for name in BLOCK_LISTS for b in getattr(transformer, name, [])]
     if not blocks:
-        raise ValueError(f"{type(transformer).__name__} has none of {BLOCK_LISTS}: "
-                         "no blocks to shard one at a time")
+        raise ValueError(f"{type(transformer).__name__} has none of {BLOCK_LISTS}: no blocks to shard one at a time")
     return blocks
 
 
@@ -91,8 +91,11 @@ def shard_policy(policy: nn.Module, mesh, config: FSDPConfig = FSDPConfig()) -> 
         policy.to(torch.device("cuda", torch.cuda.current_device()))
     # cast_forward_inputs=False: sigma and the latents stay fp32 into the transformer, as under autocast alone (a
     # bf16 sigma would shift the timestep embedding away from the rollout workers' and bias the PPO ratio).
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False) \
-        if config.mixed_precision else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+        if config.mixed_precision
+        else MixedPrecisionPolicy()
+    )
     kwargs = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": config.reshard_after_forward}
     for block in transformer_blocks(policy.transformer):
         fully_shard(block, **kwargs)
@@ -133,9 +136,11 @@ class DataShard:
         """(positions of this rank's samples within the minibatch, their share of it). Contiguous parts in rank
         order; sizes differ by at most one (as torch.tensor_split's)."""
         if minibatch_size < self.world_size:
-            raise ValueError(f"a minibatch of {minibatch_size} samples cannot be split over {self.world_size} ranks: "
-                             "every rank needs a sample of every minibatch (fewer grpo.num_minibatches, "
-                             "more samples per iteration, or fewer processes)")
+            raise ValueError(
+                f"a minibatch of {minibatch_size} samples cannot be split over {self.world_size} ranks: "
+                "every rank needs a sample of every minibatch (fewer grpo.num_minibatches, "
+                "more samples per iteration, or fewer processes)"
+            )
         base, extra = divmod(minibatch_size, self.world_size)
         start = self.rank * base + min(self.rank, extra)
         size = base + (self.rank < extra)
@@ -146,23 +151,26 @@ class DataShard:
         keys = sorted(stats)
         values = torch.tensor([stats[k] * share for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(values, group=self.group)
-        return dict(zip(keys, values.tolist()))
+        return dict(zip(keys, values.tolist(), strict=False))
 
 
 def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
     """`policy.weights()` as whole CPU tensors (what a checkpoint or a PULSE patch holds). A collective under
     FSDP: every rank must call it, in the same order."""
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
-            for k, v in policy.weights().items()}
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in policy.weights().items()
+    }
 
 
 def check_batch_split(num_samples: int, num_minibatches: int, world_size: int) -> None:
     """ValueError unless every minibatch torch.chunk makes of num_samples has at least world_size samples."""
     sizes = [len(c) for c in torch.arange(num_samples).chunk(num_minibatches)]
     if min(sizes) < world_size:
-        raise ValueError(f"{num_samples} samples in {num_minibatches} minibatches (sizes {sizes}) cannot be split "
-                         f"over {world_size} ranks: every rank needs a sample of every minibatch (fewer "
-                         "grpo.num_minibatches, more prompts_per_iteration x group_size, or fewer processes)")
+        raise ValueError(
+            f"{num_samples} samples in {num_minibatches} minibatches (sizes {sizes}) cannot be split "
+            f"over {world_size} ranks: every rank needs a sample of every minibatch (fewer "
+            "grpo.num_minibatches, more prompts_per_iteration x group_size, or fewer processes)"
+        )
 
 
 def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig()):
@@ -174,8 +182,10 @@ def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig()):
     update: the optimizer is rebuilt, so it must hold no state yet. Every rank then calls `update` on the same
     batch."""
     if trainer.optimizer.state:
-        raise ValueError("distribute() needs a trainer that has not stepped yet (its AdamW state would be lost); "
-                         "load optimizer state after distributing")
+        raise ValueError(
+            "distribute() needs a trainer that has not stepped yet (its AdamW state would be lost); "
+            "load optimizer state after distributing"
+        )
     c = trainer.config
     world_size = mesh.size()
     check_batch_split(c.prompts_per_iteration * c.group_size, c.grpo.num_minibatches, world_size)
@@ -219,8 +229,10 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> 
     state = {}
     for index, values in state_dict["state"].items():
         param = params[int(index)]
-        state[index] = {name: distribute_tensor(v.to(param.device), param.device_mesh, param.placements,
-                                                src_data_rank=None)
-                        if isinstance(param, DTensor) and torch.is_tensor(v) and v.shape == param.shape else v
-                        for name, v in values.items()}
+        state[index] = {
+            name: distribute_tensor(v.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+            if isinstance(param, DTensor) and torch.is_tensor(v) and v.shape == param.shape
+            else v
+            for name, v in values.items()
+        }
     optimizer.load_state_dict({**state_dict, "state": state})

@@ -19,19 +19,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from workers.algo.seeds import candidate_seeds, domain_seed
-from workers.algo.selection import select_max_variance
 from workers.algo.grpo import GRPOConfig, clipped_policy_loss, group_reward_stats, kl_to_reference
 from workers.algo.nft import nft_loss, noise_levels, noisy_sample, optimality
+from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, sampler_sigmas, step_log_prob
+from workers.algo.seeds import candidate_seeds, domain_seed
+from workers.algo.selection import select_max_variance
 from workers.task.prompt_file import PromptSource, prompt_fields, train_prompts
 from workers.task.prompts import CATEGORIES
 from workers.task.rewards import get_reward, score_with_components
-from workers.algo.sampler import SamplerConfig, Trajectory, autocast_for, sampler_sigmas, step_log_prob
 from workers.trainer.chunks import micro_parts, sample_in_chunks
 from workers.trainer.frozen import V_OLD_ADAPTER, frozen_policy, refresh, shares_transformer
 from workers.trainer.old_log_probs import first_epoch_minibatches, with_policy_log_probs
 from workers.trainer.step_guard import StepGuard
-
 
 NO_REWARD = ""
 """A preset's reward when it names none (the GPU presets): a run must choose one (`check_reward_chosen`)."""
@@ -40,9 +39,11 @@ NO_REWARD = ""
 def check_reward_chosen(config: "TrainConfig", preset: str) -> None:
     """ValueError, before any compute, when neither the preset nor the run names a reward."""
     if config.reward == NO_REWARD:
-        raise ValueError(f"preset {preset!r} names no reward: pass --reward SPEC, e.g. "
-                         "clip:/models/PickScore_v1,processor=/models/CLIP-ViT-H-14 (PickScore), "
-                         "http://HOST:8200 (a spotlight reward-serve server) or multi:... (docs/MODELS.md, Rewards)")
+        raise ValueError(
+            f"preset {preset!r} names no reward: pass --reward SPEC, e.g. "
+            "clip:/models/PickScore_v1,processor=/models/CLIP-ViT-H-14 (PickScore), "
+            "http://HOST:8200 (a spotlight reward-serve server) or multi:... (docs/MODELS.md, Rewards)"
+        )
 
 
 @dataclass(frozen=True)
@@ -95,25 +96,33 @@ class TrainConfig:
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares samples of one prompt), got {self.group_size}")
         if self.rollouts_per_prompt is not None and self.rollouts_per_prompt < self.group_size:
-            raise ValueError(f"rollouts_per_prompt={self.rollouts_per_prompt} must be >= group_size={self.group_size} "
-                             "(it is how many samples are drawn per prompt before the update keeps group_size)")
+            raise ValueError(
+                f"rollouts_per_prompt={self.rollouts_per_prompt} must be >= group_size={self.group_size} "
+                "(it is how many samples are drawn per prompt before the update keeps group_size)"
+            )
         if self.prompts_per_iteration < 1:
             raise ValueError(f"prompts_per_iteration must be >= 1, got {self.prompts_per_iteration}")
         if self.grpo.num_minibatches > self.prompts_per_iteration * self.group_size:
             raise ValueError(f"grpo.num_minibatches={self.grpo.num_minibatches} exceeds the samples per iteration")
         if self.grpo.objective == "flow_grpo" and not self.sampler.sde_steps:
-            raise ValueError("sampler.noise_level must be > 0 for objective 'flow_grpo': the ODE has no "
-                             "log-probs (use grpo.objective='nft' to train on ODE rollouts)")
+            raise ValueError(
+                "sampler.noise_level must be > 0 for objective 'flow_grpo': the ODE has no "
+                "log-probs (use grpo.objective='nft' to train on ODE rollouts)"
+            )
         if self.validate_every < 1 or self.validation_seeds < 1:
             raise ValueError("validate_every and validation_seeds must be >= 1")
         if self.reward != NO_REWARD:
             get_reward(self.reward)  # an unknown reward fails here, before any compute
         if self.prompts is not None and self.train_categories is not None:
-            raise ValueError("train_categories picks MiniGenEval categories; with a prompts file (prompts) leave it None")
+            raise ValueError(
+                "train_categories picks MiniGenEval categories; with a prompts file (prompts) leave it None"
+            )
         if self.train_categories is not None:
             unknown = set(self.train_categories) - set(CATEGORIES)
             if unknown or not self.train_categories:
-                raise ValueError(f"train_categories must be a non-empty subset of {CATEGORIES}, got {self.train_categories}")
+                raise ValueError(
+                    f"train_categories must be a non-empty subset of {CATEGORIES}, got {self.train_categories}"
+                )
 
 
 @dataclass
@@ -140,8 +149,10 @@ def default_seeds(config: TrainConfig, iteration: int) -> list[list[int]]:
     """Each prompt's default (unexplored) seeds: rollouts_per_prompt of them, or group_size when unset.
     The first group_size are the request seeds, so a wider draw contains the narrow one."""
     drawn = config.rollouts_per_prompt or config.group_size
-    return [candidate_seeds(config.seed, iteration, i, config.group_size, drawn)
-            for i in range(config.prompts_per_iteration)]
+    return [
+        candidate_seeds(config.seed, iteration, i, config.group_size, drawn)
+        for i in range(config.prompts_per_iteration)
+    ]
 
 
 def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig) -> Rollouts:
@@ -158,16 +169,32 @@ def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig) -> Rol
     keep = []
     for g in sorted(members):
         rows = members[g]
-        keep += rows if len(rows) <= group_size else \
-            select_max_variance(rows, [float(batch.rewards[n]) for n in rows], group_size)
+        keep += (
+            rows
+            if len(rows) <= group_size
+            else select_max_variance(rows, [float(batch.rewards[n]) for n in rows], group_size)
+        )
     idx = torch.tensor(keep)
     traj = batch.trajectory
-    kept = Trajectory([traj.prompts[n] for n in keep], [traj.seeds[n] for n in keep], traj.latents[:, idx],
-                      traj.log_probs[:, idx], traj.step)
+    kept = Trajectory(
+        [traj.prompts[n] for n in keep],
+        [traj.seeds[n] for n in keep],
+        traj.latents[:, idx],
+        traj.log_probs[:, idx],
+        traj.step,
+    )
     rewards, group_ids = batch.rewards[idx], batch.group_ids[idx]
-    return Rollouts(batch.iteration, kept, rewards, group_ids, grpo.advantages(rewards, group_ids), batch.rollout_s,
-                    batch.rewards if batch.drawn_rewards is None else batch.drawn_rewards,
-                    None if batch.images is None else batch.images[idx.numpy()], batch.reward_components)
+    return Rollouts(
+        batch.iteration,
+        kept,
+        rewards,
+        group_ids,
+        grpo.advantages(rewards, group_ids),
+        batch.rollout_s,
+        batch.rewards if batch.drawn_rewards is None else batch.drawn_rewards,
+        None if batch.images is None else batch.images[idx.numpy()],
+        batch.reward_components,
+    )
 
 
 def trainable_parameters(policy):
@@ -201,11 +228,13 @@ class GRPOTrainer:
     def build_optimizer(self) -> torch.optim.Optimizer:
         """AdamW over the policy's trainable parameters (built again when FSDP replaces them by shards)."""
         g = self.config.grpo
-        return torch.optim.AdamW(list(trainable_parameters(self.policy)), lr=g.lr, betas=g.adam_betas,
-                                 weight_decay=g.weight_decay)
+        return torch.optim.AdamW(
+            list(trainable_parameters(self.policy)), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay
+        )
 
-    def collect(self, iteration: int, seeds: list[int] | list[list[int]] | None = None,
-                keep_all: bool = False) -> Rollouts:
+    def collect(
+        self, iteration: int, seeds: list[int] | list[list[int]] | None = None, keep_all: bool = False
+    ) -> Rollouts:
         """Sample the iteration's prompts and score them.
 
         seeds: the seeds of each prompt (one list per prompt, any number >= 2 each), or a flat
@@ -222,25 +251,36 @@ class GRPOTrainer:
         elif seeds and isinstance(seeds[0], int):
             if len(seeds) != len(prompts) * c.group_size:
                 raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts x group_size {c.group_size}")
-            groups = [list(seeds[i * c.group_size:(i + 1) * c.group_size]) for i in range(len(prompts))]
+            groups = [list(seeds[i * c.group_size : (i + 1) * c.group_size]) for i in range(len(prompts))]
         else:
             groups = [list(g) for g in seeds]
             if len(groups) != len(prompts) or any(len(g) < 2 for g in groups):
-                raise ValueError(f"{len(groups)} seed groups (sizes {[len(g) for g in groups]}) for {len(prompts)} "
-                                 "prompts: give one group of at least 2 seeds per prompt")
-        all_prompts = [p for p, g in zip(prompts, groups) for _ in g]
+                raise ValueError(
+                    f"{len(groups)} seed groups (sizes {[len(g) for g in groups]}) for {len(prompts)} "
+                    "prompts: give one group of at least 2 seeds per prompt"
+                )
+        all_prompts = [p for p, g in zip(prompts, groups, strict=False) for _ in g]
         t0 = time.perf_counter()
         self.policy.eval()
         if self.sampling_policy is not None:
             refresh(self.sampling_policy, self.policy)
-        traj, images = sample_in_chunks(self.policy, all_prompts, [s for g in groups for s in g], c.sampler,
-                                        c.rollout_batch)
+        traj, images = sample_in_chunks(
+            self.policy, all_prompts, [s for g in groups for s in g], c.sampler, c.rollout_batch
+        )
         fields = None if c.prompts is None else [prompt_fields(c.prompts, p) for p in all_prompts]
         scores, components = score_with_components(self.reward_fn, images, all_prompts, fields)
         rewards = torch.as_tensor(scores, dtype=torch.float32)
         group_ids = torch.arange(len(prompts)).repeat_interleave(torch.tensor([len(g) for g in groups]))
-        batch = Rollouts(iteration, traj, rewards, group_ids, c.grpo.advantages(rewards, group_ids), 0.0, images=images,
-                         reward_components=components or None)
+        batch = Rollouts(
+            iteration,
+            traj,
+            rewards,
+            group_ids,
+            c.grpo.advantages(rewards, group_ids),
+            0.0,
+            images=images,
+            reward_components=components or None,
+        )
         if not keep_all:
             batch = keep_max_variance(batch, c.group_size, c.grpo)
         batch.rollout_s = time.perf_counter() - t0
@@ -258,8 +298,9 @@ class GRPOTrainer:
         for t in steps:
             emb, mask = self.policy.encode_prompts(prompts)
             lp, mean, std = step_log_prob(self.policy, traj.latents, t, emb, mask, c, index)
-            loss, stats = clipped_policy_loss(lp, traj.log_probs[t][index].to(lp.device),
-                                              batch.advantages[index].to(lp.device), g.clip_range)
+            loss, stats = clipped_policy_loss(
+                lp, traj.log_probs[t][index].to(lp.device), batch.advantages[index].to(lp.device), g.clip_range
+            )
             if self.reference is not None:
                 with torch.no_grad():
                     ref_emb, ref_mask = self.reference.encode_prompts(prompts)
@@ -273,8 +314,14 @@ class GRPOTrainer:
             sums["approx_kl"] += stats["approx_kl"] / len(steps)
         return sums
 
-    def _nft_minibatch_loss(self, batch: Rollouts, index: torch.Tensor, levels: list[tuple[torch.Tensor, torch.Tensor]],
-                            part: slice = slice(None), loss_scale: float = 1.0) -> dict[str, float]:
+    def _nft_minibatch_loss(
+        self,
+        batch: Rollouts,
+        index: torch.Tensor,
+        levels: list[tuple[torch.Tensor, torch.Tensor]],
+        part: slice = slice(None),
+        loss_scale: float = 1.0,
+    ) -> dict[str, float]:
         """Accumulate the NFT loss's gradients over nft_timesteps noise levels per sample. levels: (sigma_N, eps)
         of each noise level for the whole minibatch (`_noise_levels`). part, loss_scale: the samples of the
         minibatch computed here (this rank's, or one micro-batch of them) and their share of it."""
@@ -297,8 +344,9 @@ class GRPOTrainer:
                     if self.reference is not None:
                         ref_emb, ref_mask = self.reference.encode_prompts(prompts)
                         v_ref = self.reference.velocity(x.to(device), sigma.to(device), ref_emb, ref_mask)
-            loss, stats = nft_loss(v.float(), v_old.float(), target.to(device), r.to(device), g.nft_beta,
-                                   sigma.to(device), g.nft_weighting)
+            loss, stats = nft_loss(
+                v.float(), v_old.float(), target.to(device), r.to(device), g.nft_beta, sigma.to(device), g.nft_weighting
+            )
             if self.reference is not None:
                 kl = ((v.float() - v_ref.float()) ** 2).mean()
                 loss = loss + g.kl_beta * kl
@@ -333,8 +381,9 @@ class GRPOTrainer:
                 stats = self._accumulate(batch, index, gen, part, share)
                 if self.data_shard is not None:
                     stats = self.data_shard.sum_over_ranks(stats, share)
-                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(list(trainable_parameters(self.policy)),
-                                                                          g.max_grad_norm))
+                stats["grad_norm"] = float(
+                    torch.nn.utils.clip_grad_norm_(list(trainable_parameters(self.policy)), g.max_grad_norm)
+                )
                 stats["learning_rate"] = self._set_learning_rate()
                 if not self.step_guard.allows(stats["grad_norm"], batch.iteration):
                     self.optimizer.zero_grad(set_to_none=True)  # NaN/inf never reaches the weights or AdamW
@@ -350,8 +399,9 @@ class GRPOTrainer:
         out["skipped_steps"] = self.step_guard.skipped_steps
         return out
 
-    def _accumulate(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator, part: slice,
-                    share: float) -> dict[str, float]:
+    def _accumulate(
+        self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator, part: slice, share: float
+    ) -> dict[str, float]:
         """Gradients of this process's `part` of one minibatch, one micro-batch (TrainConfig.micro_batch) at a time,
         each weighted by its share of the minibatch; returns the part's mean stats. NFT's noise is drawn for the
         whole minibatch first, so every rank and every micro-batch split draws the same noise."""

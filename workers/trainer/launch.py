@@ -32,12 +32,16 @@ def check_nproc(nproc: int, device: str) -> None:
         raise ValueError(f"--nproc {nproc} trains on cpu (gloo) or cuda (NCCL), not on {device!r}")
     if kind == "cuda":
         if index:
-            raise ValueError(f"--nproc {nproc} puts rank r on GPU r: pass --device cuda, not {device!r} "
-                             "(CUDA_VISIBLE_DEVICES chooses which GPUs)")
+            raise ValueError(
+                f"--nproc {nproc} puts rank r on GPU r: pass --device cuda, not {device!r} "
+                "(CUDA_VISIBLE_DEVICES chooses which GPUs)"
+            )
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if nproc > count:
-            raise ValueError(f"--nproc {nproc} needs {nproc} CUDA devices (one per rank) but this machine has "
-                             f"{count}: pass --nproc {max(count, 1)}" + ("" if count else " or --device cpu"))
+            raise ValueError(
+                f"--nproc {nproc} needs {nproc} CUDA devices (one per rank) but this machine has "
+                f"{count}: pass --nproc {max(count, 1)}" + ("" if count else " or --device cpu")
+            )
 
 
 def launch(nproc: int, entrypoint: Callable[..., Any], *args: Any) -> Any:
@@ -46,8 +50,16 @@ def launch(nproc: int, entrypoint: Callable[..., Any], *args: Any) -> Any:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        start_method="spawn",
+    )
     try:
         return elastic_launch(config, entrypoint)(*args)[0]
     except ChildFailedError as err:

@@ -22,8 +22,10 @@ def enable_gradient_checkpointing(policy: nn.Module) -> None:
     transformer = getattr(policy, "transformer", None)
     if transformer is None or not getattr(transformer, "_supports_gradient_checkpointing", False):
         name = type(transformer).__name__ if transformer is not None else type(policy).__name__
-        raise ValueError(f"{name} does not support gradient checkpointing (needs a diffusers transformer "
-                         "with _supports_gradient_checkpointing)")
+        raise ValueError(
+            f"{name} does not support gradient checkpointing (needs a diffusers transformer "
+            "with _supports_gradient_checkpointing)"
+        )
     transformer.enable_gradient_checkpointing()
 
 

@@ -29,8 +29,18 @@ def cpu_tiny() -> TrainConfig:
         group_size=8,
         reward="minigeneval",
         sampler=SamplerConfig(num_steps=8, noise_level=0.0),
-        grpo=GRPOConfig(objective="nft", lr=1e-4, adv_clip=5.0, kl_beta=0.0, num_epochs=1, num_minibatches=2,
-                        nft_beta=1.0, nft_timesteps=2, nft_adv_scale=2.0, nft_weighting="adaptive"),
+        grpo=GRPOConfig(
+            objective="nft",
+            lr=1e-4,
+            adv_clip=5.0,
+            kl_beta=0.0,
+            num_epochs=1,
+            num_minibatches=2,
+            nft_beta=1.0,
+            nft_timesteps=2,
+            nft_adv_scale=2.0,
+            nft_weighting="adaptive",
+        ),
         validate_every=5,
         validation_seeds=2,
     )
@@ -45,8 +55,9 @@ def cpu_tiny_long() -> TrainConfig:
     cpu_tiny's +0.07, every seed at least +0.09 (docs/BENCHMARKS.md, docs/RECIPE.md).
     """
     base = cpu_tiny()
-    return dataclasses.replace(base, iterations=40, rollouts_per_prompt=16,
-                               grpo=dataclasses.replace(base.grpo, nft_timesteps=6))
+    return dataclasses.replace(
+        base, iterations=40, rollouts_per_prompt=16, grpo=dataclasses.replace(base.grpo, nft_timesteps=6)
+    )
 
 
 def cpu_tiny_spot() -> TrainConfig:
@@ -105,8 +116,12 @@ def cpu_smoke_nft() -> TrainConfig:
     """cpu_smoke's two small iterations with the default recipe's objective (cpu_tiny_long's NFT settings, a wider
     draw of 8 kept 4): pins the NFT path's numbers in the golden test, not a recipe that learns."""
     smoke, recipe = cpu_smoke(), cpu_tiny_long()
-    return dataclasses.replace(smoke, rollouts_per_prompt=8, sampler=dataclasses.replace(smoke.sampler, noise_level=0.0),
-                               grpo=dataclasses.replace(recipe.grpo, num_minibatches=1))
+    return dataclasses.replace(
+        smoke,
+        rollouts_per_prompt=8,
+        sampler=dataclasses.replace(smoke.sampler, noise_level=0.0),
+        grpo=dataclasses.replace(recipe.grpo, num_minibatches=1),
+    )
 
 
 GPU_ROLLOUT_BATCH = 8
@@ -127,21 +142,31 @@ def sd35m_lora() -> TrainConfig:
     1e-4, advantage clip 5, KL beta 0.04, LoRA r=32 at lr 3e-4, CFG 4.5 (MODEL_DEFAULTS). For a GPU, on the user's
     prompts (--prompts) and reward (--reward: the preset names none)."""
     return TrainConfig(
-        iterations=300, prompts_per_iteration=16, group_size=24, reward=NO_REWARD,
+        iterations=300,
+        prompts_per_iteration=16,
+        group_size=24,
+        reward=NO_REWARD,
         sampler=SamplerConfig(num_steps=10, noise_level=0.7, forward_dtype="bf16"),
         # kl_form "flow_grpo": the KL term as flow_grpo computes it, so its beta 0.04 weighs what it weighed there
-        grpo=GRPOConfig(lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.04, kl_form="flow_grpo", num_epochs=1,
-                        num_minibatches=4),
-        validate_every=10, validation_seeds=1, rollout_batch=GPU_ROLLOUT_BATCH, micro_batch=GPU_MICRO_BATCH)
+        grpo=GRPOConfig(
+            lr=3e-4, clip_range=1e-4, adv_clip=5.0, kl_beta=0.04, kl_form="flow_grpo", num_epochs=1, num_minibatches=4
+        ),
+        validate_every=10,
+        validation_seeds=1,
+        rollout_batch=GPU_ROLLOUT_BATCH,
+        micro_batch=GPU_MICRO_BATCH,
+    )
 
 
 def qwen_image_lora() -> TrainConfig:
     """Flow-GRPO's Qwen-Image recipe (../shared/REFERENCES.md): 10 steps, noise level 1.2 on a 2-step SDE window,
     groups of 16, clip 1e-4, KL beta 0.04, LoRA at lr 3e-4, true CFG 4.5 (MODEL_DEFAULTS). For a GPU."""
     base = sd35m_lora()
-    return dataclasses.replace(base, group_size=16,
-                               sampler=SamplerConfig(num_steps=10, noise_level=1.2, sde_window=(0, 2),
-                                                     forward_dtype="bf16"))
+    return dataclasses.replace(
+        base,
+        group_size=16,
+        sampler=SamplerConfig(num_steps=10, noise_level=1.2, sde_window=(0, 2), forward_dtype="bf16"),
+    )
 
 
 def flux1_lora() -> TrainConfig:
@@ -151,10 +176,16 @@ def flux1_lora() -> TrainConfig:
 
 
 PRESETS: dict[str, Callable[[], TrainConfig]] = {
-    "cpu_tiny": cpu_tiny, "cpu_tiny_long": cpu_tiny_long, "cpu_tiny_spot": cpu_tiny_spot,
-    "cpu_tiny_hard": cpu_tiny_hard, "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
-    "cpu_smoke": cpu_smoke, "cpu_smoke_nft": cpu_smoke_nft,
-    "sd35m_lora": sd35m_lora, "qwen_image_lora": qwen_image_lora, "flux1_lora": flux1_lora,
+    "cpu_tiny": cpu_tiny,
+    "cpu_tiny_long": cpu_tiny_long,
+    "cpu_tiny_spot": cpu_tiny_spot,
+    "cpu_tiny_hard": cpu_tiny_hard,
+    "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
+    "cpu_smoke": cpu_smoke,
+    "cpu_smoke_nft": cpu_smoke_nft,
+    "sd35m_lora": sd35m_lora,
+    "qwen_image_lora": qwen_image_lora,
+    "flux1_lora": flux1_lora,
 }
 
 MODEL_DEFAULTS: dict[str, dict] = {
@@ -204,9 +235,11 @@ def training_prompts(path: str, heldout_fraction: float, model: str | None, mode
             try:
                 parse_prompt(row.text)
             except ValueError as err:
-                raise ValueError(f"--prompts {source.path}: line {row.line} is not a MiniGenEval prompt ({err}); the "
-                                 "pixel policy reads only those: pass --model DIR to post-train a diffusers pipeline "
-                                 "on free text") from None
+                raise ValueError(
+                    f"--prompts {source.path}: line {row.line} is not a MiniGenEval prompt ({err}); the "
+                    "pixel policy reads only those: pass --model DIR to post-train a diffusers pipeline "
+                    "on free text"
+                ) from None
         return source
     from workers.model.families.detect import detect_family
     from workers.model.families.prompt_limits import check_prompts_fit

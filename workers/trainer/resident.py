@@ -43,8 +43,9 @@ class _Resident:
 _resident: _Resident | None = None
 
 
-def resident_checkpoint(store: TensorStore, run: str, version: int,
-                        device: str = "cpu") -> tuple[Any, OptimizerState | None]:
+def resident_checkpoint(
+    store: TensorStore, run: str, version: int, device: str = "cpu"
+) -> tuple[Any, OptimizerState | None]:
     """The policy at `version` (eval mode, on `device`) and its optimizer state, as `load_checkpoint` returns them,
     but on this process's resident policy: built on first use (or when the checkpoint's spec differs), otherwise
     updated in place with the checkpoint's weights."""
@@ -63,7 +64,7 @@ def resident_checkpoint(store: TensorStore, run: str, version: int,
     policy = _resident.policy
     if needs_weights:
         with torch.no_grad():
-            policy.load_weights({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
+            policy.load_weights({k[len("policy.") :]: v for k, v in tensors.items() if k.startswith("policy.")})
         _resident.version = here
     opt = None
     if meta.get("optimizer") is not None:

@@ -47,5 +47,6 @@ class StepGuard:
             raise NonFiniteGradientError(
                 f"iteration {iteration}: {self.consecutive} optimizer steps in a row had a non-finite gradient "
                 f"(norm {grad_norm}); none of them touched the weights. Check the rewards and advantages for "
-                "NaN/inf, or lower grpo.lr")
+                "NaN/inf, or lower grpo.lr"
+            )
         return False

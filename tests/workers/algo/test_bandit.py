@@ -84,21 +84,24 @@ def test_a_gain_far_above_the_cap_counts_only_as_the_cap() -> None:
     assert bandit.stats["m16-cheap"].mean_gain == 5.0
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: BanditConfig(safety=0), "safety"),
-    (lambda: BanditConfig(ucb_c=-1), "ucb_c"),
-    (lambda: Arm(1, "half_steps"), "seeds_per_prompt"),
-    (lambda: Arm(16, "half-steps"), "cache_level"),
-    (lambda: Arm.parse("sixteen-half_steps"), "m16-half_steps"),
-    (lambda: UCBBandit([Arm(16, "a"), Arm(16, "a")]), "distinct"),
-    (lambda: _bandit().choose(-1.0, 8, 1), "budget_s"),
-    (lambda: _bandit().observe_gain(Arm(99, "cheap"), 1.0), "not one of"),
-    (lambda: Arm(16, "half_steps", keep=17), "keep"),
-    (lambda: Arm(16, "half_steps", keep=1), "keep"),
-    (lambda: Arm.parse("m32-half_steps-12"), "m32-half_steps-w12"),
-    (lambda: BanditConfig(min_arm_tau=1.5), "min_arm_tau"),
-    (lambda: BanditConfig(min_tau_observations=0), "min_tau_observations"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: BanditConfig(safety=0), "safety"),
+        (lambda: BanditConfig(ucb_c=-1), "ucb_c"),
+        (lambda: Arm(1, "half_steps"), "seeds_per_prompt"),
+        (lambda: Arm(16, "half-steps"), "cache_level"),
+        (lambda: Arm.parse("sixteen-half_steps"), "m16-half_steps"),
+        (lambda: UCBBandit([Arm(16, "a"), Arm(16, "a")]), "distinct"),
+        (lambda: _bandit().choose(-1.0, 8, 1), "budget_s"),
+        (lambda: _bandit().observe_gain(Arm(99, "cheap"), 1.0), "not one of"),
+        (lambda: Arm(16, "half_steps", keep=17), "keep"),
+        (lambda: Arm(16, "half_steps", keep=1), "keep"),
+        (lambda: Arm.parse("m32-half_steps-12"), "m32-half_steps-w12"),
+        (lambda: BanditConfig(min_arm_tau=1.5), "min_arm_tau"),
+        (lambda: BanditConfig(min_tau_observations=0), "min_tau_observations"),
+    ],
+)
 def test_bad_settings_are_refused_with_the_field_named(make, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make()
@@ -131,8 +134,11 @@ def test_an_arm_costing_exactly_a_budget_counted_in_samples_fits_but_an_estimate
 
 def test_an_arm_whose_measured_fidelity_falls_below_the_floor_is_no_longer_chosen() -> None:
     good, bad = Arm(16, "half_steps"), Arm(16, "quarter_steps")
-    bandit = UCBBandit([good, bad], BanditConfig(min_arm_tau=0.3, min_tau_observations=2),
-                       cost_weights={"half_steps": 0.5, "quarter_steps": 0.25})
+    bandit = UCBBandit(
+        [good, bad],
+        BanditConfig(min_arm_tau=0.3, min_tau_observations=2),
+        cost_weights={"half_steps": 0.5, "quarter_steps": 0.25},
+    )
     for arm, gain in ((good, 1.0), (bad, 3.0)):
         bandit.observe_gain(arm, gain)
     assert bandit.choose(100.0, 8, 1, unit_cost=1.0).arm == bad  # the larger gain, fidelity not yet measured

@@ -61,8 +61,9 @@ def test_kl_to_an_identical_reference_is_zero_and_grows_with_distance():
     assert bool((kl_to_reference(mean + 0.2, mean, std, dt) > kl_to_reference(mean + 0.1, mean, std, dt)).all())
 
 
-@pytest.mark.parametrize("field,value", [("lr", -1e-5), ("lr", 0.0), ("clip_range", 0.0), ("kl_beta", -0.1),
-                                         ("num_minibatches", 0)])
+@pytest.mark.parametrize(
+    "field,value", [("lr", -1e-5), ("lr", 0.0), ("clip_range", 0.0), ("kl_beta", -0.1), ("num_minibatches", 0)]
+)
 def test_bad_grpo_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOConfig(**{field: value})
@@ -80,7 +81,8 @@ def test_the_gpu_presets_kl_term_weighs_what_flow_grpos_beta_weighed():
     for name in ("sd35m_lora", "qwen_image_lora", "flux1_lora"):
         g = get_preset(name).grpo
         torch.testing.assert_close(g.kl_beta * kl_to_reference(mean, ref, std, dt, g.kl_form), flow_grpo)
-    torch.testing.assert_close(kl_to_reference(mean, ref, std, dt, "step"),
-                               kl_to_reference(mean, ref, std, dt, "flow_grpo") / 0.08)
+    torch.testing.assert_close(
+        kl_to_reference(mean, ref, std, dt, "step"), kl_to_reference(mean, ref, std, dt, "flow_grpo") / 0.08
+    )
     with pytest.raises(ValueError, match="kl_form"):
         GRPOConfig(kl_form="nope")

@@ -21,8 +21,11 @@ def test_proxy_up_and_gold_down_beyond_their_errors_is_flagged_with_the_numbers(
     assert "since iteration 0" in verdict.detail and "gold -0.2" in verdict.detail
 
 
-@pytest.mark.parametrize("proxy, gold", [(-0.9, 0.35), (-1.25, 0.10), (-1.18, 0.27), (-0.9, 0.28)],
-                         ids=["both rise", "both fall", "within noise", "gold dip within its error"])
+@pytest.mark.parametrize(
+    "proxy, gold",
+    [(-0.9, 0.35), (-1.25, 0.10), (-1.18, 0.27), (-0.9, 0.28)],
+    ids=["both rise", "both fall", "within noise", "gold dip within its error"],
+)
 def test_honest_learning_a_bad_step_and_noise_are_not_flagged(proxy, gold):
     assert not judge([BASE, _sig(5, proxy, gold)], BASE, HackingRule()).flagged
 
@@ -59,8 +62,10 @@ def test_standard_error_is_the_sample_std_over_root_n():
     assert standard_error([1.0]) == 0.0
 
 
-@pytest.mark.parametrize("field, value", [("window", 0), ("z", -1.0), ("max_drop", 1.0), ("max_rise", 0.0),
-                                          ("drift_statistics", ("sharpness",))])
+@pytest.mark.parametrize(
+    "field, value",
+    [("window", 0), ("z", -1.0), ("max_drop", 1.0), ("max_rise", 0.0), ("drift_statistics", ("sharpness",))],
+)
 def test_a_bad_rule_setting_names_its_field(field, value):
     with pytest.raises(ValueError, match=field):
         HackingRule(**{field: value})

@@ -45,9 +45,13 @@ def test_noisy_sample_interpolates_between_image_and_noise():
 
 
 def _nft_config(**grpo):
-    return TrainConfig(prompts_per_iteration=2, group_size=4, reward="jpeg_compressibility",
-                       sampler=SamplerConfig(num_steps=4, noise_level=0.0),
-                       grpo=GRPOConfig(objective="nft", num_minibatches=1, **grpo))
+    return TrainConfig(
+        prompts_per_iteration=2,
+        group_size=4,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=4, noise_level=0.0),
+        grpo=GRPOConfig(objective="nft", num_minibatches=1, **grpo),
+    )
 
 
 def _weighted_fm_loss(policy, batch, gen_seed=0) -> float:
@@ -94,6 +98,7 @@ def test_flow_grpo_on_the_ode_is_refused_with_a_pointer_to_nft():
 
 def test_a_kl_weight_with_nft_pulls_the_policy_back_towards_the_reference(tiny_policy):
     import copy
+
     base = copy.deepcopy(tiny_policy)
     drifts = []
     for kl_beta in (0.0, 50.0):
@@ -103,7 +108,9 @@ def test_a_kl_weight_with_nft_pulls_the_policy_back_towards_the_reference(tiny_p
         for it in range(3):
             stats = trainer.update(trainer.collect(it))
         assert (stats["kl"] > 0) == (kl_beta > 0)
-        drifts.append(sum(float(((p.detach() - q.detach()) ** 2).sum()) for p, q in zip(policy.parameters(), base.parameters())))
+        drifts.append(
+            sum(float(((p.detach() - q.detach()) ** 2).sum()) for p, q in zip(policy.parameters(), base.parameters(), strict=False))
+        )
     assert drifts[1] < drifts[0]  # the anchored run ends closer to the base
 
 
@@ -127,8 +134,10 @@ def test_an_adaptive_nft_update_makes_better_samples_likelier(tiny_policy):
     assert _weighted_fm_loss(tiny_policy, batch) < before
 
 
-@pytest.mark.parametrize("field,value", [("objective", "ppo"), ("nft_beta", 0.0), ("nft_timesteps", 0),
-                                         ("nft_adv_scale", -1.0), ("nft_weighting", "x0")])
+@pytest.mark.parametrize(
+    "field,value",
+    [("objective", "ppo"), ("nft_beta", 0.0), ("nft_timesteps", 0), ("nft_adv_scale", -1.0), ("nft_weighting", "x0")],
+)
 def test_bad_nft_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOConfig(**{field: value})
@@ -139,7 +148,9 @@ def test_the_learning_rate_warms_up_and_a_restored_optimizer_continues_the_ramp(
     assert [trainer.update(trainer.collect(it))["learning_rate"] for it in range(2)] == pytest.approx([2.5e-4, 5e-4])
     resumed = GRPOTrainer(tiny_policy, _nft_config(lr=1e-3, lr_warmup_steps=4))
     resumed.optimizer.load_state_dict(trainer.optimizer.state_dict())  # what a resumed run restores
-    assert [resumed.update(resumed.collect(it))["learning_rate"] for it in (2, 3, 4)] == pytest.approx([7.5e-4, 1e-3, 1e-3])
+    assert [resumed.update(resumed.collect(it))["learning_rate"] for it in (2, 3, 4)] == pytest.approx(
+        [7.5e-4, 1e-3, 1e-3]
+    )
 
 
 def test_a_cosine_schedule_decays_after_the_warm_up_to_near_zero_at_the_last_step(tiny_policy):

@@ -45,8 +45,15 @@ def test_ode_sampling_has_no_log_probs(tiny_policy):
     assert torch.isnan(a.log_probs).all() and torch.isfinite(a.images).all()
 
 
-@pytest.mark.parametrize("kwargs,field", [({"num_steps": 0}, "num_steps"), ({"noise_level": -1}, "noise_level"),
-                                          ({"sde_window": (3, 2)}, "sde_window"), ({"forward_dtype": "fp8"}, "forward_dtype")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"num_steps": 0}, "num_steps"),
+        ({"noise_level": -1}, "noise_level"),
+        ({"sde_window": (3, 2)}, "sde_window"),
+        ({"forward_dtype": "fp8"}, "forward_dtype"),
+    ],
+)
 def test_bad_sampler_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplerConfig(**kwargs)

@@ -74,13 +74,16 @@ def test_the_scheme_is_pinned_so_a_change_to_it_is_deliberate() -> None:
     assert domain_seed(0, "prompts", 0) == 3607224276656503953
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: domain_seed(0, "noise", 1), "unknown seed domain"),
-    (lambda: domain_seed(0, "request", 1, 2), "takes 3 indices"),
-    (lambda: domain_seed(0, "prompts", -1), ">= 0"),
-    (lambda: domain_seed(0, "prompts", 1.5), "integers"),
-    (lambda: domain_seed(True, "prompts", 1), "integers"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: domain_seed(0, "noise", 1), "unknown seed domain"),
+        (lambda: domain_seed(0, "request", 1, 2), "takes 3 indices"),
+        (lambda: domain_seed(0, "prompts", -1), ">= 0"),
+        (lambda: domain_seed(0, "prompts", 1.5), "integers"),
+        (lambda: domain_seed(True, "prompts", 1), "integers"),
+    ],
+)
 def test_bad_seed_inputs_are_refused(call, message) -> None:
     with pytest.raises(ValueError, match=message):
         call()

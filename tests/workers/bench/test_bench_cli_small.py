@@ -68,8 +68,12 @@ def test_bench_store_times_every_backend_both_ways_at_the_sizes_asked_and_leaves
     for backend in backends:
         for objects, (count, size) in sizes.items():
             mine = [r for r in rows if r["backend"] == backend and r["objects"] == objects]
-            assert {(r["op"], r["mode"]) for r in mine} == {("put", "raw"), ("get", "raw"), ("put", "committed"),
-                                                          ("get", "committed")}, (backend, objects)
+            assert {(r["op"], r["mode"]) for r in mine} == {
+                ("put", "raw"),
+                ("get", "raw"),
+                ("put", "committed"),
+                ("get", "committed"),
+            }, (backend, objects)
             for r in mine:
                 assert (r["count"], r["object_bytes"]) == (count, size)
                 assert _positive(r["MB_per_s"]) and _positive(r["objects_per_s"])
@@ -80,8 +84,18 @@ def test_bench_store_times_every_backend_both_ways_at_the_sizes_asked_and_leaves
 
 def test_bench_coordinator_small_counts_what_it_was_asked_and_batched_ledger_writes_beat_unbatched():
     redis = shutil.which("redis-server") is not None
-    (figures,) = _bench("coordinator", "--requests", "300", "--claims", "40", "--ledger-rows", "200", "--workers", "4",
-                        *(() if redis else ("--no-redis",)))
+    (figures,) = _bench(
+        "coordinator",
+        "--requests",
+        "300",
+        "--claims",
+        "40",
+        "--ledger-rows",
+        "200",
+        "--workers",
+        "4",
+        *(() if redis else ("--no-redis",)),
+    )
     backends = ("queue_sqlite", "queue_redis") if redis else ("queue_sqlite",)
     assert ("queue_redis" in figures) == redis
     for name in backends:
@@ -119,7 +133,9 @@ def test_bench_loco_quick_syncs_a_sparse_share_of_the_bytes_and_keeps_replicas_i
     (run,) = figures["lm"].values()
     ddp, diloco, pulse = (run["modes"][m] for m in ("ddp", "diloco", "pulseloco"))
     # Every replica holds the same weights after every round, in each mode: nothing was lost in sync.
-    assert run["weights_identical_every_round"] and all(m["weights_identical_every_round"] for m in (ddp, diloco, pulse))
+    assert run["weights_identical_every_round"] and all(
+        m["weights_identical_every_round"] for m in (ddp, diloco, pulse)
+    )
     # DDP syncs FP32 gradients every step, DiLoCo FP32 pseudo-gradients every round: 4 bytes per value sent.
     assert ddp["bytes_per_sent_value"] == pytest.approx(4, abs=0.01)
     assert diloco["bytes_per_sent_value"] == pytest.approx(4, abs=0.01)
@@ -148,7 +164,8 @@ def test_bench_elastic_one_repeat_regroups_faster_than_restarting_and_its_parts_
     for event in ("lost", "join"):
         assert figures["elastic"][event]["total_s"] < figures["naive"][event]["total_s"]
         assert figures["speedup"][event] == pytest.approx(
-            figures["naive"][event]["total_s"] / figures["elastic"][event]["total_s"], rel=0.06)
+            figures["naive"][event]["total_s"] / figures["elastic"][event]["total_s"], rel=0.06
+        )
     assert figures["bandwidth"]["weight_bytes"] == pytest.approx(figures["setup"]["params_M"] * 4e6, rel=0.001)
     throughput = figures["throughput"]
     assert _positive(throughput["degree1_rps"]) and _positive(throughput["degree2_rps"])

@@ -22,12 +22,15 @@ def test_the_quick_chaos_soak_reports_preemptions_and_no_lost_duplicated_or_mism
     assert figures["hash_checked"] == figures["requests"] == 8
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"num_iterations": 0}, "num_iterations must be >= 1"),
-    ({"notice_share": 1.5}, r"notice_share must lie in \[0, 1\]"),
-    ({"queue": "kafka"}, "queue must be sqlite or redis"),
-    ({"redis_restart_every_s": 5.0}, "redis_restart_every_s needs queue=redis"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"num_iterations": 0}, "num_iterations must be >= 1"),
+        ({"notice_share": 1.5}, r"notice_share must lie in \[0, 1\]"),
+        ({"queue": "kafka"}, "queue must be sqlite or redis"),
+        ({"redis_restart_every_s": 5.0}, "redis_restart_every_s needs queue=redis"),
+    ],
+)
 def test_a_chaos_bench_with_a_bad_setting_is_refused_naming_it(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ChaosBench(**changes)

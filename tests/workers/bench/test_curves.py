@@ -21,8 +21,10 @@ def test_a_curve_crosses_the_target_between_validations_linearly() -> None:
 def test_a_strategy_that_learns_twice_as_fast_gets_a_ratio_near_two_with_an_interval_around_it() -> None:
     rng = np.random.default_rng(0)
     slope = {"random": 0.004, "explore": 0.008}
-    scores = {name: [[0.3 + s * v + rng.normal(0, 0.005) * (v > 0) for v in VERSIONS] for _ in range(8)]
-              for name, s in slope.items()}
+    scores = {
+        name: [[0.3 + s * v + rng.normal(0, 0.005) * (v > 0) for v in VERSIONS] for _ in range(8)]
+        for name, s in slope.items()
+    }
     out = paired_ratio_interval(VERSIONS, scores, "random", "explore", 0.34, resamples=500, seed=0)
     assert out["ratio"] == pytest.approx(2.0, rel=0.15)
     assert out["low"] < out["ratio"] < out["high"] and out["low"] > 1.4 and not out["unbounded"]

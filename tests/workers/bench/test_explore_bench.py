@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -16,8 +17,16 @@ ROOT = REPO_ROOT
 
 def _quick(tmp_path, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [str(Path(sys.executable).parent / "spotlight"), "bench", "exploration", "--quick", "--json",
-               "--out", str(tmp_path / "records"), *extra]
+    command = [
+        str(Path(sys.executable).parent / "spotlight"),
+        "bench",
+        "exploration",
+        "--quick",
+        "--json",
+        "--out",
+        str(tmp_path / "records"),
+        *extra,
+    ]
     out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
@@ -25,7 +34,9 @@ def _quick(tmp_path, *extra: str) -> dict:
 
 @pytest.mark.slow
 def test_quick_learning_bench_compares_the_strategies_on_equal_terms(tmp_path) -> None:
-    figures = _quick(tmp_path, "--timing-iterations", "0", "--jobs", "2")  # the pipeline timing runs: the nightly test below
+    figures = _quick(
+        tmp_path, "--timing-iterations", "0", "--jobs", "2"
+    )  # the pipeline timing runs: the nightly test below
     learning, runs = figures["learning"], {r["strategy"]: r for r in figures["learning_runs"]}
     assert set(learning["strategies"]) == set(runs) == {"random", "explore", "wider_draw"}
     # Every strategy starts from the same weights, validated on the same held-out prompts and seeds.
@@ -40,9 +51,14 @@ def test_quick_learning_bench_compares_the_strategies_on_equal_terms(tmp_path) -
     assert figures["time_to_target_speedup"] is None  # no timing runs, no seconds: no time-to-target claim
     for reward, selection in figures["static"]["selection"].items():  # picking the most contrast never loses any
         oracle, random_ = selection["full_sampler_same_weights"], selection["random"]
-        assert oracle["reward_std"] >= random_["reward_std"] and oracle["zero_std_ratio"] <= random_["zero_std_ratio"], reward
+        assert (
+            oracle["reward_std"] >= random_["reward_std"] and oracle["zero_std_ratio"] <= random_["zero_std_ratio"]
+        ), reward
     assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [
-        "explore-s0.json", "random-s0.json", "wider_draw-s0.json"]  # each learning run's record is kept
+        "explore-s0.json",
+        "random-s0.json",
+        "wider_draw-s0.json",
+    ]  # each learning run's record is kept
 
 
 @pytest.mark.nightly
@@ -86,9 +102,19 @@ def test_a_learning_run_reuses_its_record_and_redoes_a_stale_one(tmp_path, tiny_
 
 def test_bad_bench_settings_fail_before_any_compute() -> None:
     spotlight = str(Path(sys.executable).parent / "spotlight")
-    out = subprocess.run([spotlight, "bench", "exploration", "--seed", "1", "--seed", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [spotlight, "bench", "exploration", "--seed", "1", "--seed", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "seeds must be distinct" in out.stderr
-    out = subprocess.run([spotlight, "bench", "exploration", "--explore-samples", "0"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [spotlight, "bench", "exploration", "--explore-samples", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "explore_samples must be > 0" in out.stderr

@@ -51,14 +51,17 @@ def test_targets_report_a_miss_as_not_met() -> None:
 
 
 def test_tiny_dit_grpo_updates_round_trip_bit_exactly(tiny_policy, tmp_path) -> None:
+    from workers.bench.dit_trajectory import dit_grpo_states
     from workers.model.policy import save_policy
     from workers.pulse import apply_patch, encode_patch, weights_hash
-    from workers.bench.dit_trajectory import dit_grpo_states
 
     save_policy(tiny_policy, tmp_path / "ckpt")
-    states = [{k: v.to(torch.bfloat16) for k, v in s.items()}
-              for s in dit_grpo_states(3, lr=1e-4, checkpoint=tmp_path / "ckpt",
-                                                  prompts_per_iteration=2, reward="jpeg_compressibility")]
+    states = [
+        {k: v.to(torch.bfloat16) for k, v in s.items()}
+        for s in dit_grpo_states(
+            3, lr=1e-4, checkpoint=tmp_path / "ckpt", prompts_per_iteration=2, reward="jpeg_compressibility"
+        )
+    ]
     receiver = {k: v.clone() for k, v in states[0].items()}
     for version in (1, 2):
         patch = encode_patch(states[version - 1], states[version], base_version=version - 1, version=version)

@@ -21,12 +21,22 @@ def test_strategies_are_scored_on_fresh_rewards_against_every_random_block() -> 
     half[3] = 0.5  # prompt 3: every candidate scored alike, nothing to choose between
     pair = score_pair(0, {"none": fresh, "half_steps": half}, fresh, bench, config)
     s = pair["strategies"]
-    assert set(s) == {"random", "wider_draw", "fresh_oracle", "stale_none", "prefilter_none", "stale_half_steps",
-                      "prefilter_half_steps", "planner"}
+    assert set(s) == {
+        "random",
+        "wider_draw",
+        "fresh_oracle",
+        "stale_none",
+        "prefilter_none",
+        "stale_half_steps",
+        "prefilter_half_steps",
+        "planner",
+    }
     assert all(set(v) == {"variance_ratio", "zero_std_share", "rollout_cost"} for v in s.values())
     baseline = np.mean([np.var(row[:4]) for row in fresh] + [np.var(row[4:]) for row in fresh])
     assert pair["random_variance"] == pytest.approx(baseline)
-    assert s["random"]["variance_ratio"] == pytest.approx(np.mean([np.var(row[:4]) for row in fresh]) / baseline, abs=1e-4)
+    assert s["random"]["variance_ratio"] == pytest.approx(
+        np.mean([np.var(row[:4]) for row in fresh]) / baseline, abs=1e-4
+    )
     # Stale rewards equal to the fresh ones pick what the fresh oracle picks; nothing beats the oracle.
     assert s["stale_none"]["variance_ratio"] == s["fresh_oracle"]["variance_ratio"]
     assert all(v["variance_ratio"] <= s["fresh_oracle"]["variance_ratio"] for v in s.values())
@@ -34,8 +44,16 @@ def test_strategies_are_scored_on_fresh_rewards_against_every_random_block() -> 
     assert pair["kendall_tau"] == {"none": 1.0, "half_steps": -1.0}  # prompt 3 (constant) has no ranking
     # Samples drawn on the critical path per prompt, over G: the planner widens only the contested prompts.
     costs = {name: v["rollout_cost"] for name, v in s.items()}
-    assert costs == {"random": 1.0, "wider_draw": 2.0, "fresh_oracle": 2.0, "stale_none": 1.0, "stale_half_steps": 1.0,
-                     "prefilter_none": 1.5, "prefilter_half_steps": 1.5, "planner": (3 * 6 + 4) / 16}
+    assert costs == {
+        "random": 1.0,
+        "wider_draw": 2.0,
+        "fresh_oracle": 2.0,
+        "stale_none": 1.0,
+        "stale_half_steps": 1.0,
+        "prefilter_none": 1.5,
+        "prefilter_half_steps": 1.5,
+        "planner": (3 * 6 + 4) / 16,
+    }
 
 
 def test_groups_whose_rewards_are_all_equal_count_as_zero_variance() -> None:
@@ -46,8 +64,12 @@ def test_groups_whose_rewards_are_all_equal_count_as_zero_variance() -> None:
     assert pair["strategies"]["random"]["zero_std_share"] == 1.0 and pair["strategies"]["random"]["variance_ratio"] == 0
     assert pair["strategies"]["stale_none"]["zero_std_share"] == 0.75  # the pass found: prompt 0 has contrast
     assert random_baseline(np.zeros((2, 8)), 4) == 0.0
-    assert score_pair(0, {"none": np.zeros((4, 8)), "half_steps": np.zeros((4, 8))}, np.zeros((4, 8)), bench,
-                      bench.train_config())["strategies"]["random"]["variance_ratio"] is None  # no contrast to divide by
+    assert (
+        score_pair(
+            0, {"none": np.zeros((4, 8)), "half_steps": np.zeros((4, 8))}, np.zeros((4, 8)), bench, bench.train_config()
+        )["strategies"]["random"]["variance_ratio"]
+        is None
+    )  # no contrast to divide by
 
 
 def test_the_smallest_bench_trains_a_pair_and_reports_every_strategy(tmp_path) -> None:
@@ -61,13 +83,16 @@ def test_the_smallest_bench_trains_a_pair_and_reports_every_strategy(tmp_path) -
     assert set(figures["kendall_tau"]) == {"none", "half_steps"}
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"planner_level": "quarter_steps"}, "planner_level"),
-    ({"num_candidates": 5}, "num_candidates"),
-    ({"pairs_at": (0, 0)}, "pairs_at"),
-    ({"keep_factor": 0.5}, "keep_factor"),
-    ({"levels": ("warp",)}, "unknown cache level"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"planner_level": "quarter_steps"}, "planner_level"),
+        ({"num_candidates": 5}, "num_candidates"),
+        ({"pairs_at": (0, 0)}, "pairs_at"),
+        ({"keep_factor": 0.5}, "keep_factor"),
+        ({"levels": ("warp",)}, "unknown cache level"),
+    ],
+)
 def test_bad_selection_settings_are_refused_before_any_compute(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SelectionBench(**{**SMALL, **change})

@@ -36,14 +36,21 @@ def explored_run(tmp_path, tiny_policy):
     """cpu_smoke (2 iterations, 2 prompts x 4 seeds) on queue workers that explore beside training."""
     import torch
 
-    from workers.model.policy import save_policy
     from tests.workers.coordinator.test_explore_pipeline import _worker_loop
+    from workers.model.policy import save_policy
 
     torch.set_num_threads(1)
     save_policy(tiny_policy, tmp_path / "tiny")
-    ctx = RunContext.local(tmp_path / "run", "x", "cpu_smoke", get_preset("cpu_smoke"), checkpoint=str(tmp_path / "tiny"))
-    ctx = dataclasses.replace(ctx, sampling=Sampling(mode="workers", timeout_s=120), queue_url=str(tmp_path / "q.db"),
-                              explore_config=EXPLORE, report_every=1)
+    ctx = RunContext.local(
+        tmp_path / "run", "x", "cpu_smoke", get_preset("cpu_smoke"), checkpoint=str(tmp_path / "tiny")
+    )
+    ctx = dataclasses.replace(
+        ctx,
+        sampling=Sampling(mode="workers", timeout_s=120),
+        queue_url=str(tmp_path / "q.db"),
+        explore_config=EXPLORE,
+        report_every=1,
+    )
     ctx.ledger.start_run("x", preset="cpu_smoke")
     results = {}
     with open_queue(ctx.queue_url) as queue:
@@ -75,8 +82,9 @@ def test_a_run_with_exploration_shows_in_sql_and_in_the_report_whether_explorati
     assert payoff[0]["planner"] == "default" and payoff[0]["explored_prompts"] == 0 and payoff[0]["random_prompts"] == 2
     assert payoff[1]["planner"] == "explore:m8-half_steps" and payoff[1]["explored_prompts"] == 2
     # The explored groups' variance is that of the real rewards the rollout of iteration 1 recorded.
-    rewards = ctx.ledger.query("SELECT prompt, reward FROM requests WHERE iteration = 1 AND kind = 'rollout' "
-                               "ORDER BY request_id").rows
+    rewards = ctx.ledger.query(
+        "SELECT prompt, reward FROM requests WHERE iteration = 1 AND kind = 'rollout' ORDER BY request_id"
+    ).rows
     by_prompt: dict[str, list[float]] = {}
     for prompt, reward in rewards:
         by_prompt.setdefault(prompt, []).append(reward)
@@ -85,9 +93,13 @@ def test_a_run_with_exploration_shows_in_sql_and_in_the_report_whether_explorati
     assert payoff[1]["paid_off"] == (explored > baseline)
     assert payoff[1]["variance_ratio"] == (None if baseline == 0 else pytest.approx(explored / baseline))
     assert payoff[1]["random_stale_variance"] is not None and payoff[1]["arm"] == "m8-half_steps"
-    groups = ctx.ledger.query("SELECT prompt, source, seeds FROM seed_groups WHERE iteration = 1 ORDER BY prompt_index").rows
-    sampled = ctx.ledger.query("SELECT prompt, string_agg(seed::VARCHAR, ',' ORDER BY request_id) FROM requests "
-                               "WHERE iteration = 1 AND kind = 'rollout' GROUP BY prompt").rows
+    groups = ctx.ledger.query(
+        "SELECT prompt, source, seeds FROM seed_groups WHERE iteration = 1 ORDER BY prompt_index"
+    ).rows
+    sampled = ctx.ledger.query(
+        "SELECT prompt, string_agg(seed::VARCHAR, ',' ORDER BY request_id) FROM requests "
+        "WHERE iteration = 1 AND kind = 'rollout' GROUP BY prompt"
+    ).rows
     assert {(p, seeds) for p, _, seeds in groups} == set(sampled) and {s for _, s, _ in groups} == {"explored"}
     defaults = ctx.ledger.query("SELECT seeds FROM seed_groups WHERE iteration = 0 ORDER BY prompt_index").rows
     assert [r[0] for r in defaults] == [",".join(map(str, g)) for g in default_seeds(ctx.train, 0)]

@@ -28,8 +28,9 @@ def tiny_checkpoint(tmp_path_factory) -> str:
     return str(folder)
 
 
-def _run(run_dir, checkpoint: str, budget: float | None, iterations: int = 2,
-         explore: ExploreConfig = EXPLORE) -> tuple[RunContext, list[dict]]:
+def _run(
+    run_dir, checkpoint: str, budget: float | None, iterations: int = 2, explore: ExploreConfig = EXPLORE
+) -> tuple[RunContext, list[dict]]:
     # A continuous reward: the random tiny policy's images differ in it, so groups have contrast to select.
     config = dataclasses.replace(get_preset("cpu_smoke"), iterations=iterations, reward="jpeg_compressibility")
     ctx = RunContext.local(run_dir, "x", "cpu_smoke", config, checkpoint=checkpoint, report=False)
@@ -50,8 +51,9 @@ def test_each_iteration_after_the_first_trains_on_seeds_explored_on_the_stale_we
     from workers.trainer.checkpoint import load_checkpoint
 
     ctx, _ = explored_run
-    rows = ctx.ledger.query("SELECT iteration, arm, budget_s, time_used_s, num_requests FROM exploration "
-                            "ORDER BY iteration").as_dicts()
+    rows = ctx.ledger.query(
+        "SELECT iteration, arm, budget_s, time_used_s, num_requests FROM exploration ORDER BY iteration"
+    ).as_dicts()
     assert [r["iteration"] for r in rows] == [0, 1] and all(r["budget_s"] == 16.0 for r in rows)
     assert all(r["time_used_s"] <= 16.0 and r["num_requests"] == 2 for r in rows)  # 2 prompts fit every time
     assert rows[0]["arm"] == "m8-quarter_steps"  # every arm untried: the cheapest first (2 prompts x 8 x 0.25 samples)
@@ -61,16 +63,21 @@ def test_each_iteration_after_the_first_trains_on_seeds_explored_on_the_stale_we
     stale, _ = load_checkpoint(ctx.store, ctx.run, 0)
     config = ctx.train
     candidates = candidate_seeds(config.seed, 1, 0, config.group_size, 8)
-    rewards = explore_rewards(stale, ExploreSpec("x", plan.prompts[0], tuple(candidates), 0, config.sampler,
-                                                 "quarter_steps", config.reward))
+    rewards = explore_rewards(
+        stale, ExploreSpec("x", plan.prompts[0], tuple(candidates), 0, config.sampler, "quarter_steps", config.reward)
+    )
     assert len(set(rewards)) > 2  # contrast to select from: the plan is not just the default seeds
-    assert plan.seeds[0] == select_max_variance(candidates, rewards, config.group_size) != candidates[:config.group_size]
+    assert (
+        plan.seeds[0] == select_max_variance(candidates, rewards, config.group_size) != candidates[: config.group_size]
+    )
     # Off any critical path: no explore phase window in the ledger.
     assert ctx.ledger.query("SELECT count(*) FROM phases WHERE phase = 'explore'").rows[0][0] == 0
 
 
 def test_a_budget_too_small_for_any_arm_keeps_random_seeds(tmp_path, tiny_checkpoint) -> None:
-    ctx, _ = _run(tmp_path / "run", tiny_checkpoint, budget=1.0, iterations=2)  # the cheapest arm needs 2 prompts x 8 x 0.25 = 4
+    ctx, _ = _run(
+        tmp_path / "run", tiny_checkpoint, budget=1.0, iterations=2
+    )  # the cheapest arm needs 2 prompts x 8 x 0.25 = 4
     try:
         assert load_seed_plan(ctx.store, ctx.run, 1).planner == "random:no-arm-fits-budget"
         assert {r[0] for r in ctx.ledger.query("SELECT arm FROM exploration").rows} == {"none"}
@@ -92,7 +99,8 @@ def test_two_runs_of_one_seed_learn_the_same_curve(tmp_path, tiny_checkpoint, ex
 
 
 def test_a_pre_filter_plan_rolls_out_w_seeds_trains_g_and_a_control_prompt_keeps_the_baseline_current(
-        tmp_path, tiny_checkpoint) -> None:
+    tmp_path, tiny_checkpoint
+) -> None:
     import numpy as np
 
     from workers.coordinator.explore import explored_results
@@ -101,17 +109,26 @@ def test_a_pre_filter_plan_rolls_out_w_seeds_trains_g_and_a_control_prompt_keeps
     ctx, _ = _run(tmp_path / "run", tiny_checkpoint, budget=16.0, iterations=2, explore=explore)
     try:
         plan = load_seed_plan(ctx.store, ctx.run, 1)
-        assert plan.planner == "explore:m8-half_steps-w6" and plan.control_prompts == (1,)  # prompt 1 is iteration 1's control
+        assert plan.planner == "explore:m8-half_steps-w6" and plan.control_prompts == (
+            1,
+        )  # prompt 1 is iteration 1's control
         candidates, stale = explored_results(ctx.store, ctx.run, 0)[0]
         assert set(explored_results(ctx.store, ctx.run, 0)) == {0}  # the control prompt is not explored
         assert plan.seeds[0] == select_max_variance(candidates, stale, 6)  # W = 6 of M = 8, by stale variance
         assert plan.seeds[1] == candidates_of(ctx, 1)  # the control keeps its random seeds
         row = ctx.ledger.query("SELECT num_requests, time_used_s FROM exploration WHERE iteration = 0").as_dicts()[0]
         assert row == {"num_requests": 1, "time_used_s": 4.0}  # 8 candidates x 0.5: the exact cost in samples
-        assert ctx.ledger.query("SELECT count(*) FROM requests WHERE kind = 'rollout' AND iteration = 1").rows[0][0] == 10
-        groups = ctx.ledger.query("SELECT iteration, prompt_index, source, num_drawn, num_trained, trained_variance, "
-                                  "baseline_variance FROM seed_groups ORDER BY iteration, prompt_index").as_dicts()
-        assert [(g["source"], g["num_drawn"], g["num_trained"]) for g in groups[2:]] == [("explored", 6, 4), ("random", 4, 4)]
+        assert (
+            ctx.ledger.query("SELECT count(*) FROM requests WHERE kind = 'rollout' AND iteration = 1").rows[0][0] == 10
+        )
+        groups = ctx.ledger.query(
+            "SELECT iteration, prompt_index, source, num_drawn, num_trained, trained_variance, "
+            "baseline_variance FROM seed_groups ORDER BY iteration, prompt_index"
+        ).as_dicts()
+        assert [(g["source"], g["num_drawn"], g["num_trained"]) for g in groups[2:]] == [
+            ("explored", 6, 4),
+            ("random", 4, 4),
+        ]
         # Iteration 1's baseline: iteration 0's random groups, refreshed by the control group on the same weights.
         before = np.mean([g["trained_variance"] for g in groups[:2]])
         assert groups[2]["baseline_variance"] == pytest.approx(0.5 * before + 0.5 * groups[3]["trained_variance"])

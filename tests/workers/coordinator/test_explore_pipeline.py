@@ -8,12 +8,12 @@ import time
 import pytest
 
 from resources.queue import open_queue
-from workers.explore.request import ExploreSpec, explore_rewards
 from workers.algo.selection import select_max_variance
 from workers.coordinator.explore import finish_exploration, review_iteration, start_exploration
+from workers.explore.request import ExploreSpec, explore_rewards
+from workers.explore.seed_plan import default_seed_plan, load_seed_plan, publish_seed_plan
 from workers.explore.state import ExploreConfig
 from workers.trainer.presets import get_preset
-from workers.explore.seed_plan import default_seed_plan, load_seed_plan, publish_seed_plan
 
 CONFIG = get_preset("cpu_smoke")  # 2 prompts x 4 seeds
 EXPLORE = ExploreConfig(seed_multipliers=(2,), cache_levels=("half_steps",))  # tiny_policy has one block: no fbcache
@@ -26,18 +26,36 @@ def queue(tmp_path):
 
 
 def _worker_loop(queue, store, worker_id: str = "w1"):
-    from workers.rollout.worker import build_parser
     from workers.rollout.loop import WorkerLoop
+    from workers.rollout.worker import build_parser
 
-    args = build_parser().parse_args(["--queue", queue.url, "--store", store.url, "--worker-id", worker_id,
-                                      "--max-idle-s", "0.5", "--poll-s", "0.05", "--lease-s", "30"])
+    args = build_parser().parse_args(
+        [
+            "--queue",
+            queue.url,
+            "--store",
+            store.url,
+            "--worker-id",
+            worker_id,
+            "--max-idle-s",
+            "0.5",
+            "--poll-s",
+            "0.05",
+            "--lease-s",
+            "30",
+        ]
+    )
     args.instance_type = "local-cpu"
     events = []
-    loop = WorkerLoop(queue, store, args, threading.Event(), lambda event, **fields: events.append({"event": event, **fields}))
+    loop = WorkerLoop(
+        queue, store, args, threading.Event(), lambda event, **fields: events.append({"event": event, **fields})
+    )
     return loop, events
 
 
-def test_idle_rollout_workers_explore_and_the_plan_is_made_from_their_rewards(queue, rollout_store, tiny_policy) -> None:
+def test_idle_rollout_workers_explore_and_the_plan_is_made_from_their_rewards(
+    queue, rollout_store, tiny_policy
+) -> None:
     session = start_exploration(rollout_store, queue, "demo", CONFIG, 0, EXPLORE)
     assert session.arm == "m8-half_steps" and len(session.request_ids) == CONFIG.prompts_per_iteration
     loop, events = _worker_loop(queue, rollout_store)
@@ -47,7 +65,9 @@ def test_idle_rollout_workers_explore_and_the_plan_is_made_from_their_rewards(qu
     assert finished.num_done == 2 and finished.num_cancelled == 0 and finished.plan.planner == "explore:m8-half_steps"
     for i, prompt in enumerate(finished.plan.prompts):  # a worker's rewards equal a direct, fresh computation
         seeds, rewards = finished.results[i]
-        assert rewards == explore_rewards(tiny_policy, ExploreSpec("demo", prompt, tuple(seeds), 0, CONFIG.sampler, "half_steps"))
+        assert rewards == explore_rewards(
+            tiny_policy, ExploreSpec("demo", prompt, tuple(seeds), 0, CONFIG.sampler, "half_steps")
+        )
         assert finished.plan.seeds[i] == select_max_variance(seeds, rewards, CONFIG.group_size)
     assert load_seed_plan(rollout_store, "demo", 1) == finished.plan
 
@@ -109,13 +129,23 @@ def test_the_monitor_reads_the_real_rewards_of_the_planned_seeds_from_the_rollou
 
 
 def test_the_report_plots_rank_consistency_and_gain_per_plan(mem_ledger, tmp_path) -> None:
-    from workers.coordinator.report import write_report
     from resources.ledger.records import ExplorationRecord
+    from workers.coordinator.report import write_report
 
     empty = write_report(mem_ledger, None, "demo", tmp_path / "empty").plots["exploration"]
     for k, tau in ((0, 0.4), (1, 0.1)):
-        mem_ledger.record_exploration(ExplorationRecord(k, "m16-half_steps", budget_s=10.0, time_used_s=6.0, num_requests=8,
-                                                        kendall_tau=tau, spearman_rho=tau + 0.1, variance_gain=1.5))
+        mem_ledger.record_exploration(
+            ExplorationRecord(
+                k,
+                "m16-half_steps",
+                budget_s=10.0,
+                time_used_s=6.0,
+                num_requests=8,
+                kendall_tau=tau,
+                spearman_rho=tau + 0.1,
+                variance_gain=1.5,
+            )
+        )
     written = write_report(mem_ledger, None, "demo", tmp_path / "report")
     assert (tmp_path / "report" / "exploration.png").read_bytes()[:4] == b"\x89PNG"
     assert written.plots["exploration"] != empty and 'src="exploration.png"' in written.index.read_text()
@@ -133,8 +163,15 @@ def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path
     torch.set_num_threads(1)
     two_blocks = PolicyConfig(image_size=16, num_layers=2, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     save_policy(build_policy(two_blocks).eval(), tmp_path / "tiny")
-    resources = build_resources(run_dir=tmp_path / "run", run="x", preset="cpu_smoke", iterations=2,
-                                checkpoint=str(tmp_path / "tiny"), rollouts="workers", workers={"num_workers": 1, "timeout_s": 300})
+    resources = build_resources(
+        run_dir=tmp_path / "run",
+        run="x",
+        preset="cpu_smoke",
+        iterations=2,
+        checkpoint=str(tmp_path / "tiny"),
+        rollouts="workers",
+        workers={"num_workers": 1, "timeout_s": 300},
+    )
     with open_queue(resources["queue"].url) as worker_queue:
         loop, _ = _worker_loop(worker_queue, resources["store"].get_store())
         loop.args.max_idle_s = None
@@ -149,7 +186,9 @@ def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path
     ledger = resources["ledger"].get_ledger()
     rows = ledger.query("SELECT iteration, arm, num_requests, budget_s, overhead_s FROM exploration ORDER BY 1").rows
     assert [r[0] for r in rows] == [0, 1] and all(r[1].startswith("m") for r in rows)
-    explore_requests = ledger.query("SELECT iteration, status FROM requests WHERE kind = 'explore' ORDER BY request_id").rows
+    explore_requests = ledger.query(
+        "SELECT iteration, status FROM requests WHERE kind = 'explore' ORDER BY request_id"
+    ).rows
     assert len(explore_requests) == 4  # 2 prompts per iteration
     store = resources["store"].get_store()
     for k, (_, _, done, _, _) in enumerate(rows):
@@ -160,7 +199,9 @@ def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path
     assert (tmp_path / "run" / "report" / "exploration.png").is_file()
 
 
-def test_a_control_prompt_is_never_sent_to_the_pool_and_keeps_its_random_seeds_in_the_plan(queue, rollout_store) -> None:
+def test_a_control_prompt_is_never_sent_to_the_pool_and_keeps_its_random_seeds_in_the_plan(
+    queue, rollout_store
+) -> None:
     control = ExploreConfig(seed_multipliers=(2,), cache_levels=("half_steps",), control_prompts=1)
     session = start_exploration(rollout_store, queue, "demo", CONFIG, 0, control)
     assert control.controls(1, 2) == [1] and session.prompt_indices == [0] and session.request_ids == ["explore-it0-p0"]

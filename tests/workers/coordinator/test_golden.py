@@ -54,7 +54,15 @@ def test_spotlight_train_and_the_pipeline_are_one_driver_with_one_numbering(smok
     for record in train:
         if "reward_mean" in record:
             _, _, loss, kl, reward_mean, reward_std, zero_std, _, grad_norm, lr = steps[record["iteration"]]
-            assert (record["loss"], record["kl"], record["reward_mean"], record["reward_std"], record["zero_std_ratio"],
-                    record["grad_norm"], record["learning_rate"]) == (loss, kl, reward_mean, reward_std, zero_std,
-                                                                      grad_norm, lr)
-    assert [(r["iteration"], r["validation_score"]) for r in train] == [(k, score) for k, _, score, _ in run["validation"]]
+            assert (
+                record["loss"],
+                record["kl"],
+                record["reward_mean"],
+                record["reward_std"],
+                record["zero_std_ratio"],
+                record["grad_norm"],
+                record["learning_rate"],
+            ) == (loss, kl, reward_mean, reward_std, zero_std, grad_norm, lr)
+    assert [(r["iteration"], r["validation_score"]) for r in train] == [
+        (k, score) for k, _, score, _ in run["validation"]
+    ]

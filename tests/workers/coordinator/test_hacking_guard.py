@@ -12,8 +12,13 @@ import torch
 from resources.keys import weights_key
 from resources.ledger.records import HackingSignalsRecord
 from workers.coordinator.context import RunContext
-from workers.coordinator.hacking_guard import (HackingGuardConfig, guard_validation, guarded_train_config,
-                                               hacking_from_options, held_out_signals)
+from workers.coordinator.hacking_guard import (
+    HackingGuardConfig,
+    guard_validation,
+    guarded_train_config,
+    hacking_from_options,
+    held_out_signals,
+)
 from workers.trainer.checkpoint import load_checkpoint, save_checkpoint
 from workers.trainer.presets import get_preset
 
@@ -21,15 +26,26 @@ RUN = "guarded"
 
 
 def _ctx(store, ledger, **guard) -> RunContext:
-    return RunContext(RUN, "cpu_tiny", get_preset("cpu_tiny"), store, ledger, None, store.url,
-                      hacking=HackingGuardConfig(**guard))
+    return RunContext(
+        RUN, "cpu_tiny", get_preset("cpu_tiny"), store, ledger, None, store.url, hacking=HackingGuardConfig(**guard)
+    )
 
 
 def _signals(k, proxy, gold, se=0.02, edge_density=0.08) -> HackingSignalsRecord:
-    return HackingSignalsRecord(iteration=k, weights_version=k, proxy_reward="jpeg_compressibility", proxy=proxy,
-                                proxy_se=se, gold_reward="minigeneval", gold=gold, gold_se=se,
-                                edge_density=edge_density, colour_entropy=0.8, saturation=0.3,
-                                compressed_bytes=700.0)
+    return HackingSignalsRecord(
+        iteration=k,
+        weights_version=k,
+        proxy_reward="jpeg_compressibility",
+        proxy=proxy,
+        proxy_se=se,
+        gold_reward="minigeneval",
+        gold=gold,
+        gold_se=se,
+        edge_density=edge_density,
+        colour_entropy=0.8,
+        saturation=0.3,
+        compressed_bytes=700.0,
+    )
 
 
 def _save_perturbed(store, policy, version: int) -> dict[str, torch.Tensor]:
@@ -46,7 +62,8 @@ def _same(store, version: int, weights: dict[str, torch.Tensor]) -> bool:
 
 
 def test_rollback_publishes_the_best_gold_weights_as_the_next_version_and_trains_on_gentler(
-        tmp_store, mem_ledger, tiny_policy):
+    tmp_store, mem_ledger, tiny_policy
+):
     ctx = _ctx(tmp_store, mem_ledger, on_hacking="rollback", rollback_kl_beta=0.02)
     base = _save_perturbed(tmp_store, tiny_policy, 0)
     for _ in range(2):  # a redone validation replaces its row
@@ -65,8 +82,10 @@ def test_rollback_publishes_the_best_gold_weights_as_the_next_version_and_trains
     lr = ctx.train.grpo.lr
     assert guarded_train_config(ctx, 2).grpo == ctx.train.grpo  # the update that made v3 already ran
     assert (guarded_train_config(ctx, 3).grpo.lr, guarded_train_config(ctx, 3).grpo.kl_beta) == (lr / 2, 0.02)
-    row = mem_ledger.query("SELECT flagged, rule, action, round(gold_change, 6), restored_version, restored_gold, "
-                           "rollback_learning_rate, rollback_kl_beta FROM reward_hacking WHERE iteration = 2").rows
+    row = mem_ledger.query(
+        "SELECT flagged, rule, action, round(gold_change, 6), restored_version, restored_gold, "
+        "rollback_learning_rate, rollback_kl_beta FROM reward_hacking WHERE iteration = 2"
+    ).rows
     assert row == [(True, "proxy_up_gold_down", "rollback", -0.2, 1, 0.4, lr / 2, 0.02)]
 
 
@@ -86,7 +105,8 @@ def test_after_a_rollback_the_rule_compares_with_the_restored_weights(tmp_store,
 
 @pytest.mark.parametrize("on_hacking", ["warn", "stop"])
 def test_warn_and_stop_record_the_flag_and_leave_the_weights_and_the_training_alone(
-        on_hacking, tmp_store, mem_ledger, tiny_policy):
+    on_hacking, tmp_store, mem_ledger, tiny_policy
+):
     ctx = _ctx(tmp_store, mem_ledger, on_hacking=on_hacking)
     for k in range(3):
         _save_perturbed(tmp_store, tiny_policy, k)
@@ -96,7 +116,9 @@ def test_warn_and_stop_record_the_flag_and_leave_the_weights_and_the_training_al
     assert verdict.rule == "drift:edge_density" and action == on_hacking
     assert _same(tmp_store, 2, v2) and guarded_train_config(ctx, 2) == ctx.train
     assert mem_ledger.query("SELECT flagged, action FROM reward_hacking ORDER BY iteration").rows == [
-        (False, None), (True, on_hacking)]
+        (False, None),
+        (True, on_hacking),
+    ]
 
 
 def test_held_out_signals_score_the_images_with_the_training_reward_and_measure_them(tmp_store, mem_ledger):
@@ -114,9 +136,15 @@ def test_held_out_signals_score_the_images_with_the_training_reward_and_measure_
     assert record.diversity > 0.2 and record.edge_density > 0.3  # uniform noise: every pixel differs
 
 
-@pytest.mark.parametrize("options, field", [({"on_hacking": "ignore"}, "on_hacking"), ({"window": 0}, "window"),
-                                            ({"rollback_lr_scale": 2.0}, "rollback_lr_scale"),
-                                            ({"rollback_kl_beta": -1.0}, "rollback_kl_beta")])
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"on_hacking": "ignore"}, "on_hacking"),
+        ({"window": 0}, "window"),
+        ({"rollback_lr_scale": 2.0}, "rollback_lr_scale"),
+        ({"rollback_kl_beta": -1.0}, "rollback_kl_beta"),
+    ],
+)
 def test_a_bad_guard_option_names_itself(options, field):
     with pytest.raises(ValueError, match=field):
         hacking_from_options(**options)
@@ -135,7 +163,8 @@ def test_a_rollback_on_the_final_iteration_replaces_the_final_weights(tmp_store,
 
 
 def test_the_report_plots_proxy_against_gold_and_lists_each_flag_with_what_the_run_did(
-        tmp_store, mem_ledger, tiny_policy, tmp_path):
+    tmp_store, mem_ledger, tiny_policy, tmp_path
+):
     from workers.coordinator.report import write_report
 
     ctx = _ctx(tmp_store, mem_ledger, on_hacking="rollback")

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from workers.trainer.presets import get_preset
 from workers.trainer.grpo_trainer import GRPOTrainer
+from workers.trainer.presets import get_preset
 
 
 @pytest.fixture
@@ -66,7 +66,9 @@ def test_batch_read_back_from_the_store_equals_the_collected_batch(tmp_store, ti
     assert torch.allclose(loaded.trajectory.log_probs, batch.trajectory.log_probs, equal_nan=True)
 
 
-def test_a_wider_draw_in_the_pipeline_trains_on_what_spotlight_train_keeps(tmp_store, tiny_policy, smoke_config, tmp_path):
+def test_a_wider_draw_in_the_pipeline_trains_on_what_spotlight_train_keeps(
+    tmp_store, tiny_policy, smoke_config, tmp_path
+):
     from workers.coordinator.rollout import collect_in_process, iteration_requests, load_batch
     from workers.explore.seed_plan import default_seed_plan
     from workers.trainer.checkpoint import save_checkpoint
@@ -93,8 +95,8 @@ def test_seed_plan_of_another_preset_is_refused(tmp_store, smoke_config):
 
 
 def test_published_versions_reach_the_trainers_hash(tmp_store, tiny_policy, smoke_config, tmp_path):
-    from workers.trainer.checkpoint import load_checkpoint, save_checkpoint
     from workers.coordinator.sync import publish_version
+    from workers.trainer.checkpoint import load_checkpoint, save_checkpoint
 
     base = publish_version(tmp_store, "demo", 0, anchor_every=2, base=_tiny_folder(tiny_policy, tmp_path))
     assert base.kind == "anchor" and base.reproduced

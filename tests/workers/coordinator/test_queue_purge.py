@@ -29,8 +29,17 @@ def _drain(queue_path: Path, stop: threading.Event) -> None:
 
 def test_a_long_run_keeps_at_most_two_iterations_of_done_requests_in_the_queue(tmp_path, tmp_store, mem_ledger) -> None:
     queue_path = tmp_path / "queue.db"
-    ctx = RunContext("demo", "test", TrainConfig(), tmp_store, mem_ledger, None, str(tmp_path / "store"),
-                     queue_url=str(queue_path), sampling=Sampling(mode="workers", timeout_s=60))
+    ctx = RunContext(
+        "demo",
+        "test",
+        TrainConfig(),
+        tmp_store,
+        mem_ledger,
+        None,
+        str(tmp_path / "store"),
+        queue_url=str(queue_path),
+        sampling=Sampling(mode="workers", timeout_s=60),
+    )
     stop = threading.Event()
     worker = threading.Thread(target=_drain, args=(queue_path, stop))
     worker.start()
@@ -38,9 +47,15 @@ def test_a_long_run_keeps_at_most_two_iterations_of_done_requests_in_the_queue(t
     try:
         with open_queue(queue_path) as queue:
             for k in range(8):
-                requests = [PlannedRequest(request_id(k, p, 0), p, 0,
-                                           RolloutSpec("demo", "a red circle", 100 * k + p, k, SamplerConfig(num_steps=2)))
-                            for p in range(NUM_PROMPTS)]
+                requests = [
+                    PlannedRequest(
+                        request_id(k, p, 0),
+                        p,
+                        0,
+                        RolloutSpec("demo", "a red circle", 100 * k + p, k, SamplerConfig(num_steps=2)),
+                    )
+                    for p in range(NUM_PROMPTS)
+                ]
                 sample_requests(ctx, k, requests)
                 done_per_iteration.append(queue.stats().done)
             latest = queue.states([request_id(7, 0, 0), request_id(6, 0, 0), request_id(0, 0, 0)])

@@ -34,28 +34,54 @@ def test_held_out_grids_are_captioned_with_the_prompt_and_a_verdict_per_criterio
     assert {parse_prompt(p).category for p in shown} == {parse_prompt(p).category for p in prompts}
     captions = json.loads((tmp_path / "heldout_samples.json").read_text())["captions"]
     assert [c.splitlines()[0] for c in captions] == shown
-    for caption, prompt in zip(captions, shown):
+    for caption, prompt in zip(captions, shown, strict=False):
         groups = len(parse_prompt(prompt).groups)
         assert caption.count("count ") == groups and caption.count("✓") + caption.count("✗") >= 3 * groups
     pair = json.loads((tmp_path / "before_after.json").read_text())["captions"]
-    assert len(pair) == 2 * len(shown) and pair[0].startswith(f"{shown[0]}\nv0: ") and pair[len(shown)].startswith("v3: ")
+    assert (
+        len(pair) == 2 * len(shown) and pair[0].startswith(f"{shown[0]}\nv0: ") and pair[len(shown)].startswith("v3: ")
+    )
     for name in ("heldout_samples.png", "before_after.png", "grids/it-000003-heldout.png"):
         assert _not_blank(tmp_path / name), name
     assert later["before_after"][0] == (tmp_path / "before_after.png").read_bytes()
 
 
-def test_the_report_page_shows_the_grids_per_category_curves_and_exploration_payoff(heldout, mem_ledger, tmp_path) -> None:
+def test_the_report_page_shows_the_grids_per_category_curves_and_exploration_payoff(
+    heldout, mem_ledger, tmp_path
+) -> None:
     images, prompts = heldout
     empty = write_report(mem_ledger, None, "demo", tmp_path / "empty")
     report = tmp_path / "report"
     for k in (0, 2):
         heldout_pictures(report, k, images, prompts)
-        mem_ledger.record_validation(k, weights_version=k, score=0.1 * k, num_prompts=64,
-                                     criteria={"category.counting": 0.2 + k / 10, "category.position": 0.1})
-    mem_ledger.record_seed_groups([
-        {"iteration": k, "prompt_index": 0, "prompt": "p", "planner": planner, "source": source, "seeds": "1,2",
-         "num_drawn": 2, "num_trained": 2, "trained_variance": v, "drawn_variance": v, "baseline_variance": 0.04}
-        for k, planner, source, v in ((0, "default", "random", 0.04), (1, "explore:m8-half_steps", "explored", 0.09))])
+        mem_ledger.record_validation(
+            k,
+            weights_version=k,
+            score=0.1 * k,
+            num_prompts=64,
+            criteria={"category.counting": 0.2 + k / 10, "category.position": 0.1},
+        )
+    mem_ledger.record_seed_groups(
+        [
+            {
+                "iteration": k,
+                "prompt_index": 0,
+                "prompt": "p",
+                "planner": planner,
+                "source": source,
+                "seeds": "1,2",
+                "num_drawn": 2,
+                "num_trained": 2,
+                "trained_variance": v,
+                "drawn_variance": v,
+                "baseline_variance": 0.04,
+            }
+            for k, planner, source, v in (
+                (0, "default", "random", 0.04),
+                (1, "explore:m8-half_steps", "explored", 0.09),
+            )
+        ]
+    )
     written = write_report(mem_ledger, None, "demo", report)
     page = written.index.read_text()
     assert "Held-out samples, pass/fail per criterion" in page and "Before / after" in page

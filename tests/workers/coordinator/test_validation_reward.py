@@ -45,8 +45,9 @@ def test_a_model_run_validates_with_the_named_reward_on_the_given_prompts_and_sa
     config = dataclasses.replace(get_preset("cpu_smoke"), reward="jpeg_compressibility")
     fields = model_fields_for("cpu_smoke", str(qwen), resolution=32, lora_rank=4)
     validation = validation_from_options(clip_spec, _prompts_file(tmp_path), config.reward, model=True)
-    ctx = RunContext.local(tmp_path / "run", "demo", "cpu_smoke", config, checkpoint=str(qwen), model=fields,
-                           validation=validation)
+    ctx = RunContext.local(
+        tmp_path / "run", "demo", "cpu_smoke", config, checkpoint=str(qwen), model=fields, validation=validation
+    )
     sync_phase(ctx, 0)
     out = validate_phase(ctx, 0)
     report_phase(ctx, 0)
@@ -71,25 +72,38 @@ def test_a_model_run_validates_with_its_own_reward_by_default(qwen, tmp_path):
     config = dataclasses.replace(get_preset("cpu_smoke"), reward="jpeg_compressibility")
     fields = model_fields_for("cpu_smoke", str(qwen), resolution=32, lora_rank=4)
     validation = validation_from_options(None, _prompts_file(tmp_path), config.reward, model=True)
-    ctx = RunContext.local(tmp_path / "run", "demo", "cpu_smoke", config, checkpoint=str(qwen), model=fields,
-                           validation=validation, report=False)
+    ctx = RunContext.local(
+        tmp_path / "run",
+        "demo",
+        "cpu_smoke",
+        config,
+        checkpoint=str(qwen),
+        model=fields,
+        validation=validation,
+        report=False,
+    )
     sync_phase(ctx, 0)
     out = validate_phase(ctx, 0)
     assert out.record["validation_reward"] == "jpeg_compressibility" and out.metadata["score"] < 0  # minus KB
     assert ctx.ledger.query("SELECT reward FROM validation").rows == [("jpeg_compressibility",)]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--validation-prompts", "missing.txt"], "no such file"),
-    (["--validation-reward", "pickscroe"], "unknown reward"),
-    (["--validation-prompts", "corgi.txt"], "not a MiniGenEval prompt"),
-    (["--validation-reward", "multi:minigeneval=1,jpeg_compressibility=1,normalize=zscore"], "average to 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--validation-prompts", "missing.txt"], "no such file"),
+        (["--validation-reward", "pickscroe"], "unknown reward"),
+        (["--validation-prompts", "corgi.txt"], "not a MiniGenEval prompt"),
+        (["--validation-reward", "multi:minigeneval=1,jpeg_compressibility=1,normalize=zscore"], "average to 0"),
+    ],
+)
 def test_bad_validation_options_stop_train_and_run_before_anything_is_written(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corgi.txt").write_text("a photo of a corgi\n")
-    for command in (["train", "--preset", "cpu_smoke", "--out", str(tmp_path / "out")],
-                    ["run", "--preset", "cpu_smoke", "--run-dir", str(tmp_path / "run")]):
+    for command in (
+        ["train", "--preset", "cpu_smoke", "--out", str(tmp_path / "out")],
+        ["run", "--preset", "cpu_smoke", "--run-dir", str(tmp_path / "run")],
+    ):
         done = CliRunner().invoke(app, [*command, *args], env={"COLUMNS": "400"})
         assert done.exit_code != 0 and message in " ".join(done.output.split()), done.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
@@ -97,14 +111,42 @@ def test_bad_validation_options_stop_train_and_run_before_anything_is_written(tm
 
 @pytest.mark.slow
 def test_spotlight_train_on_a_model_reports_the_held_out_reward_each_validation(qwen, clip_spec, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "train", "--model", str(qwen), "--preset",
-                           "cpu_smoke", "--iterations", "1", "--resolution", "32", "--lora-rank", "4", "--reward",
-                           "jpeg_compressibility", "--validation-reward", clip_spec, "--validation-prompts",
-                           str(_prompts_file(tmp_path)), "--out", str(tmp_path / "run"), "--json"],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "train",
+            "--model",
+            str(qwen),
+            "--preset",
+            "cpu_smoke",
+            "--iterations",
+            "1",
+            "--resolution",
+            "32",
+            "--lora-rank",
+            "4",
+            "--reward",
+            "jpeg_compressibility",
+            "--validation-reward",
+            clip_spec,
+            "--validation-prompts",
+            str(_prompts_file(tmp_path)),
+            "--out",
+            str(tmp_path / "run"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(r["iteration"], r["validation_reward"], r["validation_num_prompts"]) for r in records] == [
-        (0, clip_spec, 3), (1, clip_spec, 3)]
+        (0, clip_spec, 3),
+        (1, clip_spec, 3),
+    ]
     assert all(r["validation_partial"] is None and isinstance(r["validation_score"], float) for r in records)

@@ -26,8 +26,9 @@ def test_explored_seeds_only_as_good_as_the_wider_draws_kept_subset_gain_nothing
     review_rollout(state, CONFIG, 0, wide, [rng.uniform(size=DRAWN).tolist() for _ in PROMPTS], group_size=GROUP)
     # Iteration 1's explored seeds are no better than another wider draw's kept subset.
     real = [_kept(rng.uniform(size=DRAWN).tolist()) for _ in PROMPTS]
-    explored = SeedPlan(1, "explore:m8-half_steps", PROMPTS, [list(range(i * GROUP, (i + 1) * GROUP)) for i in range(NUM_PROMPTS)],
-                        real)
+    explored = SeedPlan(
+        1, "explore:m8-half_steps", PROMPTS, [list(range(i * GROUP, (i + 1) * GROUP)) for i in range(NUM_PROMPTS)], real
+    )
     review = review_rollout(state, CONFIG, 1, explored, real, group_size=GROUP)
     assert review.variance_gain == pytest.approx(1.0, abs=0.15)
     assert state.bandit.stats["m8-half_steps"].mean_gain == pytest.approx(1.0, abs=0.15)

@@ -8,13 +8,19 @@ import math
 import numpy as np
 import pytest
 
-from workers.explore.request import CACHE_LEVELS, ExploreSpec, cache_level, explore_rewards
-from workers.algo.seeds import candidate_seeds
-from workers.algo.selection import select_max_variance
-from workers.explore.state import ExplorationState, ExploreConfig, review_rollout
 from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, pairwise_concordance, spearman_rho
 from workers.algo.sampler import SamplerConfig, rollout
-from workers.explore.seed_plan import SeedPlan, default_seed_plan, load_seed_plan, plan_from_exploration, publish_seed_plan
+from workers.algo.seeds import candidate_seeds
+from workers.algo.selection import select_max_variance
+from workers.explore.request import CACHE_LEVELS, ExploreSpec, cache_level, explore_rewards
+from workers.explore.seed_plan import (
+    SeedPlan,
+    default_seed_plan,
+    load_seed_plan,
+    plan_from_exploration,
+    publish_seed_plan,
+)
+from workers.explore.state import ExplorationState, ExploreConfig, review_rollout
 
 SAMPLER = SamplerConfig(num_steps=4, noise_level=0.0)
 
@@ -86,18 +92,23 @@ def test_first_block_cache_on_a_one_block_model_is_refused_clearly(tiny_policy) 
 
 def test_cheap_levels_sample_fewer_steps_and_scale_the_sde_window() -> None:
     rollout_sampler = SamplerConfig(num_steps=8, noise_level=0.7, sde_window=(0, 4))
-    assert cache_level("half_steps").sampler(rollout_sampler) == SamplerConfig(num_steps=4, noise_level=0.7, sde_window=(0, 2))
+    assert cache_level("half_steps").sampler(rollout_sampler) == SamplerConfig(
+        num_steps=4, noise_level=0.7, sde_window=(0, 2)
+    )
     assert cache_level("quarter_steps").sampler(rollout_sampler).num_steps == 2
     assert cache_level("fbcache").sampler(rollout_sampler) == rollout_sampler
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"cache_level": "turbo"}, "unknown cache level"),
-    ({"seeds": [3, 3]}, "distinct"),
-    ({"prompt": "  "}, "prompt must be non-empty text"),
-    ({"colour": "red"}, "unknown fields"),
-    ({"seeds": [-1, 2]}, "seeds must be ints"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"cache_level": "turbo"}, "unknown cache level"),
+        ({"seeds": [3, 3]}, "distinct"),
+        ({"prompt": "  "}, "prompt must be non-empty text"),
+        ({"colour": "red"}, "unknown fields"),
+        ({"seeds": [-1, 2]}, "seeds must be ints"),
+    ],
+)
 def test_a_malformed_exploration_payload_is_refused_before_any_compute(change: dict, message: str) -> None:
     payload = ExploreSpec("demo", "two red circles", (1, 2, 3), 0, SAMPLER).to_payload()
     with pytest.raises(ValueError, match=message):
@@ -105,7 +116,9 @@ def test_a_malformed_exploration_payload_is_refused_before_any_compute(change: d
 
 
 def test_a_payload_roundtrip_keeps_the_request_and_its_fingerprint() -> None:
-    spec = ExploreSpec("demo", "two red circles", (1, 2, 3), 4, SamplerConfig(num_steps=8, sde_window=(0, 4)), "fbcache")
+    spec = ExploreSpec(
+        "demo", "two red circles", (1, 2, 3), 4, SamplerConfig(num_steps=8, sde_window=(0, 4)), "fbcache"
+    )
     again = ExploreSpec.from_payload(spec.to_payload())
     assert again == spec and again.fingerprint == spec.fingerprint
 
@@ -120,7 +133,10 @@ def test_a_seed_plan_from_the_same_exploration_reproduces_exactly(tmp_store) -> 
         policy, explored = load_policy(), {}
         for i, prompt in enumerate(default_seed_plan(config, 3).prompts):
             seeds = candidate_seeds(config.seed, 3, i, config.group_size, 3 * config.group_size)
-            explored[i] = (seeds, explore_rewards(policy, ExploreSpec("demo", prompt, tuple(seeds), 2, config.sampler, "half_steps")))
+            explored[i] = (
+                seeds,
+                explore_rewards(policy, ExploreSpec("demo", prompt, tuple(seeds), 2, config.sampler, "half_steps")),
+            )
         plans.append(plan_from_exploration(config, 3, explored, "explore:m12-half_steps"))
     assert plans[0] == plans[1] and len(set(plans[0].explored_rewards[0])) > 1
     publish_seed_plan(tmp_store, "demo", plans[0])
@@ -141,7 +157,8 @@ def test_the_monitor_measures_gain_against_random_seeds_and_counts_an_iteration_
     real = [[0.0, 0.1, 0.9, 1.0], [0.2, 0.1, 0.8, 0.9]]
     review = review_rollout(state, config, 1, _plan([[0.0, 0.2, 0.8, 1.0], [0.1, 0.0, 0.8, 0.9]]), real)
     assert review.kendall_tau == pytest.approx(1.0) and review.variance_gain == pytest.approx(
-        min(np.mean([np.var(r) for r in real]) / baseline, config.bandit.gain_cap))
+        min(np.mean([np.var(r) for r in real]) / baseline, config.bandit.gain_cap)
+    )
     assert not review.fallback and state.bandit.stats["m8-half_steps"].pulls == 1
     review_rollout(state, config, 1, _plan([[0.0, 0.2, 0.8, 1.0], [0.1, 0.0, 0.8, 0.9]]), real)  # a redone iteration
     assert state.bandit.stats["m8-half_steps"].pulls == 1 and state.random_variance == baseline
@@ -168,12 +185,15 @@ def test_exploration_state_survives_a_json_roundtrip() -> None:
     assert again.to_dict() == state.to_dict() and again.budget_s() == 12.5
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"cache_levels": ("warp",)}, "unknown cache level"),
-    ({"seed_multipliers": (0,)}, "seed_multipliers"),
-    ({"min_kendall_tau": 2.0}, "min_kendall_tau"),
-    ({"num_workers": 0}, "num_workers"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"cache_levels": ("warp",)}, "unknown cache level"),
+        ({"seed_multipliers": (0,)}, "seed_multipliers"),
+        ({"min_kendall_tau": 2.0}, "min_kendall_tau"),
+        ({"num_workers": 0}, "num_workers"),
+    ],
+)
 def test_bad_exploration_settings_are_refused_with_the_field_named(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ExploreConfig(**change)

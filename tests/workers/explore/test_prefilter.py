@@ -22,9 +22,13 @@ def _explored(rows: list[list[float]]) -> dict[int, tuple[list[int], list[float]
 
 
 def test_default_arms_keep_their_names_and_keep_factors_add_pre_filter_arms() -> None:
-    assert [a.name for a in ExploreConfig(seed_multipliers=(2,), cache_levels=("half_steps",)).arms(8)] == ["m16-half_steps"]
-    arms = [a.name for a in ExploreConfig(seed_multipliers=(1, 4), cache_levels=("half_steps",),
-                                          keep_factors=(1.0, 1.5)).arms(8)]
+    assert [a.name for a in ExploreConfig(seed_multipliers=(2,), cache_levels=("half_steps",)).arms(8)] == [
+        "m16-half_steps"
+    ]
+    arms = [
+        a.name
+        for a in ExploreConfig(seed_multipliers=(1, 4), cache_levels=("half_steps",), keep_factors=(1.0, 1.5)).arms(8)
+    ]
     assert arms == ["m8-half_steps", "m32-half_steps", "m32-half_steps-w12"]  # W = 12 > M = 8 is no arm
 
 
@@ -41,8 +45,12 @@ def test_a_pre_filter_plan_keeps_the_w_seeds_of_largest_stale_variance_and_only_
     plan.check_matches(CONFIG)  # the rollout accepts a plan wider than G; the train phase keeps G
     # Nearly equal stale rewards count as uncontested once min_contest_std says so.
     nearly = [0.5 + 0.001 * (j % 2) for j in range(M)]
-    assert plan_from_exploration(CONFIG, 5, _explored([nearly, flat, flat]), "explore:m12-half_steps-w6", keep=6,
-                                 min_contest_std=0.01).seeds[0] == default_seed_plan(CONFIG, 5).seeds[0]
+    assert (
+        plan_from_exploration(
+            CONFIG, 5, _explored([nearly, flat, flat]), "explore:m12-half_steps-w6", keep=6, min_contest_std=0.01
+        ).seeds[0]
+        == default_seed_plan(CONFIG, 5).seeds[0]
+    )
 
 
 def test_a_default_plan_of_the_wrong_width_is_still_refused() -> None:
@@ -82,12 +90,15 @@ def test_a_pre_filter_review_judges_the_g_the_train_phase_keeps() -> None:
     assert state.bandit.stats["m12-half_steps-w6"].pulls == 1
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"keep_factors": (0.5,)}, "keep_factors"),
-    ({"keep_factors": ()}, "keep_factors"),
-    ({"control_prompts": -1}, "control_prompts"),
-    ({"min_contest_std": -0.1}, "min_contest_std"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"keep_factors": (0.5,)}, "keep_factors"),
+        ({"keep_factors": ()}, "keep_factors"),
+        ({"control_prompts": -1}, "control_prompts"),
+        ({"min_contest_std": -0.1}, "min_contest_std"),
+    ],
+)
 def test_bad_pre_filter_settings_are_refused_with_the_field_named(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ExploreConfig(**change)
@@ -106,7 +117,11 @@ def test_the_hard_preset_explores_as_a_pre_filter_with_a_control_and_the_others_
 
     hard = get_preset("cpu_tiny_hard")
     assert hard.reward == "minigeneval_strict" and set(hard.train_categories) == {
-        "counting", "position", "color_binding", "counting_binding"}
+        "counting",
+        "position",
+        "color_binding",
+        "counting_binding",
+    }
     config = explore_config_for("cpu_tiny_hard")
     assert [a.name for a in config.arms(hard.group_size)][:2] == ["m16-fbcache-w12", "m16-half_steps-w12"]
     assert config.control_prompts == 1

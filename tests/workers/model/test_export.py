@@ -25,13 +25,15 @@ def _velocity(policy, transformer) -> torch.Tensor:
     cond, _ = policy.encode_prompts([PROMPT])
     x = torch.randn((1, *policy.latent_shape), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        return policy.family.forward(transformer, x, policy.sigmas(4)[1].expand(1), cond.cond, policy.geometry,
-                                     policy.model_spec)
+        return policy.family.forward(
+            transformer, x, policy.sigmas(4)[1].expand(1), cond.cond, policy.geometry, policy.model_spec
+        )
 
 
 @pytest.mark.parametrize("family", ["qwen-image", "sd3", "flux"])
-def test_a_saved_lora_loads_with_the_pipelines_load_lora_weights_and_gives_the_trained_velocity(pipelines, family,
-                                                                                                tmp_path):
+def test_a_saved_lora_loads_with_the_pipelines_load_lora_weights_and_gives_the_trained_velocity(
+    pipelines, family, tmp_path
+):
     import diffusers
 
     policy = load_model_policy(pipelines[family], resolution=32, lora_rank=4, lora_alpha=8)  # scale 2: alpha travels

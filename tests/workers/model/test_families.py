@@ -18,7 +18,6 @@ FAMILIES = ("qwen-image", "sd3", "flux")
 PROMPTS = ["two red circles", "a blue square above a green triangle"]
 
 
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_saved_pipeline_loads_as_a_policy_whose_lora_starts_at_the_base(pipelines, family):
     full = load_model_policy(pipelines[family], resolution=32, lora_rank=0)
@@ -60,8 +59,8 @@ def test_a_policy_rebuilt_from_its_spec_and_weights_samples_bit_identically(pipe
 
 def test_pulse_ships_the_lora_adapter_losslessly(pipelines, tmp_path):
     from resources.store import open_store
-    from workers.rollout.weights import PolicyHolder, publish_policy
     from workers.pulse.weights_hash import weights_hash
+    from workers.rollout.weights import PolicyHolder, publish_policy
     from workers.trainer.checkpoint import bf16_weights
 
     policy = load_model_policy(pipelines["qwen-image"], resolution=32, lora_rank=4)
@@ -73,8 +72,9 @@ def test_pulse_ships_the_lora_adapter_losslessly(pipelines, tmp_path):
     publisher.publish(1, bf16_weights(policy))
     received = PolicyHolder(store).policy_at("lora", 1)
     assert set(received.weights()) == set(policy.weights())
-    assert weights_hash({k: v.to(torch.bfloat16) for k, v in received.weights().items()}) == \
-        weights_hash(bf16_weights(policy))
+    assert weights_hash({k: v.to(torch.bfloat16) for k, v in received.weights().items()}) == weights_hash(
+        bf16_weights(policy)
+    )
 
 
 def test_folders_that_are_not_supported_pipelines_are_refused_before_any_weights_load(tmp_path):
@@ -105,8 +105,9 @@ def test_rewards_score_the_vae_decoded_images(pipelines):
 def test_the_gpu_checks_code_path_runs_at_toy_size_and_pulse_is_lossless(tmp_path):
     from workers.bench.model_check import run_model_check
 
-    figures = run_model_check(device="cpu", widths="tiny", resolution=32, batch_size=8, num_steps=2, lora_rank=4,
-                              workdir=str(tmp_path))
+    figures = run_model_check(
+        device="cpu", widths="tiny", resolution=32, batch_size=8, num_steps=2, lora_rank=4, workdir=str(tmp_path)
+    )
     for mode in ("lora", "full"):
         assert figures[mode]["samples_per_s"] > 0 and figures[mode]["grpo_update_s"] > 0
         assert 0 <= figures[mode]["off_device_share"] < 1

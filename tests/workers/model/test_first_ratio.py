@@ -19,9 +19,12 @@ from workers.trainer.presets import get_preset
 def test_the_first_minibatch_ratio_is_exactly_one_on_the_cpu(pipelines):
     policy = load_model_policy(pipelines["qwen-image"], resolution=32, lora_rank=4, guidance=4.0)
     base = get_preset("cpu_smoke")
-    config = dataclasses.replace(base, reward="jpeg_compressibility",
-                                 sampler=SamplerConfig(num_steps=4, noise_level=0.7, forward_dtype="bf16"),
-                                 grpo=dataclasses.replace(base.grpo, num_minibatches=2))
+    config = dataclasses.replace(
+        base,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=4, noise_level=0.7, forward_dtype="bf16"),
+        grpo=dataclasses.replace(base.grpo, num_minibatches=2),
+    )
     trainer = GRPOTrainer(policy, config)
     batch = trainer.collect(0)
     assert first_minibatch_ratio(trainer, batch) == {"rollout_vs_train": 0.0, "recomputed": 0.0}

@@ -17,14 +17,29 @@ NUM_STEPS = 10  # the presets' train steps; SD3's old schedule was off by 0.24 a
 
 PUBLISHED_SCHEDULERS = {
     # Qwen/Qwen-Image scheduler/scheduler_config.json
-    "qwen-image": {"base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 8192, "max_shift": 0.9,
-                   "num_train_timesteps": 1000, "shift": 1.0, "shift_terminal": 0.02,
-                   "time_shift_type": "exponential", "use_dynamic_shifting": True},
+    "qwen-image": {
+        "base_image_seq_len": 256,
+        "base_shift": 0.5,
+        "max_image_seq_len": 8192,
+        "max_shift": 0.9,
+        "num_train_timesteps": 1000,
+        "shift": 1.0,
+        "shift_terminal": 0.02,
+        "time_shift_type": "exponential",
+        "use_dynamic_shifting": True,
+    },
     # stabilityai/stable-diffusion-3.5-medium scheduler/scheduler_config.json
     "sd3": {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False},
     # black-forest-labs/FLUX.1-dev scheduler/scheduler_config.json
-    "flux": {"base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15,
-             "num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True},
+    "flux": {
+        "base_image_seq_len": 256,
+        "base_shift": 0.5,
+        "max_image_seq_len": 4096,
+        "max_shift": 1.15,
+        "num_train_timesteps": 1000,
+        "shift": 3.0,
+        "use_dynamic_shifting": True,
+    },
 }
 
 GUIDANCE = {"qwen-image": 4.0, "sd3": 4.5, "flux": 3.5}

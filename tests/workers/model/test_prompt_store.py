@@ -13,18 +13,20 @@ import torch
 
 from resources.keys import prompt_embeddings_key, rollout_key
 from resources.queue import open_queue
+from tests.paths import REPO_ROOT
 from workers.algo.sampler import SamplerConfig
 from workers.model.families import policy as family_policy
 from workers.model.families.policy import load_model_policy
-from workers.model.families.prompt_store import attach_prompt_store, publish_prompt_embeddings, \
-    publish_run_prompt_embeddings
+from workers.model.families.prompt_store import (
+    attach_prompt_store,
+    publish_prompt_embeddings,
+    publish_run_prompt_embeddings,
+)
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import publish_policy
-from tests.paths import REPO_ROOT
 
 FAMILIES = ("qwen-image", "sd3", "flux")
 PROMPTS = ["two red circles", "a blue square above a green triangle"]
-
 
 
 def _fresh_process_policy(path, **fields):
@@ -43,7 +45,8 @@ def _assert_same_conditioning(a, b) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_worker_reads_the_coordinators_embeddings_bit_identically_without_loading_a_text_encoder(
-        pipelines, tmp_store, family):
+    pipelines, tmp_store, family
+):
     coordinator = _fresh_process_policy(pipelines[family], resolution=32, guidance=4.0)
     out = publish_prompt_embeddings(tmp_store, "demo", coordinator.model_spec, PROMPTS)
     assert out.num_written == len(PROMPTS) + (family != "flux")  # true CFG (Qwen-Image, SD3): the negative prompt too
@@ -75,8 +78,13 @@ def test_a_worker_encodes_itself_when_the_store_lacks_the_prompt_or_holds_other_
 def test_a_malformed_cache_entry_is_refused_with_a_message_naming_its_key(pipelines, tmp_store):
     worker = _fresh_process_policy(pipelines["qwen-image"], resolution=32)
     key = prompt_embeddings_key("demo", PROMPTS[0])
-    meta = {"format": "spotlight-prompt-embeddings/1", "prompt": PROMPTS[0], "family": "qwen-image",
-            "max_sequence_length": 512, "base_dtype": "fp32"}
+    meta = {
+        "format": "spotlight-prompt-embeddings/1",
+        "prompt": PROMPTS[0],
+        "family": "qwen-image",
+        "max_sequence_length": 512,
+        "base_dtype": "fp32",
+    }
     tmp_store.publish_tensors(key, {"prompt_embeds": torch.zeros(3, 16, dtype=torch.float16)}, meta)
     attach_prompt_store(worker, tmp_store, "demo")
     with pytest.raises(ValueError, match=key):
@@ -110,10 +118,24 @@ print(json.dumps({"event": "report", "code": code, "loaded": frozen[0].loaded, "
 
 
 def _worker_process(tmp_path, store, worker_id: str) -> dict:
-    command = [sys.executable, "-c", WORKER, "--queue", str(tmp_path / "queue.db"), "--store", str(store.root),
-               "--worker-id", worker_id, "--threads", "1", "--max-idle-s", "0.2"]
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-c",
+        WORKER,
+        "--queue",
+        str(tmp_path / "queue.db"),
+        "--store",
+        str(store.root),
+        "--worker-id",
+        worker_id,
+        "--threads",
+        "1",
+        "--max-idle-s",
+        "0.2",
+    ]
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert any(e["event"] == "acked" for e in events), done.stdout[-3000:]
@@ -121,14 +143,16 @@ def _worker_process(tmp_path, store, worker_id: str) -> dict:
 
 
 def test_a_worker_process_fed_from_the_store_samples_bit_identically_and_never_builds_a_text_encoder(
-        pipelines, tmp_store, tmp_path):
+    pipelines, tmp_store, tmp_path
+):
     policy = _fresh_process_policy(pipelines["qwen-image"], resolution=32, lora_rank=4, guidance=4.0)
     with torch.no_grad():  # off the LoRA's init, so the transformer's output depends on the adapter
         for p in policy.trainable_parameters():
             p.add_(0.05 * torch.randn_like(p))
     publish_policy(tmp_store, "demo", policy)
-    spec = RolloutSpec("demo", PROMPTS[0], 5, 0, SamplerConfig(num_steps=3, forward_dtype="fp32"),
-                       "jpeg_compressibility")
+    spec = RolloutSpec(
+        "demo", PROMPTS[0], 5, 0, SamplerConfig(num_steps=3, forward_dtype="fp32"), "jpeg_compressibility"
+    )
     queue = open_queue(tmp_path / "queue.db")
     queue.put([rollout_request("encodes", 0, spec)])
     itself = _worker_process(tmp_path, tmp_store, "w-encodes")

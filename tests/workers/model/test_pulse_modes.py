@@ -47,8 +47,22 @@ def test_the_merged_weights_are_what_diffusers_fuse_lora_gives(qwen_path):
 def test_the_command_prints_one_json_object(qwen_path):
     from pipelines.cli import app
 
-    out = CliRunner().invoke(app, ["bench", "pulse-modes", "--model", str(qwen_path), "--lora-rank", "2", "--steps",
-                                   "1", "--resolution", "32", "--json"])
+    out = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "pulse-modes",
+            "--model",
+            str(qwen_path),
+            "--lora-rank",
+            "2",
+            "--steps",
+            "1",
+            "--resolution",
+            "32",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     figures = json.loads(out.output.strip().splitlines()[-1])
     assert set(figures["total"]) == {"lora", "merged", "dense"} and figures["steps"] == 1

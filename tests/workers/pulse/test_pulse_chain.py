@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.bench.pulse_stats import single_thread
 from workers.pulse import (
     ChainConfig,
     ChainPlan,
@@ -16,7 +17,6 @@ from workers.pulse import (
     sync_weights,
     weights_hash,
 )
-from workers.bench.pulse_stats import single_thread
 from workers.pulse.loco.tiny_lm import LMConfig, TrajectoryConfig, lm_trajectory
 
 

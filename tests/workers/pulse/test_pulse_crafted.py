@@ -29,11 +29,13 @@ def _rewrite(patch: bytes, streams: dict[str, tuple[bytes, int]]) -> bytes:
     payload = patch[header.header_size :]
     frames = []
     for entry in raw["streams"]:
-        frame, count = streams.get(entry["name"], (payload[entry["offset"] : entry["offset"] + entry["length"]], entry["count"]))
+        frame, count = streams.get(
+            entry["name"], (payload[entry["offset"] : entry["offset"] + entry["length"]], entry["count"])
+        )
         entry["count"] = count
         frames.append(frame)
     offset = 0
-    for entry, frame in zip(raw["streams"], frames):
+    for entry, frame in zip(raw["streams"], frames, strict=False):
         entry["offset"], entry["length"] = offset, len(frame)
         offset += len(frame)
     return pack_patch(raw, b"".join(frames))
@@ -51,11 +53,17 @@ def test_gaps_whose_sum_wraps_past_2_to_the_64_are_refused() -> None:
     prev, patch = _four_changes()
     gap = (1 << 62) - 1
     compress = zstandard.ZstdCompressor().compress
-    crafted = _rewrite(patch, {
-        "gap8": (compress(stream_to_bytes(np.full(4, 255), "uint8", "plain")), 4),
-        "gap16": (compress(stream_to_bytes(np.full(4, 65535), "uint16", "shuffle")), 4),
-        "gap64": (compress(stream_to_bytes(np.full(4, gap - 255 - 65535, dtype=np.uint64), "uint64", "shuffle")), 4),
-    })
+    crafted = _rewrite(
+        patch,
+        {
+            "gap8": (compress(stream_to_bytes(np.full(4, 255), "uint8", "plain")), 4),
+            "gap16": (compress(stream_to_bytes(np.full(4, 65535), "uint16", "shuffle")), 4),
+            "gap64": (
+                compress(stream_to_bytes(np.full(4, gap - 255 - 65535, dtype=np.uint64), "uint64", "shuffle")),
+                4,
+            ),
+        },
+    )
     _refused_untouched(prev, crafted, "out of range")
 
 

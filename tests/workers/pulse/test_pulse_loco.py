@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.pulse.loco.codec import PayloadError, decode_dense, decode_sparse, encode_dense, encode_sparse, layout_hash
+from workers.pulse.loco.launch import LocoRunConfig
 from workers.pulse.loco.maths import (
     OuterConfig,
     SparseUpdate,
@@ -15,8 +17,6 @@ from workers.pulse.loco.maths import (
     restore_error,
     unflatten_into,
 )
-from workers.pulse.loco.codec import PayloadError, decode_dense, decode_sparse, encode_dense, encode_sparse, layout_hash
-from workers.pulse.loco.launch import LocoRunConfig
 from workers.pulse.loco.tasks import TaskConfig
 from workers.pulse.loco.transport import ExchangeConfig
 
@@ -155,7 +155,7 @@ def test_a_replica_started_from_a_start_state_continues_exactly_like_the_run_tha
     clone.shard.set_state(original.shard.get_state())
     original.local_step(3)
     clone.local_step(3)
-    for (name, a), b in zip(original.model.named_parameters(), clone.model.parameters()):
+    for (name, a), b in zip(original.model.named_parameters(), clone.model.parameters(), strict=False):
         assert torch.equal(a, b), name
 
 
@@ -165,16 +165,49 @@ def bench_events(sent: dict[str, tuple[int, float]], final: dict[str, list[float
     for mode, (size, density) in sent.items():
         for replica in (0, 1):
             evaluated = replica == 0
-            start = {"eval_metric": 1.0, "eval_stderr": 0.1, "eval_values": [1.0] * 4,
-                     "eval_bf16_metric": 1.0, "eval_bf16_values": [1.0] * 4} if evaluated else {"eval_metric": None}
+            start = (
+                {
+                    "eval_metric": 1.0,
+                    "eval_stderr": 0.1,
+                    "eval_values": [1.0] * 4,
+                    "eval_bf16_metric": 1.0,
+                    "eval_bf16_values": [1.0] * 4,
+                }
+                if evaluated
+                else {"eval_metric": None}
+            )
             values = final[mode]
-            end = {"eval_metric": sum(values) / 4, "eval_stderr": 0.1, "eval_values": values,
-                   "eval_bf16_metric": 1.0, "eval_bf16_values": [1.0] * 4} if evaluated else {"eval_metric": None}
+            end = (
+                {
+                    "eval_metric": sum(values) / 4,
+                    "eval_stderr": 0.1,
+                    "eval_values": values,
+                    "eval_bf16_metric": 1.0,
+                    "eval_bf16_values": [1.0] * 4,
+                }
+                if evaluated
+                else {"eval_metric": None}
+            )
             counted = {str(r): {"bytes": size, "values": round(density * 200), "exchanges": 1} for r in (0, 1)}
             events.append({"event": "start", "mode": mode, "replica": replica, **start})
-            events.append({"event": "round", "mode": mode, "replica": replica, "round": 0, "bytes_sent": size,
-                           "density": density, "values_sent": round(density * 200), "numel": 200, "encode_s": 0.0,
-                           "sync_s": 0.0, "weights_hash": mode, "train_metric": 0.0, "counted": counted, **end})
+            events.append(
+                {
+                    "event": "round",
+                    "mode": mode,
+                    "replica": replica,
+                    "round": 0,
+                    "bytes_sent": size,
+                    "density": density,
+                    "values_sent": round(density * 200),
+                    "numel": 200,
+                    "encode_s": 0.0,
+                    "sync_s": 0.0,
+                    "weights_hash": mode,
+                    "train_metric": 0.0,
+                    "counted": counted,
+                    **end,
+                }
+            )
     return events
 
 

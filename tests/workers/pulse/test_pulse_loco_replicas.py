@@ -51,7 +51,7 @@ def test_every_mode_ends_every_round_with_bit_identical_weights(tmp_path: Path, 
     assert run.exit_codes == {0: 0, 1: 0}
     assert_identical_weights_every_round(run, modes, num_rounds=2)
     diloco, pulse = sync_totals(run, "diloco"), sync_totals(run, "pulseloco")
-    assert all(p["bytes_per_replica"] < d["bytes_per_replica"] for p, d in zip(pulse, diloco))
+    assert all(p["bytes_per_replica"] < d["bytes_per_replica"] for p, d in zip(pulse, diloco, strict=False))
 
 
 def test_rounds_complete_with_the_survivors_and_the_ledger_counts_each_payload_once(tmp_path: Path):
@@ -59,8 +59,14 @@ def test_rounds_complete_with_the_survivors_and_the_ledger_counts_each_payload_o
     # before it could report the round. Replica 0 survives.
     # eval_every > rounds: replica 0 evaluates only before the first and after the last round, so a
     # live replica never arrives late because of its evaluation.
-    config = tiny_run(modes=("pulseloco",), num_replicas=3, rounds=3, eval_every=10, transport="store",
-                      exchange=ExchangeConfig(timeout_s=SURVIVOR_WAIT_S, missing_policy="survivors"))
+    config = tiny_run(
+        modes=("pulseloco",),
+        num_replicas=3,
+        rounds=3,
+        eval_every=10,
+        transport="store",
+        exchange=ExchangeConfig(timeout_s=SURVIVOR_WAIT_S, missing_policy="survivors"),
+    )
     run = run_loco(config, tmp_path, die_at={1: 1}, die_after={2: 1}, timeout_s=900)
     assert run.exit_codes == {0: 0, 1: 3, 2: 3}
     rows = sync_totals(run, "pulseloco")
@@ -73,9 +79,17 @@ def test_rounds_complete_with_the_survivors_and_the_ledger_counts_each_payload_o
     record_loco_ledger(ledger_path, "loco-test", config, run)
     record_loco_ledger(ledger_path, "loco-test", config, run)  # recording again replaces, never adds
     with Ledger(ledger_path) as ledger:
-        synced = ledger.query("SELECT version, kind, replica, patch_bytes, dense_bytes FROM syncs ORDER BY version, replica").rows
+        synced = ledger.query(
+            "SELECT version, kind, replica, patch_bytes, dense_bytes FROM syncs ORDER BY version, replica"
+        ).rows
     assert [(v, k, r) for v, k, r, _, _ in synced] == [
-        (1, "pulseloco", 0), (1, "pulseloco", 1), (1, "pulseloco", 2), (2, "pulseloco", 0), (2, "pulseloco", 2), (3, "pulseloco", 0)]
+        (1, "pulseloco", 0),
+        (1, "pulseloco", 1),
+        (1, "pulseloco", 2),
+        (2, "pulseloco", 0),
+        (2, "pulseloco", 2),
+        (3, "pulseloco", 0),
+    ]
     sent = {(e["round"] + 1, e["replica"]): e["bytes_sent"] for e in run.rounds("pulseloco")}
     counted_by_survivor = survivor[1]["counted"]["2"]["bytes"]
     assert [b for v, _, r, b, _ in synced] == [sent.get((v, r), counted_by_survivor) for v, _, r, _, _ in synced]
@@ -87,9 +101,20 @@ def test_each_mode_writes_its_own_sync_kind_with_dense_bytes_of_the_same_exchang
 
     def round_event(mode: str, replica: int, exchanges: int, size: int, values: int) -> dict:
         counted = {str(r): {"bytes": size, "values": values, "exchanges": exchanges} for r in (0, 1)}
-        return {"event": "round", "mode": mode, "replica": replica, "round": 0, "numel": 100, "bytes_sent": size,
-                "values_sent": values, "density": values / (100 * exchanges), "encode_s": 0.01, "sync_s": 0.0,
-                "weights_hash": f"h-{mode}", "counted": counted}
+        return {
+            "event": "round",
+            "mode": mode,
+            "replica": replica,
+            "round": 0,
+            "numel": 100,
+            "bytes_sent": size,
+            "values_sent": values,
+            "density": values / (100 * exchanges),
+            "encode_s": 0.01,
+            "sync_s": 0.0,
+            "weights_hash": f"h-{mode}",
+            "counted": counted,
+        }
 
     events = [round_event("ddp", r, 8, 8 * 467, 800) for r in (0, 1)]
     events += [round_event("diloco", r, 1, 467, 100) for r in (0, 1)]
@@ -97,16 +122,24 @@ def test_each_mode_writes_its_own_sync_kind_with_dense_bytes_of_the_same_exchang
     config = LocoRunConfig(modes=("ddp", "diloco", "pulseloco"), rounds=1, inner_steps=8, task=TINY_LM)
     record_loco_ledger(tmp_path / "ledger.duckdb", "r", config, LocoRun(events, {0: 0, 1: 0}, 1.0))
     with Ledger(tmp_path / "ledger.duckdb") as ledger:
-        rows = ledger.query("SELECT kind, replica, dense_bytes, patch_bytes, changed_fraction FROM syncs "
-                            "ORDER BY kind, replica").rows
-    assert rows == [("ddp", 0, 3200, 3736, 1.0), ("ddp", 1, 3200, 3736, 1.0),
-                    ("diloco", 0, 400, 467, 1.0), ("diloco", 1, 400, 467, 1.0),
-                    ("pulseloco", 0, 400, 90, 0.05), ("pulseloco", 1, 400, 90, 0.05)]
+        rows = ledger.query(
+            "SELECT kind, replica, dense_bytes, patch_bytes, changed_fraction FROM syncs ORDER BY kind, replica"
+        ).rows
+    assert rows == [
+        ("ddp", 0, 3200, 3736, 1.0),
+        ("ddp", 1, 3200, 3736, 1.0),
+        ("diloco", 0, 400, 467, 1.0),
+        ("diloco", 1, 400, 467, 1.0),
+        ("pulseloco", 0, 400, 90, 0.05),
+        ("pulseloco", 1, 400, 90, 0.05),
+    ]
 
 
 @pytest.mark.slow
 def test_a_round_waits_then_fails_clearly_when_a_replica_dies_under_the_wait_policy(tmp_path: Path):
-    config = tiny_run(modes=("diloco",), transport="store", exchange=ExchangeConfig(timeout_s=2.0, missing_policy="wait"))
+    config = tiny_run(
+        modes=("diloco",), transport="store", exchange=ExchangeConfig(timeout_s=2.0, missing_policy="wait")
+    )
     run = run_loco(config, tmp_path, die_at={1: 1}, timeout_s=900)
     assert run.exit_codes == {0: 2, 1: 3}
     [timeout] = [e for e in run.events if e["event"] == "timeout"]
@@ -129,7 +162,8 @@ def test_a_late_payload_is_not_counted_and_its_sender_leaves_the_group(tmp_path:
     with pytest.raises(ReplicaExcludedError, match="was not counted"):
         late.exchange(0, b"late")
     assert early.exchange(1, b"next").payloads == {0: b"next"}  # no wait for the departed replica
-    waiting = StoreExchange(store, "loco/w", replica=0, num_replicas=2,
-                            config=dataclasses.replace(config, missing_policy="wait"))
+    waiting = StoreExchange(
+        store, "loco/w", replica=0, num_replicas=2, config=dataclasses.replace(config, missing_policy="wait")
+    )
     with pytest.raises(RoundTimeoutError, match=r"replicas \[1\]"):
         waiting.exchange(0, b"alone")

@@ -84,7 +84,9 @@ def test_special_bit_patterns_nan_inf_and_negative_zero_roundtrip(mode: str) -> 
     special = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1.0, -1.0, 1e-40]
     prev_bits = torch.tensor(special, dtype=torch.bfloat16).view(torch.int16).clone()
     # Distinct NaN payloads and 0.0 <-> -0.0 differ only in bits, which is what PULSE compares.
-    cur_bits = torch.tensor([-0.0, 0.0, float("-inf"), float("inf"), 1.0, float("nan"), -1.0, 0.0], dtype=torch.bfloat16)
+    cur_bits = torch.tensor(
+        [-0.0, 0.0, float("-inf"), float("inf"), 1.0, float("nan"), -1.0, 0.0], dtype=torch.bfloat16
+    )
     cur_bits = cur_bits.view(torch.int16).clone()
     cur_bits[5] = 0x7FC1  # a NaN with another payload
     nan_payloads = torch.tensor([0x7FC1, 0x7FC3, -1, 0x7F81], dtype=torch.int16)
@@ -182,7 +184,12 @@ def test_encode_rejects_mismatched_inputs_with_a_clear_error() -> None:
     with pytest.raises(ValueError, match="base_version < version"):
         encode_patch(prev, clone(prev), base_version=2, version=2)
     with pytest.raises(ValueError, match="dtype"):
-        encode_patch({"w": torch.zeros(3, dtype=torch.float16)}, {"w": torch.ones(3, dtype=torch.float16)}, base_version=0, version=1)
+        encode_patch(
+            {"w": torch.zeros(3, dtype=torch.float16)},
+            {"w": torch.ones(3, dtype=torch.float16)},
+            base_version=0,
+            version=1,
+        )
     with pytest.raises(ValueError, match="mode"):
         encode_patch(prev, clone(prev), base_version=0, version=1, mode="delta")
 
@@ -194,7 +201,9 @@ def test_patch_applies_in_place_to_weights_on_a_cuda_device(mode: str) -> None:
     prev_cpu = {"w": random_bf16(1000, 100, seed=17)}
     cur_cpu = {"w": perturb(prev_cpu["w"], 0.05, seed=18)}
     prev = {name: tensor.cuda() for name, tensor in prev_cpu.items()}
-    patch = encode_patch(prev, {name: tensor.cuda() for name, tensor in cur_cpu.items()}, base_version=0, version=1, mode=mode)
+    patch = encode_patch(
+        prev, {name: tensor.cuda() for name, tensor in cur_cpu.items()}, base_version=0, version=1, mode=mode
+    )
     receiver = clone(prev)
     storage = receiver["w"].data_ptr()
     apply_patch(receiver, patch)

@@ -60,8 +60,8 @@ def test_each_version_reads_every_anchor_and_patch_of_its_chain_once(tmp_path, t
 def test_a_damaged_stored_anchor_is_reported_as_not_reproduced(tmp_path, tiny_policy) -> None:
     from workers.coordinator.sync import publish_version
     from workers.model.policy import save_policy
-    from workers.trainer.checkpoint import save_checkpoint
     from workers.pulse import weights_hash
+    from workers.trainer.checkpoint import save_checkpoint
 
     class SwappingStore(LocalTensorStore):
         """Hands out another version's weights for anchor 2, as a stale or mixed-up store would."""

@@ -8,12 +8,12 @@ import pytest
 from resources.keys import rollout_key, rollout_state_key
 from resources.queue.records import Request
 from resources.store.local import LocalTensorStore
+from tests.hooks import stop_after
 from workers.algo.sampler import SamplerConfig
 from workers.coordinator.rollout import PlannedRequest, queue_batches
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder, publish_policy
-from tests.hooks import stop_after
 
 SAMPLER = SamplerConfig(num_steps=6, noise_level=0.7, sde_window=(0, 3))
 SEEDS = [11, 12, 13, 14]
@@ -30,10 +30,19 @@ def _results(store) -> list[dict]:
     return [dict(store.read_manifest(rollout_key("demo", 0, sid)).metadata) for sid in IDS]
 
 
-def test_a_batch_commits_one_result_per_sample_and_resumes_after_a_preemption(rollout_store, tiny_policy, tmp_path) -> None:
+def test_a_batch_commits_one_result_per_sample_and_resumes_after_a_preemption(
+    rollout_store, tiny_policy, tmp_path
+) -> None:
     holder = PolicyHolder(rollout_store)
-    first = work_request(_request(BATCH), 1, rollout_store, holder, worker_id="a", commit_every=2,
-                         hooks=StepHooks(should_stop=stop_after(3)))
+    first = work_request(
+        _request(BATCH),
+        1,
+        rollout_store,
+        holder,
+        worker_id="a",
+        commit_every=2,
+        hooks=StepHooks(should_stop=stop_after(3)),
+    )
     assert first.status == "preempted" and first.committed_step == 3
     assert rollout_store.read_manifest(rollout_key("demo", 0, IDS[0])) is None  # nothing published part-way
     second = work_request(_request(BATCH), 2, rollout_store, PolicyHolder(rollout_store), worker_id="b", commit_every=2)
@@ -65,11 +74,13 @@ def test_bad_batched_payloads_are_refused_before_sampling() -> None:
     payload = BATCH.to_payload()
     assert RolloutSpec.from_payload(payload) == BATCH
     assert "batch_seeds" not in ONE[0].to_payload()  # a one-sample request's payload (and fingerprint) is unchanged
-    for bad, message in [({"sample_ids": IDS[:2]}, "one sample id per seed"),
-                         ({"batch_seeds": [12, "x", 14]}, "seed must be an int"),
-                         ({"sample_ids": [IDS[0]] * 4}, "distinct"),
-                         ({"sample_ids": ["../x", *IDS[1:]]}, "sample id"),
-                         ({"batch_seeds": 12}, "must be lists")]:
+    for bad, message in [
+        ({"sample_ids": IDS[:2]}, "one sample id per seed"),
+        ({"batch_seeds": [12, "x", 14]}, "seed must be an int"),
+        ({"sample_ids": [IDS[0]] * 4}, "distinct"),
+        ({"sample_ids": ["../x", *IDS[1:]]}, "sample id"),
+        ({"batch_seeds": 12}, "must be lists"),
+    ]:
         with pytest.raises(ValueError, match=message):
             RolloutSpec.from_payload({**payload, **bad})
     with pytest.raises(ValueError, match="differ only in their seed"):
@@ -77,11 +88,23 @@ def test_bad_batched_payloads_are_refused_before_sampling() -> None:
 
 
 def test_queue_batches_cut_each_prompt_in_order() -> None:
-    specs = [PlannedRequest(f"it0-p{i}-s{j}", i, j, RolloutSpec("demo", "a red circle", 100 * i + j, 0, SAMPLER))
-             for i in range(2) for j in range(5)]
+    specs = [
+        PlannedRequest(f"it0-p{i}-s{j}", i, j, RolloutSpec("demo", "a red circle", 100 * i + j, 0, SAMPLER))
+        for i in range(2)
+        for j in range(5)
+    ]
     batches = queue_batches(specs, 2)
-    assert [rid for rid, _ in batches] == ["it0-p0-s0x2", "it0-p0-s2x2", "it0-p0-s4", "it0-p1-s0x2", "it0-p1-s2x2",
-                                           "it0-p1-s4"]
-    assert batches[0][1].seeds == (0, 1) and batches[2][1].seeds == (4,) and batches[3][1].sample_ids == ("it0-p1-s0",
-                                                                                                        "it0-p1-s1")
+    assert [rid for rid, _ in batches] == [
+        "it0-p0-s0x2",
+        "it0-p0-s2x2",
+        "it0-p0-s4",
+        "it0-p1-s0x2",
+        "it0-p1-s2x2",
+        "it0-p1-s4",
+    ]
+    assert (
+        batches[0][1].seeds == (0, 1)
+        and batches[2][1].seeds == (4,)
+        and batches[3][1].sample_ids == ("it0-p1-s0", "it0-p1-s1")
+    )
     assert [rid for rid, _ in queue_batches(specs, 1)] == [s.request_id for s in specs]

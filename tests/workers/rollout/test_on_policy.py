@@ -25,12 +25,23 @@ def _sampled_by_queue_workers(store, policy, config: TrainConfig) -> list[Planne
 
     publish_policy(store, "demo", policy)
     prompts = iteration_prompts(config.seed, 0, config.prompts_per_iteration)
-    requests = [PlannedRequest(request_id(0, i, j), i, j, RolloutSpec("demo", p, 1000 * i + j, 0, config.sampler, config.reward))
-                for i, p in enumerate(prompts) for j in range(config.group_size)]
+    requests = [
+        PlannedRequest(
+            request_id(0, i, j), i, j, RolloutSpec("demo", p, 1000 * i + j, 0, config.sampler, config.reward)
+        )
+        for i, p in enumerate(prompts)
+        for j in range(config.group_size)
+    ]
     holder = PolicyHolder(store)
     for r in requests:
-        out = work_request(Request.from_dict(rollout_request(r.request_id, 0, r.spec)), 1, store, holder,
-                           worker_id="w0", commit_every=2)
+        out = work_request(
+            Request.from_dict(rollout_request(r.request_id, 0, r.spec)),
+            1,
+            store,
+            holder,
+            worker_id="w0",
+            commit_every=2,
+        )
         assert out.status == "done"
     return requests
 
@@ -41,8 +52,13 @@ def test_the_first_minibatch_on_the_queue_path_is_unclipped(tmp_store, forward_d
 
     # Flow-GRPO's recipe (cpu_tiny_flow_grpo: clip range 1e-4) on the shipped base, one minibatch.
     sampler = SamplerConfig(num_steps=8, sde_window=(0, 4), forward_dtype=forward_dtype)
-    config = TrainConfig(iterations=1, prompts_per_iteration=2, group_size=2, sampler=sampler,
-                         grpo=GRPOConfig(clip_range=1e-4, num_minibatches=1, num_epochs=1))
+    config = TrainConfig(
+        iterations=1,
+        prompts_per_iteration=2,
+        group_size=2,
+        sampler=sampler,
+        grpo=GRPOConfig(clip_range=1e-4, num_minibatches=1, num_epochs=1),
+    )
     requests = _sampled_by_queue_workers(tmp_store, load_policy(), config)
     stats = train_iteration(tmp_store, "demo", config, 0, requests)
     # One minibatch: its ratio exp(log_prob - old_log_prob) is what the stats describe.
@@ -52,9 +68,13 @@ def test_the_first_minibatch_on_the_queue_path_is_unclipped(tmp_store, forward_d
 def test_later_minibatches_still_see_the_policy_move(tmp_store) -> None:
     from workers.model.policy import load_policy
 
-    config = TrainConfig(iterations=1, prompts_per_iteration=2, group_size=4,
-                         sampler=SamplerConfig(num_steps=8, sde_window=(0, 4)),
-                         grpo=GRPOConfig(lr=1e-3, num_minibatches=1, num_epochs=2))
+    config = TrainConfig(
+        iterations=1,
+        prompts_per_iteration=2,
+        group_size=4,
+        sampler=SamplerConfig(num_steps=8, sde_window=(0, 4)),
+        grpo=GRPOConfig(lr=1e-3, num_minibatches=1, num_epochs=2),
+    )
     requests = _sampled_by_queue_workers(tmp_store, load_policy(), config)
     stats = train_iteration(tmp_store, "demo", config, 0, requests)
     # The old log-probs are fixed before the first step: the second epoch's ratio measures the first's update.

@@ -8,17 +8,16 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from resources.queue import open_queue
-from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
-from workers.rollout.state import RolloutSpec, rollout_request
-from workers.algo.sampler import SamplerConfig
 from tests.paths import REPO_ROOT
 from tests.procs import ProcessLines
+from workers.algo.sampler import SamplerConfig
+from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
+from workers.rollout.state import RolloutSpec, rollout_request
 
 REPO = REPO_ROOT
 
@@ -120,25 +119,56 @@ def test_a_worker_on_a_preempted_aws_vm_commits_its_state_and_exits_cleanly(tmp_
     spec = RolloutSpec("demo", "a red circle", 5, 0, SamplerConfig(num_steps=8))
     queue = open_queue(tmp_path / "queue.db")
     queue.put([rollout_request("r0", 0, spec)])
-    command = [sys.executable, "-m", "workers.rollout", "--queue", str(tmp_path / "queue.db"), "--store",
-               str(rollout_store.root), "--commit-every", "100", "--step-delay-s", "0.3", "--preemption-notice", "aws",
-               "--notice-url", _url(metadata, "aws"), "--notice-interval-s", "0.1", "--threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "workers.rollout",
+        "--queue",
+        str(tmp_path / "queue.db"),
+        "--store",
+        str(rollout_store.root),
+        "--commit-every",
+        "100",
+        "--step-delay-s",
+        "0.3",
+        "--preemption-notice",
+        "aws",
+        "--notice-url",
+        _url(metadata, "aws"),
+        "--notice-interval-s",
+        "0.1",
+        "--threads",
+        "1",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with ProcessLines(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       env=env)) as worker:
+    with ProcessLines(
+        subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    ) as worker:
         worker.wait_for_json(lambda e: e["event"] == "step", timeout_s=120, what="the first step")
         metadata.preempted = True
         rest, err = worker.finish(timeout_s=60)
     assert worker.proc.returncode == 0, err
     events = [json.loads(line) for line in rest]
-    assert [e["event"] for e in events if e["event"] in ("notice", "preempted", "exit")] == ["notice", "preempted", "exit"]
+    assert [e["event"] for e in events if e["event"] in ("notice", "preempted", "exit")] == [
+        "notice",
+        "preempted",
+        "exit",
+    ]
     preempted = next(e for e in events if e["event"] == "preempted")
     assert preempted["committed_step"] == preempted["step"] >= 1
     assert queue.states(["r0"]) == {"r0": "pending"}  # given back for another worker
 
 
-@pytest.mark.parametrize("info,cloud", [('{"cloud": "AWS", "region": "us-east-1"}', "aws"), ('{"cloud": "GCP"}', "gcp"),
-                                        ('{"cloud": "Azure"}', "off"), (None, "off"), ("not json", "off")])
+@pytest.mark.parametrize(
+    "info,cloud",
+    [
+        ('{"cloud": "AWS", "region": "us-east-1"}', "aws"),
+        ('{"cloud": "GCP"}', "gcp"),
+        ('{"cloud": "Azure"}', "off"),
+        (None, "off"),
+        ("not json", "off"),
+    ],
+)
 def test_auto_follows_the_cloud_skypilot_launched_the_vm_on(info, cloud) -> None:
     from workers.rollout.preemption_notice import skypilot_cloud
 

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from resources.keys import rollout_state_key
 from resources.queue.records import Request
+from tests.fuzz.fuzzing import FUZZ
 from workers.algo.sampler import SamplerConfig
 from workers.model.families.policy import load_model_policy
 from workers.model.families.tiny import build_tiny_pipeline
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request
 from workers.rollout.weights import PolicyHolder, publish_policy
-from tests.fuzz.fuzzing import FUZZ
 
 SAMPLER = SamplerConfig(num_steps=2, forward_dtype="fp32")
 PROMPT = "two red circles"
@@ -44,12 +44,16 @@ def _publish(store, run: str, path, **fields) -> None:
 
 
 def test_a_request_at_another_resolution_and_guidance_equals_a_run_whose_spec_has_them(tmp_store, qwen_path):
-    _publish(tmp_store, "demo", qwen_path, resolution=32)                     # the run samples at 32 by default
-    _publish(tmp_store, "demo64", qwen_path, resolution=64, guidance=3.0)     # same weights, other defaults
+    _publish(tmp_store, "demo", qwen_path, resolution=32)  # the run samples at 32 by default
+    _publish(tmp_store, "demo64", qwen_path, resolution=64, guidance=3.0)  # same weights, other defaults
     holder = PolicyHolder(tmp_store)
     base = _work(tmp_store, "r32", RolloutSpec("demo", PROMPT, 3, 0, SAMPLER, "jpeg_compressibility"), holder)
-    asked = _work(tmp_store, "r64", RolloutSpec("demo", PROMPT, 3, 0, SAMPLER, "jpeg_compressibility",
-                                                resolution=64, guidance=3.0), holder)  # the same worker serves both
+    asked = _work(
+        tmp_store,
+        "r64",
+        RolloutSpec("demo", PROMPT, 3, 0, SAMPLER, "jpeg_compressibility", resolution=64, guidance=3.0),
+        holder,
+    )  # the same worker serves both
     native = _work(tmp_store, "n64", RolloutSpec("demo64", PROMPT, 3, 0, SAMPLER, "jpeg_compressibility"))
     # Tiny Qwen-Image: VAE factor 4, 2x2 packing, 4 latent channels -> (side/8)^2 tokens of 16.
     shapes = {o.request_id: tuple(tmp_store.load_tensors(o.result_key)["latents"].shape) for o in (base, asked)}
@@ -62,8 +66,10 @@ def test_a_request_at_another_resolution_and_guidance_equals_a_run_whose_spec_ha
 
 def test_guidance_changes_the_sample(tmp_store, qwen_path):
     _publish(tmp_store, "demo", qwen_path, resolution=32)
-    one, four = (_work(tmp_store, f"g{g}", RolloutSpec("demo", PROMPT, 3, 0, SAMPLER, "jpeg_compressibility",
-                                                       guidance=g)) for g in (1.0, 4.0))
+    one, four = (
+        _work(tmp_store, f"g{g}", RolloutSpec("demo", PROMPT, 3, 0, SAMPLER, "jpeg_compressibility", guidance=g))
+        for g in (1.0, 4.0)
+    )
     assert one.result_hash != four.result_hash
 
 
@@ -74,8 +80,15 @@ def test_a_resolution_the_family_cannot_pack_is_refused_before_sampling(tmp_stor
     spec = RolloutSpec("demo", PROMPT, 3, 0, SAMPLER, "jpeg_compressibility", resolution=resolution)
     request = Request.from_dict(rollout_request("bad", 0, spec))
     with pytest.raises(ValueError, match=rf"resolution {resolution} must be a multiple of 8 for qwen-image"):
-        work_request(request, 1, tmp_store, PolicyHolder(tmp_store), worker_id="w", commit_every=1,
-                     hooks=StepHooks(report=lambda event, **fields: reports.append(event)))
+        work_request(
+            request,
+            1,
+            tmp_store,
+            PolicyHolder(tmp_store),
+            worker_id="w",
+            commit_every=1,
+            hooks=StepHooks(report=lambda event, **fields: reports.append(event)),
+        )
     assert reports == [] and tmp_store.list_keys(rollout_state_key("demo", "bad") + "/") == []
 
 
@@ -96,8 +109,15 @@ def test_a_request_at_the_runs_defaults_keeps_its_payload_and_fingerprint():
 
 
 GOOD = RolloutSpec("demo", PROMPT, 3, 0, SAMPLER).to_payload()
-values = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6)
-          | st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+values = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.lists(st.integers(), max_size=2)
+    | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+)
 
 
 @FUZZ

@@ -54,8 +54,22 @@ def _serve(queue_url: str, store) -> list[dict]:
     from workers.rollout.worker import build_parser
 
     events: list[dict] = []
-    args = build_parser().parse_args(["--queue", queue_url, "--store", str(store.url), "--worker-id", "w0",
-                                      "--max-idle-s", "1", "--poll-s", "0.05", "--threads", "1"])
+    args = build_parser().parse_args(
+        [
+            "--queue",
+            queue_url,
+            "--store",
+            str(store.url),
+            "--worker-id",
+            "w0",
+            "--max-idle-s",
+            "1",
+            "--poll-s",
+            "0.05",
+            "--threads",
+            "1",
+        ]
+    )
     args.instance_type = "local-cpu"
     with open_queue(queue_url) as queue:
         WorkerLoop(queue, store, args, threading.Event(), lambda event, **f: events.append({"event": event, **f})).run()
@@ -63,7 +77,8 @@ def _serve(queue_url: str, store) -> list[dict]:
 
 
 def test_a_request_naming_a_url_the_run_does_not_name_is_refused_and_nothing_is_posted(
-        rollout_store, listener, tmp_path, monkeypatch) -> None:
+    rollout_store, listener, tmp_path, monkeypatch
+) -> None:
     url, hits = listener
     monkeypatch.setenv("SPOTLIGHT_REWARD_TOKEN", "worker-token-Zx1")
     rollout_store.put_bytes(run_rewards_key("demo"), json.dumps(["minigeneval", "minigeneval_strict"]).encode())
@@ -86,7 +101,7 @@ def test_the_runs_own_rewards_are_scored_and_a_url_needs_the_runs_list(rollout_s
         check_run_reward(rollout_store, "demo", "jpeg_compressibility")
     # A store without the run's list: registry names only, never a URL.
     check_run_reward(tmp_store, "other", "minigeneval")
-    for reward in ("http://evil:80", "multi:{\"rewards\": {\"a\": \"https://evil\"}, \"weights\": {\"a\": 1}}"):
+    for reward in ("http://evil:80", 'multi:{"rewards": {"a": "https://evil"}, "weights": {"a": 1}}'):
         with pytest.raises(ValueError, match="names a remote reward"):
             check_run_reward(tmp_store, "other", reward)
 

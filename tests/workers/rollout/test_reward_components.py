@@ -15,8 +15,14 @@ from resources.keys import rollout_key
 from resources.ledger import Ledger
 from resources.queue import open_queue
 from workers.algo.sampler import SamplerConfig
-from workers.coordinator.rollout import iteration_requests, load_batch, load_results, publish_batch, queue_batches, \
-    request_records
+from workers.coordinator.rollout import (
+    iteration_requests,
+    load_batch,
+    load_results,
+    publish_batch,
+    queue_batches,
+    request_records,
+)
 from workers.explore.seed_plan import default_seed_plan
 from workers.rollout.state import rollout_request
 from workers.trainer.grpo_trainer import GRPOTrainer
@@ -29,9 +35,13 @@ PARTS = ("jpeg_compressibility", "minigeneval")
 
 def _config(reward: str, seeds_per_request: int = 2):
     """Two prompts of two samples, each prompt's group one batched request: the queue path at its smallest."""
-    return dataclasses.replace(get_preset("cpu_smoke"), reward=reward, group_size=2,
-                               seeds_per_request=seeds_per_request,
-                               sampler=SamplerConfig(num_steps=3, sde_window=(0, 2), forward_dtype="fp32"))
+    return dataclasses.replace(
+        get_preset("cpu_smoke"),
+        reward=reward,
+        group_size=2,
+        seeds_per_request=seeds_per_request,
+        sampler=SamplerConfig(num_steps=3, sde_window=(0, 2), forward_dtype="fp32"),
+    )
 
 
 def _serve(queue_url: str, store) -> list[dict]:
@@ -41,8 +51,22 @@ def _serve(queue_url: str, store) -> list[dict]:
     from workers.rollout.worker import build_parser
 
     events: list[dict] = []
-    args = build_parser().parse_args(["--queue", queue_url, "--store", str(store.url), "--worker-id", "w0",
-                                      "--max-idle-s", "1", "--poll-s", "0.05", "--threads", "1"])
+    args = build_parser().parse_args(
+        [
+            "--queue",
+            queue_url,
+            "--store",
+            str(store.url),
+            "--worker-id",
+            "w0",
+            "--max-idle-s",
+            "1",
+            "--poll-s",
+            "0.05",
+            "--threads",
+            "1",
+        ]
+    )
     args.instance_type = "local-cpu"
     with open_queue(queue_url) as queue:
         WorkerLoop(queue, store, args, threading.Event(), lambda event, **f: events.append({"event": event, **f})).run()
@@ -50,14 +74,19 @@ def _serve(queue_url: str, store) -> list[dict]:
 
 
 def _enqueue(queue_url: str, config, iteration: int = 0):
-    requests = iteration_requests(config, "demo", iteration, weights_version=0, plan=default_seed_plan(config, iteration))
+    requests = iteration_requests(
+        config, "demo", iteration, weights_version=0, plan=default_seed_plan(config, iteration)
+    )
     with open_queue(queue_url) as queue:
-        queue.put([rollout_request(rid, iteration, spec) for rid, spec in queue_batches(requests, config.seeds_per_request)])
+        queue.put(
+            [rollout_request(rid, iteration, spec) for rid, spec in queue_batches(requests, config.seeds_per_request)]
+        )
     return requests
 
 
 def test_a_queue_worker_commits_each_component_and_the_train_stats_and_the_ledger_show_them(
-        rollout_store, tiny_policy, tmp_path) -> None:
+    rollout_store, tiny_policy, tmp_path
+) -> None:
     config, queue_url = _config(MULTI), str(tmp_path / "queue.db")
     requests = _enqueue(queue_url, config)
     _serve(queue_url, rollout_store)
@@ -65,7 +94,7 @@ def test_a_queue_worker_commits_each_component_and_the_train_stats_and_the_ledge
     results = load_results(rollout_store, "demo", 0, requests)
     parts = [m["reward_components"] for _, m in results]
     assert all(sorted(p) == list(PARTS) for p in parts)
-    for (_, meta), p in zip(results, parts):  # the reward trained on is the weighted total of the committed parts
+    for (_, meta), p in zip(results, parts, strict=False):  # the reward trained on is the weighted total of the committed parts
         assert meta["reward"] == pytest.approx(1.0 * p["minigeneval"] + 0.01 * p["jpeg_compressibility"])
 
     stats = GRPOTrainer(tiny_policy, config).batch_stats(load_batch(rollout_store, "demo", config, 0, requests))
@@ -74,8 +103,10 @@ def test_a_queue_worker_commits_each_component_and_the_train_stats_and_the_ledge
 
     ledger = Ledger.in_memory()
     ledger.record_requests(request_records(requests, results, 0))
-    rows = ledger.query("SELECT component, mean, num_requests FROM reward_components "
-                        "WHERE iteration = 0 AND kind = 'rollout' ORDER BY component").as_dicts()
+    rows = ledger.query(
+        "SELECT component, mean, num_requests FROM reward_components "
+        "WHERE iteration = 0 AND kind = 'rollout' ORDER BY component"
+    ).as_dicts()
     assert [r["component"] for r in rows] == list(PARTS) and {r["num_requests"] for r in rows} == {len(requests)}
     assert {r["component"]: r["mean"] for r in rows} == pytest.approx(means)
 

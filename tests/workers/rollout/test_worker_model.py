@@ -53,8 +53,16 @@ def test_the_model_folder_is_checked_at_start(tmp_path):
 
 
 def test_a_worker_whose_node_lacks_the_weights_exits_2_before_opening_anything(tmp_path, capsys):
-    code = main(["--queue", str(tmp_path / "queue.db"), "--store", str(tmp_path / "store"),
-                 "--model", str(tmp_path / "models" / "qwen")])
+    code = main(
+        [
+            "--queue",
+            str(tmp_path / "queue.db"),
+            "--store",
+            str(tmp_path / "store"),
+            "--model",
+            str(tmp_path / "models" / "qwen"),
+        ]
+    )
     assert code == 2 and "no diffusers pipeline on this node" in capsys.readouterr().err
     assert not (tmp_path / "queue.db").exists()
 
@@ -66,15 +74,28 @@ def test_an_anchor_of_another_model_is_refused_before_anything_loads():
         _check_model({"family": "qwen-image", "path": "/models/a"}, "demo", "/models/b")
 
 
-def test_a_worker_for_another_model_gives_the_request_back_and_stops(rollout_store, tmp_path, capsys,
-                                                                    keep_signal_handlers):
+def test_a_worker_for_another_model_gives_the_request_back_and_stops(
+    rollout_store, tmp_path, capsys, keep_signal_handlers
+):
     queue_url = str(tmp_path / "queue.db")
     with open_queue(queue_url) as queue:
         queue.put([rollout_request("r0", 0, SPEC)])
     with pytest.raises(ModelMismatchError, match="trains the pixel policy"):
         PolicyHolder(rollout_store, model="/models/qwen").policy_at("demo", 0)
-    code = main(["--queue", queue_url, "--store", str(rollout_store.url), "--worker-id", "w0", "--max-idle-s", "5",
-                 "--model", str(_pipeline_folder(tmp_path / "models" / "qwen"))])
+    code = main(
+        [
+            "--queue",
+            queue_url,
+            "--store",
+            str(rollout_store.url),
+            "--worker-id",
+            "w0",
+            "--max-idle-s",
+            "5",
+            "--model",
+            str(_pipeline_folder(tmp_path / "models" / "qwen")),
+        ]
+    )
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 2 and events[-1]["reason"] == "misconfigured"
     assert [e["event"] for e in events].count("failed") == 1  # one request given back, not every delivery burnt

@@ -28,8 +28,20 @@ def real_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("reality")
     config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     save_policy(build_policy(config, seed=0).eval(), root / "tiny")  # the tiny_policy fixture's policy
-    cmd = [str(Path(sys.executable).parent / "spotlight"), "run", "--run-dir", str(root / "real"), "--preset", "cpu_tiny",
-           "--iterations", "2", "--checkpoint", str(root / "tiny"), "--preemptions-per-hour", "240"]
+    cmd = [
+        str(Path(sys.executable).parent / "spotlight"),
+        "run",
+        "--run-dir",
+        str(root / "real"),
+        "--preset",
+        "cpu_tiny",
+        "--iterations",
+        "2",
+        "--checkpoint",
+        str(root / "tiny"),
+        "--preemptions-per-hour",
+        "240",
+    ]
     done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr
     return root / "real" / "ledger.duckdb"
@@ -41,12 +53,20 @@ def replayed(real: Path, out: Path, slower_steps: float = 1.0) -> tuple[dict, li
     from workers.sim.measure import compare, per_iteration, replay_inputs
 
     replay = replay_inputs(real)
-    iterations = [dataclasses.replace(i, step_s=None if i.step_s is None else i.step_s * slower_steps)
-                  for i in replay.setup.iterations]
+    iterations = [
+        dataclasses.replace(i, step_s=None if i.step_s is None else i.step_s * slower_steps)
+        for i in replay.setup.iterations
+    ]
     times = dataclasses.replace(replay.times, step_s=replay.times.step_s * slower_steps)
-    result = simulate(replay.config, times, replay.market, replay.curve,
-                      setup=dataclasses.replace(replay.setup, iterations=iterations), out_dir=out)
-    return compare(real, result.ledger_path), list(zip(per_iteration(real), per_iteration(result.ledger_path)))
+    result = simulate(
+        replay.config,
+        times,
+        replay.market,
+        replay.curve,
+        setup=dataclasses.replace(replay.setup, iterations=iterations),
+        out_dir=out,
+    )
+    return compare(real, result.ledger_path), list(zip(per_iteration(real), per_iteration(result.ledger_path), strict=False))
 
 
 def test_simulated_run_matches_a_real_run_with_preemptions_within_15_percent(real_run, tmp_path):

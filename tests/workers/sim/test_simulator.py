@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from resources.ledger.db import query_ledger
 from resources.cluster.preemption import PreemptionEvent
+from resources.ledger.db import query_ledger
 from workers.sim.config import SimConfig, get_policy
 from workers.sim.engine import simulate
 from workers.sim.inputs import default_curve, model_preset
@@ -14,18 +14,36 @@ from workers.sim.market import Market, parse_market
 
 
 def small(policy: str, **kw) -> SimConfig:
-    return SimConfig(get_policy(policy), num_spot_gpus=4, num_trainer_gpus=2, gpus_per_node=2, iterations=3,
-                     prompts_per_iteration=4, group_size=4, validate_every=1, **kw)
+    return SimConfig(
+        get_policy(policy),
+        num_spot_gpus=4,
+        num_trainer_gpus=2,
+        gpus_per_node=2,
+        iterations=3,
+        prompts_per_iteration=4,
+        group_size=4,
+        validate_every=1,
+        **kw,
+    )
 
 
 def test_simulated_ledger_answers_the_same_views_as_a_real_one(tmp_path):
-    result = simulate(small("spotlight"), model_preset("qwen-image-20b"), parse_market("renewal:0.02"), default_curve(),
-                      out_dir=tmp_path)
+    result = simulate(
+        small("spotlight"),
+        model_preset("qwen-image-20b"),
+        parse_market("renewal:0.02"),
+        default_curve(),
+        out_dir=tmp_path,
+    )
     db = tmp_path / "ledger.duckdb"
     costs = query_ledger(db, "SELECT iteration, usd_spot > 0, usd_reserved > 0 FROM cost_per_iteration ORDER BY 1").rows
     assert costs == [(k, True, True) for k in range(4)]
     assert query_ledger(db, "SELECT count(*) FROM validation_curve").rows == [(4,)]
-    assert query_ledger(db, "SELECT sum(preemptions) FROM preemption_summary").rows[0][0] == result.metrics["preemptions"] > 0
+    assert (
+        query_ledger(db, "SELECT sum(preemptions) FROM preemption_summary").rows[0][0]
+        == result.metrics["preemptions"]
+        > 0
+    )
     explored = query_ledger(db, "SELECT count(*) FROM exploration WHERE arm <> 'none'").rows[0][0]
     assert 1 <= explored <= 3  # the real bandit chose an arm whenever one fitted the predicted training time
 
@@ -47,12 +65,15 @@ def test_reserved_only_baseline_is_never_preempted_and_pays_on_demand():
     assert m["usd_total"] > spot["usd_total"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--market", "sometimes"], "is not one of"),
-    (["--spot-gpus", "8,x"], "comma-separated integers"),
-    (["--policies", "roll,magic"], "unknown ['magic']"),
-    (["--model", "sdxl"], "unknown --model"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--market", "sometimes"], "is not one of"),
+        (["--spot-gpus", "8,x"], "comma-separated integers"),
+        (["--policies", "roll,magic"], "unknown ['magic']"),
+        (["--model", "sdxl"], "unknown --model"),
+    ],
+)
 def test_simulate_refuses_bad_input_with_one_line_saying_what_to_fix(args, message):
     from pipelines.cli import app
 
@@ -65,13 +86,25 @@ def test_summary_sets_spotlight_beside_the_best_baseline_of_each_seed_with_its_s
     from workers.sim.summary import against_paper, summary_markdown
 
     def row(policy, n, seed, usd, hours, samples):
-        return {"policy": policy, "spot_gpus": n, "seed": seed, "usd_total": usd, "wall_h": 1.0, "hours_to_target": hours,
-                "preemptions": 0, "rollout_gpu_utilisation": 0.5, "rollout_samples_per_s": samples,
-                "samples_per_hour": samples}
+        return {
+            "policy": policy,
+            "spot_gpus": n,
+            "seed": seed,
+            "usd_total": usd,
+            "wall_h": 1.0,
+            "hours_to_target": hours,
+            "preemptions": 0,
+            "rollout_gpu_utilisation": 0.5,
+            "rollout_samples_per_s": samples,
+            "samples_per_hour": samples,
+        }
 
-    rows = [row(p, n, seed, usd * (1 + seed), hours, samples * n)
-            for n in (8, 64) for seed in (0, 1)
-            for p, usd, hours, samples in (("roll", 10, 2.0, 1.0), ("naive_spot", 6, None, 1.0), ("spotlight", 3, 1.0, 0.5))]
+    rows = [
+        row(p, n, seed, usd * (1 + seed), hours, samples * n)
+        for n in (8, 64)
+        for seed in (0, 1)
+        for p, usd, hours, samples in (("roll", 10, 2.0, 1.0), ("naive_spot", 6, None, 1.0), ("spotlight", 3, 1.0, 0.5))
+    ]
     paper = against_paper(rows)
     assert paper["cost_ratio"][8] == {"mean": 2.0, "min": 2.0, "max": 2.0, "n": 2}  # 6 / 3: naive spot is the cheaper
     assert paper["target_ratio"][64]["mean"] == 2.0  # naive spot never reached the target: roll's 2 h against 1 h
@@ -86,10 +119,18 @@ def _bench_record(path, explore_slope: float) -> None:
     from workers.bench.exploration_summary import summarize_learning
 
     versions = [0, 5, 10, 15]
-    runs = [{"strategy": s, "seed": seed, "wall_s": 60.0, "exploration": [],
-             "curve": [{"version": v, "score": 0.3 + slope * v + 0.001 * seed} for v in versions],
-             "iterations": [{"iteration": 1, "reward_std": 0.2, "zero_std_ratio": 0.0}]}
-            for seed in range(3) for s, slope in (("random", 0.004), ("explore", explore_slope), ("wider_draw", 0.005))]
+    runs = [
+        {
+            "strategy": s,
+            "seed": seed,
+            "wall_s": 60.0,
+            "exploration": [],
+            "curve": [{"version": v, "score": 0.3 + slope * v + 0.001 * seed} for v in versions],
+            "iterations": [{"iteration": 1, "reward_std": 0.2, "zero_std_ratio": 0.0}],
+        }
+        for seed in range(3)
+        for s, slope in (("random", 0.004), ("explore", explore_slope), ("wider_draw", 0.005))
+    ]
     learning = summarize_learning(runs, 0.3, (0.04,), resamples=50)
     path.write_text(json.dumps({"target_gain": 0.04, "learning": learning}))
 
@@ -98,8 +139,22 @@ def test_a_bench_record_gives_the_learning_curve_and_the_measured_exploration_sp
     from pipelines.cli import app
 
     _bench_record(tmp_path / "bench.json", explore_slope=0.008)  # exploration reaches +0.04 in half the iterations
-    args = ["simulate", "--spot-gpus", "4", "--policies", "spotlight", "--iterations", "4", "--market", "none",
-            "--target", "0.33", "--curve", str(tmp_path / "bench.json"), "--json"]
+    args = [
+        "simulate",
+        "--spot-gpus",
+        "4",
+        "--policies",
+        "spotlight",
+        "--iterations",
+        "4",
+        "--market",
+        "none",
+        "--target",
+        "0.33",
+        "--curve",
+        str(tmp_path / "bench.json"),
+        "--json",
+    ]
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     summary = [line for line in done.output.splitlines() if '"summary"' in line][0]

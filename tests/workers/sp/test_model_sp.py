@@ -50,7 +50,9 @@ def test_sd3_is_refused_above_degree_one_with_the_reason(tmp_path):
     from workers.model.families.tiny import build_tiny_pipeline
 
     sd3 = load_model_policy(build_tiny_pipeline("sd3", tmp_path / "sd3"), resolution=32)
-    with pytest.raises(ValueError, match="SD3Transformer2DModel has no context-parallel plan .* serve it at SP degree 1"):
+    with pytest.raises(
+        ValueError, match="SD3Transformer2DModel has no context-parallel plan .* serve it at SP degree 1"
+    ):
         sp_view(sd3, 2)
     assert sp_degrees(sd3, 4, [PROMPT]) == [1]
 

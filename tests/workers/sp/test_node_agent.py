@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from resources.keys import anchor_key
-from workers.sp.node_agent import AgentConfig, NodeAgent, SPRequest
-from workers.model.policy import PolicyConfig, build_policy
 from workers.algo.sampler import SamplerConfig, rollout
+from workers.model.policy import PolicyConfig, build_policy
+from workers.sp.node_agent import AgentConfig, NodeAgent, SPRequest
 
 SP_ATOL = 1e-5
 TINY = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
@@ -36,6 +36,7 @@ def _kill_at(agent: NodeAgent, request_id: str, step: int, victim: str):
     def on_dispatch(rid: str, at_step: int) -> None:
         if rid == request_id and at_step == step and victim in agent.workers:
             agent.kill(victim)
+
     return on_dispatch
 
 
@@ -120,8 +121,12 @@ def test_the_20b_projection_adds_the_measured_fixed_costs_to_the_assumed_transfe
     from workers.bench.projection import project_20b
 
     def figures(elastic_rdv: float, naive_rdv: float, start: float) -> dict:
-        return project_20b({"elastic": {"join": {"rendezvous_s": elastic_rdv, "process_start_s": 99.0}},
-                            "naive": {"join": {"rendezvous_s": naive_rdv, "process_start_s": start}}})
+        return project_20b(
+            {
+                "elastic": {"join": {"rendezvous_s": elastic_rdv, "process_start_s": 99.0}},
+                "naive": {"join": {"rendezvous_s": naive_rdv, "process_start_s": start}},
+            }
+        )
 
     base = figures(0.1, 0.2, 10.0)
     assert base["label"].startswith("PROJECTION") and "NCCL" in base["excluded"]

@@ -38,8 +38,14 @@ def test_a_node_explores_one_request_per_member_between_rollouts_at_degree_two(t
     events = []
     with open_queue(tmp_path / "queue.db") as queue, NodeAgent(AgentConfig(store_url=sp.url)) as agent:
         agent.spawn(2)
-        server = RequestServer(agent, queue, sp, lambda event, **f: events.append({"event": event, **f}),
-                               ServeConfig("n0", degree=2), threading.Event())
+        server = RequestServer(
+            agent,
+            queue,
+            sp,
+            lambda event, **f: events.append({"event": event, **f}),
+            ServeConfig("n0", degree=2),
+            threading.Event(),
+        )
         for batch in ([run.requests[0], *explores], [again]):
             queue.put(batch)
             leases = [queue.claim("n0", 60.0) for _ in batch]

@@ -24,9 +24,9 @@ import torch
 from resources.keys import rollout_state_key
 from resources.queue.records import Request
 from resources.store.local import LocalTensorStore
-from workers.rollout.state import RolloutSpec
 from tests.paths import REPO_ROOT
 from tests.workers.sp.tiny_run import RUN, rollout_worker_results, tiny_run
+from workers.rollout.state import RolloutSpec
 
 SP_ATOL = 1e-5
 
@@ -43,12 +43,14 @@ def test_a_group_of_one_commits_what_the_rollout_worker_commits_bit_for_bit(tmp_
         (wid,) = agent.spawn(1)
         agent.form(1)
         channel = GroupChannel([agent.workers[wid]])
-        got = work_request(Request.from_dict(run.requests[0]), 1, sp, GroupHolder(channel), worker_id="node/w0",
-                           commit_every=2)
+        got = work_request(
+            Request.from_dict(run.requests[0]), 1, sp, GroupHolder(channel), worker_id="node/w0", commit_every=2
+        )
         loaded = channel.call({"op": "status"})["loaded"]
         with pytest.raises(ValueError, match="resolution 36 must be a multiple of 8"):  # the member's error, typed
-            GroupHolder(channel).policy_for(dataclasses.replace(RolloutSpec.from_payload(run.requests[0]["payload"]),
-                                                                resolution=36))
+            GroupHolder(channel).policy_for(
+                dataclasses.replace(RolloutSpec.from_payload(run.requests[0]["payload"]), resolution=36)
+            )
     assert got.status == "done" and got.result_key == want
     assert got.result_hash == ref.read_manifest(want).metadata["result_hash"]
     assert loaded == ["vae"], "the member read the prompt embeddings from the store: no text encoder"
@@ -66,8 +68,9 @@ def test_a_node_started_for_another_model_gives_the_request_back_and_stops(tmp_p
     config = AgentConfig(store_url=sp.url, model=str(tmp_path / "another-model"))
     with open_queue(tmp_path / "queue.db") as queue, NodeAgent(config) as agent:
         agent.spawn(1)
-        server = RequestServer(agent, queue, sp, lambda event, **f: events.append({"event": event, **f}),
-                               ServeConfig("n0"), stop)
+        server = RequestServer(
+            agent, queue, sp, lambda event, **f: events.append({"event": event, **f}), ServeConfig("n0"), stop
+        )
         queue.put(run.requests)
         server.serve([queue.claim("n0", 60.0)])
         assert queue.stats().pending == 1 and not _of(events, "acked")
@@ -123,9 +126,11 @@ def test_a_sigterm_to_the_nodes_process_group_commits_in_flight_state_and_exits_
 
 def _kill_at(victim: str, after: tuple[str, str]):
     """SIGKILL worker `victim` when the event `after` = (event, request id) appears."""
+
     def act(event, pids, proc):
         if (event["event"], event.get("request_id")) == after:
             os.kill(pids[victim], signal.SIGKILL)
+
     return act
 
 
@@ -137,10 +142,33 @@ def _serve(tmp_path: Path, act, *flags: str) -> tuple[int, list[dict]]:
     assert REPO_ROOT not in elsewhere.resolve().parents
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"
-    args = [sys.executable, "-m", "workers.sp", "--queue", str(tmp_path / "queue.db"), "--store", str(tmp_path / "sp"),
-            "--workers", "2", "--max-idle-s", "2", "--node-id", "n0", "--step-delay-s", "0.5", *flags]
-    proc = subprocess.Popen(args, cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    args = [
+        sys.executable,
+        "-m",
+        "workers.sp",
+        "--queue",
+        str(tmp_path / "queue.db"),
+        "--store",
+        str(tmp_path / "sp"),
+        "--workers",
+        "2",
+        "--max-idle-s",
+        "2",
+        "--node-id",
+        "n0",
+        "--step-delay-s",
+        "0.5",
+        *flags,
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=elsewhere,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     guard = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))  # a hang fails before pytest-timeout
     guard.start()
     events, pids = [], {}

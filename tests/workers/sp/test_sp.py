@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from workers.model.policy import PolicyConfig, build_policy
 from workers.algo.sampler import SamplerConfig, rollout
+from workers.model.policy import PolicyConfig, build_policy
 from workers.sp.ulysses import SequenceParallelPolicy, allowed_degrees, check_sp_degree, pad_text
 
 SP_ATOL = 1e-5
@@ -30,7 +30,9 @@ def _rank_main(rank: int, port: int, out) -> None:
     from workers.sp.ulysses import join_group, leave_group
 
     policy = build_policy(TINY, seed=0).eval()
-    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=torch.distributed.constants.default_pg_timeout)
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=torch.distributed.constants.default_pg_timeout
+    )
     results = {}
     for gen in ("gen0", "gen1"):
         join_group(policy, store, gen, rank, 2)
@@ -79,14 +81,14 @@ def test_sp_degree_2_rollout_matches_single_process(sp_results, single):
 @pytest.mark.slow  # spawns two processes (~30 s here); tests/workers/sp/test_node_agent.py covers SP = single process fast
 def test_every_rank_holds_the_same_state(sp_results):
     for gen in ("gen0", "gen1"):
-        for a, b in zip(sp_results[0][gen], sp_results[1][gen]):
+        for a, b in zip(sp_results[0][gen], sp_results[1][gen], strict=False):
             assert np.array_equal(a, b)
 
 
 @pytest.mark.slow  # spawns two processes (~30 s here); tests/workers/sp/test_node_agent.py covers SP = single process fast
 def test_reformed_group_at_same_degree_is_bit_identical(sp_results):
     for rank in (0, 1):
-        for a, b in zip(sp_results[rank]["gen0"], sp_results[rank]["gen1"]):
+        for a, b in zip(sp_results[rank]["gen0"], sp_results[rank]["gen1"], strict=False):
             assert np.array_equal(a, b)
 
 

@@ -3,8 +3,14 @@
 import numpy as np
 import pytest
 
-from workers.task.image_stats import (colour_entropy, compressed_bytes, diversity, edge_density, image_statistics,
-                                      saturation)
+from workers.task.image_stats import (
+    colour_entropy,
+    compressed_bytes,
+    diversity,
+    edge_density,
+    image_statistics,
+    saturation,
+)
 from workers.task.prompts import parse_prompt
 from workers.task.render import render_scene
 from workers.task.rewards import jpeg_compressibility

@@ -25,24 +25,35 @@ def test_a_text_file_gives_one_prompt_a_line_without_blanks_or_comments(tmp_path
 
 
 def test_json_lines_hand_each_prompts_other_fields_to_the_reward(tmp_path):
-    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "a sign that says OPEN", "reference": "OPEN"},
-                                         {"prompt": "two cats", "tags": ["counting"], "count": 2}])
+    path = _jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"prompt": "a sign that says OPEN", "reference": "OPEN"},
+            {"prompt": "two cats", "tags": ["counting"], "count": 2},
+        ],
+    )
     source = PromptSource.from_file(path)
     assert prompt_fields(source, "a sign that says OPEN") == {"reference": "OPEN"}
     assert prompt_fields(source, "two cats") == {"tags": ["counting"], "count": 2}
 
 
-@pytest.mark.parametrize("content,message", [
-    ("", "holds no prompt"),
-    ("# only a comment\n\n", "holds no prompt"),
-    ('{"prompt": "ok"}\n{"text": "no prompt column"}\n', "line 2 has no 'prompt' field"),
-    ('{"prompt": "ok"}\n\n{"prompt": "ok", \n', "line 3 is not JSON"),
-    ('{"prompt": "ok"}\n{"prompt": 7}\n', "line 2: 'prompt' is int"),
-    ('{"prompt": "ok"}\n{"prompt": "  "}\n', "line 2: the prompt is empty"),
-    ('{"prompt": "ok", "a": 1}\n{"prompt": "ok", "a": 2}\n', "line 2 repeats the prompt of line 1 with other fields"),
-    ('["a list"]\n', "line 1 is not a JSON object"),
-    ('{"prompt": "%s"}\n' % ("x" * 10_001), "line 1: the prompt has 10001 characters"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("", "holds no prompt"),
+        ("# only a comment\n\n", "holds no prompt"),
+        ('{"prompt": "ok"}\n{"text": "no prompt column"}\n', "line 2 has no 'prompt' field"),
+        ('{"prompt": "ok"}\n\n{"prompt": "ok", \n', "line 3 is not JSON"),
+        ('{"prompt": "ok"}\n{"prompt": 7}\n', "line 2: 'prompt' is int"),
+        ('{"prompt": "ok"}\n{"prompt": "  "}\n', "line 2: the prompt is empty"),
+        (
+            '{"prompt": "ok", "a": 1}\n{"prompt": "ok", "a": 2}\n',
+            "line 2 repeats the prompt of line 1 with other fields",
+        ),
+        ('["a list"]\n', "line 1 is not a JSON object"),
+        ('{"prompt": "%s"}\n' % ("x" * 10_001), "line 1: the prompt has 10001 characters"),
+    ],
+)
 def test_a_bad_prompts_file_is_refused_with_its_line_number(tmp_path, content, message):
     (tmp_path / "p.jsonl").write_text(content)
     with pytest.raises(ValueError, match=message):
@@ -125,6 +136,7 @@ def test_a_train_config_draws_from_its_prompts_file_and_rewards_get_the_fields(t
     totals, _ = score_with_components(reward_with_fields, np.zeros((len(prompts), 8, 8, 3), np.uint8), prompts, fields)
     assert totals.tolist() == [PROMPTS.index(p) for p in prompts]
     # a reward without a `fields` keyword is called as it always was
-    plain, _ = score_with_components(lambda images, prompts: np.ones(len(prompts)), np.zeros((2, 8, 8, 3), np.uint8),
-                                     prompts[:2], fields[:2])
+    plain, _ = score_with_components(
+        lambda images, prompts: np.ones(len(prompts)), np.zeros((2, 8, 8, 3), np.uint8), prompts[:2], fields[:2]
+    )
     assert plain.tolist() == [1.0, 1.0]

@@ -1,6 +1,14 @@
 import pytest
 
-from workers.task.prompts import HELDOUT_CATEGORIES, PromptError, all_specs, parse_prompt, prompt_text, split_prompts, tokenize
+from workers.task.prompts import (
+    HELDOUT_CATEGORIES,
+    PromptError,
+    all_specs,
+    parse_prompt,
+    prompt_text,
+    split_prompts,
+    tokenize,
+)
 
 
 def test_every_grammar_prompt_round_trips_through_the_parser():
@@ -8,18 +16,29 @@ def test_every_grammar_prompt_round_trips_through_the_parser():
         assert parse_prompt(prompt_text(spec)) == spec
 
 
-@pytest.mark.parametrize("prompt,word", [
-    ("a red dog", "dog"), ("two orange circles", "orange"), ("a red circle next to a blue square", "next"),
-])
+@pytest.mark.parametrize(
+    "prompt,word",
+    [
+        ("a red dog", "dog"),
+        ("two orange circles", "orange"),
+        ("a red circle next to a blue square", "next"),
+    ],
+)
 def test_words_outside_the_grammar_raise_an_error_naming_them(prompt, word):
     with pytest.raises(ValueError, match=word):
         parse_prompt(prompt)
 
 
-@pytest.mark.parametrize("prompt,problem", [
-    ("two red circle", "plural"), ("a red circles", "singular"), ("a red circle and a red square", "different colours"),
-    ("three red circles and one blue square", "at most 3"), ("two red circles on the left", "single object"),
-])
+@pytest.mark.parametrize(
+    "prompt,problem",
+    [
+        ("two red circle", "plural"),
+        ("a red circles", "singular"),
+        ("a red circle and a red square", "different colours"),
+        ("three red circles and one blue square", "at most 3"),
+        ("two red circles on the left", "single object"),
+    ],
+)
 def test_malformed_prompts_say_what_is_wrong(prompt, problem):
     with pytest.raises(PromptError, match=problem):
         parse_prompt(prompt)

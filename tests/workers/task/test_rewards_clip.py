@@ -21,9 +21,16 @@ def _tokenizer(max_length: int):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(
-        single="<|startoftext|> $A <|endoftext|>", special_tokens=[("<|startoftext|>", 2), ("<|endoftext|>", 3)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
-                                   bos_token="<|startoftext|>", eos_token="<|endoftext|>", model_max_length=max_length)
+        single="<|startoftext|> $A <|endoftext|>", special_tokens=[("<|startoftext|>", 2), ("<|endoftext|>", 3)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        model_max_length=max_length,
+    )
 
 
 def save_tiny_clip(folder: Path) -> Path:
@@ -32,11 +39,25 @@ def save_tiny_clip(folder: Path) -> Path:
     from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
 
     torch.manual_seed(0)
-    text = {"vocab_size": len(WORDS) + 4, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "max_position_embeddings": 16, "pad_token_id": 0, "bos_token_id": 2,
-            "eos_token_id": 3}
-    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "image_size": 32, "patch_size": 8}
+    text = {
+        "vocab_size": len(WORDS) + 4,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 16,
+        "pad_token_id": 0,
+        "bos_token_id": 2,
+        "eos_token_id": 3,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 32,
+        "patch_size": 8,
+    }
     CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)).save_pretrained(folder)
     _tokenizer(16).save_pretrained(folder)
     CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)

@@ -52,16 +52,19 @@ def test_the_json_form_names_components_whose_specs_hold_commas(two_rewards):
     np.testing.assert_allclose(total, 2 * get_reward("big")(IMAGES, PROMPTS) + get_reward("small")(IMAGES, PROMPTS))
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("minigeneval", "write SPEC=WEIGHT"),
-    ("minigeneval=high", "must be a number"),
-    ("minigeneval=nan", "finite"),
-    ("minigeneval=1,minigeneval=2", "unique"),
-    ("minigeneval=1,normalize=rank", "normalize must be one of"),
-    ('{"weights": {"a": 1}, "extra": 2}', "unexpected keys: \\['extra'\\]"),
-    ('{"weights": {"a": 1}, "rewards": {"b": "minigeneval"}}', "have no weight"),
-    ('{"weights": [1]', "does not parse"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("minigeneval", "write SPEC=WEIGHT"),
+        ("minigeneval=high", "must be a number"),
+        ("minigeneval=nan", "finite"),
+        ("minigeneval=1,minigeneval=2", "unique"),
+        ("minigeneval=1,normalize=rank", "normalize must be one of"),
+        ('{"weights": {"a": 1}, "extra": 2}', "unexpected keys: \\['extra'\\]"),
+        ('{"weights": {"a": 1}, "rewards": {"b": "minigeneval"}}', "have no weight"),
+        ('{"weights": [1]', "does not parse"),
+    ],
+)
 def test_malformed_multi_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
         parse_multi_spec(spec)
@@ -76,8 +79,13 @@ def test_the_trainer_reports_each_component_mean(tiny_policy):
     from workers.algo.sampler import SamplerConfig
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 
-    config = TrainConfig(prompts_per_iteration=2, group_size=2, rollouts_per_prompt=3, sampler=SamplerConfig(num_steps=2),
-                         reward="multi:minigeneval=1.0,jpeg_compressibility=0.1")
+    config = TrainConfig(
+        prompts_per_iteration=2,
+        group_size=2,
+        rollouts_per_prompt=3,
+        sampler=SamplerConfig(num_steps=2),
+        reward="multi:minigeneval=1.0,jpeg_compressibility=0.1",
+    )
     trainer = GRPOTrainer(tiny_policy, config)
     batch = trainer.collect(0)
     stats = trainer.batch_stats(batch)
@@ -85,5 +93,6 @@ def test_the_trainer_reports_each_component_mean(tiny_policy):
     assert len(parts["jpeg_compressibility"]) == 6 and batch.rewards.shape == (4,)  # drawn 3 per prompt, kept 2
     assert stats["reward/minigeneval"] == pytest.approx(float(parts["minigeneval"].mean()))
     assert stats["reward/jpeg_compressibility"] == pytest.approx(float(parts["jpeg_compressibility"].mean()))
-    assert stats["reward_mean"] == pytest.approx(stats["reward/minigeneval"] + 0.1 * stats["reward/jpeg_compressibility"],
-                                                 rel=1e-5)
+    assert stats["reward_mean"] == pytest.approx(
+        stats["reward/minigeneval"] + 0.1 * stats["reward/jpeg_compressibility"], rel=1e-5
+    )

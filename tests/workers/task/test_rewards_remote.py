@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 
 from workers.task.rewards import get_reward
-from workers.task.rewards_remote import (RemoteRewardError, decode_png, decode_request, encode_png, encode_request,
-                                         parse_remote_spec)
+from workers.task.rewards_remote import (
+    RemoteRewardError,
+    decode_png,
+    decode_request,
+    encode_png,
+    encode_request,
+    parse_remote_spec,
+)
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (3, 12, 10, 3), dtype=np.uint8)
 
@@ -26,6 +32,7 @@ def _free_port() -> int:
 
 def _fake_server(answer):
     """A server answering every POST with answer(n_images) -> (status, bytes); yields its URL."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
             n = len(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["images"])
@@ -50,14 +57,19 @@ def test_png_round_trip_is_bitwise_exact():
     assert prompts == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("body, message", [
-    (b"not json", "not JSON"),
-    (json.dumps({"prompts": ["a"]}).encode(), "must be"),
-    (json.dumps({"prompts": ["a", "b"], "images": ["x"]}).encode(), "one prompt per image"),
-    (json.dumps({"prompts": ["a"], "images": ["aGVsbG8="]}).encode(), "not a base64 PNG"),
-    (json.dumps({"prompts": ["a", "b"], "images": [encode_png(IMAGES[0]), encode_png(IMAGES[0, :5])]}).encode(),
-     "share a size"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"not json", "not JSON"),
+        (json.dumps({"prompts": ["a"]}).encode(), "must be"),
+        (json.dumps({"prompts": ["a", "b"], "images": ["x"]}).encode(), "one prompt per image"),
+        (json.dumps({"prompts": ["a"], "images": ["aGVsbG8="]}).encode(), "not a base64 PNG"),
+        (
+            json.dumps({"prompts": ["a", "b"], "images": [encode_png(IMAGES[0]), encode_png(IMAGES[0, :5])]}).encode(),
+            "share a size",
+        ),
+    ],
+)
 def test_a_malformed_request_is_refused_with_a_reason(body, message):
     with pytest.raises(ValueError, match=message):
         decode_request(body, max_images=8)
@@ -66,9 +78,13 @@ def test_a_malformed_request_is_refused_with_a_reason(body, message):
 def test_spec_options_parse_and_bad_ones_are_refused():
     config = parse_remote_spec("http://node:8200/?timeout_s=2.5&retries=0&max_images=4")
     assert (config.url, config.timeout_s, config.retries, config.max_images) == ("http://node:8200", 2.5, 0, 4)
-    for spec, message in [("ftp://node:1", "http"), ("http://node:1?retries=x", "not an integer"),
-                          ("http://node:1?max_images=0", "max_images >= 1"), ("http://node:1?colour=red", "choose from"),
-                          ("http://me:secret@node:1", "must not hold credentials")]:
+    for spec, message in [
+        ("ftp://node:1", "http"),
+        ("http://node:1?retries=x", "not an integer"),
+        ("http://node:1?max_images=0", "max_images >= 1"),
+        ("http://node:1?colour=red", "choose from"),
+        ("http://me:secret@node:1", "must not hold credentials"),
+    ]:
         with pytest.raises(ValueError, match=message) as err:
             get_reward(spec)
         assert "secret" not in str(err.value)
@@ -85,9 +101,11 @@ def test_no_server_fails_clearly_after_the_retries():
 
 def test_answers_of_the_wrong_length_or_not_finite_are_refused_without_retries():
     calls = []
-    for body, message in [(lambda n: {"rewards": [1.0] * (n - 1)}, "answered 2 rewards for 3 images"),
-                          (lambda n: {"rewards": ["1"] * n}, "non-numeric"),
-                          (lambda n: {"rewards": [float("nan")] * n}, "non-finite")]:
+    for body, message in [
+        (lambda n: {"rewards": [1.0] * (n - 1)}, "answered 2 rewards for 3 images"),
+        (lambda n: {"rewards": ["1"] * n}, "non-numeric"),
+        (lambda n: {"rewards": [float("nan")] * n}, "non-finite"),
+    ]:
         server, url = _fake_server(lambda n, body=body: (calls.append(n) or 200, json.dumps(body(n)).encode()))
         with pytest.raises(RemoteRewardError, match=message):
             get_reward(f"{url}?retries=3&backoff_s=0")(IMAGES, ["a"] * 3)

@@ -9,8 +9,13 @@ from workers.algo.sampler import SamplerConfig
 from workers.task.evaluate import evaluate_reward
 from workers.task.prompts import parse_prompt, split_prompts
 from workers.task.rewards import get_reward
-from workers.task.validation import (DETECTOR_REWARD, ValidationConfig, read_prompts_file, resolve_validation,
-                                     validation_from_options)
+from workers.task.validation import (
+    DETECTOR_REWARD,
+    ValidationConfig,
+    read_prompts_file,
+    resolve_validation,
+    validation_from_options,
+)
 
 ZSCORED = "multi:minigeneval=1,jpeg_compressibility=0.01,normalize=zscore"
 
@@ -32,11 +37,14 @@ def test_a_prompts_file_holds_one_prompt_a_line_with_comments_and_blank_lines(tm
     assert config.prompts == read_prompts_file(path) and config.reward == "jpeg_compressibility"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "holds no prompt"),
-    ("# only a comment\n", "holds no prompt"),
-    ("a red circle\na red circle\n", "prompt 2 repeats prompt 1"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "holds no prompt"),
+        ("# only a comment\n", "holds no prompt"),
+        ("a red circle\na red circle\n", "prompt 2 repeats prompt 1"),
+    ],
+)
 def test_a_prompts_file_that_cannot_be_used_is_refused_with_the_reason(tmp_path, text, message):
     path = tmp_path / "heldout.txt"
     path.write_text(text)

@@ -45,9 +45,14 @@ def test_decoding_in_chunks_gives_the_one_shot_images_and_the_vae_never_sees_mor
 
 
 def _trainer(folder, **fields):
-    config = TrainConfig(prompts_per_iteration=2, group_size=4, reward="jpeg_compressibility",
-                         sampler=SamplerConfig(num_steps=3, noise_level=0.7, forward_dtype="fp32"),
-                         grpo=GRPOConfig(num_minibatches=1, lr=1e-3, clip_range=10.0), **fields)
+    config = TrainConfig(
+        prompts_per_iteration=2,
+        group_size=4,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=3, noise_level=0.7, forward_dtype="fp32"),
+        grpo=GRPOConfig(num_minibatches=1, lr=1e-3, clip_range=10.0),
+        **fields,
+    )
     return GRPOTrainer(load_model_policy(folder, resolution=32, lora_rank=4), config)
 
 
@@ -74,10 +79,13 @@ def test_micro_parts_cover_the_part_once_with_shares_summing_to_its_share():
 def test_micro_batches_take_the_whole_minibatchs_step(qwen_folder, objective):
     """Gradient accumulation over micro-batches of 3 (of a minibatch of 8) leaves the weights where one forward
     and backward over the minibatch leaves them, and reports the same loss."""
+
     def run(micro_batch):
         trainer = _trainer(qwen_folder, micro_batch=micro_batch)
-        trainer.config = dataclasses.replace(trainer.config, grpo=dataclasses.replace(
-            trainer.config.grpo, objective=objective, num_minibatches=1, kl_beta=0.0))
+        trainer.config = dataclasses.replace(
+            trainer.config,
+            grpo=dataclasses.replace(trainer.config.grpo, objective=objective, num_minibatches=1, kl_beta=0.0),
+        )
         if objective == "nft":
             trainer = GRPOTrainer(trainer.policy, trainer.config)
         batch = trainer.collect(0)

@@ -49,10 +49,13 @@ CASES = {
 
 
 def _config(case: Case) -> TrainConfig:
-    return TrainConfig(prompts_per_iteration=case.prompts, group_size=case.group_size, reward="jpeg_compressibility",
-                       sampler=SamplerConfig(num_steps=3, forward_dtype="fp32"),
-                       grpo=GRPOConfig(objective=case.objective, lr=1e-3, clip_range=10.0, num_minibatches=2,
-                                       kl_beta=case.kl_beta))
+    return TrainConfig(
+        prompts_per_iteration=case.prompts,
+        group_size=case.group_size,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=3, forward_dtype="fp32"),
+        grpo=GRPOConfig(objective=case.objective, lr=1e-3, clip_range=10.0, num_minibatches=2, kl_beta=case.kl_beta),
+    )
 
 
 def _policy(case: Case, pipeline: Path):
@@ -102,8 +105,9 @@ def updates(tmp_path_factory):
         torch.save({"initial": initial, "batch": batch}, work / f"{name}.pt")
         single[name] = (initial, {"stats": trainer.update(batch), "weights": full_weights(policy)})
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, str(work / "init"), str(work)), daemon=True)
-             for r in range(WORLD_SIZE)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, str(work / "init"), str(work)), daemon=True) for r in range(WORLD_SIZE)
+    ]
     for p in procs:
         p.start()
     try:
@@ -141,8 +145,9 @@ def test_every_rank_reports_the_same_stats(updates):
     for _, _, ranks in updates.values():
         first, *rest = ranks
         for other in rest:
-            assert {k: other["stats"][k] for k in STAT_KEYS if k in first["stats"]} == \
-                   {k: first["stats"][k] for k in STAT_KEYS if k in first["stats"]}
+            assert {k: other["stats"][k] for k in STAT_KEYS if k in first["stats"]} == {
+                k: first["stats"][k] for k in STAT_KEYS if k in first["stats"]
+            }
 
 
 def test_ranks_take_contiguous_parts_whose_shares_sum_to_one():
@@ -192,9 +197,13 @@ def test_gradient_checkpointing_recomputes_blocks_and_leaves_the_update_unchange
 
     from workers.model.families.policy import load_model_policy
 
-    config = TrainConfig(prompts_per_iteration=2, group_size=2, reward="jpeg_compressibility",
-                         sampler=SamplerConfig(num_steps=2, forward_dtype="bf16"),
-                         grpo=GRPOConfig(objective=objective, lr=1e-3, clip_range=10.0, num_minibatches=1))
+    config = TrainConfig(
+        prompts_per_iteration=2,
+        group_size=2,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=2, forward_dtype="bf16"),
+        grpo=GRPOConfig(objective=objective, lr=1e-3, clip_range=10.0, num_minibatches=1),
+    )
     plain = load_model_policy(qwen_pipeline, resolution=32, lora_rank=0)
     checkpointed = copy.deepcopy(plain)
     enable_gradient_checkpointing(checkpointed)

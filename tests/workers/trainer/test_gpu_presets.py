@@ -29,7 +29,13 @@ def test_gpu_presets_carry_flow_grpos_published_settings(name):
     # docs/MODELS.md: 10 steps, clip 1e-4, advantage clip 5, KL beta 0.04, LoRA at lr 3e-4, bf16 forward.
     assert config.sampler.num_steps == 10 and config.sampler.forward_dtype == "bf16"
     grpo = config.grpo
-    assert (grpo.objective, grpo.clip_range, grpo.adv_clip, grpo.kl_beta, grpo.lr) == ("flow_grpo", 1e-4, 5.0, 0.04, 3e-4)
+    assert (grpo.objective, grpo.clip_range, grpo.adv_clip, grpo.kl_beta, grpo.lr) == (
+        "flow_grpo",
+        1e-4,
+        5.0,
+        0.04,
+        3e-4,
+    )
     assert grpo.kl_form == "flow_grpo"  # beta 0.04 weighs what it weighed in flow_grpo (docs/MODELS.md, the KL term)
     assert config.reward == NO_REWARD and config.prompts_per_iteration == 16  # a run names its own (--reward)
     assert (config.rollout_batch, config.micro_batch, checkpointing_by_default(name)) == (8, 8, True)  # memory
@@ -64,8 +70,16 @@ def test_a_run_on_a_pipeline_of_the_presets_family_loads_with_its_model_defaults
     resource = RunConfigResource(run="gpu", preset=name, model=folder, reward=reward)  # validates folder and geometry
     assert resource.model_spec_fields() == MODEL_DEFAULTS[name]
     assert resource.train_config() == dataclasses.replace(get_preset(name), reward=reward)
-    overridden = RunConfigResource(run="gpu", preset=name, model=folder, reward=reward, lora_rank=8, resolution=256,
-                                   guidance=2.0)
-    assert overridden.model_spec_fields() == {**MODEL_DEFAULTS[name], "lora_rank": 8, "resolution": 256, "guidance": 2.0}
+    overridden = RunConfigResource(
+        run="gpu", preset=name, model=folder, reward=reward, lora_rank=8, resolution=256, guidance=2.0
+    )
+    assert overridden.model_spec_fields() == {
+        **MODEL_DEFAULTS[name],
+        "lora_rank": 8,
+        "resolution": 256,
+        "guidance": 2.0,
+    }
     with pytest.raises(ValueError, match="resolution 513 must be a multiple of"):
-        RunConfigResource(run="gpu", preset=name, model=folder, reward=reward, resolution=513)  # not a multiple of the VAE x packing stride
+        RunConfigResource(
+            run="gpu", preset=name, model=folder, reward=reward, resolution=513
+        )  # not a multiple of the VAE x packing stride

@@ -24,10 +24,13 @@ def qwen_pipeline(tmp_path_factory):
 
 def _config(objective: str) -> TrainConfig:
     # Two epochs: the second runs on weights that left v_old and the reference, so a wrong one shows.
-    return TrainConfig(prompts_per_iteration=2, group_size=2, reward="jpeg_compressibility",
-                       sampler=SamplerConfig(num_steps=2, forward_dtype="fp32"),
-                       grpo=GRPOConfig(objective=objective, lr=1e-2, clip_range=10.0, num_minibatches=1, num_epochs=2,
-                                       kl_beta=0.5))
+    return TrainConfig(
+        prompts_per_iteration=2,
+        group_size=2,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=2, forward_dtype="fp32"),
+        grpo=GRPOConfig(objective=objective, lr=1e-2, clip_range=10.0, num_minibatches=1, num_epochs=2, kl_beta=0.5),
+    )
 
 
 def _lora_policy(path):
@@ -50,7 +53,7 @@ def test_adapter_swaps_update_a_lora_exactly_as_frozen_copies_do(qwen_pipeline, 
     (swapped_stats, swapped_weights), (copied_stats, copied_weights) = map(_train_two_iterations, (swapped, copied))
     assert max(float(w.abs().max()) for k, w in swapped_weights.items() if "lora_B" in k) > 1e-3, "the LoRA never moved"
     assert all(s["kl"] > 0 for s in swapped_stats[1:]), "the KL term must be live for the comparison to mean anything"
-    for mine, theirs in zip(swapped_stats, copied_stats):
+    for mine, theirs in zip(swapped_stats, copied_stats, strict=False):
         assert {k: mine[k] for k in ("loss", "kl", "grad_norm")} == {k: theirs[k] for k in ("loss", "kl", "grad_norm")}
     torch.testing.assert_close(swapped_weights, copied_weights, atol=0, rtol=0)
 
@@ -60,20 +63,23 @@ def _base_tensors(policy) -> set[int]:
     return {p.data_ptr() for name, p in policy.transformer.named_parameters() if ".lora_" not in name}
 
 
-def test_under_lora_the_trainer_holds_one_base_transformer_and_checkpoints_only_the_trained_adapter(qwen_pipeline,
-                                                                                                   tmp_path):
+def test_under_lora_the_trainer_holds_one_base_transformer_and_checkpoints_only_the_trained_adapter(
+    qwen_pipeline, tmp_path
+):
     policy = _lora_policy(qwen_pipeline)
     trainer = GRPOTrainer(policy, _config("nft"))  # NFT with a KL term: v_old and a reference
     assert isinstance(trainer.sampling_policy, AdapterView) and isinstance(trainer.reference, AdapterView)
     assert len(policy.trainable_parameters()) == len(policy.weights()), "freezing the views froze the policy"
     held = [_base_tensors(p) for p in (trainer.policy, trainer.sampling_policy, trainer.reference)]
     assert held[0] == held[1] == held[2] and len(held[0]) > 0  # one base, three policies
-    adapters = {name.split(".lora_")[1].split(".")[1] for name, _ in policy.transformer.named_parameters()
-                if ".lora_" in name}
+    adapters = {
+        name.split(".lora_")[1].split(".")[1] for name, _ in policy.transformer.named_parameters() if ".lora_" in name
+    }
     assert adapters == {"default", "v_old"}
     assert all(".default." in k for k in policy.weights())  # checkpoints and PULSE carry the trained adapter only
-    assert {id(p) for p in trainer.optimizer.param_groups[0]["params"]} == \
-           {id(p) for n, p in policy.transformer.named_parameters() if ".default." in n}
+    assert {id(p) for p in trainer.optimizer.param_groups[0]["params"]} == {
+        id(p) for n, p in policy.transformer.named_parameters() if ".default." in n
+    }
     save_model_policy(policy, tmp_path / "saved")
     from safetensors.torch import load_file
 

@@ -36,9 +36,28 @@ def test_spotlight_train_loads_the_base_transformer_once_over_three_iterations(t
 
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
     loads.clear()
-    done = CliRunner().invoke(app, ["train", "--model", str(model), "--preset", "cpu_smoke", "--iterations", "3",
-                                    "--resolution", "32", "--lora-rank", "4", "--reward", "jpeg_compressibility",
-                                    "--out", str(tmp_path / "run"), "--json"], catch_exceptions=False)
+    done = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(model),
+            "--preset",
+            "cpu_smoke",
+            "--iterations",
+            "3",
+            "--resolution",
+            "32",
+            "--lora-rank",
+            "4",
+            "--reward",
+            "jpeg_compressibility",
+            "--out",
+            str(tmp_path / "run"),
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     assert done.exit_code == 0, done.output[-3000:]
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["iteration"] for r in records] == [0, 1, 2, 3]
@@ -87,9 +106,28 @@ def test_spotlight_run_walks_three_iterations_of_dagster_assets_on_one_build(tmp
 
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
     loads.clear()
-    done = CliRunner().invoke(app, ["run", "--model", str(model), "--preset", "cpu_smoke", "--iterations", "3",
-                                    "--resolution", "32", "--lora-rank", "4", "--reward", "jpeg_compressibility",
-                                    "--rollouts", "inprocess", "--run-dir", str(tmp_path / "run")],
-                              catch_exceptions=False)
+    done = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--model",
+            str(model),
+            "--preset",
+            "cpu_smoke",
+            "--iterations",
+            "3",
+            "--resolution",
+            "32",
+            "--lora-rank",
+            "4",
+            "--reward",
+            "jpeg_compressibility",
+            "--rollouts",
+            "inprocess",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        catch_exceptions=False,
+    )
     assert done.exit_code == 0, done.output[-3000:]
     assert [c for c in loads if c[1] == "transformer"] == [("QwenImageTransformer2DModel", "transformer")], loads

@@ -12,8 +12,13 @@ from workers.trainer.step_guard import NonFiniteGradientError
 
 
 def _trainer(policy, num_minibatches: int, **kwargs) -> GRPOTrainer:
-    config = TrainConfig(prompts_per_iteration=2, group_size=4, reward="jpeg_compressibility",
-                         sampler=SamplerConfig(num_steps=4), grpo=GRPOConfig(lr=1e-3, num_minibatches=num_minibatches))
+    config = TrainConfig(
+        prompts_per_iteration=2,
+        group_size=4,
+        reward="jpeg_compressibility",
+        sampler=SamplerConfig(num_steps=4),
+        grpo=GRPOConfig(lr=1e-3, num_minibatches=num_minibatches),
+    )
     return GRPOTrainer(policy, config, **kwargs)
 
 

@@ -69,8 +69,8 @@ def pad_stack(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Ten
     out = rows[0].new_zeros((len(rows), length, rows[0].shape[1]))
     mask = torch.zeros((len(rows), length), dtype=torch.bool)
     for i, r in enumerate(rows):
-        out[i, :r.shape[0]] = r
-        mask[i, :r.shape[0]] = True
+        out[i, : r.shape[0]] = r
+        mask[i, : r.shape[0]] = True
     return out.to(device), mask.to(device)
 
 
@@ -95,8 +95,9 @@ class Family(ABC):
 
         cls = getattr(diffusers, self.transformer_class)
         quiet_loading()
-        return cls.from_pretrained(spec.path, subfolder="transformer", torch_dtype=dtype, local_files_only=True,
-                                   low_cpu_mem_usage=False)
+        return cls.from_pretrained(
+            spec.path, subfolder="transformer", torch_dtype=dtype, local_files_only=True, low_cpu_mem_usage=False
+        )
 
     def load_text_pipeline(self, spec: ModelSpec, dtype: torch.dtype):
         """The pipeline with its text encoder(s) and tokenizer(s) only (no transformer, no VAE): what encodes prompts."""
@@ -129,8 +130,10 @@ class Family(ABC):
         factor = self.vae_scale_factor(spec)
         stride = factor * (2 if self.packed else int(read_config(spec.path, "transformer").get("patch_size", 1)))
         if spec.resolution % stride:
-            raise ValueError(f"resolution {spec.resolution} must be a multiple of {stride} for {self.name} "
-                             f"(the VAE's factor {factor} times the transformer's 2x2 patches)")
+            raise ValueError(
+                f"resolution {spec.resolution} must be a multiple of {stride} for {self.name} "
+                f"(the VAE's factor {factor} times the transformer's 2x2 patches)"
+            )
         h = w = spec.resolution // factor
         c = self.latent_channels(spec)
         shape = ((h // 2) * (w // 2), 4 * c) if self.packed else (c, h, w)
@@ -142,8 +145,9 @@ class Family(ABC):
         the family's pipeline walks, set the way it sets them (`pipeline_passes_sigmas`)."""
         from diffusers import FlowMatchEulerDiscreteScheduler
 
-        scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(spec.path, subfolder="scheduler",
-                                                                    local_files_only=True)
+        scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(
+            spec.path, subfolder="scheduler", local_files_only=True
+        )
         kwargs = {}
         if scheduler.config.get("use_dynamic_shifting", False):
             kwargs["mu"] = dynamic_shift_mu(scheduler.config, (geometry.latent_h // 2) * (geometry.latent_w // 2))
@@ -188,4 +192,3 @@ def dynamic_shift_mu(config, image_seq_len: int) -> float:
     base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
     m = (max_shift - base_shift) / (max_len - base_len)
     return image_seq_len * m + base_shift - m * base_len
-

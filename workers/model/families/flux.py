@@ -13,9 +13,20 @@ class Flux(Family):
     pipeline_class = "FluxPipeline"
     transformer_class = "FluxTransformer2DModel"
     text_encoder_names = ("text_encoder", "text_encoder_2")
-    lora_targets = ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
-                    "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-                    "ff_context.net.2")
+    lora_targets = (
+        "attn.to_k",
+        "attn.to_q",
+        "attn.to_v",
+        "attn.to_out.0",
+        "attn.add_k_proj",
+        "attn.add_q_proj",
+        "attn.add_v_proj",
+        "attn.to_add_out",
+        "ff.net.0.proj",
+        "ff.net.2",
+        "ff_context.net.0.proj",
+        "ff_context.net.2",
+    )
     uses_true_cfg = False
     embedding_names = ("prompt_embeds", "pooled")
 
@@ -23,13 +34,16 @@ class Flux(Family):
         return 2 ** (len(read_config(spec.path, "vae")["block_out_channels"]) - 1)
 
     def encode(self, pipe, prompts, spec, device):
-        embeds, pooled, _ = pipe.encode_prompt(prompt=prompts, prompt_2=None, device=device,
-                                               max_sequence_length=spec.max_sequence_length)
-        return [{"prompt_embeds": e.float(), "pooled": p.float()} for e, p in zip(embeds, pooled)]
+        embeds, pooled, _ = pipe.encode_prompt(
+            prompt=prompts, prompt_2=None, device=device, max_sequence_length=spec.max_sequence_length
+        )
+        return [{"prompt_embeds": e.float(), "pooled": p.float()} for e, p in zip(embeds, pooled, strict=False)]
 
     def collate(self, items, device):
-        return {"encoder_hidden_states": torch.stack([i["prompt_embeds"] for i in items]).to(device),
-                "pooled_projections": torch.stack([i["pooled"] for i in items]).to(device)}
+        return {
+            "encoder_hidden_states": torch.stack([i["prompt_embeds"] for i in items]).to(device),
+            "pooled_projections": torch.stack([i["pooled"] for i in items]).to(device),
+        }
 
     def forward(self, transformer, x, sigma_N, cond, geometry: Geometry, spec):
         n, h, w = x.shape[0], geometry.latent_h // 2, geometry.latent_w // 2

@@ -41,13 +41,15 @@ def add_lora(transformer: nn.Module, spec, targets: tuple[str, ...]) -> None:
     from peft import LoraConfig
 
     transformer.requires_grad_(False)
-    present = {name.rsplit(".", 1)[-1] for name, _ in transformer.named_modules()} | \
-              {name for name, _ in transformer.named_modules()}
+    present = {name.rsplit(".", 1)[-1] for name, _ in transformer.named_modules()} | {
+        name for name, _ in transformer.named_modules()
+    }
     found = [t for t in targets if any(n == t or n.endswith("." + t) for n in present)]
     if not found:
         raise ValueError(f"none of the LoRA target modules {targets} exist in this transformer")
-    config = LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha or spec.lora_rank, init_lora_weights=True,
-                        target_modules=found)
+    config = LoraConfig(
+        r=spec.lora_rank, lora_alpha=spec.lora_alpha or spec.lora_rank, init_lora_weights=True, target_modules=found
+    )
     with torch.random.fork_rng(devices=[]):  # on the CPU, where the folder's transformer loads
         torch.manual_seed(LORA_INIT_SEED)  # peft draws lora_A at random: the same adapter in every process and run
         transformer.add_adapter(config, adapter_name=TRAINED_ADAPTER)
@@ -91,7 +93,9 @@ def copy_adapter(transformer: nn.Module, source: str, target: str) -> None:
         result = set_peft_model_state_dict(transformer, weights, adapter_name=target)
     missing = [k for k in result.missing_keys if adapter_of(k) == target]
     if missing:
-        raise RuntimeError(f"adapter {target!r} did not take {len(missing)} of {source!r}'s tensors, e.g. {missing[:2]}")
+        raise RuntimeError(
+            f"adapter {target!r} did not take {len(missing)} of {source!r}'s tensors, e.g. {missing[:2]}"
+        )
 
 
 @contextmanager

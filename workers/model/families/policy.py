@@ -90,8 +90,10 @@ class FrozenParts:
             self.prompt_cache.update(self.prompt_source.read(needed, self.spec))
             needed = [p for p in needed if p not in self.prompt_cache]
         if needed and self.text_encoders_dropped:
-            raise RuntimeError(f"prompts {needed[:3]} are not cached and the text encoders were dropped; "
-                               "encode every prompt before drop_text_encoders()")
+            raise RuntimeError(
+                f"prompts {needed[:3]} are not cached and the text encoders were dropped; "
+                "encode every prompt before drop_text_encoders()"
+            )
         with torch.no_grad():
             for prompt in needed:
                 (encoded,) = self.family.encode(self.text_pipe, [prompt], self.spec, self.device)
@@ -147,8 +149,11 @@ class DiffusersPolicy(nn.Module):
         not a multiple of the family's latent stride (VAE factor x patch size)."""
         import dataclasses
 
-        changes = {name: value for name, value in (("resolution", resolution), ("guidance", guidance))
-                   if value is not None and value != getattr(self.model_spec, name)}
+        changes = {
+            name: value
+            for name, value in (("resolution", resolution), ("guidance", guidance))
+            if value is not None and value != getattr(self.model_spec, name)
+        }
         if not changes:
             return self
         spec = dataclasses.replace(self.model_spec, **changes)
@@ -210,7 +215,7 @@ class DiffusersPolicy(nn.Module):
         vae_dtype = next(vae.parameters()).dtype
         chunks = []
         for start in range(0, latents.shape[0], batch_size):
-            part = latents[start:start + batch_size].to(self.frozen.device, vae_dtype)
+            part = latents[start : start + batch_size].to(self.frozen.device, vae_dtype)
             chunks.append(self.family.decode(vae, part, self.geometry).float().clamp(-1, 1).cpu())
         return torch.cat(chunks) if chunks else latents.new_zeros((0, 3, self.geometry.height, self.geometry.width))
 
@@ -248,8 +253,10 @@ class DiffusersPolicy(nn.Module):
         expected = set(self.weights())
         if set(tensors) != expected:
             missing, extra = sorted(expected - set(tensors))[:3], sorted(set(tensors) - expected)[:3]
-            raise ValueError(f"weights do not match this {self.model_spec.family} policy "
-                             f"(missing {missing}, unexpected {extra}): were they saved with another --lora-rank?")
+            raise ValueError(
+                f"weights do not match this {self.model_spec.family} policy "
+                f"(missing {missing}, unexpected {extra}): were they saved with another --lora-rank?"
+            )
         self.transformer.load_state_dict(tensors, strict=not self.is_lora)
 
     def trainable_parameters(self):
@@ -306,5 +313,6 @@ def save_lora_folder(policy: DiffusersPolicy, folder: Path) -> None:
     config = transformer.peft_config[TRAINED_ADAPTER].to_dict()
     metadata = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}  # JSON has no sets
     pipeline_class = getattr(diffusers, policy.family.pipeline_class)
-    pipeline_class.save_lora_weights(folder, transformer_lora_layers=layers,
-                                     transformer_lora_adapter_metadata=metadata, safe_serialization=True)
+    pipeline_class.save_lora_weights(
+        folder, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata, safe_serialization=True
+    )

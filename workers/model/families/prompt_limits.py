@@ -35,5 +35,7 @@ def check_prompts_fit(source, spec: ModelSpec) -> None:
     for row in source.table().rows:
         count = len(tokenizer(row.text, add_special_tokens=special, truncation=False)["input_ids"])
         if count > limit:
-            raise ValueError(f"--prompts {source.path}: line {row.line}: the prompt has {count} tokens; {spec.family}'s "
-                             f"text encoder takes {limit} (max_sequence_length), so it would be cut: shorten it")
+            raise ValueError(
+                f"--prompts {source.path}: line {row.line}: the prompt has {count} tokens; {spec.family}'s "
+                f"text encoder takes {limit} (max_sequence_length), so it would be cut: shorten it"
+            )

@@ -53,7 +53,9 @@ class PromptCacheOutcome:
     """Seconds spent loading the text encoder(s) and encoding (0 when nothing was missing)."""
 
 
-def publish_prompt_embeddings(store: TensorStore, run: str, spec: ModelSpec, prompts: Iterable[str]) -> PromptCacheOutcome:
+def publish_prompt_embeddings(
+    store: TensorStore, run: str, spec: ModelSpec, prompts: Iterable[str]
+) -> PromptCacheOutcome:
     """Encode every prompt the store lacks (text encoders load only if one is missing) and commit each."""
     from workers.model.families.policy import shared_frozen_parts
 
@@ -114,17 +116,22 @@ class StorePromptSource:
                 continue
             tensors = self.store.load_tensors(key)
             if set(tensors) != names or any(t.dtype != torch.float32 or t.ndim not in (1, 2) for t in tensors.values()):
-                raise ValueError(f"cached prompt embeddings at {key} hold {sorted(tensors)} "
-                                 f"({[str(t.dtype) for t in tensors.values()]}); a {spec.family} prompt needs FP32 "
-                                 f"{sorted(names)}: delete the commit and let the coordinator write it again")
+                raise ValueError(
+                    f"cached prompt embeddings at {key} hold {sorted(tensors)} "
+                    f"({[str(t.dtype) for t in tensors.values()]}); a {spec.family} prompt needs FP32 "
+                    f"{sorted(names)}: delete the commit and let the coordinator write it again"
+                )
             found[prompt] = tensors
         self.num_read += len(found)
         return found
 
 
 def _matches(meta: dict, prompt: str, spec: ModelSpec) -> bool:
-    return (meta.get("format") == FORMAT and meta.get("prompt") == prompt
-            and all(meta.get(k) == v for k, v in encoder_settings(spec).items()))
+    return (
+        meta.get("format") == FORMAT
+        and meta.get("prompt") == prompt
+        and all(meta.get(k) == v for k, v in encoder_settings(spec).items())
+    )
 
 
 def attach_prompt_store(policy, store: TensorStore, run: str) -> None:

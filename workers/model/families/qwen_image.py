@@ -14,8 +14,20 @@ class QwenImage(Family):
     pipeline_class = "QwenImagePipeline"
     transformer_class = "QwenImageTransformer2DModel"
     # Attention projections of both streams and the MLPs (as DiffSynth-Studio's and flow_grpo's Qwen-Image LoRAs).
-    lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
-                    "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+    lora_targets = (
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+        "img_mlp.net.0.proj",
+        "img_mlp.net.2",
+        "txt_mlp.net.0.proj",
+        "txt_mlp.net.2",
+    )
     negative_prompt = " "  # QwenImagePipeline runs true CFG only with a negative prompt; its examples pass " "
 
     def vae_scale_factor(self, spec: ModelSpec) -> int:
@@ -28,7 +40,7 @@ class QwenImage(Family):
         embeds, mask = pipe._get_qwen_prompt_embeds(prompts, device)  # the pipeline's own template and drop index
         mask = torch.ones(embeds.shape[:2], dtype=torch.bool) if mask is None else mask.bool()
         rows = []
-        for e, m in zip(embeds, mask):
+        for e, m in zip(embeds, mask, strict=False):
             kept = e[m.to(e.device)][: spec.max_sequence_length]
             rows.append({"prompt_embeds": kept.float()})
         return rows

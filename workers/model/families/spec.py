@@ -52,8 +52,10 @@ class ModelSpec:
         if self.sync_mode not in SYNC_MODES:
             raise ValueError(f"sync_mode must be one of {SYNC_MODES}, got {self.sync_mode!r}")
         if self.sync_mode == "merged" and self.lora_rank == 0:
-            raise ValueError("sync_mode 'merged' merges a LoRA into the base: it needs lora_rank > 0 (full "
-                             "fine-tuning ships the whole transformer already)")
+            raise ValueError(
+                "sync_mode 'merged' merges a LoRA into the base: it needs lora_rank > 0 (full "
+                "fine-tuning ships the whole transformer already)"
+            )
 
     def receiver(self) -> "ModelSpec":
         """The policy a rollout worker builds from the PULSE chain: this one, or under sync_mode "merged" the plain

@@ -87,7 +87,7 @@ def encode_sparse(update: SparseUpdate, layout: int, *, round_index: int, replic
     indices = update.indices.numpy()
     gaps = gaps_from_indices(indices)
     width = choose_gap_width(gaps) if gaps.size else 1
-    levels = dict(zip(GAP_STREAMS_BY_WIDTH[width], split_levels(gaps, GAP_ESCAPES_BY_WIDTH[width])))
+    levels = dict(zip(GAP_STREAMS_BY_WIDTH[width], split_levels(gaps, GAP_ESCAPES_BY_WIDTH[width]), strict=False))
     compressor = zstandard.ZstdCompressor(level=level, write_checksum=False)
     frames = []
     for name, dtype, layout_kind in _STREAMS:
@@ -150,7 +150,9 @@ def decode_sparse(payload: bytes, layout: int, numel: int | None = None) -> tupl
     values = _stream(frames[3], *_VALUES, header.count)
     if not np.isfinite(values).all():
         raise PayloadError("payload carries non-finite values (NaN or infinity)")
-    update = SparseUpdate(torch.from_numpy(indices.astype(np.int64)), torch.from_numpy(values.astype(np.float32)), header.numel)
+    update = SparseUpdate(
+        torch.from_numpy(indices.astype(np.int64)), torch.from_numpy(values.astype(np.float32)), header.numel
+    )
     return header, update
 
 
@@ -161,7 +163,9 @@ def decode_dense(payload: bytes, layout: int, numel: int | None = None) -> tuple
         raise PayloadError(f"expected a dense payload, got {header.kind}")
     raw, *rest = _frames(payload)
     if len(raw) != 4 * header.numel or any(rest) or header.count != header.numel:
-        raise PayloadError(f"dense payload holds {len(raw)} bytes (+{sum(map(len, rest))} stray) for {header.numel} FP32 values")
+        raise PayloadError(
+            f"dense payload holds {len(raw)} bytes (+{sum(map(len, rest))} stray) for {header.numel} FP32 values"
+        )
     vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)
     if not np.isfinite(vector).all():
         raise PayloadError("payload carries non-finite values (NaN or infinity)")
@@ -176,8 +180,9 @@ def checksum(head: bytes, body: bytes) -> int:
     return digest.intdigest()
 
 
-def _pack(kind: str, layout: int, numel: int, count: int, round_index: int, replica: int, width: int,
-          frames: list[bytes]) -> bytes:
+def _pack(
+    kind: str, layout: int, numel: int, count: int, round_index: int, replica: int, width: int, frames: list[bytes]
+) -> bytes:
     body = b"".join(frames)
     fields = (MAGIC, FORMAT, KINDS[kind], layout, numel, count, round_index, replica, width, *(len(f) for f in frames))
     head = PREFIX.pack(*fields, 0)[:-8]

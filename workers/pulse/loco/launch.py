@@ -61,12 +61,16 @@ class LocoRunConfig:
         if not 1 <= self.num_replicas <= 64:
             raise ValueError(f"LocoRunConfig.num_replicas must be in [1, 64], got {self.num_replicas}")
         if not 1 <= self.rounds <= 100_000 or not 1 <= self.inner_steps <= 100_000:
-            raise ValueError(f"LocoRunConfig.rounds and inner_steps must be in [1, 100000], got {self.rounds}, {self.inner_steps}")
+            raise ValueError(
+                f"LocoRunConfig.rounds and inner_steps must be in [1, 100000], got {self.rounds}, {self.inner_steps}"
+            )
         if self.transport not in TRANSPORTS:
             raise ValueError(f"LocoRunConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if self.transport == "gloo" and self.exchange.missing_policy != "wait":
-            raise ValueError("LocoRunConfig.exchange.missing_policy must be 'wait' with transport='gloo'; "
-                             "use transport='store' to continue with the survivors")
+            raise ValueError(
+                "LocoRunConfig.exchange.missing_policy must be 'wait' with transport='gloo'; "
+                "use transport='store' to continue with the survivors"
+            )
         if not -7 <= self.zstd_level <= 22:
             raise ValueError(f"LocoRunConfig.zstd_level must be in [-7, 22], got {self.zstd_level}")
         if self.eval_every < 1:
@@ -77,8 +81,15 @@ class LocoRunConfig:
 
     @classmethod
     def from_json(cls, raw: dict) -> "LocoRunConfig":
-        return cls(**{**raw, "modes": tuple(raw["modes"]), "outer": OuterConfig(**raw["outer"]),
-                      "task": TaskConfig(**raw["task"]), "exchange": ExchangeConfig(**raw["exchange"])})
+        return cls(
+            **{
+                **raw,
+                "modes": tuple(raw["modes"]),
+                "outer": OuterConfig(**raw["outer"]),
+                "task": TaskConfig(**raw["task"]),
+                "exchange": ExchangeConfig(**raw["exchange"]),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -95,8 +106,14 @@ class LocoRun:
         return [e for e in self.events if e["event"] == "round" and e["mode"] == mode]
 
 
-def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None = None,
-             die_after: dict[int, int] | None = None, timeout_s: float = 3600.0) -> LocoRun:
+def run_loco(
+    config: LocoRunConfig,
+    out: Path,
+    *,
+    die_at: dict[int, int] | None = None,
+    die_after: dict[int, int] | None = None,
+    timeout_s: float = 3600.0,
+) -> LocoRun:
     """Run every replica as a process and wait for all.
 
     Injected deaths, {replica: round}: `die_at` exits before sending that round's payload,
@@ -106,9 +123,12 @@ def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None 
     out = out.expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    spec = {"config": config.to_json(), "init_method": f"file://{out}/gloo-rendezvous-{time.time_ns()}",
-            "store_url": absolute_url(config.store_url) if config.store_url else str(out / "store"),
-            "prefix": f"loco/{out.name or 'run'}-{time.time_ns()}"}
+    spec = {
+        "config": config.to_json(),
+        "init_method": f"file://{out}/gloo-rendezvous-{time.time_ns()}",
+        "store_url": absolute_url(config.store_url) if config.store_url else str(out / "store"),
+        "prefix": f"loco/{out.name or 'run'}-{time.time_ns()}",
+    }
     if config.task.name == "lm":
         from safetensors.torch import save_file
 
@@ -120,8 +140,16 @@ def run_loco(config: LocoRunConfig, out: Path, *, die_at: dict[int, int] | None 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for replica, report in enumerate(reports):
         report.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "workers.pulse.loco.worker", str(out / "spec.json"),
-                   "--replica", str(replica), "--out", str(report)]
+        command = [
+            sys.executable,
+            "-m",
+            "workers.pulse.loco.worker",
+            str(out / "spec.json"),
+            "--replica",
+            str(replica),
+            "--out",
+            str(report),
+        ]
         if die_at and replica in die_at:
             command += ["--die-at-round", str(die_at[replica])]
         if die_after and replica in die_after:
@@ -163,12 +191,20 @@ def sync_rows(run: LocoRun, mode: str) -> list[dict]:
                 counted.setdefault(int(sender), tally)
         for sender in sorted(counted):
             tally, own = counted[sender], reports.get(sender)
-            rows.append({
-                "round": round_index, "replica": sender, "bytes_sent": tally["bytes"], "values_sent": tally["values"],
-                "numel": numel, "density": tally["values"] / (numel * tally["exchanges"]),
-                "dense_bytes": 4 * numel * tally["exchanges"], "reported": own is not None,
-                "encode_s": own["encode_s"] if own else None, "weights_hash": agreed,
-            })
+            rows.append(
+                {
+                    "round": round_index,
+                    "replica": sender,
+                    "bytes_sent": tally["bytes"],
+                    "values_sent": tally["values"],
+                    "numel": numel,
+                    "density": tally["values"] / (numel * tally["exchanges"]),
+                    "dense_bytes": 4 * numel * tally["exchanges"],
+                    "reported": own is not None,
+                    "encode_s": own["encode_s"] if own else None,
+                    "weights_hash": agreed,
+                }
+            )
     return rows
 
 
@@ -179,11 +215,15 @@ def sync_totals(run: LocoRun, mode: str) -> list[dict]:
         by_round.setdefault(row["round"], []).append(row)
     totals = []
     for round_index, rows in sorted(by_round.items()):
-        totals.append({
-            "round": round_index, "replicas": [r["replica"] for r in rows],
-            "bytes_per_replica": sum(r["bytes_sent"] for r in rows) / len(rows),
-            "density": sum(r["density"] for r in rows) / len(rows),
-            "encode_s": max((r["encode_s"] for r in rows if r["encode_s"] is not None), default=None),
-            "numel": rows[0]["numel"], "weights_hash": rows[0]["weights_hash"],
-        })
+        totals.append(
+            {
+                "round": round_index,
+                "replicas": [r["replica"] for r in rows],
+                "bytes_per_replica": sum(r["bytes_sent"] for r in rows) / len(rows),
+                "density": sum(r["density"] for r in rows) / len(rows),
+                "encode_s": max((r["encode_s"] for r in rows if r["encode_s"] is not None), default=None),
+                "numel": rows[0]["numel"],
+                "weights_hash": rows[0]["weights_hash"],
+            }
+        )
     return totals

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workers.pulse.loco.codec import decode_dense, decode_sparse, encode_dense, encode_sparse, layout_hash
 from workers.pulse.loco.maths import (
     LOCO_MODES,
     OuterConfig,
@@ -30,7 +31,6 @@ from workers.pulse.loco.maths import (
     outer_step,
     unflatten_into,
 )
-from workers.pulse.loco.codec import decode_dense, decode_sparse, encode_dense, encode_sparse, layout_hash
 from workers.pulse.loco.tasks import LocalTask
 from workers.pulse.loco.transport import RoundResult
 from workers.pulse.weights_hash import weights_hash
@@ -53,8 +53,17 @@ class _RoundTally:
 class Replica:
     """A task plus the sync state of one replica."""
 
-    def __init__(self, task: LocalTask, exchange: Exchange, *, mode: str, replica: int, inner_steps: int,
-                 outer: OuterConfig = OuterConfig(), zstd_level: int = 1) -> None:
+    def __init__(
+        self,
+        task: LocalTask,
+        exchange: Exchange,
+        *,
+        mode: str,
+        replica: int,
+        inner_steps: int,
+        outer: OuterConfig = OuterConfig(),
+        zstd_level: int = 1,
+    ) -> None:
         if mode not in LOCO_MODES:
             raise ValueError(f"mode must be one of {LOCO_MODES}, got {mode!r}")
         self.task, self.exchange, self.mode, self.replica = task, exchange, mode, replica
@@ -83,12 +92,18 @@ class Replica:
         else:
             self._outer_sync(round_index)
         record = {
-            "round": round_index, "mode": self.mode, "replica": self.replica,
-            "train_metric": sum(metrics) / len(metrics), "numel": self.numel,
-            "bytes_sent": self.tally.bytes_sent, "values_sent": self.tally.values_sent,
+            "round": round_index,
+            "mode": self.mode,
+            "replica": self.replica,
+            "train_metric": sum(metrics) / len(metrics),
+            "numel": self.numel,
+            "bytes_sent": self.tally.bytes_sent,
+            "values_sent": self.tally.values_sent,
             "density": self.tally.values_sent / (self.numel * (self.inner_steps if self.mode == "ddp" else 1)),
-            "encode_s": self.tally.encode_s, "sync_s": self.tally.sync_s,
-            "round_s": time.perf_counter() - started, "weights_hash": weights_hash({"global": self.global_N}),
+            "encode_s": self.tally.encode_s,
+            "sync_s": self.tally.sync_s,
+            "round_s": time.perf_counter() - started,
+            "weights_hash": weights_hash({"global": self.global_N}),
             "error_norm": float(self.error_N.norm()),
             # What every member of the round received: the ledger counts a sender that died after
             # its payload was counted (and before it could report) from its peers' records.
@@ -101,11 +116,17 @@ class Replica:
         t0 = time.perf_counter()
         if self.mode == "pulseloco":
             update, self.error_N = gate_pseudo_gradient(self.global_N, local_N, self.error_N)
-            payload = encode_sparse(update, self.layout, round_index=round_index, replica=self.replica, level=self.zstd_level)
+            payload = encode_sparse(
+                update, self.layout, round_index=round_index, replica=self.replica, level=self.zstd_level
+            )
             sent = update.indices.numel()
         else:
-            payload = encode_dense(dense_pseudo_gradient(self.global_N, local_N), self.layout,
-                                   round_index=round_index, replica=self.replica)
+            payload = encode_dense(
+                dense_pseudo_gradient(self.global_N, local_N),
+                self.layout,
+                round_index=round_index,
+                replica=self.replica,
+            )
             sent = self.numel
         t1 = time.perf_counter()
         result = self.exchange(round_index, payload)
@@ -154,4 +175,6 @@ class Replica:
 def _check_origin(round_got: int, sender_got: int, round_want: int, sender_want: int) -> None:
     """A payload counts only in its own round and for its own sender (no replay, no double count)."""
     if (round_got, sender_got) != (round_want, sender_want):
-        raise ValueError(f"payload of replica {sender_got}, round {round_got} arrived as replica {sender_want}, round {round_want}")
+        raise ValueError(
+            f"payload of replica {sender_got}, round {round_got} arrived as replica {sender_want}, round {round_want}"
+        )

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from workers.pulse.loco.tiny_lm import LMConfig, TinyLM, lm_50m, lm_tiny, markov_batch
+from workers.pulse.loco.tiny_lm import TinyLM, lm_50m, lm_tiny, markov_batch
 
 TASKS = ("lm", "dit")
 ADAM_PREFIX = "adam."
@@ -63,7 +63,9 @@ class TaskConfig:
         if not 0 < self.lr <= 1e-2 or not 0 < self.warmup_lr <= 1e-2:
             raise ValueError(f"TaskConfig.lr and warmup_lr must be in (0, 1e-2], got {self.lr}, {self.warmup_lr}")
         if self.warmup_steps < 0 or self.settle_steps < 0:
-            raise ValueError(f"TaskConfig.warmup_steps and settle_steps must be >= 0, got {self.warmup_steps}, {self.settle_steps}")
+            raise ValueError(
+                f"TaskConfig.warmup_steps and settle_steps must be >= 0, got {self.warmup_steps}, {self.settle_steps}"
+            )
         if self.batch_size < 1 or self.eval_batches < 1 or self.group_size < 2:
             raise ValueError("TaskConfig.batch_size and eval_batches must be >= 1, group_size >= 2")
         if self.name == "dit":
@@ -113,7 +115,9 @@ class LMTask:
         torch.manual_seed(config.seed)
         self.model = TinyLM(self.model_config)
         generator = torch.Generator().manual_seed(config.seed)
-        self.successors = torch.randint(self.model_config.vocab_size, (self.model_config.vocab_size, 4), generator=generator)
+        self.successors = torch.randint(
+            self.model_config.vocab_size, (self.model_config.vocab_size, 4), generator=generator
+        )
         self.shard = torch.Generator().manual_seed(config.seed * 1_000 + 1 + replica)
         # fused: the same AdamW update, ~9x faster on CPU than the foreach kernels.
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.1, fused=True)
@@ -161,7 +165,10 @@ class LMTask:
     def evaluate(self) -> dict:
         generator = torch.Generator().manual_seed(10_000_019 + self.config.seed)
         with torch.no_grad():
-            losses = [float(self._loss(markov_batch(self.successors, 8, 33, generator))) for _ in range(self.config.eval_batches)]
+            losses = [
+                float(self._loss(markov_batch(self.successors, 8, 33, generator)))
+                for _ in range(self.config.eval_batches)
+            ]
         return _mean_and_stderr(losses)
 
 
@@ -183,14 +190,19 @@ class DiTTask:
 
     def __init__(self, config: TaskConfig, replica: int, num_replicas: int) -> None:
         from workers.model.policy import SHIPPED_BASE, load_policy
-        from workers.trainer.presets import get_preset
         from workers.task.prompts import split_prompts
         from workers.trainer.grpo_trainer import GRPOTrainer
+        from workers.trainer.presets import get_preset
 
         base = get_preset(config.dit_preset)
         train_config = dataclasses.replace(
-            base, prompts_per_iteration=config.batch_size, group_size=config.group_size, seed=config.seed,
-            grpo=dataclasses.replace(base.grpo, lr=config.lr, lr_warmup_steps=0, lr_schedule="constant", num_epochs=1, num_minibatches=1),
+            base,
+            prompts_per_iteration=config.batch_size,
+            group_size=config.group_size,
+            seed=config.seed,
+            grpo=dataclasses.replace(
+                base.grpo, lr=config.lr, lr_warmup_steps=0, lr_schedule="constant", num_epochs=1, num_minibatches=1
+            ),
         )
         self.config, self.replica, self.num_replicas = config, replica, num_replicas
         self.policy = load_policy(SHIPPED_BASE)
@@ -215,7 +227,9 @@ class DiTTask:
         return _mean_and_stderr([s.partial for s in score_images(result.images, result.prompts)])
 
 
-def build_task(config: TaskConfig, replica: int, num_replicas: int, start: dict[str, torch.Tensor] | None = None) -> LocalTask:
+def build_task(
+    config: TaskConfig, replica: int, num_replicas: int, start: dict[str, torch.Tensor] | None = None
+) -> LocalTask:
     """The replica's task; every replica of one run must get the same config and start."""
     if config.name == "lm":
         return LMTask(config, replica, start)

@@ -136,7 +136,9 @@ class TinyLM(nn.Module):
         return self.ln_final(x_BTC) @ self.token_embedding.weight.T
 
 
-def markov_batch(successors_VS: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+def markov_batch(
+    successors_VS: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
+) -> torch.Tensor:
     """Token sequences from a sparse random Markov chain (each token has a few successors)."""
     vocab_size, num_successors = successors_VS.shape
     tokens = torch.empty(batch_size, seq_len, dtype=torch.long)

@@ -65,7 +65,9 @@ class ExchangeConfig:
         if not 0 < self.join_timeout_s <= 86_400:
             raise ValueError(f"ExchangeConfig.join_timeout_s must be in (0, 86400], got {self.join_timeout_s}")
         if self.missing_policy not in MISSING_POLICIES:
-            raise ValueError(f"ExchangeConfig.missing_policy must be one of {MISSING_POLICIES}, got {self.missing_policy!r}")
+            raise ValueError(
+                f"ExchangeConfig.missing_policy must be one of {MISSING_POLICIES}, got {self.missing_policy!r}"
+            )
         if not 0 < self.poll_s <= self.timeout_s:
             raise ValueError(f"ExchangeConfig.poll_s must be in (0, timeout_s], got {self.poll_s}")
 
@@ -85,7 +87,9 @@ class RoundResult:
 class StoreExchange:
     """Round exchange through a TensorStore (local folder or S3)."""
 
-    def __init__(self, store: TensorStore, prefix: str, *, replica: int, num_replicas: int, config: ExchangeConfig) -> None:
+    def __init__(
+        self, store: TensorStore, prefix: str, *, replica: int, num_replicas: int, config: ExchangeConfig
+    ) -> None:
         _check_replica(replica, num_replicas)
         self.store, self.prefix, self.replica, self.config = store, check_key(prefix), replica, config
         self.members = tuple(range(num_replicas))
@@ -115,7 +119,9 @@ class StoreExchange:
             manifest = self.store.read_manifest(close_key)
             if manifest is not None:
                 return tuple(manifest.metadata["members"])
-            present = [r for r in self.members if self.store.read_manifest(self._payload_key(round_index, r)) is not None]
+            present = [
+                r for r in self.members if self.store.read_manifest(self._payload_key(round_index, r)) is not None
+            ]
             timed_out = time.monotonic() >= deadline
             if len(present) == len(self.members) or (timed_out and self.config.missing_policy == "survivors"):
                 members = json.dumps(present).encode()
@@ -154,13 +160,20 @@ class GlooExchange:
         self.dist, self.replica, self.num_replicas = dist, replica, num_replicas
         self.round_timeout = datetime.timedelta(seconds=config.timeout_s)
         # Joining waits join_timeout_s; each collective then waits timeout_s (Work.wait below).
-        dist.init_process_group("gloo", init_method=init_method, rank=replica, world_size=num_replicas,
-                                timeout=datetime.timedelta(seconds=max(config.join_timeout_s, config.timeout_s)))
+        dist.init_process_group(
+            "gloo",
+            init_method=init_method,
+            rank=replica,
+            world_size=num_replicas,
+            timeout=datetime.timedelta(seconds=max(config.join_timeout_s, config.timeout_s)),
+        )
 
     def exchange(self, round_index: int, payload: bytes) -> RoundResult:
         try:
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.num_replicas)]
-            self.dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), async_op=True).wait(self.round_timeout)
+            self.dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), async_op=True).wait(
+                self.round_timeout
+            )
             longest = int(max(size.item() for size in sizes))
             mine = torch.zeros(longest, dtype=torch.uint8)
             if payload:

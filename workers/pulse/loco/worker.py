@@ -24,8 +24,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replica", type=int, required=True, help="this replica's index")
     parser.add_argument("--out", type=Path, required=True, help="JSON Lines report of this replica")
     parser.add_argument("--die-at-round", type=int, default=None, help="exit before sending in this round (tests)")
-    parser.add_argument("--die-after-round", type=int, default=None,
-                        help="exit after this round's exchange, before reporting it (tests)")
+    parser.add_argument(
+        "--die-after-round",
+        type=int,
+        default=None,
+        help="exit after this round's exchange, before reporting it (tests)",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -64,17 +68,29 @@ def _run_mode(spec: dict, config, mode: str, replica: int, exchanges: "_Exchange
     start = _load_start(spec.get("start_path"))
     task = build_task(config.task, replica, config.num_replicas, start)
     exchange = exchanges.for_mode(mode, deaths)
-    worker = Replica(task, exchange, mode=mode, replica=replica, inner_steps=config.inner_steps,
-                     outer=config.outer, zstd_level=config.zstd_level)
+    worker = Replica(
+        task,
+        exchange,
+        mode=mode,
+        replica=replica,
+        inner_steps=config.inner_steps,
+        outer=config.outer,
+        zstd_level=config.zstd_level,
+    )
     _write(report, {"event": "start", "mode": mode, "replica": replica, **_eval(task, config, 0, replica)})
     for round_index in range(config.rounds):
         try:
             record = worker.run_round(round_index)
         except ReplicaExcludedError as err:
-            _write(report, {"event": "excluded", "mode": mode, "replica": replica, "round": round_index, "reason": str(err)})
+            _write(
+                report,
+                {"event": "excluded", "mode": mode, "replica": replica, "round": round_index, "reason": str(err)},
+            )
             return
         except RoundTimeoutError as err:
-            _write(report, {"event": "timeout", "mode": mode, "replica": replica, "round": round_index, "reason": str(err)})
+            _write(
+                report, {"event": "timeout", "mode": mode, "replica": replica, "round": round_index, "reason": str(err)}
+            )
             raise SystemExit(2) from err
         record.update(_eval(task, config, round_index + 1, replica))
         _write(report, {"event": "round", **record})
@@ -88,8 +104,13 @@ def _eval(task, config, rounds_done: int, replica: int) -> dict:
     if replica != 0 or (rounds_done % config.eval_every and rounds_done != config.rounds):
         return {"eval_metric": None, "eval_stderr": None}
     fp32, bf16 = task.evaluate(), evaluate_bf16_view(task)
-    return {"eval_metric": fp32["metric"], "eval_stderr": fp32["stderr"], "eval_values": fp32["values"],
-            "eval_bf16_metric": bf16["metric"], "eval_bf16_values": bf16["values"]}
+    return {
+        "eval_metric": fp32["metric"],
+        "eval_stderr": fp32["stderr"],
+        "eval_values": fp32["values"],
+        "eval_bf16_metric": bf16["metric"],
+        "eval_bf16_values": bf16["values"],
+    }
 
 
 class _Exchanges:
@@ -101,8 +122,9 @@ class _Exchanges:
         self.spec, self.config, self.replica = spec, config, replica
         self.gloo = None
         if config.transport == "gloo":
-            self.gloo = GlooExchange(spec["init_method"], replica=replica, num_replicas=config.num_replicas,
-                                     config=config.exchange)
+            self.gloo = GlooExchange(
+                spec["init_method"], replica=replica, num_replicas=config.num_replicas, config=config.exchange
+            )
 
     def for_mode(self, mode: str, deaths: _Deaths):
         if self.gloo is not None:
@@ -112,8 +134,13 @@ class _Exchanges:
             from workers.pulse.loco.transport import StoreExchange
 
             store = open_store(self.spec["store_url"])
-            exchange = StoreExchange(store, f"{self.spec['prefix']}/{mode}", replica=self.replica,
-                                     num_replicas=self.config.num_replicas, config=self.config.exchange).exchange
+            exchange = StoreExchange(
+                store,
+                f"{self.spec['prefix']}/{mode}",
+                replica=self.replica,
+                num_replicas=self.config.num_replicas,
+                config=self.config.exchange,
+            ).exchange
         if deaths == _Deaths():
             return exchange
 
