@@ -115,6 +115,11 @@ def rollouts_prefix(run: str, iteration: int) -> str:
     return f"{run_prefix(run)}rollouts/{iteration_label(iteration)}/"
 
 
+def request_id(iteration: int, prompt_index: int, sample_index: int) -> str:
+    """`it3-p12-s7`: a rollout request's id; stable, so a re-sent request is recognised by the queue and the store."""
+    return f"it{iteration}-p{prompt_index}-s{sample_index}"
+
+
 def rollout_key(run: str, iteration: int, request_id: str) -> str:
     """Final result of one request; committed exclusively (first writer wins)."""
     return rollouts_prefix(run, iteration) + check_name(request_id, "request id")

@@ -133,9 +133,11 @@ def exact_mismatches(actual, expected) -> list[str]:
         return [
             f"{k}: {actual.get(k)!r:.300} != {expected.get(k)!r:.300}" for k in keys if actual.get(k) != expected.get(k)
         ]
-    return [f"record {i}: {a!r:.300} != {e!r:.300}" for i, (a, e) in enumerate(zip(actual, expected, strict=False)) if a != e] + (
-        [f"{len(actual)} records, fixture has {len(expected)}"] if len(actual) != len(expected) else []
-    )
+    return [
+        f"record {i}: {a!r:.300} != {e!r:.300}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=False))
+        if a != e
+    ] + ([f"{len(actual)} records, fixture has {len(expected)}"] if len(actual) != len(expected) else [])
 
 
 def mismatches(actual, expected, path: tuple = ()) -> list[str]:

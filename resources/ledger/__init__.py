@@ -383,7 +383,9 @@ class Ledger(HackingRecords):
             return
         names, stamps = _record_columns(type(records[0]))
         self._record_rows(
-            table, names, [[_column_value(stamp, getattr(r, n)) for n, stamp in zip(names, stamps, strict=False)] for r in records]
+            table,
+            names,
+            [[_column_value(stamp, getattr(r, n)) for n, stamp in zip(names, stamps, strict=False)] for r in records],
         )
 
     def _record_rows(self, table: str, names: tuple[str, ...], rows: list[list[Any]]) -> None:

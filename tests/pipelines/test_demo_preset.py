@@ -15,6 +15,21 @@ from resources.ledger.db import query_ledger
 from workers.trainer import presets
 
 
+def _run_demo(run_dir, prompts):
+    """`spotlight run` with the default preset, rollouts and worker count: what `make demo` runs, without
+    injected preemptions and for one iteration."""
+    threads = torch.get_num_threads()
+    try:
+        return CliRunner().invoke(
+            app,
+            ["run", "--run-dir", str(run_dir), "--iterations", "1", "--preemptions-per-hour", "0"]
+            + ["--validation-prompts", str(prompts)],
+            env={"COLUMNS": "300"},
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 def test_the_demo_preset_runs_an_iteration_on_local_spot_workers_and_records_it(tmp_path, monkeypatch):
     # The demo's recipe unchanged but for 2 prompts per iteration instead of 8 (and --iterations 1): the same code
@@ -24,25 +39,7 @@ def test_the_demo_preset_runs_an_iteration_on_local_spot_workers_and_records_it(
     prompts = tmp_path / "heldout.txt"
     prompts.write_text("three red circles\ntwo purple squares\n")
     run_dir = tmp_path / "demo"
-    threads = torch.get_num_threads()
-    try:  # the default preset, rollouts and worker count: what `make demo` runs, without injected preemptions
-        done = CliRunner().invoke(
-            app,
-            [
-                "run",
-                "--run-dir",
-                str(run_dir),
-                "--iterations",
-                "1",
-                "--preemptions-per-hour",
-                "0",
-                "--validation-prompts",
-                str(prompts),
-            ],
-            env={"COLUMNS": "300"},
-        )
-    finally:
-        torch.set_num_threads(threads)
+    done = _run_demo(run_dir, prompts)
     assert done.exit_code == 0, done.output
     assert "rollouts on 2 local spot workers" in done.output
     assert "it   0  reward" in done.output and "it   1  held-out" in done.output

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import socket
@@ -378,8 +379,6 @@ def _figures(
 
 
 def _machine() -> dict[str, Any]:
-    import os
-
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
 
 

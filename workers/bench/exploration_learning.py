@@ -10,7 +10,7 @@ the same preset and prompt schedule for all:
   prompts are explored on the stale weights with the bandit's arm (M candidates per prompt
   at a cheap sampler level) within a budget of `explore_samples` full-sampler samples per
   iteration, what a spot pool would sample while the trainer trains
-  (workers/coordinator/explore_inprocess.py); the groups of largest explored reward
+  (workers/explore/inprocess.py); the groups of largest explored reward
   variance are trained on;
 - `wider_draw`: the same contrast on the critical path: each prompt draws `wider_draw` x G
   seeds at full quality on the current weights and the update keeps the G of largest

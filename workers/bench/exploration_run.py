@@ -173,8 +173,8 @@ def _row(ctx: RunContext, k: int, strategy: str, results: dict[str, PhaseResult]
 
 def _audit(ctx: RunContext, k: int, audit_prompts: int) -> list[dict]:
     """The rank audit of the prompts iteration k's plan took from exploration, on the fresh weights v(k+1)."""
-    from workers.coordinator.explore import explored_results
     from workers.explore.seed_plan import load_seed_plan
+    from workers.explore.session import explored_results
     from workers.trainer.checkpoint import load_checkpoint
 
     plan = load_seed_plan(ctx.store, ctx.run, k + 1)

@@ -53,7 +53,7 @@ class Sampling:
     explore_samples: float | None = None
     """inprocess: explore the next iteration's seeds in this process, on the stale weights, with a budget of this
     many full-sampler samples per iteration: what a spot pool would sample while the trainer trains, made
-    deterministic (workers/coordinator/explore_inprocess.py). None: in-process runs do not explore."""
+    deterministic (workers/explore/inprocess.py). None: in-process runs do not explore."""
 
     def __post_init__(self) -> None:
         if self.mode not in SAMPLING_MODES:

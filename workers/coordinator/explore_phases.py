@@ -16,15 +16,23 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from resources.ledger.records import ExplorationRecord
+from resources.queue import open_queue
 from workers.coordinator import books
 from workers.coordinator.context import RunContext
+from workers.coordinator.explore_records import exploration_record, explore_request_records, seed_groups, with_review
 from workers.coordinator.phases import PhaseResult
+from workers.coordinator.plots import line_plot_png
+from workers.explore.inprocess import explore_in_process
+from workers.explore.planning import review_iteration
+from workers.explore.seed_plan import default_seed_plan, publish_seed_plan
+from workers.explore.session import finish_exploration, start_exploration
+from workers.explore.state import explore_config_for
 
 
 def explore_config(ctx: RunContext):
     """The run's exploration settings (the preset's when the run gives none), sized to the rollout workers alive
     now (the configured count before any started)."""
-    from workers.explore.state import explore_config_for
 
     alive = ctx.ledger.query("SELECT count(*) FROM workers WHERE ended_at IS NULL AND role = 'rollout'").rows[0][0]
     return dataclasses.replace(
@@ -34,8 +42,6 @@ def explore_config(ctx: RunContext):
 
 def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Judge the plan iteration k sampled with, then enqueue iteration k+1's exploration on weights v(k)."""
-    from resources.ledger.records import ExplorationRecord
-    from workers.coordinator.explore import review_iteration, seed_groups, start_exploration, with_review
 
     config = explore_config(ctx)
     review = review_iteration(ctx.store, ctx.run, ctx.train, k, config)
@@ -93,13 +99,11 @@ def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
 
 def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Training has ended: cancel what exploration left and publish iteration k+1's seed plan."""
-    from workers.explore.seed_plan import default_seed_plan, publish_seed_plan
 
     if not ctx.sampling.explores and not ctx.sampling.explores_in_process:
         plan = default_seed_plan(ctx.train, k + 1)
         publish_seed_plan(ctx.store, ctx.run, plan)
         return PhaseResult({"for_iteration": k + 1, "planner": plan.planner}, tables={"plan": plan_table(plan)})
-    from workers.coordinator.explore import exploration_record, explore_request_records
 
     train_s = books.phase_cost(ctx.ledger, k, "train")["wall_s"]
     finished = _finish(ctx, k, train_s)
@@ -133,8 +137,6 @@ def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
 def _finish(ctx: RunContext, k: int, train_s: float):
     """Iteration k+1's plan from exploration: cancel and collect the pool's (its window is the explore phase), or
     explore here on the sample budget (off any critical path: no phase window)."""
-    from workers.coordinator.explore import finish_exploration
-    from workers.coordinator.explore_inprocess import explore_in_process
 
     if ctx.sampling.explores_in_process:
         return explore_in_process(
@@ -156,7 +158,6 @@ def plan_table(plan) -> str:
 
 
 def consistency_png(ctx: RunContext) -> bytes:
-    from workers.coordinator.plots import line_plot_png
 
     rows = ctx.ledger.query(
         "SELECT iteration, kendall_tau, spearman_rho, variance_gain FROM exploration ORDER BY iteration"
@@ -169,7 +170,6 @@ def consistency_png(ctx: RunContext) -> bytes:
 
 
 def _queue(ctx: RunContext):
-    from resources.queue import open_queue
 
     if ctx.queue_url is None:
         raise ValueError("exploration needs a queue: configure the queue resource (SPOTLIGHT_QUEUE)")

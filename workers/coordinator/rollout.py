@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from resources.keys import rollout_key
+from resources.keys import request_id, rollout_key  # request_id: re-exported, the rollout phase names its requests
 from resources.store.base import TensorStore
 from workers.algo.sampler import Trajectory
 from workers.explore.seed_plan import SeedPlan
@@ -38,11 +38,6 @@ class PlannedRequest:
     prompt_index: int
     sample_index: int
     spec: RolloutSpec
-
-
-def request_id(iteration: int, prompt_index: int, sample_index: int) -> str:
-    """`it3-p12-s7`: stable, so a re-sent request is recognised by the queue and the store."""
-    return f"it{iteration}-p{prompt_index}-s{sample_index}"
 
 
 def iteration_requests(

@@ -217,7 +217,9 @@ def review_rollout(
     """Judge `plan` on the real rewards of its seeds (real_rewards[i][j] for plan.seeds[i][j]); update the state.
     group_size: the size of the groups trained on (a larger group, a wider draw, is cut to its max-variance
     subset as the trainer does); None: every group is trained whole."""
-    if len(real_rewards) != len(plan.seeds) or any(len(r) != len(s) for r, s in zip(real_rewards, plan.seeds, strict=False)):
+    if len(real_rewards) != len(plan.seeds) or any(
+        len(r) != len(s) for r, s in zip(real_rewards, plan.seeds, strict=False)
+    ):
         raise ValueError(f"iteration {iteration}: real rewards do not match the plan's seeds")
     explored = plan.explored_rewards or [None] * len(plan.seeds)
     controls = set(plan.control_prompts)

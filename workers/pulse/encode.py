@@ -104,7 +104,9 @@ def _add_tensor(streams: _Streams, name: str, prev: torch.Tensor, cur: torch.Ten
     offsets = {stream: streams.counts.get(stream, 0) for stream in streams.parts}
     gaps = gaps_from_indices(indices)
     gap_width = choose_gap_width(gaps)
-    for stream, part in zip(GAP_STREAMS_BY_WIDTH[gap_width], split_levels(gaps, GAP_ESCAPES_BY_WIDTH[gap_width]), strict=False):
+    for stream, part in zip(
+        GAP_STREAMS_BY_WIDTH[gap_width], split_levels(gaps, GAP_ESCAPES_BY_WIDTH[gap_width]), strict=False
+    ):
         streams.add(stream, part)
     new_bits = cur_bits[indices]
     if mode == "absolute":

@@ -179,6 +179,34 @@ def _worker_times(path: Path, slots: dict[str, list[dict]], t0: datetime) -> dic
     return out
 
 
+def _typical(per_iteration: list, name: str, default: float) -> float:
+    """The median over iterations of one measured phase time (`default` where none was measured)."""
+    return _median([getattr(i, name) for i in per_iteration if getattr(i, name) is not None], default)
+
+
+def _service_times(path: Path, per_iteration: list, per_worker: dict, slots: dict[str, list[dict]]) -> ServiceTimes:
+    """The simulator's service times as the ledger measured them: medians over iterations and workers."""
+    runs = _rows(
+        path,
+        "SELECT max(steps_done + resumed_from_step) AS n FROM attempts a JOIN requests r USING (request_id) "
+        "WHERE r.kind = 'rollout' AND a.outcome = 'done'",
+    )
+    restarts = [w.restart_delay_s for ws in slots.values() for w in (per_worker[x["worker_id"]] for x in ws[1:])]
+    return ServiceTimes(
+        model="measured",
+        gpu_type="local",
+        step_s=_typical(per_iteration, "step_s", 0.01),
+        num_steps=int(runs[0]["n"] or 4),
+        claim_s=_typical(per_iteration, "claim_s", 0.01),
+        enqueue_s=_typical(per_iteration, "enqueue_s", 0.05),
+        collect_s=_typical(per_iteration, "collect_s", 0.05),
+        startup_s=_median([w.startup_s for w in per_worker.values()], 5.0),
+        restart_delay_s=_median(restarts, 3.0),
+        explore_request_s=_typical(per_iteration, "explore_request_s", 0.05),
+        sources={"*": f"measured from {path}"},
+    )
+
+
 def replay_inputs(path: str | Path) -> Replay:
     """Simulator inputs measured from a real `spotlight run` ledger (see the module doc)."""
     path = Path(path)
@@ -194,33 +222,7 @@ def replay_inputs(path: str | Path) -> Replay:
     t0 = rollout[0]["started_at"]
     per_worker = _worker_times(path, slots, t0)
     per_iteration = _iteration_times(path, t0)
-    runs = _rows(
-        path,
-        "SELECT max(steps_done + resumed_from_step) AS n FROM attempts a JOIN requests r USING (request_id) "
-        "WHERE r.kind = 'rollout' AND a.outcome = 'done'",
-    )
-    typical = lambda name, default: _median(
-        [
-            getattr(i, name)
-            for i in per_iteration  # noqa: E731
-            if getattr(i, name) is not None
-        ],
-        default,
-    )
-    restarts = [w.restart_delay_s for ws in slots.values() for w in (per_worker[x["worker_id"]] for x in ws[1:])]
-    times = ServiceTimes(
-        model="measured",
-        gpu_type="local",
-        step_s=typical("step_s", 0.01),
-        num_steps=int(runs[0]["n"] or 4),
-        claim_s=typical("claim_s", 0.01),
-        enqueue_s=typical("enqueue_s", 0.05),
-        collect_s=typical("collect_s", 0.05),
-        startup_s=_median([w.startup_s for w in per_worker.values()], 5.0),
-        restart_delay_s=_median(restarts, 3.0),
-        explore_request_s=typical("explore_request_s", 0.05),
-        sources={"*": f"measured from {path}"},
-    )
+    times = _service_times(path, per_iteration, per_worker, slots)
     trace = tuple(
         PreemptionEvent(round(_s(t0, p["preempted_at"]), 6), p["worker_id"].split(".")[0], p["notice_s"])
         for p in _rows(path, "SELECT worker_id, preempted_at, notice_s FROM preemptions ORDER BY 2")
@@ -278,6 +280,8 @@ def compare(real: str | Path, simulated: str | Path) -> dict[str, float]:
         floor = 1.0 if name == "preemptions" else 1e-9
         errs = [abs(y[name] - x[name]) / max(abs(x[name]), floor) for x, y in zip(a, b, strict=False)]
         out[name] = sum(errs) / len(errs)
-    rollouts = [abs(y["rollout_s"] - x["rollout_s"]) / x["rollout_s"] for x, y in zip(a, b, strict=False) if x["rollout_s"] > 0]
+    rollouts = [
+        abs(y["rollout_s"] - x["rollout_s"]) / x["rollout_s"] for x, y in zip(a, b, strict=False) if x["rollout_s"] > 0
+    ]
     out["rollout_s"] = sum(rollouts) / len(rollouts) if rollouts else 0.0
     return out

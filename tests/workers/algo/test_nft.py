@@ -109,7 +109,10 @@ def test_a_kl_weight_with_nft_pulls_the_policy_back_towards_the_reference(tiny_p
             stats = trainer.update(trainer.collect(it))
         assert (stats["kl"] > 0) == (kl_beta > 0)
         drifts.append(
-            sum(float(((p.detach() - q.detach()) ** 2).sum()) for p, q in zip(policy.parameters(), base.parameters(), strict=False))
+            sum(
+                float(((p.detach() - q.detach()) ** 2).sum())
+                for p, q in zip(policy.parameters(), base.parameters(), strict=False)
+            )
         )
     assert drifts[1] < drifts[0]  # the anchored run ends closer to the base
 

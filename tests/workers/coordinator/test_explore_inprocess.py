@@ -103,7 +103,7 @@ def test_a_pre_filter_plan_rolls_out_w_seeds_trains_g_and_a_control_prompt_keeps
 ) -> None:
     import numpy as np
 
-    from workers.coordinator.explore import explored_results
+    from workers.explore.session import explored_results
 
     explore = ExploreConfig(seed_multipliers=(2,), cache_levels=("half_steps",), keep_factors=(1.5,), control_prompts=1)
     ctx, _ = _run(tmp_path / "run", tiny_checkpoint, budget=16.0, iterations=2, explore=explore)

@@ -9,9 +9,10 @@ import pytest
 
 from resources.queue import open_queue
 from workers.algo.selection import select_max_variance
-from workers.coordinator.explore import finish_exploration, review_iteration, start_exploration
+from workers.explore.planning import review_iteration
 from workers.explore.request import ExploreSpec, explore_rewards
 from workers.explore.seed_plan import default_seed_plan, load_seed_plan, publish_seed_plan
+from workers.explore.session import finish_exploration, start_exploration
 from workers.explore.state import ExploreConfig
 from workers.trainer.presets import get_preset
 
@@ -102,7 +103,7 @@ def test_a_result_that_arrives_after_training_ended_never_changes_the_plan(queue
 
 
 def test_no_arm_within_the_budget_leaves_random_seeds_and_enqueues_nothing(queue, rollout_store) -> None:
-    from workers.coordinator.explore import load_state, save_state
+    from workers.explore.planning import load_state, save_state
 
     state = load_state(rollout_store, "demo", EXPLORE, CONFIG.group_size)
     state.record_train_s(0, 0.01)  # training is far quicker than any exploration

@@ -94,7 +94,9 @@ def test_a_queue_worker_commits_each_component_and_the_train_stats_and_the_ledge
     results = load_results(rollout_store, "demo", 0, requests)
     parts = [m["reward_components"] for _, m in results]
     assert all(sorted(p) == list(PARTS) for p in parts)
-    for (_, meta), p in zip(results, parts, strict=False):  # the reward trained on is the weighted total of the committed parts
+    for (_, meta), p in zip(
+        results, parts, strict=False
+    ):  # the reward trained on is the weighted total of the committed parts
         assert meta["reward"] == pytest.approx(1.0 * p["minigeneval"] + 0.01 * p["jpeg_compressibility"])
 
     stats = GRPOTrainer(tiny_policy, config).batch_stats(load_batch(rollout_store, "demo", config, 0, requests))

@@ -66,7 +66,9 @@ def replayed(real: Path, out: Path, slower_steps: float = 1.0) -> tuple[dict, li
         setup=dataclasses.replace(replay.setup, iterations=iterations),
         out_dir=out,
     )
-    return compare(real, result.ledger_path), list(zip(per_iteration(real), per_iteration(result.ledger_path), strict=False))
+    return compare(real, result.ledger_path), list(
+        zip(per_iteration(real), per_iteration(result.ledger_path), strict=False)
+    )
 
 
 def test_simulated_run_matches_a_real_run_with_preemptions_within_15_percent(real_run, tmp_path):

@@ -25,19 +25,10 @@ import time
 
 from resources.keys import exploration_key, explore_result_key
 from resources.store.base import TensorStore
-from workers.coordinator.explore import (
-    Finished,
-    Session,
-    explore_requests,
-    explored_prompts,
-    load_session,
-    load_state,
-    next_plan,
-    publish_session,
-    save_state,
-)
+from workers.explore.planning import explore_requests, explored_prompts, load_state, next_plan, save_state
 from workers.explore.request import ExploreSpec, commit_explore_result, explore_rewards
 from workers.explore.seed_plan import publish_seed_plan
+from workers.explore.session import Finished, Session, load_session, publish_session
 from workers.explore.state import ExploreConfig, explored_variance
 from workers.trainer.grpo_trainer import TrainConfig
 
