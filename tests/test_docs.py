@@ -120,3 +120,26 @@ def test_each_readme_headline_figure_links_to_where_it_was_measured() -> None:
         targets = [t for t in LINK.findall(row) for t in t if t.startswith("docs/BENCHMARKS.md#")]
         assert targets, f"headline row without a link to docs/BENCHMARKS.md: {row}"
         assert all(t.split("#", 1)[1] in benchmarks_anchors for t in targets), row
+
+
+def _benchmark_sections() -> dict[str, str]:
+    """docs/BENCHMARKS.md's `## ` sections by heading."""
+    parts = re.split(r"^## (.+)$", BENCHMARKS.read_text(), flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_each_benchmark_section_names_its_command_machine_and_commit() -> None:
+    missing = []
+    for heading, body in _benchmark_sections().items():
+        command = heading.strip("`") if heading.startswith("`spotlight bench ") else None
+        if command is None:
+            continue
+        if command not in body:
+            missing.append(f"{heading}: no command line")
+        if "No figure yet" in body:
+            continue
+        if not re.search(r"\b(2-vCPU|2-core)\b", body):
+            missing.append(f"{heading}: no machine")
+        if not re.search(r"\bcommit\s+[0-9a-f]{7}\b", body):
+            missing.append(f"{heading}: no commit")
+    assert missing == []
