@@ -26,7 +26,7 @@ from workers.pulse.loco.transport import ExchangeConfig
 
 MODES = ("ddp", "diloco", "pulseloco")
 TARGETS = {"bytes_ratio_vs_diloco": 17.0, "bytes_ratio_vs_ddp": 100.0, "sparsity": 0.94}
-"""Issue 8's targets (all `>=`), from the PULSE paper's 7B figures."""
+"""The PULSELoCo targets (all `>=`), from the PULSE paper's 7B figures."""
 EXCHANGE = ExchangeConfig(timeout_s=3600.0, missing_policy="wait")
 """A round waits long: replica 0 evaluates while the others wait, on a loaded shared machine."""
 RUN_TIMEOUT_S = 8 * 3600.0

@@ -37,7 +37,7 @@ TARGETS = {
     "ulp_delta_encode_gbps": (">=", 1.0),
     "ulp_delta_apply_gbps": (">=", 2.0),
 }
-"""Issue 3's targets at lr 3e-6 (throughput: GB/s of dense BF16 model on one core)."""
+"""The PULSESync targets at lr 3e-6 (throughput: GB/s of dense BF16 model on one core)."""
 
 
 @dataclass(frozen=True)

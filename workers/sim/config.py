@@ -60,7 +60,7 @@ class SimConfig:
     """Training iterations (one more validates the last weights, as `spotlight run` does)."""
     prompts_per_iteration: int = 32
     group_size: int = 16
-    """Flow-GRPO's Qwen-Image group size (shared/REFERENCES.md)."""
+    """Flow-GRPO's Qwen-Image group size (the Flow-GRPO paper's setting)."""
     commit_every: int = 2
     lease_s: float = 10.0
     """Queue lease, renewed every lease_s / 2 while working (the real default, Sampling.lease_s)."""

@@ -1,7 +1,7 @@
 """What the simulator is fed: service times per model and GPU, and a learning curve, each with its source.
 
 Service times are seconds on one GPU (SP degree 1) unless named otherwise. The
-Qwen-Image-20B-like preset derives them from published figures (shared/REFERENCES.md);
+Qwen-Image-20B-like preset derives them from published figures (the sources are named per figure);
 `workers/sim/measure.py` reads ours from a real run's ledger. A learning curve maps
 training progress (iterations on random seeds; an iteration on explored seeds counts
 `explore_speedup`) to a held-out score.
@@ -165,7 +165,7 @@ def qwen_image_20b(gpu_type: str = "H200", resolution: int = 512) -> ServiceTime
         sources={
             "step_s": f"{_VERL_OMNI}; x0.6 rollout share (assumption) / 10 steps (Flow-GRPO Qwen-Image train steps)",
             "update_s_per_sample": f"{_VERL_OMNI}; x0.4 update share (assumption)",
-            "num_steps": "Flow-GRPO's Qwen-Image setting: 10 train steps (shared/REFERENCES.md)",
+            "num_steps": "Flow-GRPO's Qwen-Image setting: 10 train steps (the Flow-GRPO paper)",
             "model_load_s": "SPOTLIGHT: SP reconfiguration 'from minutes to sub-second'; 120 s taken for 'minutes'",
             "elastic_reform_s": "SPOTLIGHT: 'sub-second'",
             "restart_delay_s": "assumption: a replacement spot VM in about 3 minutes (SkyPilot relaunch)",

@@ -1,6 +1,6 @@
 """A sweep's runs summarised over simulation seeds (mean and min-max), and set beside SPOTLIGHT's claims.
 
-The claims (shared/REFERENCES.md): 1.4-6.4x lower total cost than the best baseline, the
+The claims (the SPOTLIGHT paper's): 1.4-6.4x lower total cost than the best baseline, the
 same validation target 4x sooner, near-linear throughput from 8 to 64 spot GPUs. The best
 baseline is taken per seed (the same market draw for every policy): the cheapest, or the
 soonest to the target, of `roll`, `naive_spot` and `rlboost`.
