@@ -25,7 +25,7 @@ def _ints(text: str, what: str, least: int = 1) -> list[int]:
     return values
 
 
-def _inputs(model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds):
+def _inputs(model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds, keep_factor=1.0):
     """Parse every input before any simulation runs; a bad one is a one-line error."""
     from resources.prices import load_prices
     from workers.sim.config import POLICIES, SimConfig
@@ -44,7 +44,9 @@ def _inputs(model, resolution, market, prices, curve, policies, iterations, expl
     learning, measured = _curve(curve)
     if explore_speedup is None:
         explore_speedup = measured or 1.0
-    base = SimConfig(POLICIES["spotlight"], iterations=iterations, explore_speedup=explore_speedup)
+    base = SimConfig(
+        POLICIES["spotlight"], iterations=iterations, explore_speedup=explore_speedup, keep_factor=keep_factor
+    )
     return base, times, parse_market(market), table, learning, names, _ints(seeds, "--seeds", least=0)
 
 
@@ -81,6 +83,11 @@ def simulate_command(
         "on random seeds (default: the bench record's measured "
         "ratio with such a --curve, else 1: no gain).",
     ),
+    keep_factor: float = typer.Option(
+        1.0,
+        help="Rollout seeds per explored prompt as a multiple of the group size (W/G): a pre-filter's wider "
+        "rollout on the critical path (the exploration bench's --keep-factor; 1: none).",
+    ),
     seeds: str = typer.Option("0", help="Comma-separated simulation seeds (market and gains); rows per seed."),
     out: Optional[Path] = typer.Option(None, help="Folder for each run's ledger, table.md and simulate.png."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per simulated run, then a summary line."),
@@ -89,7 +96,7 @@ def simulate_command(
     try:
         counts = _ints(spot_gpus, "--spot-gpus")
         base, times, mk, table, lc, names, seed_list = _inputs(
-            model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds
+            model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds, keep_factor
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
@@ -118,6 +125,7 @@ def simulate_command(
                     "market": mk.name,
                     "curve": lc.source,
                     "explore_speedup": base.explore_speedup,
+                    "keep_factor": base.keep_factor,
                     "model": times.model,
                     "iterations": iterations,
                     "run_wall_s": [round(r["sim_wall_s"], 2) for r in rows],

@@ -67,6 +67,9 @@ class SimConfig:
     validate_every: int = 5
     explore_speedup: float = 1.0
     """Training progress of an iteration on explored seeds, in iterations on random seeds (1: no gain measured)."""
+    keep_factor: float = 1.0
+    """Rollout seeds per explored prompt as a multiple of the group size (W/G): the pre-filter samples W seeds on
+    the critical path and trains the G of largest reward variance, so its rollout costs W/G of random seeds'."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -83,6 +86,8 @@ class SimConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SimConfig.{name} must be an int >= 1, got {value!r}")
+        if not self.keep_factor >= 1:
+            raise ValueError(f"SimConfig.keep_factor must be >= 1 (W seeds kept of G trained), got {self.keep_factor}")
         if not self.lease_s > 0 or not self.explore_speedup > 0:
             raise ValueError(
                 f"SimConfig.lease_s and explore_speedup must be > 0, got {self.lease_s}, {self.explore_speedup}"

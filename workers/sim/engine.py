@@ -15,8 +15,10 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import random
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -226,8 +228,8 @@ class SimCoordinator:
         }
         requests = [
             {"request_id": f"it{k}-p{p}-s{s}", "iteration": k, "kind": "rollout", "payload": payload}
-            for p in range(cfg.prompts_per_iteration)
-            for s in range(cfg.group_size)
+            for p, seeds in enumerate(self._rollout_seeds())
+            for s in range(seeds)
         ]
         self.pending["rollout"] = len(requests)
         self.rollout_done = self.env.event()
@@ -236,6 +238,14 @@ class SimCoordinator:
         yield self.env.timeout(_given(seg.collect_s, t.collect_s))
         self.books.phase(k, "rollout", start, self.env.now)
         self._record_requests(requests, k, None)
+
+    def _rollout_seeds(self) -> list[int]:
+        """Seeds sampled per prompt this rollout: W = keep_factor x G on the prompts the plan explored (the
+        pre-filter's final pick happens on the fresh rewards, on the critical path), G on the others."""
+        cfg = self.config
+        explored = round(self.explored_share * cfg.prompts_per_iteration)
+        wide = math.ceil(cfg.keep_factor * cfg.group_size)
+        return [wide if p < explored else cfg.group_size for p in range(cfg.prompts_per_iteration)]
 
     def _on_done(self, request_id: str, kind: str) -> None:
         if kind == "rollout":
@@ -253,7 +263,7 @@ class SimCoordinator:
                 request_id=rid,
                 iteration=k,
                 kind=r["kind"],
-                prompt=f"p{i // self.config.group_size}",
+                prompt=re.search(r"-(p\d+)", rid).group(1),
                 seed=i,
                 weights_version=k,
                 worker_id=worker,

@@ -164,3 +164,32 @@ def test_a_bench_record_gives_the_learning_curve_and_the_measured_exploration_sp
     (tmp_path / "not_bench.json").write_text("{}")
     done = CliRunner().invoke(app, ["simulate", "--curve", str(tmp_path / "not_bench.json")])
     assert done.exit_code != 0 and "not a `spotlight bench exploration --json` record" in " ".join(done.output.split())
+
+
+def test_a_pre_filter_samples_w_seeds_per_explored_prompt_on_the_critical_path(tmp_path):
+    """keep_factor 1.5: each prompt the plan explored is sampled with 6 seeds (W = 1.5 x G) instead of 4, so the
+    pre-filter's wider rollout is charged where it runs; unexplored prompts keep G; iteration 0 explores nothing."""
+    rollouts = {}
+    for keep in (1.0, 1.5):
+        out = tmp_path / f"keep{keep}"
+        out.mkdir()
+        simulate(
+            small("spotlight", keep_factor=keep),
+            model_preset("qwen-image-20b"),
+            parse_market("none"),
+            default_curve(),
+            out_dir=out,
+        )
+        db = out / "ledger.duckdb"
+        rollouts[keep] = query_ledger(
+            db, "SELECT iteration, prompt, count(*) FROM requests WHERE kind = 'rollout' GROUP BY 1, 2 ORDER BY 1, 2"
+        ).rows
+    assert {n for _, _, n in rollouts[1.0]} == {4}
+    assert [n for k, _, n in rollouts[1.5] if k == 0] == [4] * 4
+    assert {n for k, _, n in rollouts[1.5] if k > 0} <= {4, 6} and any(n == 6 for _, _, n in rollouts[1.5])
+    assert sum(n for *_, n in rollouts[1.5]) > sum(n for *_, n in rollouts[1.0])
+
+
+def test_keep_factor_below_one_is_refused():
+    with pytest.raises(ValueError, match="keep_factor must be >= 1"):
+        small("spotlight", keep_factor=0.5)
