@@ -65,6 +65,21 @@ def launch_command(
     gpus_per_node: Optional[int] = typer.Option(
         None, "--gpus-per-node", help="GPUs of each SP node (default: the --sp-degree)."
     ),
+    reserved_gpus: Optional[str] = typer.Option(
+        None,
+        "--reserved-gpus",
+        help="The reserved node's accelerators, NAME[:COUNT] (e.g. H100:8); default: sky/reserved.yaml's. Priced on-demand from SkyPilot's catalog.",
+    ),
+    aws_identity: str = typer.Option(
+        "keys",
+        "--aws-identity",
+        help="How the nodes reach S3: keys (AWS_ACCESS_KEY_ID/SECRET as SkyPilot secrets), service-account (SkyPilot's IAM role) or role:PROFILE (your IAM instance profile; no AWS keys on any node).",
+    ),
+    env_cache: bool = typer.Option(
+        True,
+        "--env-cache/--no-env-cache",
+        help="Mount the store's env-cache/ on every node: sky/setup.sh restores the venv from there instead of reinstalling.",
+    ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."
     ),
@@ -98,13 +113,16 @@ def launch_command(
             model_source=model_source,
             sp_degree=_sp_degree(sp_degree),
             gpus_per_node=gpus_per_node,
+            reserved_gpus=reserved_gpus,
+            aws_identity=aws_identity,
+            env_cache=env_cache,
         )
         _check_sp_against_model(plan)
         _check_reward_chosen(plan)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     try:
-        secrets = launch_secrets(os.environ)
+        secrets = launch_secrets(os.environ, aws_keys=plan.remote_identity is None)
     except CloudError as err:
         if not dry_run:
             _fail("launch", err)

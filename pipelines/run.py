@@ -37,10 +37,17 @@ DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
 default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
 BATCH_FIELDS = ("rollout_batch", "micro_batch", "group_size", "prompts_per_iteration", "minibatches")
 """The run's batch shape beyond the preset (RunConfigResource's fields of the same names)."""
-RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "rollout_batch", "micro_batch", "on_hacking")
+RESUME_MAY_CHANGE = (
+    "nproc",
+    "gradient_checkpointing",
+    "rollout_batch",
+    "micro_batch",
+    "on_hacking",
+    "reserved_usd_per_hour",
+)
 """Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, and
 chunks and micro-batches compute what the whole batch does, to float rounding), so a relaunch on another number or
-size of GPUs continues the run; and what a reward-hacking flag does (a run stopped by one continues with
+size of GPUs continues the run (at that node's price); and what a reward-hacking flag does (a run stopped by one continues with
 --on-hacking warn or rollback). Unset, they keep the stored values."""
 HACKING_FIELDS = (
     "on_hacking",
@@ -110,6 +117,8 @@ class RunSpec:
     hacking_max_rise: Optional[float] = None
     rollback_lr_scale: Optional[float] = None
     rollback_kl_beta: Optional[float] = None
+    reserved_usd_per_hour: Optional[float] = None
+    """The reserved node's $/hour in the ledger (the trainer's rows, and so the spend cap); None = the default."""
 
     def __post_init__(self) -> None:
         # Worker processes and a --resume from another directory must find the same files.
@@ -138,6 +147,8 @@ class RunSpec:
             raise ValueError(f"--preemptions-per-hour must be >= 0, got {self.preemptions_per_hour}")
         if self.nproc < 1:
             raise ValueError(f"--nproc must be >= 1 (trainer processes; one per GPU on CUDA), got {self.nproc}")
+        if self.reserved_usd_per_hour is not None and not self.reserved_usd_per_hour >= 0:
+            raise ValueError(f"--reserved-usd-per-hour must be >= 0 dollars, got {self.reserved_usd_per_hour}")
 
     @classmethod
     def resolve(cls, run_dir: Path, *, resume: bool, replace: bool = False, **asked) -> "RunSpec":
@@ -215,6 +226,7 @@ class RunSpec:
             },
             prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout},
             batch={k: getattr(self, k) for k in BATCH_FIELDS if getattr(self, k) is not None},
+            reserved_usd_per_hour=self.reserved_usd_per_hour,
         )
 
 

@@ -152,6 +152,11 @@ def run_command(
     minibatches: Optional[int] = typer.Option(
         None, "--minibatches", help="Optimizer steps per epoch (default: the preset's)."
     ),
+    reserved_usd_per_hour: Optional[float] = typer.Option(
+        None,
+        "--reserved-usd-per-hour",
+        help="The reserved node's price in the ledger (and so in --max-usd's spend); spotlight launch passes its catalog price with the jobs controller's. Default: the notional local figure. --resume may change it.",
+    ),
     config_file: Optional[Path] = config_option(),
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
