@@ -72,6 +72,9 @@ class FakeSky:
 
         monkeypatch.setattr(sky.catalog, "list_accelerators", list_accelerators)
         self._install_controller_catalog(monkeypatch)
+        from sky.utils import annotations
+
+        monkeypatch.setattr(annotations, "is_on_api_server", False)  # a client process (set by any real SDK call)
         monkeypatch.setattr(sky, "get", self._get)
         monkeypatch.setattr(sky, "stream_and_get", self._get)
         for module, name, answer in (

@@ -305,6 +305,8 @@ def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_expo
         (["--store", "s3://b/p", "--model", "models/qwen"], "must be an absolute folder path"),
         (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
         (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
+        (["--store", "s3://b/p", "--reserved-gpus", "H100:0"], "--reserved-gpus must be NAME[:COUNT]"),
+        (["--store", "s3://b/p", "--reserved-gpus", "TPU:8"], "--reserved-gpus must be NAME[:COUNT]"),
         (["--store", "s3://b/p", "--sp-degree", "two"], "--sp-degree must be an integer >= 1 or auto, got 'two'"),
         (["--store", "s3://b/p", "--sp-degree", "0"], "--sp-degree must be an integer >= 1 or auto, got 0"),
         (["--store", "s3://b/p", "--gpus-per-node", "8"], "--gpus-per-node 8 needs --sp-degree"),
