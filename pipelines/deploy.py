@@ -58,7 +58,6 @@ def build_resources(
     validation: Optional[dict] = None,
     prompts: Optional[dict] = None,
     batch: Optional[dict] = None,
-    reserved_usd_per_hour: Optional[float] = None,
 ) -> dict:
     """The resource dict of a deployment (pydantic validates each resource as it is built). batch: the run's
     batch-shape fields (rollout_batch, micro_batch, group_size, prompts_per_iteration, minibatches)."""
@@ -92,7 +91,6 @@ def build_resources(
                 **(validation or {}),
                 **(prompts or {}),
                 **(batch or {}),
-                **({} if reserved_usd_per_hour is None else {"reserved_usd_per_hour": reserved_usd_per_hour}),
             ),
             "store": TensorStoreResource(url=store or str(run_dir / "store")),
             "queue": QueueResource(url=queue or str(run_dir / "queue.db")),
