@@ -1,4 +1,5 @@
-"""`spotlight launch`, `spotlight status`, `spotlight down`: the cloud path on SkyPilot (registered in pipelines/cli.py).
+"""`spotlight launch`, `spotlight status`, `spotlight down`: the cloud path on SkyPilot (registered in
+pipelines/cli.py).
 
 Only typer at import time; SkyPilot (resources/cloud/__init__.py) loads inside the commands, so
 `--help` stays instant. Every flag and secret is checked before anything is submitted.
@@ -27,12 +28,18 @@ def launch_command(
     gpu: Optional[str] = typer.Option(
         None,
         "--gpu",
-        help="Spot worker accelerator(s), comma-separated (e.g. A100 or L4,A10G); default: sky/spot_workers.yaml's any_of.",
+        help=(
+            "Spot worker accelerator(s), comma-separated (e.g. A100 or L4,A10G); default: sky/spot_workers.yaml's "
+            "any_of."
+        ),
     ),
     max_usd: float = typer.Option(
         100.0,
         "--max-usd",
-        help="Spend cap in dollars: the coordinator stops and spot jobs stop recovering once the ledger's spend reaches it.",
+        help=(
+            "Spend cap in dollars: the coordinator stops and spot jobs stop recovering once the ledger's spend "
+            "reaches it."
+        ),
     ),
     preset: Optional[str] = typer.Option(None, help="Training preset (default: sky/reserved.yaml's)."),
     iterations: Optional[int] = typer.Option(None, help="Training iterations (default: sky/reserved.yaml's)."),
@@ -40,30 +47,70 @@ def launch_command(
     model: Optional[str] = typer.Option(
         None,
         "--model",
-        help="A diffusers pipeline folder to post-train (absolute; the same path on every node: MODEL in both tasks, and no CPU workers on the reserved node). Default: the pixel policy.",
+        help=(
+            "A diffusers pipeline folder to post-train (absolute; the same path on every node: MODEL in both tasks, "
+            "and no CPU workers on the reserved node). Default: the pixel policy."
+        ),
     ),
     reward: Optional[str] = typer.Option(
         None,
         "--reward",
-        help="The run's reward spec (spotlight run --reward: a name, clip:PATH, http://HOST:PORT, multi:...); default: the preset's. The GPU presets name none.",
+        help=(
+            "The run's reward spec (spotlight run --reward: a name, clip:PATH, http://HOST:PORT, multi:...); default:"
+            " the preset's. The GPU presets name none."
+        ),
     ),
     prompts: Optional[str] = typer.Option(
         None,
         "--prompts",
-        help="A prompts file on the reserved node, absolute (spotlight run --prompts: text or JSON Lines); default: the preset's task.",
+        help=(
+            "A prompts file on the reserved node, absolute (spotlight run --prompts: text or JSON Lines); default: "
+            "the preset's task."
+        ),
     ),
     model_source: Optional[str] = typer.Option(
         None,
         "--model-source",
-        help="A bucket URL holding the --model folder (s3://bucket/models/Qwen-Image): SkyPilot copies it to that path on every node at start.",
+        help=(
+            "A bucket URL holding the --model folder (s3://bucket/models/Qwen-Image): SkyPilot copies it to that path"
+            " on every node at start."
+        ),
     ),
     sp_degree: Optional[str] = typer.Option(
         None,
         "--sp-degree",
-        help="SP nodes instead of rollout workers: each job runs the elastic SP node agent over its node's GPUs, sampling in Ulysses groups of this many GPUs (2..8), or auto (per round). Checked against --model's transformer when the folder is on this machine. Default: one rollout worker per job.",
+        help=(
+            "SP nodes instead of rollout workers: each job runs the elastic SP node agent over its node's GPUs, "
+            "sampling in Ulysses groups of this many GPUs (2..8), or auto (per round). Checked against --model's "
+            "transformer when the folder is on this machine. Default: one rollout worker per job."
+        ),
     ),
     gpus_per_node: Optional[int] = typer.Option(
         None, "--gpus-per-node", help="GPUs of each SP node (default: the --sp-degree)."
+    ),
+    reserved_gpus: Optional[str] = typer.Option(
+        None,
+        "--reserved-gpus",
+        help=(
+            "The reserved node's accelerators, NAME[:COUNT] (e.g. H100:8); default: sky/reserved.yaml's. Priced "
+            "on-demand from SkyPilot's catalog."
+        ),
+    ),
+    aws_identity: str = typer.Option(
+        "keys",
+        "--aws-identity",
+        help=(
+            "How the nodes reach S3: keys (AWS_ACCESS_KEY_ID/SECRET as SkyPilot secrets), service-account (SkyPilot's"
+            " IAM role) or role:PROFILE (your IAM instance profile; no AWS keys on any node)."
+        ),
+    ),
+    env_cache: bool = typer.Option(
+        True,
+        "--env-cache/--no-env-cache",
+        help=(
+            "Mount the store's env-cache/ on every node: sky/setup.sh restores the venv from there instead of "
+            "reinstalling."
+        ),
     ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."
@@ -98,13 +145,16 @@ def launch_command(
             model_source=model_source,
             sp_degree=_sp_degree(sp_degree),
             gpus_per_node=gpus_per_node,
+            reserved_gpus=reserved_gpus,
+            aws_identity=aws_identity,
+            env_cache=env_cache,
         )
         _check_sp_against_model(plan)
         _check_reward_chosen(plan)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     try:
-        secrets = launch_secrets(os.environ)
+        secrets = launch_secrets(os.environ, aws_keys=plan.remote_identity is None)
     except CloudError as err:
         if not dry_run:
             _fail("launch", err)
@@ -219,12 +269,18 @@ def status_command(
     queue: Optional[str] = typer.Option(
         None,
         "--queue",
-        help="The run's queue (default: rediss:// on the reserved node, from SkyPilot, trusting the run's CA kept by spotlight launch). Password from SPOTLIGHT_REDIS_PASSWORD(_FILE).",
+        help=(
+            "The run's queue (default: rediss:// on the reserved node, from SkyPilot, trusting the run's CA kept by "
+            "spotlight launch). Password from SPOTLIGHT_REDIS_PASSWORD(_FILE)."
+        ),
     ),
     ledger: Optional[Path] = typer.Option(
         None,
         "--ledger",
-        help="Read iteration, score, spend and workers from this ledger file instead of the coordinator's summary in the queue.",
+        help=(
+            "Read iteration, score, spend and workers from this ledger file instead of the coordinator's summary in "
+            "the queue."
+        ),
     ),
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),

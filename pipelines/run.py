@@ -37,11 +37,18 @@ DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
 default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
 BATCH_FIELDS = ("rollout_batch", "micro_batch", "group_size", "prompts_per_iteration", "minibatches")
 """The run's batch shape beyond the preset (RunConfigResource's fields of the same names)."""
-RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "rollout_batch", "micro_batch", "on_hacking")
+RESUME_MAY_CHANGE = (
+    "nproc",
+    "gradient_checkpointing",
+    "rollout_batch",
+    "micro_batch",
+    "on_hacking",
+    "reserved_usd_per_hour",
+)
 """Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, and
 chunks and micro-batches compute what the whole batch does, to float rounding), so a relaunch on another number or
-size of GPUs continues the run; and what a reward-hacking flag does (a run stopped by one continues with
---on-hacking warn or rollback). Unset, they keep the stored values."""
+size of GPUs continues the run (at that node's price); and what a reward-hacking flag does (a run stopped by one
+continues with --on-hacking warn or rollback). Unset, they keep the stored values."""
 HACKING_FIELDS = (
     "on_hacking",
     "hacking_window",
@@ -110,6 +117,8 @@ class RunSpec:
     hacking_max_rise: Optional[float] = None
     rollback_lr_scale: Optional[float] = None
     rollback_kl_beta: Optional[float] = None
+    reserved_usd_per_hour: Optional[float] = None
+    """The reserved node's $/hour in the ledger (the trainer's rows, and so the spend cap); None = the default."""
 
     def __post_init__(self) -> None:
         # Worker processes and a --resume from another directory must find the same files.
@@ -138,6 +147,8 @@ class RunSpec:
             raise ValueError(f"--preemptions-per-hour must be >= 0, got {self.preemptions_per_hour}")
         if self.nproc < 1:
             raise ValueError(f"--nproc must be >= 1 (trainer processes; one per GPU on CUDA), got {self.nproc}")
+        if self.reserved_usd_per_hour is not None and not self.reserved_usd_per_hour >= 0:
+            raise ValueError(f"--reserved-usd-per-hour must be >= 0 dollars, got {self.reserved_usd_per_hour}")
 
     @classmethod
     def resolve(cls, run_dir: Path, *, resume: bool, replace: bool = False, **asked) -> "RunSpec":
@@ -158,7 +169,8 @@ class RunSpec:
                     f"{run_dir} holds a ledger but no {SPEC_NAME}: it was not written by `spotlight run`; "
                     "choose another --run-dir"
                 )
-            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the first time.
+            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the first
+            # time.
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         # The folder is where it is now (it may have moved); flags compare as the spec stores them (absolute paths).
         stored = dataclasses.replace(cls(**json.loads(path.read_text())), run_dir=str(run_dir))
@@ -214,7 +226,9 @@ class RunSpec:
                 **{name: getattr(self, name) for name in HACKING_FIELDS if getattr(self, name) is not None},
             },
             prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout},
-            batch={k: getattr(self, k) for k in BATCH_FIELDS if getattr(self, k) is not None},
+            batch={  # RunConfigResource's fields: the batch shape, and the reserved node's price when given
+                k: getattr(self, k) for k in (*BATCH_FIELDS, "reserved_usd_per_hour") if getattr(self, k) is not None
+            },
         )
 
 
@@ -258,8 +272,9 @@ def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None)
 
 @contextlib.contextmanager
 def remote_workers(resources: dict, max_usd: Optional[float] = None) -> Iterator[None]:
-    """On a Redis queue: record the spot workers that relay their events through it (resources/cluster/worker_events.py),
-    and publish the run's progress and spend there (for `spotlight status` and the spot workers' spend gate)."""
+    """On a Redis queue: record the spot workers that relay their events through it
+    (resources/cluster/worker_events.py), and publish the run's progress and spend there (for `spotlight status`
+    and the spot workers' spend gate)."""
     from resources.cluster.worker_events import RemoteWorkers
     from resources.run_status import StatusPublisher
 

@@ -26,13 +26,19 @@ def run_command(
     ),
     reward: Optional[str] = typer.Option(
         None,
-        help="Reward overriding the preset's: a name (minigeneval, minigeneval_strict, jpeg_compressibility), clip:PATH, multi:a=1,b=0.1, or a reward server's http:// URL (docs/MODELS.md).",
+        help=(
+            "Reward overriding the preset's: a name (minigeneval, minigeneval_strict, jpeg_compressibility), "
+            "clip:PATH, multi:a=1,b=0.1, or a reward server's http:// URL (docs/MODELS.md)."
+        ),
     ),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
     prompts_heldout: Optional[float] = typer.Option(None, "--prompts-heldout", help=PROMPTS_HELDOUT_HELP),
     store: Optional[str] = typer.Option(
         None,
-        help="Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...).",
+        help=(
+            "Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come "
+            "from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."
+        ),
     ),
     queue: Optional[str] = typer.Option(
         None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."
@@ -47,26 +53,41 @@ def run_command(
     ),
     rollouts: Optional[str] = typer.Option(
         None,
-        help="Who samples: local_cluster (default: rollout worker processes on this machine, spot-priced, with injected preemptions) or inprocess (the trainer itself, batched; no workers).",
+        help=(
+            "Who samples: local_cluster (default: rollout worker processes on this machine, spot-priced, with "
+            "injected preemptions) or inprocess (the trainer itself, batched; no workers)."
+        ),
     ),
     explore_samples: Optional[float] = typer.Option(
         None,
         "--explore-samples",
-        help="--rollouts inprocess: explore the next iteration's seeds on the stale weights within this many full-sampler samples per iteration, in this process (docs/EXPLORATION.md).",
+        help=(
+            "--rollouts inprocess: explore the next iteration's seeds on the stale weights within this many "
+            "full-sampler samples per iteration, in this process (docs/EXPLORATION.md)."
+        ),
     ),
     workers: Optional[int] = typer.Option(
         None,
         "--workers",
-        help=f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS}; 0 on a Redis --queue: remote workers sample everything).",
+        help=(
+            f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS}; 0 on a Redis "
+            f"--queue: remote workers sample everything)."
+        ),
     ),
     preemptions_per_hour: Optional[float] = typer.Option(
         None,
-        help=f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default {DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none).",
+        help=(
+            f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default "
+            f"{DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none)."
+        ),
     ),
     checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
     model: Optional[str] = typer.Option(
         None,
-        help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer and every worker (docs/MODELS.md).",
+        help=(
+            "A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer "
+            "and every worker (docs/MODELS.md)."
+        ),
     ),
     lora_rank: Optional[int] = typer.Option(None, help="With --model: LoRA rank (0 = full fine-tuning)."),
     resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
@@ -74,7 +95,10 @@ def run_command(
     sync_mode: Optional[str] = typer.Option(
         None,
         "--sync-mode",
-        help="With --model and a LoRA: what PULSE ships to the rollout workers, lora (the adapter; default) or merged (BF16 base + LoRA delta of every weight: workers need no adapter).",
+        help=(
+            "With --model and a LoRA: what PULSE ships to the rollout workers, lora (the adapter; default) or merged "
+            "(BF16 base + LoRA delta of every weight: workers need no adapter)."
+        ),
     ),
     device: Optional[str] = typer.Option(None, help="The trainer's device: cpu (default), cuda or cuda:N."),
     nproc: Optional[int] = typer.Option(
@@ -89,17 +113,27 @@ def run_command(
     validation_reward: Optional[str] = typer.Option(
         None,
         "--validation-reward",
-        help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector for the pixel policy; with --model the run's reward).",
+        help=(
+            "Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's "
+            "detector for the pixel policy; with --model the run's reward)."
+        ),
     ),
     validation_prompts: Optional[Path] = typer.Option(
         None,
         "--validation-prompts",
-        help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the pixel policy reads only MiniGenEval prompts).",
+        help=(
+            "A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the "
+            "pixel policy reads only MiniGenEval prompts)."
+        ),
     ),
     on_hacking: Optional[str] = typer.Option(
         None,
         "--on-hacking",
-        help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (default: record it, fail the Dagster check), stop (end after that iteration; --resume continues, and may change this flag) or rollback (continue from the best-gold weights at a lower lr / stronger KL).",
+        help=(
+            "When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (default: record it, "
+            "fail the Dagster check), stop (end after that iteration; --resume continues, and may change this flag) "
+            "or rollback (continue from the best-gold weights at a lower lr / stronger KL)."
+        ),
     ),
     hacking_window: Optional[int] = typer.Option(
         None,
@@ -135,7 +169,10 @@ def run_command(
     max_usd: Optional[float] = typer.Option(
         None,
         "--max-usd",
-        help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume.",
+        help=(
+            "Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a "
+            "Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."
+        ),
     ),
     rollout_batch: Optional[int] = typer.Option(
         None, "--rollout-batch", help=ROLLOUT_BATCH_HELP + " --resume keeps the run's unless given."
@@ -152,9 +189,18 @@ def run_command(
     minibatches: Optional[int] = typer.Option(
         None, "--minibatches", help="Optimizer steps per epoch (default: the preset's)."
     ),
+    reserved_usd_per_hour: Optional[float] = typer.Option(
+        None,
+        "--reserved-usd-per-hour",
+        help=(
+            "The reserved node's price in the ledger (and so in --max-usd's spend); spotlight launch passes its "
+            "catalog price with the jobs controller's. Default: the notional local figure. --resume may change it."
+        ),
+    ),
     config_file: Optional[Path] = config_option(),
 ) -> None:
-    """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
+    """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer
+    processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
     asked = _asked(locals())  # first: every parameter, nothing else yet
     spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
     _check_reachable(spec)

@@ -22,6 +22,11 @@ The reserved node's Redis is TLS-only, signed by a CA made for the run, with an 
 the workers (resources/queue/redis_tls.py): the node gets the server's key, each worker only
 the CA certificate and its own password. `launch` submits workers once that Redis answers.
 
+Prices (resources/cloud/pricing.py): each spot worker, and the reserved node plus the jobs controller VM, from
+SkyPilot's catalog for what is launched (`reserved_gpus` overrides the YAML's accelerators). With `aws_identity`
+a role, SkyPilot's `aws.remote_identity` gives the nodes an IAM role and no task carries the AWS keys. Tasks are
+built in resources/cloud/tasks.py.
+
 Example:
     plan = LaunchPlan(workers=8, store="s3://bucket/spotlight", gpus=("A100",), max_usd=200)
     secrets = with_run_tls(launch_secrets(os.environ), run_tls(tls_folder(plan.cluster)))
@@ -32,199 +37,77 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from pathlib import Path
-from typing import Any, Callable, Mapping
-
-import yaml
+from typing import Any, Callable, Iterator, Mapping
 
 import sky
-from resources.cloud.plan import RESERVED_CLUSTER, LaunchPlan
-from resources.prices import PriceTable
-from resources.queue.redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
-from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
+from resources.cloud.plan import RESERVED_CLUSTER, CloudError, LaunchPlan
+from resources.cloud.pricing import catalog_price, reserved_price
+from resources.cloud.tasks import (
+    CHECKOUT,
+    PLACEHOLDER_QUEUE,
+    REDIS_PORT,
+    SECRET_NAMES,
+    STATE_DIR_ENV,
+    WORKER_JOB_PREFIX,
+    describe_task,
+    launch_secrets,
+    plan_tasks,
+    reserved_task,
+    tls_folder,
+    with_run_tls,
+    worker_task,
+    yaml_task,
+)
+from resources.queue.redis_tls import WORKER_USER
+from resources.urls import PASSWORD_ENV, RUN_CA_ENV
 from sky import exceptions as sky_exceptions
 
-WORKER_JOB_PREFIX = "spotlight-rollout"
-"""Spot worker i is the managed job `spotlight-rollout-i`; `status` and `down` find them by this prefix."""
-REDIS_PORT = 6379
-SECRET_NAMES = (PASSWORD_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-CHECKOUT = Path(__file__).resolve().parents[2]
-"""The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
-SKY_DIR = CHECKOUT / "sky"
-PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
-"""The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
-STATE_DIR_ENV = "SPOTLIGHT_STATE_DIR"
-"""Folder of what `spotlight launch` keeps on this machine between launches (each run's TLS files)."""
+__all__ = [
+    "CHECKOUT",
+    "PLACEHOLDER_QUEUE",
+    "RESERVED_CLUSTER",
+    "SECRET_NAMES",
+    "STATE_DIR_ENV",
+    "CloudError",
+    "LaunchPlan",
+    "aws_identity",
+    "check_clouds",
+    "describe_task",
+    "launch",
+    "launch_secrets",
+    "plan_tasks",
+    "reserved_address",
+    "reserved_task",
+    "teardown",
+    "tls_folder",
+    "use_run_ca",
+    "wait_for_redis",
+    "with_run_tls",
+    "worker_jobs",
+    "worker_task",
+    "yaml_task",
+]
 REDIS_WAIT_S = 1200.0
 """How long `launch` waits for the reserved node's Redis to answer after `sky.launch` returns (its setup included)."""
 
 
-class CloudError(RuntimeError):
-    """The cloud path cannot go on; the message says what to fix (and nothing was submitted unless it says so)."""
+@contextlib.contextmanager
+def aws_identity(plan: LaunchPlan) -> Iterator[None]:
+    """SkyPilot's config with `aws.remote_identity` set to the plan's instance role (an IAM instance profile, or
+    SkyPilot's own role) while launching: every request carries it to the API server, so the reserved node, the jobs
+    controller and each spot job's VM get the role instead of this machine's keys. The plan's default (keys) leaves
+    SkyPilot's config as it is."""
+    if plan.remote_identity is None:
+        yield
+        return
+    from sky import skypilot_config
 
-
-def launch_secrets(env: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The secrets every node needs, from this machine's environment; CloudError naming the missing ones."""
-    try:
-        password = redis_password(env)
-    except ValueError as err:
-        raise CloudError(str(err)) from None
-    missing = (
-        []
-        if password
-        else [f"{PASSWORD_ENV} (e.g. export {PASSWORD_ENV}=$(openssl rand -hex 24)) or {PASSWORD_FILE_ENV}"]
-    )
-    missing += [name for name in SECRET_NAMES[1:] if not env.get(name)]
-    if missing:
-        raise CloudError(
-            f"set {' and '.join(missing)} before launching: the nodes get them as SkyPilot secrets "
-            "(never on a command line); the AWS keys reach the S3 store"
-        )
-    return {PASSWORD_ENV: password, **{name: env[name] for name in SECRET_NAMES[1:]}}
-
-
-def yaml_task(name: str, secrets: Mapping[str, str]) -> sky.Task:
-    """sky/`name` parsed by SkyPilot with the secrets it declares filled in (`secrets_overrides`, as `--secret NAME`
-    does). A YAML's `NAME: null` secret is a managed-secret reference: filled in after parsing (`update_secrets`) the
-    reference stays, and SkyPilot's launch refuses it ("No value available for secret(s)"). A declared secret
-    missing from `secrets` stays a reference (a dry run without credentials)."""
-    config = yaml.safe_load((SKY_DIR / name).read_text())
-    declared = list(config.get("secrets") or {})
-    given = [(k, secrets[k]) for k in declared if secrets.get(k)]
-    return sky.Task.from_yaml_config(config, secrets_overrides=given or None)
-
-
-def tls_folder(cluster: str, env: Mapping[str, str] = os.environ) -> Path:
-    """Where this machine keeps a run's TLS files (0700): $SPOTLIGHT_STATE_DIR (default ~/.spotlight)/CLUSTER/redis-tls."""
-    return Path(env.get(STATE_DIR_ENV) or "~/.spotlight").expanduser() / cluster / "redis-tls"
-
-
-def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
-    """The launch secrets plus the run's TLS material: the CA for everyone, the server's certificate and key for the
-    reserved node only (each task takes only the secrets its YAML declares)."""
-    return {**secrets, RUN_CA_ENV: tls.b64("ca_pem"), CERT_ENV: tls.b64("cert_pem"), KEY_ENV: tls.b64("key_pem")}
-
-
-def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str]) -> sky.Task:
-    """sky/reserved.yaml with the plan's store, preset, iterations and cap, and the run's TLS material."""
-    task = yaml_task("reserved.yaml", secrets)
-    envs = {
-        "SPOTLIGHT_STORE": plan.store,
-        "MAX_USD": f"{plan.max_usd:g}",
-        "REDIS_PORT": str(REDIS_PORT),
-        **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
-    }
-    envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
-    if plan.model is not None:
-        envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
-    envs.update({k: v for k, v in (("REWARD", plan.reward), ("PROMPTS", plan.prompts)) if v is not None})
-    return _finish(task, envs, plan)
-
-
-def worker_task(
-    plan: LaunchPlan,
-    secrets: Mapping[str, str],
-    index: int,
-    queue_url: str = PLACEHOLDER_QUEUE,
-    usd_per_hour: float | None = None,
-) -> sky.Task:
-    """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue (as the workers' ACL user,
-    with their own password), the run's CA, the plan's GPUs."""
-    if secrets.get(PASSWORD_ENV):
-        secrets = {**secrets, PASSWORD_ENV: worker_password(secrets[PASSWORD_ENV])}
-    task = yaml_task("spot_workers.yaml", secrets)
-    task.name = f"{WORKER_JOB_PREFIX}-{index}"
-    count = plan.node_gpus
-    names = plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in task.resources}))
-    if plan.gpus or count > 1:
-        template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
-        task.set_resources({template.copy(accelerators={gpu: count}) for gpu in names})
-    envs = {
-        "SPOTLIGHT_QUEUE": queue_url,
-        "SPOTLIGHT_STORE": plan.store,
-        **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
-        # The node's spot price for the ledger and the cap, whatever types any_of allows (never the YAML's flat one).
-        "USD_PER_HOUR": repr(usd_per_hour if usd_per_hour is not None else _node_usd_per_hour(names, count)),
-    }
-    if plan.model is not None:
-        envs["MODEL"] = plan.model
-    if plan.sp_degree not in (None, 1):
-        envs["SP_DEGREE"] = str(plan.sp_degree)
-    return _finish(task, envs, plan)
-
-
-def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
-    """A node of `count` GPUs of one of `gpus`, at the spot price of the dearest: with several types the ledger cannot
-    know which one SkyPilot found, and an SP node's price must not fall back to the YAML's one-GPU default (the spend
-    cap reads it), so it errs high."""
-    table = PriceTable()
-    return round(max(table.usd_per_hour(gpu, spot=True)[0] for gpu in gpus) * count, 6)
-
-
-def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan) -> sky.Task:
-    task.update_envs(dict(envs))
-    if plan.model_source is not None:  # copied from the bucket when the node starts (and again on recovery)
-        task.update_file_mounts({plan.model: plan.model_source})
-    task.workdir = str(CHECKOUT)  # the YAMLs' `workdir: .` means the checkout, wherever launch runs from
-    return task
-
-
-def plan_tasks(
-    plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE, usd_per_hour: float | None = None
-) -> list[sky.Task]:
-    """The reserved node's task, then one task per spot worker: everything `launch` submits."""
-    return [reserved_task(plan, secrets)] + [
-        worker_task(plan, secrets, i, queue_url, usd_per_hour) for i in range(1, plan.workers + 1)
-    ]
-
-
-def worker_gpus(plan: LaunchPlan) -> tuple[str, ...]:
-    """The accelerator types a spot job may get: --gpu's, else sky/spot_workers.yaml's any_of."""
-    return plan.gpus or tuple(
-        sorted({next(iter(r.accelerators)) for r in yaml_task("spot_workers.yaml", {}).resources})
-    )
-
-
-def catalog_price(plan: LaunchPlan, clouds: list[str], echo: Callable[[str], None] = print) -> float | None:
-    """A spot node's $/hour from SkyPilot's catalog on the enabled clouds (resources.prices), or None (the price
-    table then applies, as in --dry-run) when the catalog cannot be read; says which."""
-    from resources.prices import catalog_node_usd_per_hour
-
-    found = catalog_node_usd_per_hour(worker_gpus(plan), plan.node_gpus, spot=True, clouds=[c.lower() for c in clouds])
-    if found is None:
-        echo("spot workers priced from the price table (SkyPilot's catalog could not be read or lists none)")
-        return None
-    echo(f"spot workers priced at ${found[0]:.4f}/h: {found[1]}")
-    return found[0]
-
-
-def describe_task(task: sky.Task) -> dict[str, Any]:
-    """A task as plain data for --dry-run: resources, envs, and secret names only (values shown as ***)."""
-    resources = sorted((_describe_resources(r) for r in task.resources), key=lambda r: str(r["accelerators"]))
-    return {
-        "name": task.name,
-        "any_of": len(resources) > 1,
-        "resources": resources,
-        "envs": dict(task.envs),
-        "file_mounts": {k: str(v) for k, v in (task.file_mounts or {}).items()},
-        "secrets": {
-            k: "***" if task.secrets.get(k) is not None and task.secrets[k].get_secret_value() else None
-            for k in sorted(set(task.secrets) | set(SECRET_NAMES))
-        },
-        "workdir": task.workdir,
-        "run": task.run,
-    }
-
-
-def _describe_resources(r: Any) -> dict[str, Any]:
-    return {
-        "accelerators": dict(r.accelerators or {}),
-        "use_spot": bool(r.use_spot),
-        "job_recovery": r.job_recovery,
-        "ports": list(r.ports or []),
-        "cloud": None if r.cloud is None else str(r.cloud),
-    }
+    config = skypilot_config.to_dict()
+    config.set_nested(("aws", "remote_identity"), plan.remote_identity)
+    with skypilot_config.replace_skypilot_config(config):
+        yield
 
 
 def check_clouds(enabled: Callable[[], list[str]] | None = None) -> list[str]:
@@ -264,25 +147,35 @@ def launch(
     `before_workers(queue_url)` may raise to stop before any worker is submitted (the spend cap)."""
     clouds = check_clouds()
     echo(f"enabled clouds: {', '.join(clouds)}; starting {plan.cluster}")
-    sky.stream_and_get(sky.launch(reserved_task(plan, secrets), cluster_name=plan.cluster))
+    reserved = reserved_task(plan, secrets)
+    reserved.update_envs({"RESERVED_USD_PER_HOUR": repr(reserved_price(reserved, clouds, echo))})
+    with aws_identity(plan):
+        sky.stream_and_get(sky.launch(reserved, cluster_name=plan.cluster))
     address = reserved_address(plan.cluster)
     queue_url = f"rediss://{address}/0"
     wait_for_redis(queue_url, secrets, REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
     if before_workers is not None:
         before_workers(queue_url)
+    _submit_workers(plan, secrets, f"rediss://{WORKER_USER}@{address}/0", catalog_price(plan, clouds, echo), echo)
+    return queue_url
+
+
+def _submit_workers(
+    plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str, usd_per_hour: float | None, echo: Callable
+) -> None:
+    """One managed job per spot worker, skipping those already unfinished (a relaunch resumes the run)."""
     running = {job["name"]: job for job in worker_jobs(echo)}
-    usd_per_hour = catalog_price(plan, clouds, echo)
     for index in range(1, plan.workers + 1):
-        task = worker_task(plan, secrets, index, f"rediss://{WORKER_USER}@{address}/0", usd_per_hour)
+        task = worker_task(plan, secrets, index, queue_url, usd_per_hour)
         if task.name in running:
             echo(
                 f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
                 f"{running[task.name]['status']}): not submitted again"
             )
             continue
-        job_ids, _ = sky.get(sky.jobs.launch(task, name=task.name))
+        with aws_identity(plan):
+            job_ids, _ = sky.get(sky.jobs.launch(task, name=task.name))
         echo(f"submitted {task.name} (managed job {', '.join(map(str, job_ids or []))})")
-    return queue_url
 
 
 def wait_for_redis(

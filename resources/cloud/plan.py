@@ -1,8 +1,9 @@
-"""What `spotlight launch` was asked for (`LaunchPlan`), checked before anything is submitted; resources/cloud/__init__.py
-turns a plan into SkyPilot tasks and submits them."""
+"""What `spotlight launch` was asked for (`LaunchPlan`), checked before anything is submitted; resources/cloud/tasks.py
+turns a plan into SkyPilot tasks and resources/cloud/__init__.py submits them."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from resources.prices import PriceTable
@@ -11,6 +12,14 @@ RESERVED_CLUSTER = "spotlight-reserved"
 """The reserved node's SkyPilot cluster (`spotlight launch --cluster`)."""
 MODEL_SOURCE_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "https")
 """Bucket URLs SkyPilot can copy a file mount from (https: an Azure blob container)."""
+AWS_IDENTITIES = ("keys", "service-account", "role:<instance-profile>")
+"""How the nodes reach S3 (`spotlight launch --aws-identity`): this machine's AWS keys as secrets, SkyPilot's own IAM
+role, or an IAM instance profile of yours. Only `keys` ships AWS_ACCESS_KEY_ID/SECRET to the nodes."""
+_IAM_NAME = re.compile(r"[\w+=,.@-]{1,128}")
+
+
+class CloudError(RuntimeError):
+    """The cloud path cannot go on; the message says what to fix (and nothing was submitted unless it says so)."""
 
 
 @dataclass(frozen=True)
@@ -45,10 +54,18 @@ class LaunchPlan:
     or "auto" (per round, for the queue's backlog). None or 1: one rollout worker per job, on one GPU."""
     gpus_per_node: int | None = None
     """GPUs of each SP node; None: the sp_degree (one group per node). Only with an sp_degree."""
+    reserved_gpus: str | None = None
+    """The reserved node's accelerators, NAME:COUNT (H100:8); None: sky/reserved.yaml's. Priced on-demand."""
+    aws_identity: str = "keys"
+    """How the nodes reach S3: "keys" (AWS_ACCESS_KEY_ID/SECRET as secrets), "service-account" (SkyPilot's IAM role)
+    or "role:PROFILE" (an IAM instance profile): SkyPilot's aws.remote_identity, and no AWS keys on any node."""
+    env_cache: bool = True
+    """Mount the store's env-cache/ on every node: sky/setup.sh restores the venv from there instead of installing."""
 
     def __post_init__(self) -> None:
         self._check_model()
         self._check_sp()
+        self._check_reserved_and_identity()
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
         if not self.store.startswith("s3://") or len(self.store) <= len("s3://"):
@@ -63,6 +80,37 @@ class LaunchPlan:
             raise ValueError(
                 f"--gpu {','.join(self.gpus)}: give distinct accelerator names from "
                 f"{', '.join(sorted(known))} (comma-separated; add others to a prices file)"
+            )
+
+    @property
+    def remote_identity(self) -> str | None:
+        """SkyPilot's aws.remote_identity for this launch; None: keys (SkyPilot's config is left as it is)."""
+        if self.aws_identity == "keys":
+            return None
+        return "SERVICE_ACCOUNT" if self.aws_identity == "service-account" else self.aws_identity[len("role:") :]
+
+    @property
+    def reserved_accelerators(self) -> tuple[str, int] | None:
+        """--reserved-gpus as (name, count); None: the YAML's."""
+        if self.reserved_gpus is None:
+            return None
+        name, _, count = self.reserved_gpus.partition(":")
+        return name, int(count or 1)
+
+    def _check_reserved_and_identity(self) -> None:
+        if self.reserved_gpus is not None:
+            name, _, count = self.reserved_gpus.partition(":")
+            if name not in PriceTable().gpus or not (count or "1").isdigit() or int(count or 1) < 1:
+                raise ValueError(
+                    f"--reserved-gpus must be NAME[:COUNT] with NAME one of {', '.join(sorted(PriceTable().gpus))} "
+                    f"and COUNT >= 1, got {self.reserved_gpus!r}"
+                )
+        identity = self.aws_identity
+        role = identity.startswith("role:") and _IAM_NAME.fullmatch(identity[len("role:") :])
+        if identity not in ("keys", "service-account") and not role:
+            raise ValueError(
+                f"--aws-identity must be one of {', '.join(AWS_IDENTITIES)} (an IAM instance profile name: letters, "
+                f"digits and +=,.@_-), got {identity!r}"
             )
 
     @property

@@ -34,6 +34,11 @@ class FakeSky:
     catalog: Any = None
     """Offers sky.catalog.list_accelerators answers ({name: [InstanceTypeInfo]}), or the exception it raises;
     None: a ConnectionError, as without network (the catalog downloads its tables)."""
+    controller: Any = None
+    """{cloud: (instance type, $/hour)} that sky.catalog answers for the jobs controller's resources; None: a
+    ConnectionError (no network)."""
+    identities: list[tuple[str, Any]] = field(default_factory=list)
+    """(SDK function, the aws.remote_identity its request carried to the API server) for each launch request."""
     _answers: dict[str, Any] = field(default_factory=dict)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> "FakeSky":
@@ -66,6 +71,10 @@ class FakeSky:
             }
 
         monkeypatch.setattr(sky.catalog, "list_accelerators", list_accelerators)
+        self._install_controller_catalog(monkeypatch)
+        from sky.utils import annotations
+
+        monkeypatch.setattr(annotations, "is_on_api_server", False)  # a client process (set by any real SDK call)
         monkeypatch.setattr(sky, "get", self._get)
         monkeypatch.setattr(sky, "stream_and_get", self._get)
         for module, name, answer in (
@@ -79,12 +88,43 @@ class FakeSky:
             monkeypatch.setattr(module, name, self._request(getattr(module, name), answer))
         return self
 
+    def _install_controller_catalog(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """sky.catalog's default instance type and hourly cost, with their real signatures, from `controller`."""
+        import requests
+        import sky.catalog
+
+        def offline():
+            return requests.exceptions.ConnectionError("Failed to fetch the catalog (no network)")
+
+        default_signature = inspect.signature(sky.catalog.get_default_instance_type)
+        cost_signature = inspect.signature(sky.catalog.get_hourly_cost)
+
+        def default_instance_type(*args, **kwargs):
+            cloud = default_signature.bind(*args, **kwargs).arguments.get("clouds")
+            if self.controller is None:
+                raise offline()
+            return self.controller.get(cloud, (None, None))[0]
+
+        def hourly_cost(*args, **kwargs):
+            given = cost_signature.bind(*args, **kwargs).arguments
+            if self.controller is None:
+                raise offline()
+            return dict(self.controller.values())[given["instance_type"]]
+
+        monkeypatch.setattr(sky.catalog, "get_default_instance_type", default_instance_type)
+        monkeypatch.setattr(sky.catalog, "get_hourly_cost", hourly_cost)
+
     def _request(self, real, answer):
         signature = inspect.signature(real)
 
         def submit(*args, **kwargs):
+            from sky.server.requests import payloads
+
             arguments = signature.bind(*args, **kwargs)
             arguments.apply_defaults()
+            if real.__name__ == "launch":  # the client config the real SDK puts in the request body
+                config = payloads.get_override_skypilot_config_from_client()
+                self.identities.append((real.__module__, dict(config.get("aws") or {}).get("remote_identity")))
             request_id = f"request-{len(self._answers)}"
             self._answers[request_id] = lambda: answer(**arguments.arguments)
             return request_id

@@ -2,9 +2,11 @@
 executed as SkyPilot would on a node, against the node's own redis-server (TLS with the run's CA, ACL users) and a
 moto S3 server. A worker with the wrong password, or without the run's CA, is refused and says why.
 
-One reserved block (Redis, coordinator, trainer, one local worker) and two spot-worker
-blocks run two iterations of preset cpu_smoke. One spot worker is SIGTERMed mid-request
-(a preemption notice) and its block run again, as managed-job recovery does. Parsing the
+Each node is first set up as the YAMLs' `setup:` does, with sky/setup.sh (a stand-in `uv`: no network): the
+reserved node installs the environment and caches it in the "bucket", every spot node (a fresh VM) restores it
+from there; the seconds each took are reported. One reserved block (Redis, coordinator, trainer, one local worker)
+and two spot-worker blocks then run two iterations of preset cpu_smoke in that environment. One spot worker is
+SIGTERMed mid-request (a preemption notice) and its block run again, as managed-job recovery does. Parsing the
 YAMLs and then executing their run lines is what would have caught a run line that does
 nothing.
 """
@@ -20,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.paths import REPO_ROOT
-from tests.pipelines.sky_blocks import ArgvWatch, Block, start_block, wait_for
+from tests.pipelines.sky_blocks import ArgvWatch, Block, start_block, task_env, wait_for
+from tests.pipelines.stand_in_uv import install_stand_in_uv, setup_env, setup_report
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,6 +68,31 @@ def _tasks(store: str, port: int, run_dir: Path, password: str):
     return reserved, spot, {"wrong password": wrong_password, "no CA": no_ca}
 
 
+def _set_up_nodes(tasks: dict, tmp: Path) -> dict[str, dict]:
+    """sky/setup.sh (what both YAMLs' setup runs) for each node in turn, as on fresh VMs that share the run's bucket:
+    the first installs and caches, the others restore; every run block then uses that venv. What each reported."""
+    import os
+    import subprocess
+
+    bin_dir, venv = tmp / "uv-bin", tmp / "node-home" / ".spotlight-venv"
+    install_stand_in_uv(bin_dir)
+    node_envs = {"SPOTLIGHT_VENV": str(venv), "ENV_CACHE_DIR": str(tmp / "bucket" / "env-cache")}
+    reports = {}
+    for name, task in tasks.items():
+        assert "bash sky/setup.sh" in task.setup, f"{name}: the YAML's setup does not run sky/setup.sh"
+        task.update_envs(node_envs)
+        shutil.rmtree(venv, ignore_errors=True)  # a fresh VM
+        report = tmp / f"setup-{name}.json"
+        env = setup_env(task_env(task, os.environ), bin_dir, SETUP_REPORT=str(report))
+        done = subprocess.run(
+            ["bash", "sky/setup.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, f"{name}'s setup failed: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        reports[name] = setup_report(report)
+    print("setup seconds per node:", {name: (r["path"], r["seconds"]) for name, r in reports.items()})
+    return reports
+
+
 def _claimed(block: Block) -> bool:
     return '"event": "claim"' in block.text()
 
@@ -77,6 +105,9 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
     port, run_dir, logs = _free_port(), tmp_path / "run", tmp_path / "logs"
     reserved_task, spot_task, refused = _tasks(f"s3://{s3_server.bucket}/spotlight", port, run_dir, password)
     recover_on = list(spot_task.resources)[0].job_recovery["recover_on_exit_codes"]
+    setups = _set_up_nodes({"reserved": reserved_task, "spot": spot_task, **refused}, tmp_path)
+    assert [r["path"] for r in setups.values()] == ["install"] + ["restore"] * (len(setups) - 1)
+    assert len({r["key"] for r in setups.values()}) == 1 and all(r["seconds"] >= 0 for r in setups.values())
     blocks: list[Block] = []
     outsiders: dict[str, Block] = {}
     with ArgvWatch(password.encode()) as argv_watch:

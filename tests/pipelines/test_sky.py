@@ -72,7 +72,7 @@ def test_the_spot_worker_line_is_accepted_by_the_worker_and_recovers_on_its_noti
     from workers.rollout.worker import build_parser, check_args
 
     commands = _by_module(_python_commands("spot_workers.yaml", tmp_path))
-    assert sorted(commands) == ["resources.run_status", "resources.cluster.worker_events", "workers.rollout"]
+    assert sorted(commands) == ["resources.cluster.worker_events", "resources.run_status", "workers.rollout"]
     argv = commands["workers.rollout"]
     args = build_parser().parse_args(argv[1:])
     args.worker_id = "w"
@@ -92,7 +92,7 @@ def test_an_sp_degree_starts_the_node_agent_over_the_nodes_gpus_as_the_worker_is
     (model / "model_index.json").write_text('{"_class_name": "QwenImagePipeline"}')
     envs = {"SP_DEGREE": degree, "SKYPILOT_NUM_GPUS_PER_NODE": "8", "MODEL": str(model)}
     commands = _python_commands("spot_workers.yaml", tmp_path / "sp", envs)
-    assert sorted(_by_module(commands)) == ["resources.run_status", "resources.cluster.worker_events", "workers.sp"]
+    assert sorted(_by_module(commands)) == ["resources.cluster.worker_events", "resources.run_status", "workers.sp"]
     assert not any("secret-value" in arg for argv in commands for arg in argv)
     argv = _by_module(commands)["workers.sp"]
     args = build_parser().parse_args(argv[1:])
@@ -102,7 +102,7 @@ def test_an_sp_degree_starts_the_node_agent_over_the_nodes_gpus_as_the_worker_is
     assert args.spot and args.preemption_notice == "auto" and args.device == "cuda"
     assert args.notice_exit_code in _raw("spot_workers.yaml")["resources"]["job_recovery"]["recover_on_exit_codes"]
     rollout = _by_module(_python_commands("spot_workers.yaml", tmp_path / "one", {**envs, "SP_DEGREE": "1"}))
-    assert sorted(rollout) == ["resources.run_status", "resources.cluster.worker_events", "workers.rollout"]
+    assert sorted(rollout) == ["resources.cluster.worker_events", "resources.run_status", "workers.rollout"]
     shared = ("--queue", "--store", "--commit-every", "--lease-s", "--usd-per-hour", "--max-idle-s", "--model")
     for flag in shared:  # the same values as the rollout worker's line
         assert argv[argv.index(flag) + 1] == rollout["workers.rollout"][rollout["workers.rollout"].index(flag) + 1]
@@ -235,8 +235,9 @@ def test_reward_and_prompts_reach_spotlight_run_on_the_reserved_node_only_when_s
 
 
 def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_line(tmp_path: Path) -> None:
-    """In this order: Redis's TLS files and config written, the run marked running (a relaunch resumes it), `spotlight run`, the run folder copied to
-    the store (the node's disk goes with autostop's down), the run marked ended (the spot workers then stop)."""
+    """In this order: Redis's TLS files and config written, the run marked running (a relaunch resumes it),
+    `spotlight run`, the run folder copied to the store (the node's disk goes with autostop's down), the run marked
+    ended (the spot workers then stop)."""
     commands = _python_commands("reserved.yaml", tmp_path, {"SPOTLIGHT_STORE": "s3://b/p"})
     assert [argv[0] for argv in commands] == [
         "resources.queue.redis_tls",

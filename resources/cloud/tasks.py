@@ -1,0 +1,220 @@
+"""The SkyPilot tasks of a launch: sky/reserved.yaml and sky/spot_workers.yaml parsed by SkyPilot and adjusted (envs,
+secrets, accelerators, mounts), exactly what `spotlight launch` submits and `--dry-run` prints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+import sky
+from resources.cloud.plan import CloudError, LaunchPlan
+from resources.prices import PriceTable
+from resources.queue.redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
+from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
+
+WORKER_JOB_PREFIX = "spotlight-rollout"
+"""Spot worker i is the managed job `spotlight-rollout-i`; `status` and `down` find them by this prefix."""
+REDIS_PORT = 6379
+AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+SECRET_NAMES = (PASSWORD_ENV, *AWS_KEYS)
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
+SKY_DIR = CHECKOUT / "sky"
+PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
+"""The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
+STATE_DIR_ENV = "SPOTLIGHT_STATE_DIR"
+"""Folder of what `spotlight launch` keeps on this machine between launches (each run's TLS files)."""
+ENV_CACHE_MOUNT = "/spotlight-env-cache"
+"""Where every node mounts the store's env-cache/ (sky/setup.sh's ENV_CACHE_DIR)."""
+CONTROLLER_FALLBACK = (
+    0.192,
+    "AWS m6i.xlarge on-demand list price, us-east-1 (approximate): SkyPilot's default jobs controller, 4 vCPUs 16 GB",
+)
+"""The jobs controller's $/hour where SkyPilot's catalog cannot be read."""
+
+
+def launch_secrets(env: Mapping[str, str] = os.environ, aws_keys: bool = True) -> dict[str, str]:
+    """The secrets every node needs, from this machine's environment; CloudError naming the missing ones. Without
+    `aws_keys` (an instance role reaches S3) the AWS keys are neither asked for nor returned."""
+    try:
+        password = redis_password(env)
+    except ValueError as err:
+        raise CloudError(str(err)) from None
+    missing = (
+        []
+        if password
+        else [f"{PASSWORD_ENV} (e.g. export {PASSWORD_ENV}=$(openssl rand -hex 24)) or {PASSWORD_FILE_ENV}"]
+    )
+    names = AWS_KEYS if aws_keys else ()
+    missing += [name for name in names if not env.get(name)]
+    if missing:
+        raise CloudError(
+            f"set {' and '.join(missing)} before launching: the nodes get them as SkyPilot secrets "
+            "(never on a command line); the AWS keys reach the S3 store (or pass --aws-identity role:PROFILE)"
+        )
+    return {PASSWORD_ENV: password, **{name: env[name] for name in names}}
+
+
+def yaml_task(name: str, secrets: Mapping[str, str], aws_keys: bool = True) -> sky.Task:
+    """sky/`name` parsed by SkyPilot with the secrets it declares filled in (`secrets_overrides`, as `--secret NAME`
+    does). A YAML's `NAME: null` secret is a managed-secret reference: filled in after parsing (`update_secrets`) the
+    reference stays, and SkyPilot's launch refuses it ("No value available for secret(s)"). A declared secret
+    missing from `secrets` stays a reference (a dry run without credentials). Without `aws_keys` the AWS keys are
+    not declared at all (the nodes reach S3 through an instance role)."""
+    config = yaml.safe_load((SKY_DIR / name).read_text())
+    if not aws_keys:
+        config["secrets"] = {k: v for k, v in (config.get("secrets") or {}).items() if k not in AWS_KEYS}
+    declared = list(config.get("secrets") or {})
+    given = [(k, secrets[k]) for k in declared if secrets.get(k)]
+    return sky.Task.from_yaml_config(config, secrets_overrides=given or None)
+
+
+def tls_folder(cluster: str, env: Mapping[str, str] = os.environ) -> Path:
+    """Where this machine keeps a run's TLS files (0700): $SPOTLIGHT_STATE_DIR (default ~/.spotlight)/CLUSTER/
+    redis-tls."""
+    return Path(env.get(STATE_DIR_ENV) or "~/.spotlight").expanduser() / cluster / "redis-tls"
+
+
+def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
+    """The launch secrets plus the run's TLS material: the CA for everyone, the server's certificate and key for the
+    reserved node only (each task takes only the secrets its YAML declares)."""
+    return {**secrets, RUN_CA_ENV: tls.b64("ca_pem"), CERT_ENV: tls.b64("cert_pem"), KEY_ENV: tls.b64("key_pem")}
+
+
+def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str], usd_per_hour: float | None = None) -> sky.Task:
+    """sky/reserved.yaml with the plan's store, preset, iterations, cap and accelerators, the run's TLS material, and
+    the node's price with the jobs controller's (`usd_per_hour`; None: from the price table)."""
+    task = yaml_task("reserved.yaml", secrets, aws_keys=plan.remote_identity is None)
+    if plan.reserved_accelerators is not None:
+        template = next(iter(task.resources))  # keep the YAML's ports and autostop
+        task.set_resources({template.copy(accelerators=dict([plan.reserved_accelerators]))})
+    if usd_per_hour is None:
+        usd_per_hour = reserved_table_usd_per_hour(task) + CONTROLLER_FALLBACK[0]
+    envs = {
+        "SPOTLIGHT_STORE": plan.store,
+        "MAX_USD": f"{plan.max_usd:g}",
+        "REDIS_PORT": str(REDIS_PORT),
+        "RESERVED_USD_PER_HOUR": repr(round(usd_per_hour, 6)),
+        **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
+    }
+    envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
+    if plan.model is not None:
+        envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
+    envs.update({k: v for k, v in (("REWARD", plan.reward), ("PROMPTS", plan.prompts)) if v is not None})
+    return _finish(task, envs, plan)
+
+
+def reserved_accelerators(task: sky.Task) -> tuple[str, int]:
+    """The reserved task's one accelerator type and count."""
+    ((name, count),) = next(iter(task.resources)).accelerators.items()
+    return name, int(count)
+
+
+def reserved_table_usd_per_hour(task: sky.Task) -> float:
+    """The reserved node's on-demand price from the price table (its GPUs only: no host VM)."""
+    name, count = reserved_accelerators(task)
+    return PriceTable().usd_per_hour(name, spot=False, num_gpus=count)[0]
+
+
+def worker_task(
+    plan: LaunchPlan,
+    secrets: Mapping[str, str],
+    index: int,
+    queue_url: str = PLACEHOLDER_QUEUE,
+    usd_per_hour: float | None = None,
+) -> sky.Task:
+    """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue (as the workers' ACL user,
+    with their own password), the run's CA, the plan's GPUs."""
+    if secrets.get(PASSWORD_ENV):
+        secrets = {**secrets, PASSWORD_ENV: worker_password(secrets[PASSWORD_ENV])}
+    task = yaml_task("spot_workers.yaml", secrets, aws_keys=plan.remote_identity is None)
+    task.name = f"{WORKER_JOB_PREFIX}-{index}"
+    count = plan.node_gpus
+    names = plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in task.resources}))
+    if plan.gpus or count > 1:
+        template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
+        task.set_resources({template.copy(accelerators={gpu: count}) for gpu in names})
+    envs = {
+        "SPOTLIGHT_QUEUE": queue_url,
+        "SPOTLIGHT_STORE": plan.store,
+        **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
+        # The node's spot price for the ledger and the cap, whatever types any_of allows (never the YAML's flat one).
+        "USD_PER_HOUR": repr(usd_per_hour if usd_per_hour is not None else _node_usd_per_hour(names, count)),
+    }
+    if plan.model is not None:
+        envs["MODEL"] = plan.model
+    if plan.sp_degree not in (None, 1):
+        envs["SP_DEGREE"] = str(plan.sp_degree)
+    return _finish(task, envs, plan)
+
+
+def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
+    """A node of `count` GPUs of one of `gpus`, at the spot price of the dearest: with several types the ledger cannot
+    know which one SkyPilot found, and an SP node's price must not fall back to the YAML's one-GPU default (the spend
+    cap reads it), so it errs high."""
+    table = PriceTable()
+    return round(max(table.usd_per_hour(gpu, spot=True)[0] for gpu in gpus) * count, 6)
+
+
+def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan) -> sky.Task:
+    envs = dict(envs)
+    if plan.env_cache:  # sky/setup.sh restores the venv from the store instead of reinstalling on each start
+        from sky.data import storage
+
+        cache = {"source": f"{plan.store.rstrip('/')}/env-cache", "mode": "MOUNT", "persistent": True}
+        task.update_storage_mounts({ENV_CACHE_MOUNT: storage.Storage.from_yaml_config(cache)})
+        envs["ENV_CACHE_DIR"] = ENV_CACHE_MOUNT
+    task.update_envs(envs)
+    if plan.model_source is not None:  # copied from the bucket when the node starts (and again on recovery)
+        task.update_file_mounts({plan.model: plan.model_source})
+    task.workdir = str(CHECKOUT)  # the YAMLs' `workdir: .` means the checkout, wherever launch runs from
+    return task
+
+
+def plan_tasks(
+    plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE, usd_per_hour: float | None = None
+) -> list[sky.Task]:
+    """The reserved node's task, then one task per spot worker: everything `launch` submits."""
+    return [reserved_task(plan, secrets)] + [
+        worker_task(plan, secrets, i, queue_url, usd_per_hour) for i in range(1, plan.workers + 1)
+    ]
+
+
+def worker_gpus(plan: LaunchPlan) -> tuple[str, ...]:
+    """The accelerator types a spot job may get: --gpu's, else sky/spot_workers.yaml's any_of."""
+    return plan.gpus or tuple(
+        sorted({next(iter(r.accelerators)) for r in yaml_task("spot_workers.yaml", {}).resources})
+    )
+
+
+def describe_task(task: sky.Task) -> dict[str, Any]:
+    """A task as plain data for --dry-run: resources, envs, mounts, and secret names only (values shown as ***)."""
+    resources = sorted((_describe_resources(r) for r in task.resources), key=lambda r: str(r["accelerators"]))
+    declared = set(task.secrets) | {ref.name for ref in task.managed_secret_refs or ()}  # a null secret: a reference
+    return {
+        "name": task.name,
+        "any_of": len(resources) > 1,
+        "resources": resources,
+        "envs": dict(task.envs),
+        "file_mounts": {k: str(v) for k, v in (task.file_mounts or {}).items()},
+        "storage_mounts": {k: f"{s.source} ({s.mode.value})" for k, s in (task.storage_mounts or {}).items()},
+        "secrets": {
+            k: "***" if task.secrets.get(k) is not None and task.secrets[k].get_secret_value() else None
+            for k in sorted(declared)
+        },
+        "workdir": task.workdir,
+        "run": task.run,
+    }
+
+
+def _describe_resources(r: Any) -> dict[str, Any]:
+    return {
+        "accelerators": dict(r.accelerators or {}),
+        "use_spot": bool(r.use_spot),
+        "job_recovery": r.job_recovery,
+        "ports": list(r.ports or []),
+        "cloud": None if r.cloud is None else str(r.cloud),
+    }

@@ -1,0 +1,322 @@
+"""`spotlight launch --dry-run` and what launch refuses: the tasks it would submit, as SkyPilot parses and serves them.
+
+SkyPilot's API is replaced by a recording fake (no cloud here); the tasks themselves are
+real `sky.Task` objects parsed from sky/*.yaml, and the dry run is checked against them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.paths import REPO_ROOT
+from tests.pipelines.sky_fakes import PASSWORD, SECRETS, served_task
+from tests.pipelines.sky_fakes import invoke as _invoke
+
+
+def _yaml_task(name: str):
+    import sky
+
+    return sky.Task.from_yaml(str(REPO_ROOT / "sky" / name))
+
+
+def _yaml_secrets(name: str) -> list[str]:
+    """The secret names the YAML declares (SkyPilot's parser drops those whose value is null)."""
+    import yaml
+
+    return list(yaml.safe_load((REPO_ROOT / "sky" / name).read_text())["secrets"])
+
+
+PLANS = {
+    "default": {},
+    "one_gpu": {"gpus": ("A100",)},
+    "sp_nodes": {"sp_degree": "auto", "gpus_per_node": 4},
+    "model": {
+        "model": "/models/Qwen-Image",
+        "model_source": "s3://weights/Qwen-Image",
+        "preset": "qwen_image_lora",
+        "reward": "http://rewards:8200",
+        "prompts": "/data/prompts.jsonl",
+    },
+}
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_resolution(plan) -> None:
+    """What SkyPilot's API server does with each task before provisioning: load the client's YAML dump, then
+    resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)")."""
+    from resources.cloud import LaunchPlan, plan_tasks, with_run_tls
+    from resources.queue.redis_tls import make_run_tls, worker_password
+
+    tls = make_run_tls()
+    secrets = with_run_tls(SECRETS, tls)
+    tasks = plan_tasks(LaunchPlan(workers=2, store="s3://b/p", **PLANS[plan]), secrets, "rediss://w@10.0.0.7:6379/0")
+    assert len(tasks) == 3
+    expected = [
+        {**SECRETS, "SPOTLIGHT_REDIS_TLS_CERT": tls.b64("cert_pem"), "SPOTLIGHT_REDIS_TLS_KEY": tls.b64("key_pem")}
+    ]
+    expected += [{**SECRETS, "SPOTLIGHT_REDIS_PASSWORD": worker_password(SECRETS["SPOTLIGHT_REDIS_PASSWORD"])}] * 2
+    for task, secrets_of_task in zip(tasks, expected, strict=False):
+        served = served_task(task)
+        assert {k: v.get_secret_value() for k, v in served.secrets.items()} == secrets_of_task
+        assert served.envs["SPOTLIGHT_REDIS_RUN_CA"] == tls.b64("ca_pem")
+        assert not served.managed_secret_refs and served.envs == task.envs and served.name == task.name
+        assert {str(r) for r in served.resources} == {str(r) for r in task.resources}
+    with pytest.raises(RuntimeError, match="No value available for secret"):  # a dry run's tasks: nothing to resolve
+        served_task(plan_tasks(LaunchPlan(workers=1, store="s3://b/p", **PLANS[plan]), {})[0])
+
+
+def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypilot_parses_them(fake_sky) -> None:
+    from resources.cloud.tasks import CONTROLLER_FALLBACK
+    from resources.prices import PriceTable
+
+    result = _invoke("launch", "--workers", "3", "--store", "s3://bucket/run", "--max-usd", "200", "--dry-run")
+    assert result.exit_code == 0, result.output
+    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert not fake_sky.calls and PASSWORD not in result.output and "s3cr3t" not in result.output
+    yaml_reserved, yaml_spot = _yaml_task("reserved.yaml"), _yaml_task("spot_workers.yaml")
+    (r,) = yaml_reserved.resources
+    assert reserved["resources"] == [
+        {
+            "accelerators": dict(r.accelerators),
+            "use_spot": False,
+            "job_recovery": None,
+            "ports": list(r.ports),
+            "cloud": None,
+        }
+    ]
+    ca = reserved["envs"]["SPOTLIGHT_REDIS_RUN_CA"]  # a throwaway CA: a dry run keeps nothing
+    assert __import__("base64").b64decode(ca).startswith(b"-----BEGIN CERTIFICATE-----")
+    node_usd = PriceTable().usd_per_hour(next(iter(r.accelerators)), spot=False)[0] + CONTROLLER_FALLBACK[0]
+    assert reserved["envs"] == {
+        **yaml_reserved.envs,
+        "SPOTLIGHT_STORE": "s3://bucket/run",
+        "MAX_USD": "200",
+        "SPOTLIGHT_REDIS_RUN_CA": ca,
+        "ENV_CACHE_DIR": "/spotlight-env-cache",  # sky/setup.sh restores the venv from the store's env-cache/
+        "RESERVED_USD_PER_HOUR": repr(round(node_usd, 6)),  # the node's GPUs and the jobs controller, not $0.10
+    }
+    for task in (reserved, *workers):
+        assert task["storage_mounts"] == {"/spotlight-env-cache": "s3://bucket/run/env-cache (MOUNT)"}
+    assert all(w["envs"]["SPOTLIGHT_REDIS_RUN_CA"] == ca for w in workers)
+    assert reserved["secrets"] == {name: "***" for name in _yaml_secrets("reserved.yaml")} != {}
+    assert [w["name"] for w in workers] == ["spotlight-rollout-1", "spotlight-rollout-2", "spotlight-rollout-3"]
+    for w in workers:  # no --gpu: the YAML's any_of, every option spot with the YAML's job recovery
+        assert w["any_of"] and {next(iter(r["accelerators"])) for r in w["resources"]} == {
+            next(iter(r.accelerators)) for r in yaml_spot.resources
+        }
+        assert all(
+            r["use_spot"] and r["job_recovery"] == next(iter(yaml_spot.resources)).job_recovery for r in w["resources"]
+        )
+        assert w["envs"]["SPOTLIGHT_STORE"] == "s3://bucket/run" and w["secrets"] == {
+            n: "***" for n in _yaml_secrets("spot_workers.yaml")
+        }
+        dearest = max(PriceTable().usd_per_hour(next(iter(r.accelerators)), spot=True)[0] for r in yaml_spot.resources)
+        assert float(w["envs"]["USD_PER_HOUR"]) == pytest.approx(dearest)  # not the YAML's flat one-GPU figure
+
+
+def test_dry_run_with_one_gpu_pins_the_workers_to_it_and_prices_them_from_the_table(fake_sky) -> None:
+    from resources.prices import PriceTable
+
+    result = _invoke("launch", "--workers", "1", "--gpu", "A100", "--store", "s3://b/p", "--dry-run")
+    worker = json.loads(result.output.splitlines()[-1])
+    assert [r["accelerators"] for r in worker["resources"]] == [{"A100": 1}] and not worker["any_of"]
+    assert worker["resources"][0]["job_recovery"]["recover_on_exit_codes"] == [75]
+    assert float(worker["envs"]["USD_PER_HOUR"]) == pytest.approx(PriceTable().usd_per_hour("A100", spot=True)[0])
+
+
+def test_dry_run_with_a_model_hands_it_to_both_tasks_and_mounts_its_bucket_at_that_path(fake_sky) -> None:
+    import sky
+    from resources.cloud import LaunchPlan, plan_tasks
+
+    model, source = "/models/Qwen-Image", "s3://weights/models/Qwen-Image"
+    result = _invoke(
+        "launch",
+        "--workers",
+        "2",
+        "--store",
+        "s3://b/p",
+        "--preset",
+        "qwen_image_lora",
+        "--model",
+        model,
+        "--model-source",
+        source,
+        "--reward",
+        "http://rewards:8200",
+        "--prompts",
+        "/data/prompts.jsonl",
+        "--dry-run",
+    )
+    assert result.exit_code == 0, result.output
+    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert reserved["envs"]["MODEL"] == model and reserved["envs"]["PRESET"] == "qwen_image_lora"
+    assert (reserved["envs"]["REWARD"], reserved["envs"]["PROMPTS"]) == ("http://rewards:8200", "/data/prompts.jsonl")
+    assert reserved["envs"]["LOCAL_WORKERS"] == "0"  # the node's CPU workers cannot sample a diffusers pipeline
+    assert all(w["envs"]["MODEL"] == model for w in workers)
+    assert all(t["file_mounts"] == {model: source} for t in (reserved, *workers)) and not fake_sky.calls
+    # What launch submits is a valid SkyPilot task: its YAML form parses back (offline) with the mount and MODEL.
+    plan = LaunchPlan(workers=1, store="s3://b/p", model=model, model_source=source)
+    for task in plan_tasks(plan, SECRETS):
+        again = sky.Task.from_yaml_config(task.to_yaml_config())
+        assert again.file_mounts == {model: source} and again.envs["MODEL"] == model
+    plain = json.loads(_invoke("launch", "--workers", "1", "--store", "s3://b/p", "--dry-run").output.splitlines()[-1])
+    assert plain["envs"]["MODEL"] == "" and plain["file_mounts"] == {}  # the pixel policy, nothing mounted
+
+
+def test_a_gpu_preset_without_a_reward_or_a_relative_prompts_file_is_refused_before_anything_is_submitted(
+    fake_sky,
+) -> None:
+    base = ("launch", "--workers", "1", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", "/m/Qwen")
+    no_reward = _invoke(*base)
+    assert no_reward.exit_code == 2 and "names no reward: pass --reward" in no_reward.output
+    relative = _invoke(*base, "--reward", "minigeneval", "--prompts", "prompts.jsonl")
+    assert relative.exit_code == 2 and "must be an absolute file path" in relative.output
+    assert not fake_sky.calls
+
+
+def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_the_node_agent(
+    fake_sky, tmp_path
+) -> None:
+    import os
+
+    import sky
+    from resources.cloud import LaunchPlan, plan_tasks
+    from resources.prices import PriceTable
+    from tests.pipelines.sky_blocks import stub_run
+
+    result = _invoke(
+        "launch",
+        "--workers",
+        "2",
+        "--store",
+        "s3://b/p",
+        "--gpu",
+        "H100",
+        "--sp-degree",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--dry-run",
+    )
+    assert result.exit_code == 0, result.output
+    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert "SP_DEGREE" not in reserved["envs"] and not fake_sky.calls
+    for w in workers:
+        assert [r["accelerators"] for r in w["resources"]] == [{"H100": 8}] and w["envs"]["SP_DEGREE"] == "4"
+        assert float(w["envs"]["USD_PER_HOUR"]) == pytest.approx(8 * PriceTable().usd_per_hour("H100", spot=True)[0])
+    any_of = LaunchPlan(workers=1, store="s3://b/p", sp_degree="auto", gpus_per_node=4)
+    (_, task) = plan_tasks(any_of, SECRETS)
+    again = sky.Task.from_yaml_config(task.to_yaml_config())  # what launch submits parses back (offline)
+    assert {tuple(r.accelerators.items()) for r in again.resources} == {
+        ((next(iter(r.accelerators)), 4),) for r in _yaml_task("spot_workers.yaml").resources
+    }
+    assert all(r.use_spot for r in again.resources) and again.envs["SP_DEGREE"] == "auto"
+    dearest = max(PriceTable().usd_per_hour(next(iter(r.accelerators)), spot=True)[0] for r in again.resources)
+    assert float(again.envs["USD_PER_HOUR"]) == pytest.approx(4 * dearest), "a node's price, erring high"
+    again.update_envs({"SKYPILOT_NUM_GPUS_PER_NODE": "4"})  # what SkyPilot sets on the node
+    commands = {argv[2]: argv[3:] for argv in stub_run(again, tmp_path, os.environ) if argv[:2] == ["python", "-m"]}
+    flags = commands["workers.sp"]
+    assert flags[flags.index("--workers") + 1] == "4" and flags[flags.index("--degree") + 1] == "auto"
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> dict:
+    """Tiny pipelines on this machine: Qwen-Image with 4 attention heads, SD3 (no context-parallel plan)."""
+    from workers.model.families.tiny import build_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "qwen": build_tiny_pipeline("qwen-image", root / "qwen", num_heads=4),
+        "sd3": build_tiny_pipeline("sd3", root / "sd3"),
+    }
+
+
+@pytest.mark.parametrize(
+    "model, args, message",
+    [
+        ("qwen", ["--sp-degree", "8"], "SP degree 8 must divide the 4 attention heads"),
+        ("sd3", ["--sp-degree", "2"], "SD3Transformer2DModel, the transformer of"),
+        ("sd3", ["--sp-degree", "auto", "--gpus-per-node", "4"], "--sp-degree auto: no degree from 2 to 4 splits"),
+    ],
+)
+def test_an_sp_degree_the_models_transformer_cannot_take_is_refused_before_anything_is_submitted(
+    fake_sky, tiny_models, model, args, message
+) -> None:
+    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--model", str(tiny_models[model]), *args)
+    assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
+
+
+def test_an_sp_degree_the_model_takes_launches_and_a_folder_only_on_the_nodes_is_left_to_them(fake_sky, tiny_models):
+    fits = _invoke(
+        "launch",
+        "--workers",
+        "1",
+        "--store",
+        "s3://b/p",
+        "--model",
+        str(tiny_models["qwen"]),
+        "--sp-degree",
+        "4",
+        "--dry-run",
+    )
+    assert fits.exit_code == 0 and "not checked" not in fits.output, fits.output
+    elsewhere = _invoke(
+        "launch",
+        "--workers",
+        "1",
+        "--store",
+        "s3://b/p",
+        "--model",
+        "/models/Qwen-Image",
+        "--sp-degree",
+        "2",
+        "--dry-run",
+    )
+    assert elsewhere.exit_code == 0 and "--sp-degree 2 not checked against --model" in elsewhere.output
+
+
+@pytest.mark.parametrize(
+    "clouds, message", [([], "no cloud is enabled"), (RuntimeError("API server down"), "could not list")]
+)
+def test_launch_without_an_enabled_cloud_submits_nothing_and_names_sky_check(fake_sky, clouds, message) -> None:
+    fake_sky.clouds = clouds
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and message in result.output and "`sky check`" in result.output
+    assert fake_sky.submitted == []
+
+
+def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_export(fake_sky, monkeypatch) -> None:
+    monkeypatch.delenv("SPOTLIGHT_REDIS_PASSWORD")
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and "export SPOTLIGHT_REDIS_PASSWORD" in result.output and fake_sky.calls == []
+    dry = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--dry-run")  # still shows what it would submit
+    assert dry.exit_code == 0 and json.loads(dry.output.splitlines()[-1])["secrets"]["SPOTLIGHT_REDIS_PASSWORD"] is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--store", "/data/store"], "--store must be s3://"),
+        (["--store", "s3://b/p", "--gpu", "B200"], "give distinct accelerator names from A100"),
+        (["--store", "s3://b/p", "--max-usd", "0"], "--max-usd must be a positive"),
+        (["--store", "s3://b/p", "--preset", "gpu_huge"], "unknown; choose one of"),
+        (["--store", "s3://b/p", "--model", "models/qwen"], "must be an absolute folder path"),
+        (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
+        (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
+        (["--store", "s3://b/p", "--reserved-gpus", "H100:0"], "--reserved-gpus must be NAME[:COUNT]"),
+        (["--store", "s3://b/p", "--reserved-gpus", "TPU:8"], "--reserved-gpus must be NAME[:COUNT]"),
+        (["--store", "s3://b/p", "--sp-degree", "two"], "--sp-degree must be an integer >= 1 or auto, got 'two'"),
+        (["--store", "s3://b/p", "--sp-degree", "0"], "--sp-degree must be an integer >= 1 or auto, got 0"),
+        (["--store", "s3://b/p", "--gpus-per-node", "8"], "--gpus-per-node 8 needs --sp-degree"),
+        (["--store", "s3://b/p", "--sp-degree", "auto"], "--sp-degree auto needs --gpus-per-node N >= 2"),
+        (
+            ["--store", "s3://b/p", "--sp-degree", "3", "--gpus-per-node", "8"],
+            "--sp-degree 3 must divide --gpus-per-node 8",
+        ),
+    ],
+)
+def test_bad_launch_flags_are_refused_before_anything_is_submitted(fake_sky, args, message) -> None:
+    result = _invoke("launch", "--workers", "2", *args)
+    assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
