@@ -158,7 +158,8 @@ class RunSpec:
                     f"{run_dir} holds a ledger but no {SPEC_NAME}: it was not written by `spotlight run`; "
                     "choose another --run-dir"
                 )
-            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the first time.
+            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the
+            # first time.
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         # The folder is where it is now (it may have moved); flags compare as the spec stores them (absolute paths).
         stored = dataclasses.replace(cls(**json.loads(path.read_text())), run_dir=str(run_dir))
@@ -258,8 +259,9 @@ def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None)
 
 @contextlib.contextmanager
 def remote_workers(resources: dict, max_usd: Optional[float] = None) -> Iterator[None]:
-    """On a Redis queue: record the spot workers that relay their events through it (resources/cluster/worker_events.py),
-    and publish the run's progress and spend there (for `spotlight status` and the spot workers' spend gate)."""
+    """On a Redis queue: record the spot workers that relay their events through it
+    (resources/cluster/worker_events.py), and publish the run's progress and spend there (for `spotlight status`
+    and the spot workers' spend gate)."""
     from resources.cluster.worker_events import RemoteWorkers
     from resources.run_status import StatusPublisher
 
@@ -303,13 +305,13 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
 def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] = None) -> dict:
     """Walk every iteration not yet done; returns the summary (rows, report path, run cost). With `max_usd`, stops
     (BudgetReachedError) after the iteration during which the spend reached it."""
-    import dagster as dg
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pipelines.run_walk import walk_iterations
+    from pipelines.run_walk import dagster_home, dagster_ui_command, run_instance, walk_iterations
     from workers.coordinator import books
 
+    home = dagster_home(Path(spec.run_dir))  # a relative DAGSTER_HOME fails here, before any compute
     threads = trainer_threads(spec)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -332,9 +334,13 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     )
     try:
         check_budget(ledger, max_usd, -1)  # a resumed run may already be past it
-        with run_cluster(spec, resources, max_usd), Progress(*columns, console=console, transient=True) as progress:
+        with (
+            run_instance(Path(spec.run_dir)) as instance,
+            run_cluster(spec, resources, max_usd),
+            Progress(*columns, console=console, transient=True) as progress,
+        ):
             task = progress.add_task("iterations", total=total)
-            for outcome in walk_iterations(dg.DagsterInstance.ephemeral(), resources):
+            for outcome in walk_iterations(instance, resources):
                 progress.update(task, advance=1, description=f"iteration {outcome.iteration + 1}/{total - 1}")
                 if on_iteration is not None:
                     on_iteration(outcome)
@@ -343,7 +349,8 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     except BaseException:
         books.interrupt_run(ledger, resources["run_config"].run)
         raise
-    return summary(resources)
+    console.print(f"Dagster UI (this run's materializations and checks): {dagster_ui_command(home)}")
+    return {**summary(resources), "dagster_home": str(home)}
 
 
 def summary(resources: dict) -> dict:
