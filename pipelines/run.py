@@ -349,7 +349,8 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     except BaseException:
         books.interrupt_run(ledger, resources["run_config"].run)
         raise
-    console.print(f"Dagster UI (this run's materializations and checks): {dagster_ui_command(home)}")
+    console.print("Dagster UI (this run's materializations and checks):")
+    console.print(dagster_ui_command(home), soft_wrap=True, markup=False, highlight=False)  # one line, to copy
     return {**summary(resources), "dagster_home": str(home)}
 
 
