@@ -20,6 +20,7 @@ import dagster as dg
 from assets import ITERATION_ASSETS
 from pipelines.deploy import resources_from_env
 from pipelines.sensors import iteration_job, next_iteration
+from resources.dagster_resources import with_env_var
 
 DEPLOYMENT_VARIABLES = {
     ("store", "url"): "SPOTLIGHT_STORE",
@@ -34,11 +35,9 @@ def with_env_vars(resources: dict, env: Mapping[str, str] = os.environ) -> dict:
     variable is set replaced by `dg.EnvVar` of it; unset ones keep their derived default (a path in the run
     folder)."""
     out = dict(resources)
-    for (key, name), variable in DEPLOYMENT_VARIABLES.items():
+    for (key, field), variable in DEPLOYMENT_VARIABLES.items():
         if env.get(variable):
-            resource = out[key]
-            fields = {field: getattr(resource, field) for field in type(resource).model_fields}
-            out[key] = type(resource)(**{**fields, name: dg.EnvVar(variable)})
+            out[key] = with_env_var(out[key], field, variable)
     return out
 
 

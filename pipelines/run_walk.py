@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import time
@@ -31,8 +32,11 @@ import dagster as dg
 from assets import FINAL_ASSETS, ITERATION_ASSETS
 from assets.partitions import ITERATIONS, partition_key
 from pipelines.sensors import ITERATIONS_TAG
+from resources.dagster_resources import with_env_var
 from workers.coordinator.driver import completed_iterations
 
+QUEUE_VARIABLE = "SPOTLIGHT_QUEUE"
+"""The variable the walk hands the queue URL to Dagster through (pipelines/deploy.py reads the same one)."""
 INSTANCE_FOLDER = "dagster"
 """The run folder's Dagster instance, used when DAGSTER_HOME is not set."""
 INSTANCE_YAML = """\
@@ -92,16 +96,37 @@ def materialize_iteration(instance: dg.DagsterInstance, resources: dict, iterati
     instance.add_dynamic_partitions(ITERATIONS.name, [key])
     selection = FINAL_ASSETS if iteration >= target else ITERATION_ASSETS
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the CLI draws its own progress
-    return dg.materialize(
-        ITERATION_ASSETS,
-        selection=selection,
-        partition_key=key,
-        resources=resources,
-        instance=instance,
-        tags={ITERATIONS_TAG: str(target)},
-        raise_on_error=False,
-        run_config=quiet,
-    )
+    with queue_url_hidden(resources) as given:
+        return dg.materialize(
+            ITERATION_ASSETS,
+            selection=selection,
+            partition_key=key,
+            resources=given,
+            instance=instance,
+            tags={ITERATIONS_TAG: str(target)},
+            raise_on_error=False,
+            run_config=quiet,
+        )
+
+
+@contextlib.contextmanager
+def queue_url_hidden(resources: dict) -> Iterator[dict]:
+    """The resources with the queue URL handed to Dagster as `EnvVar(QUEUE_VARIABLE)`, the variable set to it
+    in this process meanwhile: a persistent instance keeps each run's job snapshot, which holds every resource's
+    config, and a Redis URL may hold a password."""
+    url = resources["queue"].url
+    if isinstance(url, dg.EnvVar):  # already a variable (the definitions' resources)
+        yield resources
+        return
+    before = os.environ.get(QUEUE_VARIABLE)
+    os.environ[QUEUE_VARIABLE] = url
+    try:
+        yield {**resources, "queue": with_env_var(resources["queue"], "url", QUEUE_VARIABLE)}
+    finally:
+        if before is None:
+            os.environ.pop(QUEUE_VARIABLE, None)
+        else:
+            os.environ[QUEUE_VARIABLE] = before
 
 
 def walk_iterations(instance: dg.DagsterInstance, resources: dict) -> Iterator[IterationOutcome]:
