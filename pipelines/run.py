@@ -169,8 +169,8 @@ class RunSpec:
                     f"{run_dir} holds a ledger but no {SPEC_NAME}: it was not written by `spotlight run`; "
                     "choose another --run-dir"
                 )
-            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the first
-            # time.
+            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the
+            # first time.
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         # The folder is where it is now (it may have moved); flags compare as the spec stores them (absolute paths).
         stored = dataclasses.replace(cls(**json.loads(path.read_text())), run_dir=str(run_dir))
@@ -318,13 +318,13 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
 def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] = None) -> dict:
     """Walk every iteration not yet done; returns the summary (rows, report path, run cost). With `max_usd`, stops
     (BudgetReachedError) after the iteration during which the spend reached it."""
-    import dagster as dg
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pipelines.run_walk import walk_iterations
+    from pipelines.run_walk import dagster_home, dagster_ui_command, run_instance, walk_iterations
     from workers.coordinator import books
 
+    home = dagster_home(Path(spec.run_dir))  # a relative DAGSTER_HOME fails here, before any compute
     threads = trainer_threads(spec)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -347,9 +347,13 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     )
     try:
         check_budget(ledger, max_usd, -1)  # a resumed run may already be past it
-        with run_cluster(spec, resources, max_usd), Progress(*columns, console=console, transient=True) as progress:
+        with (
+            run_instance(Path(spec.run_dir)) as instance,
+            run_cluster(spec, resources, max_usd),
+            Progress(*columns, console=console, transient=True) as progress,
+        ):
             task = progress.add_task("iterations", total=total)
-            for outcome in walk_iterations(dg.DagsterInstance.ephemeral(), resources):
+            for outcome in walk_iterations(instance, resources):
                 progress.update(task, advance=1, description=f"iteration {outcome.iteration + 1}/{total - 1}")
                 if on_iteration is not None:
                     on_iteration(outcome)
@@ -358,7 +362,9 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     except BaseException:
         books.interrupt_run(ledger, resources["run_config"].run)
         raise
-    return summary(resources)
+    console.print("Dagster UI (this run's materializations and checks):")
+    console.print(dagster_ui_command(home), soft_wrap=True, markup=False, highlight=False)  # one line, to copy
+    return {**summary(resources), "dagster_home": str(home)}
 
 
 def summary(resources: dict) -> dict:

@@ -1,4 +1,5 @@
-"""Thin Dagster resources over the tensor store, the run ledger and the request queue (the only module here that imports dagster).
+"""Thin Dagster resources over the tensor store, the run ledger and the request queue (the only module here that
+imports dagster).
 
 Example:
     defs = Definitions(assets=[...], resources={
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, EnvVar
 from pydantic import ConfigDict, Field, field_validator
 
 from resources.ledger import Ledger
@@ -25,6 +26,13 @@ from resources.queue import open_queue
 from resources.queue.base import QueueConfig, RequestQueue, parse_queue_url
 from resources.store import open_store, parse_store_url
 from resources.store.base import TensorStore
+
+
+def with_env_var(resource: ConfigurableResource, field: str, variable: str) -> ConfigurableResource:
+    """A copy of `resource` whose `field` is `EnvVar(variable)`: Dagster resolves it when a run starts and
+    stores and shows only the variable's name (a run's job snapshot holds every resource's config)."""
+    fields = {name: getattr(resource, name) for name in type(resource).model_fields}
+    return type(resource)(**{**fields, field: EnvVar(variable)})
 
 
 class TensorStoreResource(ConfigurableResource):

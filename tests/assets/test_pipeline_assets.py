@@ -145,11 +145,12 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
 
     import resources.cluster
     from pipelines.deploy import build_resources
-    from pipelines.run_walk import materialize_iteration
+    from pipelines.run_walk import materialize_iteration, run_instance
     from resources.queue.base import PASSWORD_ENV
     from workers.model.policy import save_policy
 
     monkeypatch.delenv(PASSWORD_ENV, raising=False)  # the URL is the only place the password is given
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
     redis_server.flush()
     commands = []
 
@@ -173,9 +174,11 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
         rollouts="local_cluster",
         workers={"num_workers": 1, "preemptions_per_hour": 0.0, "log_dir": str(run_dir / "logs")},
     )
-    instance = dg.DagsterInstance.ephemeral()
+    instance = run_instance(run_dir)  # what `spotlight run` records on (the run folder's own, on disk)
     result = materialize_iteration(instance, run, 0)
     assert result.success
+    snapshot = instance.get_job_snapshot(instance.get_run_by_id(result.run_id).job_snapshot_id)
+    assert secret not in dg.serialize_value(snapshot)  # it holds every resource's config; the queue URL by name
     ledger = run["ledger"].get_ledger()
     assert ledger.query("SELECT queue_url FROM runs").rows == [(f"redis://127.0.0.1:{redis_server.port}/0",)]
     assert ledger.query("SELECT worker_id, count(*) FROM requests GROUP BY 1").rows == [("it0w0.0", 8)]  # via Redis
@@ -188,6 +191,7 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
     assert [r for r in instance.all_logs(result.run_id) if secret in str(r)] == []
     out, err = capfd.readouterr()
     assert secret not in out + err
+    instance.dispose()
 
 
 def test_sensor_requests_the_next_iteration_then_the_final_one_then_stops():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+import dagster as dg
 import pytest
 import torch
 
@@ -62,8 +63,18 @@ def test_cloud_definitions_wire_s3_redis_and_pulling_spot_workers(load_definitio
     assert resources["ledger"].path == f"{cloud_env['SPOTLIGHT_RUN_DIR']}/ledger.duckdb"  # on the reserved node
     assert defs.resolve_job_def("iteration") is not None and defs.resolve_sensor_def("next_iteration") is not None
 
+    # Store and queue come as the variables' names, resolved when a run launches (build_resources does the same).
+    assert (resources["store"].url, resources["queue"].url) == (
+        dg.EnvVar("SPOTLIGHT_STORE"),
+        dg.EnvVar("SPOTLIGHT_QUEUE"),
+    )
+    with dg.build_resources({"store": resources["store"], "queue": resources["queue"]}) as live:
+        _check_store_and_queue(live, cloud_env, s3_server, redis_server)
+
+
+def _check_store_and_queue(live, cloud_env, s3_server, redis_server) -> None:
     # The store is S3 on the moto endpoint (from AWS_ENDPOINT_URL): a publish lands in the bucket under the prefix.
-    store = resources["store"].get_store()
+    store = live.store.get_store()
     assert isinstance(store, S3TensorStore) and store.url == f"s3://{s3_server.bucket}/spotlight"
     weights = {"w": torch.arange(6, dtype=torch.float32)}
     store.publish_tensors("runs/cloud-run/check", weights)
@@ -73,9 +84,9 @@ def test_cloud_definitions_wire_s3_redis_and_pulling_spot_workers(load_definitio
 
     # The queue is Redis, its password from the environment (never in the URL the ledger and Dagster keep).
     redis_server.flush()
-    with resources["queue"].get_queue() as queue:
+    with live.queue.get_queue() as queue:
         assert isinstance(queue, RedisQueue)
-        assert redis_server.password not in queue.url and resources["queue"].url == cloud_env["SPOTLIGHT_QUEUE"]
+        assert redis_server.password not in queue.url and live.queue.url == cloud_env["SPOTLIGHT_QUEUE"]
         assert queue.put([{"request_id": "cloud-r0", "iteration": 0, "kind": "rollout", "payload": {}}]) == 1
         lease = queue.claim("spot-0", lease_s=30)
         assert lease is not None and lease.request_id == "cloud-r0"

@@ -2,7 +2,7 @@
 
 The exploration monitor scores a prompt's seeds twice: explored (stale weights, cheap
 sampler) and real (the rollout on fresh weights). Rewards are discrete (a share of
-criteria passed), so ties are common: tau-b and average ranks treat them properly. A group
+criteria passed), so ties are common: tau-b and average ranks (scipy.stats) treat them properly. A group
 where either scoring is constant has no ranking to agree with: it is skipped (NaN), not
 counted as agreement.
 
@@ -17,57 +17,45 @@ import math
 from typing import Callable, Sequence
 
 import numpy as np
+from scipy import stats
 
 
 def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
-    """Kendall's tau-b in [-1, 1]; NaN when either side is constant or shorter than 2."""
-    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"kendall_tau_b needs two 1-D sequences of one length, got {a.shape} and {b.shape}")
-    i, j = np.triu_indices(len(a), k=1)
-    da, db = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
-    concordant_minus_discordant = float(np.sum(da * db))
-    pairs_a, pairs_b = float(np.count_nonzero(da)), float(np.count_nonzero(db))
-    if pairs_a == 0 or pairs_b == 0:
+    """Kendall's tau-b in [-1, 1] (scipy.stats.kendalltau); NaN when either side is constant or shorter than 2."""
+    a, b = _pair(x, y, "kendall_tau_b")
+    if _constant(a) or _constant(b):
         return math.nan
-    return concordant_minus_discordant / math.sqrt(pairs_a * pairs_b)
+    return float(stats.kendalltau(a, b, variant="b").statistic)
 
 
 def pairwise_concordance(x: Sequence[float], y: Sequence[float]) -> float:
     """Share of pairs ordered the same way by both scorings, among pairs untied on both; NaN if none.
     (The ledger's `rank_consistency`: 0.5 is chance, 1 is the same order.)"""
-    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"pairwise_concordance needs two 1-D sequences of one length, got {a.shape} and {b.shape}")
+    a, b = _pair(x, y, "pairwise_concordance")
     i, j = np.triu_indices(len(a), k=1)
     prod = np.sign(a[i] - a[j]) * np.sign(b[i] - b[j])
     untied = np.count_nonzero(prod)
     return math.nan if untied == 0 else float(np.count_nonzero(prod > 0)) / untied
 
 
-def average_ranks(x: Sequence[float]) -> np.ndarray:
-    """Ranks 0..n-1, tied values sharing the mean of their ranks."""
-    a = np.asarray(x, dtype=np.float64)
-    order = np.argsort(a, kind="stable")
-    ranks = np.empty(len(a))
-    ranks[order] = np.arange(len(a), dtype=np.float64)
-    for value in np.unique(a):
-        tied = a == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
 def spearman_rho(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rho (Pearson on average ranks); NaN when either side is constant."""
+    """Spearman's rho (scipy.stats.spearmanr: Pearson on average ranks); NaN when either side is constant."""
+    a, b = _pair(x, y, "spearman_rho")
+    if _constant(a) or _constant(b):
+        return math.nan
+    return float(stats.spearmanr(a, b).statistic)
+
+
+def _pair(x: Sequence[float], y: Sequence[float], name: str) -> tuple[np.ndarray, np.ndarray]:
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"spearman_rho needs two 1-D sequences of one length, got {a.shape} and {b.shape}")
-    if len(a) < 2:
-        return math.nan
-    ra, rb = average_ranks(a), average_ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denom = math.sqrt(float(np.sum(ra * ra)) * float(np.sum(rb * rb)))
-    return math.nan if denom == 0 else float(np.sum(ra * rb)) / denom
+        raise ValueError(f"{name} needs two 1-D sequences of one length, got {a.shape} and {b.shape}")
+    return a, b
+
+
+def _constant(a: np.ndarray) -> bool:
+    """No ranking to agree with (scipy would warn and return NaN): fewer than two distinct values."""
+    return len(a) < 2 or bool(np.all(a == a[0]))
 
 
 def per_group(

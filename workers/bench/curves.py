@@ -5,8 +5,8 @@ curve wanders by as much, so "the first validation at or above the target" of a 
 says little. Here a strategy's curve is the mean over run seeds of its held-out scores at
 each validated version, the time to a target is where that mean curve first crosses it
 (linear between validations), and its uncertainty comes from a paired bootstrap over run
-seeds: every resample draws the same seeds for every strategy (they share prompt schedules),
-so ratios between strategies keep their pairing.
+seeds (scipy.stats.bootstrap, paired=True): every resample draws the same seeds for every strategy
+(they share prompt schedules), so ratios between strategies keep their pairing.
 
 Example:
     versions = [0, 5, 10]
@@ -18,9 +18,11 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+import warnings
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 
 
 def mean_curve(scores_SV: Sequence[Sequence[float]]) -> np.ndarray:
@@ -50,18 +52,51 @@ def paired_crossings(
     versions: Sequence[float], scores: Mapping[str, Sequence[Sequence[float]]], target: float, resamples: int, seed: int
 ) -> dict[str, np.ndarray]:
     """Per strategy, the crossing of the mean curve of each bootstrap resample of run seeds (NaN: never crossed).
-    Every strategy's resample k uses the same seed rows (paired); all must have the same number of rows."""
+    Every strategy's resample k uses the same seed rows (scipy.stats.bootstrap, paired); all must have the same
+    number of rows."""
     arrays = {name: np.asarray(s, dtype=float) for name, s in scores.items()}
     rows = {a.shape[0] for a in arrays.values()}
     if len(rows) != 1:
         raise ValueError(f"every strategy needs the same run seeds, got row counts {sorted(rows)}")
-    num_seeds = rows.pop()
-    picks = np.random.default_rng(seed).integers(0, num_seeds, size=(resamples, num_seeds))
-    out = {}
-    for name, array in arrays.items():
-        found = [crossing(versions, array[pick].mean(axis=0), target) for pick in picks]
-        out[name] = np.array([math.nan if c is None else c for c in found])
-    return out
+
+    def statistic(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.stack([_crossings(versions, sample.mean(axis=axis), target) for sample in samples])
+
+    boot = bootstrap_distribution(tuple(arrays.values()), statistic, resamples, seed, paired=True)
+    return dict(zip(arrays, boot, strict=True))
+
+
+def _crossings(versions: Sequence[float], curves: np.ndarray, target: float) -> np.ndarray:
+    """`crossing` of each curve along axis 0 (versions), NaN where it never reaches the target."""
+    flat = curves.reshape(curves.shape[0], -1)
+    found = [crossing(versions, flat[:, k], target) for k in range(flat.shape[1])]
+    return np.array([math.nan if c is None else c for c in found]).reshape(curves.shape[1:])
+
+
+def bootstrap_distribution(
+    samples: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray], resamples: int, seed: int, paired: bool
+) -> np.ndarray:
+    """The statistic of `resamples` bootstrap resamples of the samples' rows (scipy.stats.bootstrap, vectorized:
+    `statistic(*samples, axis=-1)`, the resampled rows on the last axis), resample index on the last axis.
+
+    Only scipy's resampling is used: the intervals come from `interval` (nearest rank), which keeps the +inf
+    and NaN resamples a crossing ratio has; scipy's percentile interval would interpolate or drop them. With one
+    row every resample is that row (scipy needs two)."""
+    if samples[0].shape[0] < 2:
+        return np.repeat(statistic(*[np.moveaxis(s, 0, -1) for s in samples])[..., None], resamples, axis=-1)
+    with warnings.catch_warnings():  # scipy's own interval is NaN over NaN resamples; it is not used here
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        result = stats.bootstrap(
+            samples,
+            statistic,
+            n_resamples=resamples,
+            vectorized=True,
+            paired=paired,
+            axis=0,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    return result.bootstrap_distribution
 
 
 def interval(samples: np.ndarray, level: float = 0.95) -> dict:
@@ -120,8 +155,7 @@ def paired_difference(
     diff = np.asarray(values[a], dtype=float) - np.asarray(values[b], dtype=float)
     if diff.size < 1:
         raise ValueError("paired_difference needs at least one run seed")
-    picks = np.random.default_rng(seed).integers(0, diff.size, size=(resamples, diff.size))
-    boot = diff[picks].mean(axis=1)
+    boot = bootstrap_distribution((diff,), np.mean, resamples, seed, paired=False)
     se = float(diff.std(ddof=1) / math.sqrt(diff.size)) if diff.size > 1 else None
     return {
         "mean": round(float(diff.mean()), 4),

@@ -148,13 +148,17 @@ def _finish(ctx: RunContext, k: int, train_s: float):
     return finished
 
 
-def plan_table(plan) -> str:
-    """The plan as a Markdown table: prompt, seeds, explored rewards."""
+def plan_table(plan) -> list[dict]:
+    """The plan as table rows: prompt, seeds, explored rewards (comma-separated; empty when not explored)."""
     rows = zip(plan.prompts, plan.seeds, plan.explored_rewards or [None] * len(plan.seeds), strict=False)
-    return "| prompt | seeds | explored rewards |\n|---|---|---|\n" + "".join(
-        f"| {p} | {', '.join(map(str, s))} | {'' if r is None else ', '.join(f'{x:.2f}' for x in r)} |\n"
+    return [
+        {
+            "prompt": str(p),
+            "seeds": ", ".join(map(str, s)),
+            "explored rewards": "" if r is None else ", ".join(f"{x:.2f}" for x in r),
+        }
         for p, s, r in rows
-    )
+    ]
 
 
 def consistency_png(ctx: RunContext) -> bytes:

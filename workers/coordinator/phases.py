@@ -1,4 +1,5 @@
-"""The phases of one iteration k as plain functions: sync, rollout, train, validate, report (explore: explore_phases.py).
+"""The phases of one iteration k as plain functions: sync, rollout, train, validate, report
+(explore: explore_phases.py).
 
 Iteration k: `sync_phase` publishes weights version k (PULSE patch k-1 -> k), `rollout_phase`
 samples the iteration's requests at version k with the seeds planned by iteration k-1,
@@ -34,10 +35,11 @@ GUARD_CHECK = "validation_not_below_guard"
 
 @dataclass
 class PhaseResult:
-    """What a phase shows: plain numbers, Markdown tables, file paths, PNG pictures and named checks."""
+    """What a phase shows: plain numbers, tables, file paths, PNG pictures and named checks."""
 
     metadata: dict[str, Any] = field(default_factory=dict)
-    tables: dict[str, str] = field(default_factory=dict)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """name -> rows (column -> str, int, float or bool; every row the same columns)."""
     paths: dict[str, str] = field(default_factory=dict)
     pictures: dict[str, tuple[bytes, str]] = field(default_factory=dict)
     """name -> (PNG bytes, caption)."""

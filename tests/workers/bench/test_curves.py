@@ -7,7 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from workers.bench.curves import crossing, interval, mean_curve, paired_difference, paired_ratio_interval
+from workers.bench.curves import (
+    crossing,
+    interval,
+    mean_curve,
+    paired_crossings,
+    paired_difference,
+    paired_ratio_interval,
+)
 
 VERSIONS = [0, 5, 10, 15]
 
@@ -53,3 +60,39 @@ def test_a_paired_difference_reports_its_standard_error_and_interval() -> None:
 def test_an_interval_counts_what_was_undefined() -> None:
     out = interval(np.array([1.0, 2.0, math.nan, math.nan]))
     assert out["undefined_share"] == 0.5 and out["low"] == 1.0 and out["high"] == 2.0
+
+
+def _bootstrap_by_hand(scores: dict, target: float, resamples: int, seed: int) -> dict:
+    """Resample k draws the same seed rows for every strategy (the rows numpy's integers(0, n, (k, n)) gives)."""
+    arrays = {name: np.asarray(s) for name, s in scores.items()}
+    picks = np.random.default_rng(seed).integers(0, 4, size=(resamples, 4))
+    out = {}
+    for name, array in arrays.items():
+        found = [crossing(VERSIONS, array[pick].mean(axis=0), target) for pick in picks]
+        out[name] = np.array([math.nan if c is None else c for c in found])
+    return out
+
+
+def test_scipys_paired_bootstrap_resamples_the_seed_rows_jointly_as_the_hand_written_one_did() -> None:
+    rng = np.random.default_rng(3)
+    scores = {
+        name: (0.3 + s * np.array(VERSIONS) + rng.normal(0, 0.02, (4, 4))).tolist()
+        for name, s in (("r", 0.003), ("e", 0.006))
+    }
+    want = _bootstrap_by_hand(scores, 0.34, 300, seed=7)
+    got = paired_crossings(VERSIONS, scores, 0.34, resamples=300, seed=7)
+    for name in scores:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, equal_nan=True)
+    assert np.isnan(got["r"]).any() and not np.isnan(got["e"]).all()  # both kinds of resample occur
+    diff = np.asarray(scores["r"])[:, 1] - np.asarray(scores["e"])[:, 1]
+    picks = np.random.default_rng(7).integers(0, 4, size=(300, 4))
+    by_hand = interval(diff[picks].mean(axis=1))
+    out = paired_difference(
+        {"r": np.asarray(scores["r"])[:, 1], "e": np.asarray(scores["e"])[:, 1]}, "r", "e", 300, seed=7
+    )
+    assert (out["low"], out["high"]) == (by_hand["low"], by_hand["high"])
+
+
+def test_one_run_seed_gives_a_degenerate_interval_at_its_value() -> None:
+    out = paired_difference({"a": [0.40], "b": [0.35]}, "a", "b", resamples=50)
+    assert out["low"] == out["high"] == out["mean"] == pytest.approx(0.05) and out["se"] is None
