@@ -63,9 +63,11 @@ class Setting:
         return self.env or "SPOTLIGHT_" + self.name.upper()
 
     def choices(self) -> tuple[str, ...]:
-        """The allowed names of a Literal setting (empty for any other type)."""
-        inner = [a for a in typing.get_args(self.type) if a is not type(None)] or [self.type]
-        return tuple(v for a in inner if typing.get_origin(a) is Literal for v in typing.get_args(a))
+        """The allowed names of a Literal setting, optional or not (empty for any other type)."""
+        if typing.get_origin(self.type) is Literal:
+            return typing.get_args(self.type)
+        inner = [a for a in typing.get_args(self.type) if typing.get_origin(a) is Literal]
+        return typing.get_args(inner[0]) if inner else ()
 
 
 def setting(name: str, type_: Any, default: Any, help_: str, **kw) -> Setting:

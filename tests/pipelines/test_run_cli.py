@@ -75,11 +75,11 @@ def test_bad_flags_fail_before_any_compute(tmp_path, flag, value, message):
     assert not (tmp_path / "r" / "ledger.duckdb").exists()
 
 
-def test_the_default_run_samples_on_a_preempted_local_cluster(tmp_path):
+def test_the_default_run_samples_on_a_preempted_local_pool(tmp_path):
     from pipelines.run import RunSpec
 
     spec = RunSpec.resolve(tmp_path / "r", resume=False)
-    assert (spec.rollouts, spec.preset) == ("local_cluster", "cpu_tiny_spot")
+    assert (spec.rollouts, spec.preset) == ("local_pool", "cpu_tiny_spot")
     config = spec.resources()["run_config"].train_config()
     assert (
         config.seeds_per_request == config.group_size and config.rollouts_per_prompt is None

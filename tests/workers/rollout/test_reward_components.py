@@ -47,6 +47,7 @@ def _config(reward: str, seeds_per_request: int = 2):
 def _serve(queue_url: str, store) -> list[dict]:
     """One rollout worker (the worker process's claim loop) until the queue has stayed empty for a second; its
     events."""
+    from workers.rollout.config import WorkerConfig
     from workers.rollout.loop import WorkerLoop
     from workers.rollout.worker import build_parser
 
@@ -69,7 +70,13 @@ def _serve(queue_url: str, store) -> list[dict]:
     )
     args.instance_type = "local-cpu"
     with open_queue(queue_url) as queue:
-        WorkerLoop(queue, store, args, threading.Event(), lambda event, **f: events.append({"event": event, **f})).run()
+        WorkerLoop(
+            queue,
+            store,
+            WorkerConfig.from_args(args),
+            threading.Event(),
+            lambda event, **f: events.append({"event": event, **f}),
+        ).run()
     return events
 
 
@@ -94,7 +101,9 @@ def test_a_queue_worker_commits_each_component_and_the_train_stats_and_the_ledge
     results = load_results(rollout_store, "demo", 0, requests)
     parts = [m["reward_components"] for _, m in results]
     assert all(sorted(p) == list(PARTS) for p in parts)
-    for (_, meta), p in zip(results, parts, strict=False):  # the reward trained on is the weighted total of the committed parts
+    for (_, meta), p in zip(
+        results, parts, strict=False
+    ):  # the reward trained on is the weighted total of the committed parts
         assert meta["reward"] == pytest.approx(1.0 * p["minigeneval"] + 0.01 * p["jpeg_compressibility"])
 
     stats = GRPOTrainer(tiny_policy, config).batch_stats(load_batch(rollout_store, "demo", config, 0, requests))
