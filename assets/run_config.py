@@ -14,131 +14,45 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Optional
+from typing import Annotated, Any, Optional
 
 from dagster import ConfigurableResource
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
+
+from resources.settings import SETTINGS, Setting, resource_settings
 
 
-class RunConfigResource(ConfigurableResource):
-    """The run every iteration asset works on."""
+def pydantic_type(setting: Setting) -> Any:
+    """The setting's type with its bounds, as pydantic validates it (a resource field, a SPOTLIGHT_* value)."""
+    return Annotated[setting.type, Field(**setting.bounds)]
 
-    run: str = Field(default="demo", description="Run name: the store prefix runs/{run}/ and the ledger's run_id.")
-    preset: str = Field(default="cpu_tiny_spot", description="Training preset (workers/trainer/presets.py).")
-    iterations: Optional[int] = Field(default=None, ge=1, description="Training iterations (default: the preset's).")
-    reward: Optional[str] = Field(
-        default=None, description="Reward name overriding the preset's (workers/task/rewards.py)."
-    )
-    seed: Optional[int] = Field(
-        default=None, ge=0, description="Run seed overriding the preset's (prompts and request seeds)."
-    )
-    checkpoint: Optional[str] = Field(
-        default=None, description="Policy folder to start from (default: the shipped base)."
-    )
-    device: str = Field(
-        default="cpu", description="Where the trainer, in-process sampling and validation run: cpu, cuda or cuda:N."
-    )
-    model: Optional[str] = Field(
-        default=None,
-        description="A diffusers pipeline folder to post-train instead (Qwen-Image, "
-        "SD3/3.5, FLUX.1; absolute path, loaded locally).",
-    )
-    lora_rank: Optional[int] = Field(default=None, ge=0, description="With model: LoRA rank (0 = full fine-tuning).")
-    resolution: Optional[int] = Field(default=None, ge=1, description="With model: image side in pixels.")
-    guidance: Optional[float] = Field(
-        default=None, ge=0, description="With model: true-CFG scale or FLUX.1-dev's guidance."
-    )
-    sync_mode: Optional[str] = Field(
-        default=None,
-        description="With model and a LoRA: what PULSE ships to the rollout "
-        "workers, lora (the adapter; default) or merged (BF16 base + LoRA delta of every "
-        "weight: workers need no adapter).",
-    )
-    anchor_every: int = Field(default=10, ge=1, description="A full BF16 anchor every this many weight versions.")
-    report_every: Optional[int] = Field(
-        default=None,
-        ge=1,
-        description="Rewrite the report folder and draw sample "
-        "grids every this many iterations and on the final one (default: the preset's "
-        "validate_every, at most 5; each rewrite costs about a second on 2 CPU cores).",
-    )
-    max_validation_drop: float = Field(
-        default=0.25,
-        ge=0,
-        description="Validation check fails when the held-out score falls more than this below the base's.",
-    )
-    validation_reward: Optional[str] = Field(
-        default=None,
-        description="Reward that scores the held-out images "
-        "(default: MiniGenEval's detector for the pixel policy, the run's reward "
-        "with model; workers/task/validation.py).",
-    )
-    validation_prompts: Optional[str] = Field(
-        default=None, description="A text file of held-out prompts, one a line (default: MiniGenEval's held-out split)."
-    )
-    prompts: Optional[str] = Field(
-        default=None,
-        description="The training prompts file: text, JSON Lines, Parquet or a "
-        "datasets folder (default: MiniGenEval's grammar; workers/task/prompt_file.py).",
-    )
-    prompts_heldout: Optional[float] = Field(
-        default=None, ge=0, lt=1, description="With prompts: the share held out for validation."
-    )
-    on_hacking: str = Field(
-        default="warn",
-        description="When the reward-hacking guard flags a validation: warn, stop "
-        "(end the run after that iteration; resumable) or rollback (docs/REWARD_HACKING.md).",
-    )
-    hacking_window: Optional[int] = Field(
-        default=None,
-        ge=1,
-        description="Validations back the guard compares the proxy and gold rewards over (default 2).",
-    )
-    hacking_z: Optional[float] = Field(
-        default=None,
-        ge=0,
-        description="Standard errors the proxy's rise and the gold's fall must each exceed (default 2).",
-    )
-    hacking_max_drop: Optional[float] = Field(
-        default=None,
-        ge=0,
-        lt=1,
-        description="Largest relative fall of a held-out image statistic below the base's (default 0.5; 0 = off).",
-    )
-    hacking_max_rise: Optional[float] = Field(
-        default=None,
-        gt=0,
-        description="Largest relative rise of a held-out image statistic above the base's (default: rises never fire).",
-    )
-    rollback_lr_scale: Optional[float] = Field(
-        default=None, gt=0, le=1, description="Learning-rate factor per rollback (default 0.5)."
-    )
-    rollback_kl_beta: Optional[float] = Field(
-        default=None, ge=0, description="KL coefficient at least, after a rollback (default: the preset's)."
-    )
-    reserved_usd_per_hour: float = Field(
-        default=0.10, ge=0, description="Price of the reserved node (trainer + coordinator)."
-    )
-    rollout_batch: Optional[int] = Field(
-        default=None,
-        ge=1,
-        description="Samples sampled and VAE-decoded together where "
-        "the trainer's process samples (default: the preset's).",
-    )
-    micro_batch: Optional[int] = Field(
-        default=None,
-        ge=1,
-        description="Samples per forward and backward in the update (gradient accumulation; default: the preset's).",
-    )
-    group_size: Optional[int] = Field(
-        default=None, ge=2, description="Samples per prompt in the update (default: the preset's)."
-    )
-    prompts_per_iteration: Optional[int] = Field(
-        default=None, ge=1, description="Prompts per iteration (default: the preset's)."
-    )
-    minibatches: Optional[int] = Field(
-        default=None, ge=1, description="Optimizer steps per epoch (default: the preset's)."
-    )
+
+def _resource_type(setting: Setting) -> Any:
+    """pydantic_type, but an optional choice of names is an optional str, checked by `_known_choice`: Dagster's
+    config types take a Literal, not an Optional one."""
+    if setting.choices() and setting.default is None:
+        return Annotated[Optional[str], Field(**setting.bounds)]
+    return pydantic_type(setting)
+
+
+_RunSettingsFields = create_model(
+    "RunSettingsFields",
+    __base__=ConfigurableResource,
+    **{s.name: (_resource_type(s), Field(default=s.default, description=s.help)) for s in resource_settings()},
+)
+_OPTIONAL_CHOICES = tuple(s.name for s in resource_settings() if s.choices() and s.default is None)
+
+
+class RunConfigResource(_RunSettingsFields):
+    """The run every iteration asset works on; its fields are the run settings of resources/settings/."""
+
+    @field_validator(*_OPTIONAL_CHOICES)
+    @classmethod
+    def _known_choice(cls, value: Optional[str], info) -> Optional[str]:
+        choices = SETTINGS[info.field_name].choices()
+        if value is not None and value not in choices:
+            raise ValueError(f"{info.field_name} must be one of {choices}, got {value!r}")
+        return value
 
     @field_validator("run")
     @classmethod

@@ -9,16 +9,6 @@ from typing import Optional
 
 import typer
 
-PROMPTS_HELP = (
-    'Training prompts from a file: text (one a line, # comments), JSON Lines ({"prompt": ...} plus '
-    "fields handed to the reward), Parquet or a Hugging Face datasets folder (default: MiniGenEval's "
-    "grammar). Drawn per iteration by the run seed; checked before any weights load."
-)
-PROMPTS_HELDOUT_HELP = (
-    "With --prompts: share of its prompts held out (by a fixed hash of each prompt) to validate "
-    "on, unless --validation-prompts is given."
-)
-
 
 def with_prompts(config, prompts: Optional[Path], heldout: float, model: Optional[Path], model_fields):
     """`config` training on `--prompts` (read and checked against the policy now); BadParameter saying what to fix."""

@@ -17,21 +17,6 @@ from typing import Any, Callable
 
 import typer
 
-NPROC_HELP = (
-    "Trainer processes: each update is sharded over them with FSDP2 (NCCL, one GPU each, with --device "
-    "cuda; gloo ranks on cpu). Rank 0 also runs the rest of the run: sampling, validation, the ledger and "
-    "the store's writes."
-)
-CHECKPOINTING_HELP = "Recompute each transformer block in backward: less activation memory, about one more forward."
-ROLLOUT_BATCH_HELP = (
-    "Samples sampled and VAE-decoded together where this process samples (rollout, exploration, "
-    "validation); memory follows this chunk, not the iteration (default: the preset's; none = all)."
-)
-MICRO_BATCH_HELP = (
-    "Samples per forward and backward in the update: each minibatch's gradients accumulate over "
-    "micro-batches of this many, the same step in less activation memory (default: the preset's)."
-)
-
 
 def with_batch_options(
     config, rollout_batch=None, micro_batch=None, group_size=None, prompts_per_iteration=None, minibatches=None

@@ -2,7 +2,7 @@
 
 The run folder holds `run.json` (what was asked, so `--resume` continues the same run),
 `ledger.duckdb`, `store/` (default), `queue.db` and `report/`. By default (`--rollouts
-local_cluster`) one cluster of rollout worker processes lives for the whole run, pulling
+local_pool`) one pool of rollout worker processes lives for the whole run, pulling
 from the queue, preempted on a Poisson trace; the rollout assets then enqueue and wait.
 `--rollouts inprocess` samples in this process instead (no workers, no preemptions).
 Paths are stored absolute (relative ones mean relative to the directory `spotlight run` started
@@ -26,17 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from resources.settings import check_bounds, resource_settings, run_rollouts, settings_class, settings_of
 from resources.urls import absolute_url
 
 SPEC_NAME = "run.json"
-ROLLOUT_MODES = ("local_cluster", "inprocess")
-DEFAULT_WORKERS = 2
-"""One single-threaded worker per core of a 2-core machine: the trainer waits while they sample."""
-DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
-"""Per spot worker-hour, Poisson, half of them without notice: far more often than clouds preempt, so that a
-default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
-BATCH_FIELDS = ("rollout_batch", "micro_batch", "group_size", "prompts_per_iteration", "minibatches")
-"""The run's batch shape beyond the preset (RunConfigResource's fields of the same names)."""
 RESUME_MAY_CHANGE = (
     "nproc",
     "gradient_checkpointing",
@@ -49,76 +42,19 @@ RESUME_MAY_CHANGE = (
 chunks and micro-batches compute what the whole batch does, to float rounding), so a relaunch on another number or
 size of GPUs continues the run (at that node's price); and what a reward-hacking flag does (a run stopped by one
 continues with --on-hacking warn or rollback). Unset, they keep the stored values."""
-HACKING_FIELDS = (
-    "on_hacking",
-    "hacking_window",
-    "hacking_z",
-    "hacking_max_drop",
-    "hacking_max_rise",
-    "rollback_lr_scale",
-    "rollback_kl_beta",
-)
+SPEC_DEFAULTS = {"gradient_checkpointing": False, "on_hacking": None}
+"""Where run.json's value differs from the setting's default: off unless asked (the command turns it on for the GPU
+presets), and None (the resource's warn) as runs have always stored it."""
+PATH_SETTINGS = tuple(s.name for s in settings_of("run") if s.path)
+
+_RunSettings = settings_class("run", leading=(("run_dir", str),), defaults=SPEC_DEFAULTS)
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """What `spotlight run` was asked to do; stored in the run folder for --resume."""
-
-    run_dir: str
-    """The run folder, absolute (a relative one is resolved against the current directory)."""
-    preset: str = "cpu_tiny_spot"
-    iterations: Optional[int] = None
-    seed: Optional[int] = None
-    """Run seed (prompt schedule and request seeds); None = the preset's."""
-    reward: Optional[str] = None
-    store: Optional[str] = None
-    """Tensor store URL; a local path is made absolute. None = RUN_DIR/store."""
-    queue: Optional[str] = None
-    """Queue URL; a local path is made absolute. None = RUN_DIR/queue.db."""
-    rollouts: str = "local_cluster"
-    explore_samples: Optional[float] = None
-    """--rollouts inprocess: explore in this process on a budget of this many full-sampler samples per iteration."""
-    checkpoint: Optional[str] = None
-    model: Optional[str] = None
-    """A diffusers pipeline folder (absolute), with the ModelSpec fields below; None: the pixel policy."""
-    lora_rank: Optional[int] = None
-    resolution: Optional[int] = None
-    guidance: Optional[float] = None
-    sync_mode: Optional[str] = None
-    """With a LoRA: what PULSE ships to the workers, lora (the adapter) or merged (BF16 base + delta); None = lora."""
-    device: str = "cpu"
-    """The trainer's device (in-process sampling and validation too); the local workers stay on the CPU."""
-    nproc: int = 1
-    """Trainer processes (one per GPU on CUDA): rank 0 runs the walk, the others join each update (FSDP2)."""
-    gradient_checkpointing: bool = False
-    """Recompute each transformer block in backward."""
-    num_workers: int = DEFAULT_WORKERS
-    preemptions_per_hour: float = DEFAULT_PREEMPTIONS_PER_HOUR
-    validation_reward: Optional[str] = None
-    """Reward that scores the held-out images; None = the detector (pixel policy) or the run's reward (--model)."""
-    validation_prompts: Optional[str] = None
-    """A file of held-out prompts, one a line (absolute); None = MiniGenEval's held-out split."""
-    prompts: Optional[str] = None
-    """The training prompts file (absolute; workers/task/prompt_file.py); None = MiniGenEval's grammar."""
-    prompts_heldout: Optional[float] = None
-    """With prompts: the share held out for validation (None = 0)."""
-    rollout_batch: Optional[int] = None
-    """Samples sampled and VAE-decoded together in the trainer's process; None = the preset's."""
-    micro_batch: Optional[int] = None
-    """Samples per forward and backward in the update; None = the preset's."""
-    group_size: Optional[int] = None
-    prompts_per_iteration: Optional[int] = None
-    minibatches: Optional[int] = None
-    on_hacking: Optional[str] = None
-    """What a reward-hacking flag does: warn (None), stop or rollback (docs/REWARD_HACKING.md)."""
-    hacking_window: Optional[int] = None
-    hacking_z: Optional[float] = None
-    hacking_max_drop: Optional[float] = None
-    hacking_max_rise: Optional[float] = None
-    rollback_lr_scale: Optional[float] = None
-    rollback_kl_beta: Optional[float] = None
-    reserved_usd_per_hour: Optional[float] = None
-    """The reserved node's $/hour in the ledger (the trainer's rows, and so the spend cap); None = the default."""
+class RunSpec(_RunSettings):
+    """What `spotlight run` was asked to do; stored in the run folder for --resume. Its fields: `run_dir` (absolute)
+    and each setting of `spotlight run` (resources/settings/); store and queue URLs and path settings are made
+    absolute, so worker processes and a later --resume from elsewhere find the same files."""
 
     def __post_init__(self) -> None:
         # Worker processes and a --resume from another directory must find the same files.
@@ -126,11 +62,11 @@ class RunSpec:
         for name in ("store", "queue"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, absolute_url(getattr(self, name)))
-        for name in ("checkpoint", "model", "validation_prompts", "prompts"):
+        for name in PATH_SETTINGS:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, str(Path(getattr(self, name)).expanduser().resolve()))
-        if self.rollouts not in ROLLOUT_MODES:
-            raise ValueError(f"--rollouts must be one of {ROLLOUT_MODES}, got {self.rollouts!r}")
+        object.__setattr__(self, "rollouts", run_rollouts(self.rollouts))  # a legacy name reads as its mode
+        check_bounds(self, "run")
         if self.num_workers < 0 or (
             self.num_workers == 0 and not (self.queue or "").startswith(("redis://", "rediss://"))
         ):
@@ -147,8 +83,6 @@ class RunSpec:
             raise ValueError(f"--preemptions-per-hour must be >= 0, got {self.preemptions_per_hour}")
         if self.nproc < 1:
             raise ValueError(f"--nproc must be >= 1 (trainer processes; one per GPU on CUDA), got {self.nproc}")
-        if self.reserved_usd_per_hour is not None and not self.reserved_usd_per_hour >= 0:
-            raise ValueError(f"--reserved-usd-per-hour must be >= 0 dollars, got {self.reserved_usd_per_hour}")
 
     @classmethod
     def resolve(cls, run_dir: Path, *, resume: bool, replace: bool = False, **asked) -> "RunSpec":
@@ -169,8 +103,8 @@ class RunSpec:
                     f"{run_dir} holds a ledger but no {SPEC_NAME}: it was not written by `spotlight run`; "
                     "choose another --run-dir"
                 )
-            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the
-            # first time.
+            # Resume-or-start: a node that runs `spotlight run --resume` on every (re)start begins the run the first
+            # time.
             return cls(str(run_dir), **{k: v for k, v in asked.items() if v is not None})
         # The folder is where it is now (it may have moved); flags compare as the spec stores them (absolute paths).
         stored = dataclasses.replace(cls(**json.loads(path.read_text())), run_dir=str(run_dir))
@@ -197,39 +131,21 @@ class RunSpec:
             out.write(json.dumps(asdict(self), indent=2))
 
     def resources(self) -> dict:
+        """The Dagster resources of this run: its settings that are RunConfigResource fields, the pool's workers
+        already pulling (`workers` sampling) or in-process sampling."""
         from pipelines.deploy import build_resources
 
-        mode = "workers" if self.rollouts == "local_cluster" else self.rollouts
         return build_resources(
             run_dir=self.run_dir,
-            preset=self.preset,
-            iterations=self.iterations,
-            seed=self.seed,
-            reward=self.reward,
             store=self.store,
             queue=self.queue,
-            rollouts=mode,
-            checkpoint=self.checkpoint,
+            rollouts="workers" if self.rollouts == "local_pool" else self.rollouts,
             workers=None if self.explore_samples is None else {"explore_samples": self.explore_samples},
-            # Always every field: one without --model is refused (run_config), not dropped.
-            model={
-                "model": self.model,
-                "lora_rank": self.lora_rank,
-                "resolution": self.resolution,
-                "guidance": self.guidance,
-                "sync_mode": self.sync_mode,
-            },
-            device=self.device,
-            validation={
-                "validation_reward": self.validation_reward,
-                "validation_prompts": self.validation_prompts,
-                **{name: getattr(self, name) for name in HACKING_FIELDS if getattr(self, name) is not None},
-            },
-            prompts={"prompts": self.prompts, "prompts_heldout": self.prompts_heldout},
-            batch={  # RunConfigResource's fields: the batch shape, and the reserved node's price when given
-                k: getattr(self, k) for k in (*BATCH_FIELDS, "reserved_usd_per_hour") if getattr(self, k) is not None
-            },
+            **{s.name: getattr(self, s.name) for s in resource_settings() if s.name in RUN_FIELDS},
         )
+
+
+RUN_FIELDS = frozenset(s.name for s in settings_of("run"))
 
 
 class BudgetReachedError(RuntimeError):
@@ -253,9 +169,9 @@ def check_hacking_stop(outcome) -> None:
 
 @contextlib.contextmanager
 def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None) -> Iterator[None]:
-    """With --rollouts local_cluster: worker processes for the whole run, preempted on a Poisson trace."""
+    """With --rollouts local_pool: worker processes for the whole run, preempted on a Poisson trace."""
     with remote_workers(resources, max_usd):
-        if spec.rollouts != "local_cluster" or spec.num_workers == 0:
+        if spec.rollouts != "local_pool" or spec.num_workers == 0:
             yield
             return
         from assets.context import run_context
@@ -309,7 +225,7 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
     (OMP_NUM_THREADS=2 beside 2 workers) trained faster (10 s per cpu_tiny_spot update against 14 s) but left
     exploration too little CPU: 4.7 of 8 prompts explored per iteration against 7.9, explored seeds' variance
     gain 1.2x against 1.9x, and a smaller held-out gain (docs/BENCHMARKS.md, "make demo")."""
-    if spec.rollouts != "local_cluster" or os.environ.get("OMP_NUM_THREADS"):
+    if spec.rollouts != "local_pool" or os.environ.get("OMP_NUM_THREADS"):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - spec.num_workers)
@@ -318,13 +234,13 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
 def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] = None) -> dict:
     """Walk every iteration not yet done; returns the summary (rows, report path, run cost). With `max_usd`, stops
     (BudgetReachedError) after the iteration during which the spend reached it."""
+    import dagster as dg
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pipelines.run_walk import dagster_home, dagster_ui_command, run_instance, walk_iterations
+    from pipelines.run_walk import walk_iterations
     from workers.coordinator import books
 
-    home = dagster_home(Path(spec.run_dir))  # a relative DAGSTER_HOME fails here, before any compute
     threads = trainer_threads(spec)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -333,7 +249,7 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     ledger = resources["ledger"].get_ledger()
     if books.close_dangling_workers(ledger):
         console.print("closed workers the interrupted run had left open")
-    if spec.rollouts == "local_cluster" and spec.num_workers:
+    if spec.rollouts == "local_pool" and spec.num_workers:
         console.print(
             f"rollouts on {spec.num_workers} local spot workers (1 thread each, {spec.preemptions_per_hour:g} "
             f"preemptions per worker-hour); trainer on {torch.get_num_threads()} thread(s)"
@@ -347,13 +263,9 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     )
     try:
         check_budget(ledger, max_usd, -1)  # a resumed run may already be past it
-        with (
-            run_instance(Path(spec.run_dir)) as instance,
-            run_cluster(spec, resources, max_usd),
-            Progress(*columns, console=console, transient=True) as progress,
-        ):
+        with run_cluster(spec, resources, max_usd), Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("iterations", total=total)
-            for outcome in walk_iterations(instance, resources):
+            for outcome in walk_iterations(dg.DagsterInstance.ephemeral(), resources):
                 progress.update(task, advance=1, description=f"iteration {outcome.iteration + 1}/{total - 1}")
                 if on_iteration is not None:
                     on_iteration(outcome)
@@ -362,9 +274,7 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     except BaseException:
         books.interrupt_run(ledger, resources["run_config"].run)
         raise
-    console.print("Dagster UI (this run's materializations and checks):")
-    console.print(dagster_ui_command(home), soft_wrap=True, markup=False, highlight=False)  # one line, to copy
-    return {**summary(resources), "dagster_home": str(home)}
+    return summary(resources)
 
 
 def summary(resources: dict) -> dict:

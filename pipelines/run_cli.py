@@ -1,5 +1,5 @@
-"""The `spotlight run` command (registered in pipelines/cli.py). Only typer and pipelines.run's stdlib module at
-import time: `--help` stays instant."""
+"""The `spotlight run` command (registered in pipelines/cli.py); its run settings' options come from
+resources/settings/. Only typer and stdlib modules at import time: `--help` stays instant."""
 
 from __future__ import annotations
 
@@ -11,38 +11,14 @@ from typing import Optional
 import typer
 
 from pipelines.config_file import config_option
-from pipelines.prompts_cli import PROMPTS_HELDOUT_HELP, PROMPTS_HELP
-from pipelines.ranks_cli import CHECKPOINTING_HELP, MICRO_BATCH_HELP, NPROC_HELP, ROLLOUT_BATCH_HELP
-from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
+from pipelines.run import RESUME_MAY_CHANGE
+from pipelines.settings_cli import settings_options
 
 
+@settings_options(
+    "run", unset=True, notes={name: "--resume keeps the run's unless given." for name in RESUME_MAY_CHANGE}
+)
 def run_command(
-    iterations: Optional[int] = typer.Option(None, help="Training iterations (default: the preset's)."),
-    preset: Optional[str] = typer.Option(
-        None, help="Training preset (workers/trainer/presets.py; default cpu_tiny_spot)."
-    ),
-    seed: Optional[int] = typer.Option(
-        None, "--seed", help="Run seed: the prompt schedule and every request's seed (default: the preset's, 0)."
-    ),
-    reward: Optional[str] = typer.Option(
-        None,
-        help=(
-            "Reward overriding the preset's: a name (minigeneval, minigeneval_strict, jpeg_compressibility), "
-            "clip:PATH, multi:a=1,b=0.1, or a reward server's http:// URL (docs/MODELS.md)."
-        ),
-    ),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
-    prompts_heldout: Optional[float] = typer.Option(None, "--prompts-heldout", help=PROMPTS_HELDOUT_HELP),
-    store: Optional[str] = typer.Option(
-        None,
-        help=(
-            "Tensor store: a folder or s3://bucket/prefix (default: RUN_DIR/store). S3 endpoint and credentials come "
-            "from boto3's configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...)."
-        ),
-    ),
-    queue: Optional[str] = typer.Option(
-        None, help="Request queue: a SQLite file or redis://host:port/db (default: RUN_DIR/queue.db)."
-    ),
     run_dir: Path = typer.Option(
         Path("runs/run"),
         "--run-dir",
@@ -50,116 +26,6 @@ def run_command(
     ),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --run-dir from its first unfinished iteration."
-    ),
-    rollouts: Optional[str] = typer.Option(
-        None,
-        help=(
-            "Who samples: local_cluster (default: rollout worker processes on this machine, spot-priced, with "
-            "injected preemptions) or inprocess (the trainer itself, batched; no workers)."
-        ),
-    ),
-    explore_samples: Optional[float] = typer.Option(
-        None,
-        "--explore-samples",
-        help=(
-            "--rollouts inprocess: explore the next iteration's seeds on the stale weights within this many "
-            "full-sampler samples per iteration, in this process (docs/EXPLORATION.md)."
-        ),
-    ),
-    workers: Optional[int] = typer.Option(
-        None,
-        "--workers",
-        help=(
-            f"local_cluster: rollout worker processes, one torch thread each (default {DEFAULT_WORKERS}; 0 on a Redis "
-            f"--queue: remote workers sample everything)."
-        ),
-    ),
-    preemptions_per_hour: Optional[float] = typer.Option(
-        None,
-        help=(
-            f"local_cluster: preemptions per spot worker-hour, Poisson, half without notice (default "
-            f"{DEFAULT_PREEMPTIONS_PER_HOUR:g}; 0 = none)."
-        ),
-    ),
-    checkpoint: Optional[str] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
-    model: Optional[str] = typer.Option(
-        None,
-        help=(
-            "A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer "
-            "and every worker (docs/MODELS.md)."
-        ),
-    ),
-    lora_rank: Optional[int] = typer.Option(None, help="With --model: LoRA rank (0 = full fine-tuning)."),
-    resolution: Optional[int] = typer.Option(None, help="With --model: image side in pixels."),
-    guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
-    sync_mode: Optional[str] = typer.Option(
-        None,
-        "--sync-mode",
-        help=(
-            "With --model and a LoRA: what PULSE ships to the rollout workers, lora (the adapter; default) or merged "
-            "(BF16 base + LoRA delta of every weight: workers need no adapter)."
-        ),
-    ),
-    device: Optional[str] = typer.Option(None, help="The trainer's device: cpu (default), cuda or cuda:N."),
-    nproc: Optional[int] = typer.Option(
-        None, "--nproc", help=NPROC_HELP + " Default 1; --resume keeps the run's unless given."
-    ),
-    gradient_checkpointing: Optional[bool] = typer.Option(
-        None,
-        "--gradient-checkpointing/--no-gradient-checkpointing",
-        help=CHECKPOINTING_HELP + " --resume keeps the run's unless given.",
-        show_default=False,
-    ),
-    validation_reward: Optional[str] = typer.Option(
-        None,
-        "--validation-reward",
-        help=(
-            "Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's "
-            "detector for the pixel policy; with --model the run's reward)."
-        ),
-    ),
-    validation_prompts: Optional[Path] = typer.Option(
-        None,
-        "--validation-prompts",
-        help=(
-            "A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split; the "
-            "pixel policy reads only MiniGenEval prompts)."
-        ),
-    ),
-    on_hacking: Optional[str] = typer.Option(
-        None,
-        "--on-hacking",
-        help=(
-            "When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (default: record it, "
-            "fail the Dagster check), stop (end after that iteration; --resume continues, and may change this flag) "
-            "or rollback (continue from the best-gold weights at a lower lr / stronger KL)."
-        ),
-    ),
-    hacking_window: Optional[int] = typer.Option(
-        None,
-        "--hacking-window",
-        help="Validations back the guard compares the proxy and gold rewards over (default 2).",
-    ),
-    hacking_z: Optional[float] = typer.Option(
-        None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."
-    ),
-    hacking_max_drop: Optional[float] = typer.Option(
-        None,
-        "--hacking-max-drop",
-        help="Largest relative fall of a held-out image statistic below the base's (default 0.5; 0 = off).",
-    ),
-    hacking_max_rise: Optional[float] = typer.Option(
-        None,
-        "--hacking-max-rise",
-        help="Largest relative rise of a held-out image statistic above the base's (default: rises never fire).",
-    ),
-    rollback_lr_scale: Optional[float] = typer.Option(
-        None, "--rollback-lr-scale", help="With --on-hacking rollback: learning-rate factor per rollback (default 0.5)."
-    ),
-    rollback_kl_beta: Optional[float] = typer.Option(
-        None,
-        "--rollback-kl-beta",
-        help="With --on-hacking rollback: train on with at least this KL coefficient (default: the preset's).",
     ),
     overwrite: bool = typer.Option(
         False,
@@ -169,39 +35,15 @@ def run_command(
     max_usd: Optional[float] = typer.Option(
         None,
         "--max-usd",
-        help=(
-            "Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a "
-            "Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume."
-        ),
-    ),
-    rollout_batch: Optional[int] = typer.Option(
-        None, "--rollout-batch", help=ROLLOUT_BATCH_HELP + " --resume keeps the run's unless given."
-    ),
-    micro_batch: Optional[int] = typer.Option(
-        None, "--micro-batch", help=MICRO_BATCH_HELP + " --resume keeps the run's unless given."
-    ),
-    group_size: Optional[int] = typer.Option(
-        None, "--group-size", help="Samples per prompt the update compares (GRPO's group; default: the preset's)."
-    ),
-    prompts_per_iteration: Optional[int] = typer.Option(
-        None, "--prompts-per-iteration", help="Prompts sampled per iteration (default: the preset's)."
-    ),
-    minibatches: Optional[int] = typer.Option(
-        None, "--minibatches", help="Optimizer steps per epoch (default: the preset's)."
-    ),
-    reserved_usd_per_hour: Optional[float] = typer.Option(
-        None,
-        "--reserved-usd-per-hour",
-        help=(
-            "The reserved node's price in the ledger (and so in --max-usd's spend); spotlight launch passes its "
-            "catalog price with the jobs controller's. Default: the notional local figure. --resume may change it."
-        ),
+        help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a "
+        "Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume.",
     ),
     config_file: Optional[Path] = config_option(),
+    **settings,
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer
     processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
-    asked = _asked(locals())  # first: every parameter, nothing else yet
+    asked = _asked(settings, resume)
     spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
     _check_reachable(spec)
     if overwrite and run_dir.exists():
@@ -225,19 +67,11 @@ def run_command(
         raise typer.Exit(code)
 
 
-NOT_RUN_SETTINGS = ("run_dir", "resume", "overwrite", "max_usd", "config_file")
-"""run_command's parameters that say what to do with the run folder, not how the run trains (RunSpec's fields)."""
-
-
-def _asked(options: dict) -> dict:
-    """The RunSpec fields run_command was given (None: not given): its parameters, paths as strings, --workers as
-    num_workers; a new run of a GPU preset checkpoints gradients unless told not to."""
-    asked = {
-        ("num_workers" if name == "workers" else name): (str(value) if isinstance(value, Path) else value)
-        for name, value in options.items()
-        if name not in NOT_RUN_SETTINGS
-    }
-    if asked["gradient_checkpointing"] is None and not options["resume"]:
+def _asked(settings: dict, resume: bool) -> dict:
+    """The RunSpec fields run_command was given (None: not given), paths as strings; a new run of a GPU preset
+    checkpoints gradients unless told not to."""
+    asked = {name: (str(value) if isinstance(value, Path) else value) for name, value in settings.items()}
+    if asked["gradient_checkpointing"] is None and not resume:
         from workers.trainer.presets import checkpointing_by_default
 
         asked["gradient_checkpointing"] = checkpointing_by_default(asked["preset"] or "cpu_tiny_spot") or None

@@ -1,5 +1,6 @@
 """The `spotlight train` command (registered in pipelines/cli.py): the coordinator's iteration driver in this
-process, with in-process sampling. Only typer at import time: `--help` stays instant."""
+process, with in-process sampling; its run settings' options come from resources/settings/. Only typer and
+stdlib modules at import time: `--help` stays instant."""
 
 from __future__ import annotations
 
@@ -12,163 +13,82 @@ from typing import Optional
 import typer
 
 from pipelines.config_file import config_option
-from pipelines.prompts_cli import PROMPTS_HELDOUT_HELP, PROMPTS_HELP, with_prompts
-from pipelines.ranks_cli import (
-    CHECKPOINTING_HELP,
-    MICRO_BATCH_HELP,
-    NPROC_HELP,
-    ROLLOUT_BATCH_HELP,
-    check_ranks,
-    in_ranks,
-    with_batch_options,
-)
+from pipelines.prompts_cli import with_prompts
+from pipelines.ranks_cli import check_ranks, in_ranks, with_batch_options
+from pipelines.settings_cli import settings_options
+from resources.settings import settings_class
 
+TRAIN_DEFAULTS = {"preset": "cpu_tiny_long", "prompts_heldout": 0.0}
+"""Where `spotlight train`'s defaults differ from the settings' (a longer CPU preset; no prompts held out)."""
+TrainSettings = settings_class("train", defaults=TRAIN_DEFAULTS)
+"""The typed settings of one `spotlight train` (resources/settings/)."""
 RUN_FILES = ("metrics.jsonl", "ledger.duckdb", "store", "report", "policy")
 """What `--out` holds after a run (`--overwrite` removes them first)."""
 
 
+@settings_options("train", defaults=TRAIN_DEFAULTS)
 def train_command(
-    iterations: Optional[int] = typer.Option(None, help="GRPO iterations (default: the preset's)."),
-    preset: str = typer.Option("cpu_tiny_long", help="Training preset (workers/trainer/presets.py)."),
-    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder to start from (default: the shipped base)."),
-    model: Optional[Path] = typer.Option(
-        None,
-        help="A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, "
-        "FLUX.1), loaded locally; nothing is downloaded.",
-    ),
-    lora_rank: Optional[int] = typer.Option(
-        None, help="With --model: a LoRA of this rank (0 = full fine-tuning; default: the preset's, else 0)."
-    ),
-    resolution: Optional[int] = typer.Option(
-        None, help="With --model: image side in pixels (default: the preset's, else 512)."
-    ),
-    guidance: Optional[float] = typer.Option(None, help="With --model: true-CFG scale, or FLUX.1-dev's guidance."),
-    sync_mode: Optional[str] = typer.Option(
-        None,
-        "--sync-mode",
-        help="With --model and a LoRA: what PULSE ships to "
-        "rollout workers, lora (the adapter; default) or merged (BF16 base + "
-        "LoRA delta of every weight: workers need no adapter).",
-    ),
-    reward: Optional[str] = typer.Option(None, help="Reward name (default: the preset's)."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help=PROMPTS_HELP),
-    prompts_heldout: float = typer.Option(0.0, "--prompts-heldout", help=PROMPTS_HELDOUT_HELP),
-    validation_reward: Optional[str] = typer.Option(
-        None,
-        "--validation-reward",
-        help="Reward that scores the held-out images, averaged over prompts x fixed seeds (default: MiniGenEval's detector; with --model the run's reward).",
-    ),
-    validation_prompts: Optional[Path] = typer.Option(
-        None,
-        "--validation-prompts",
-        help="A text file of held-out prompts, one a line, # for comments (default: MiniGenEval's held-out split).",
-    ),
-    on_hacking: str = typer.Option(
-        "warn",
-        "--on-hacking",
-        help="When the reward-hacking guard flags a validation (docs/REWARD_HACKING.md): warn (record it), stop (end the run after that iteration) or rollback (continue from the best-gold weights at a lower lr / stronger KL).",
-    ),
-    hacking_window: Optional[int] = typer.Option(
-        None,
-        "--hacking-window",
-        help="Validations back the guard compares the proxy and gold rewards over (default 2).",
-    ),
-    hacking_z: Optional[float] = typer.Option(
-        None, "--hacking-z", help="Standard errors the proxy's rise and the gold's fall must each exceed (default 2)."
-    ),
-    hacking_max_drop: Optional[float] = typer.Option(
-        None,
-        "--hacking-max-drop",
-        help="Largest relative fall of a held-out image statistic below the base's before the guard fires (default 0.5; 0 = off).",
-    ),
-    hacking_max_rise: Optional[float] = typer.Option(
-        None,
-        "--hacking-max-rise",
-        help="Largest relative rise of a held-out image statistic above the base's (default: rises never fire).",
-    ),
-    rollback_lr_scale: Optional[float] = typer.Option(
-        None,
-        "--rollback-lr-scale",
-        help="With --on-hacking rollback: multiply the learning rate by this per rollback (default 0.5).",
-    ),
-    rollback_kl_beta: Optional[float] = typer.Option(
-        None,
-        "--rollback-kl-beta",
-        help="With --on-hacking rollback: train on with at least this KL coefficient to the base (default: the preset's).",
-    ),
-    device: str = typer.Option("cpu", help="Where training, sampling and validation run: cpu, cuda or cuda:N."),
-    seed: Optional[int] = typer.Option(None, help="Run seed: prompt schedule and request seeds."),
     lr: Optional[float] = typer.Option(None, help="Override the preset's learning rate."),
     rollouts_per_prompt: Optional[int] = typer.Option(
         None, help="Samples drawn per prompt; the update keeps the group's size of largest reward variance."
     ),
-    explore_samples: Optional[float] = typer.Option(
-        None,
-        "--explore-samples",
-        help="Explore the next iteration's seeds on the stale weights after each update, "
-        "within this many full-sampler samples per iteration (a spot pool's budget, in this process: docs/EXPLORATION.md).",
-    ),
     out: Optional[Path] = typer.Option(
         None, help="Run folder: metrics.jsonl, ledger.duckdb, store/, report/ and the final policy/."
-    ),
-    nproc: int = typer.Option(1, "--nproc", help=NPROC_HELP),
-    gradient_checkpointing: Optional[bool] = typer.Option(
-        None,
-        "--gradient-checkpointing/--no-gradient-checkpointing",
-        help=CHECKPOINTING_HELP + " Default: on for the GPU presets.",
-        show_default=False,
     ),
     usd_per_hour: float = typer.Option(
         0.10, help="Price of this machine for the ledger (default: roughly a 2-vCPU on-demand VM)."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per iteration (JSON Lines)."),
-    rollout_batch: Optional[int] = typer.Option(None, "--rollout-batch", help=ROLLOUT_BATCH_HELP),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help=MICRO_BATCH_HELP),
-    group_size: Optional[int] = typer.Option(
-        None, "--group-size", help="Samples per prompt the update compares (GRPO's group; default: the preset's)."
-    ),
-    prompts_per_iteration: Optional[int] = typer.Option(
-        None, "--prompts-per-iteration", help="Prompts sampled per iteration (default: the preset's)."
-    ),
-    minibatches: Optional[int] = typer.Option(
-        None,
-        "--minibatches",
-        help="Optimizer steps per epoch: the iteration's samples split into this many minibatches (default: the preset's).",
-    ),
     config_file: Optional[Path] = config_option(),
+    **settings,
 ) -> None:
     """Synchronous GRPO post-training in this process: MiniGenEval, or --model DIR on --prompts FILE with --reward."""
-    model_fields = _model_fields(preset, model, checkpoint, lora_rank, resolution, guidance, sync_mode)
+    run = TrainSettings(**settings)
+    model_fields = _model_fields(
+        run.preset, run.model, run.checkpoint, run.lora_rank, run.resolution, run.guidance, run.sync_mode
+    )
     config = with_batch_options(
-        _config(preset, iterations, seed, lr, rollouts_per_prompt, reward),
-        rollout_batch,
-        micro_batch,
-        group_size,
-        prompts_per_iteration,
-        minibatches,
+        _config(run.preset, run.iterations, run.seed, lr, rollouts_per_prompt, run.reward),
+        run.rollout_batch,
+        run.micro_batch,
+        run.group_size,
+        run.prompts_per_iteration,
+        run.minibatches,
     )
-    config = with_prompts(config, prompts, prompts_heldout, model, model_fields)
-    validation = _validation(validation_reward, validation_prompts, config.reward, model is not None, config.prompts)
-    hacking = hacking_options(
-        on_hacking, hacking_window, hacking_z, hacking_max_drop, hacking_max_rise, rollback_lr_scale, rollback_kl_beta
+    config = with_prompts(config, run.prompts, run.prompts_heldout, run.model, model_fields)
+    validation = _validation(
+        run.validation_reward, run.validation_prompts, config.reward, run.model is not None, config.prompts
     )
-    _check_run_options(explore_samples, usd_per_hour, checkpoint, out, overwrite, device, nproc, config)
+    hacking = hacking_options(*(getattr(run, name) for name in HACKING_SETTINGS))
+    _check_run_options(run.explore_samples, usd_per_hour, run.checkpoint, out, overwrite, run.device, run.nproc, config)
     _train_in_ranks(
         out,
-        nproc,
-        gradient_checkpointing,
-        preset=preset,
+        run.nproc,
+        run.gradient_checkpointing,
+        preset=run.preset,
         config=config,
-        checkpoint=model or checkpoint,
+        checkpoint=run.model or run.checkpoint,
         usd_per_hour=usd_per_hour,
         as_json=as_json,
         model_fields=model_fields,
-        device=device,
+        device=run.device,
         validation=validation,
-        explore_samples=explore_samples,
+        explore_samples=run.explore_samples,
         hacking=hacking,
     )
+
+
+HACKING_SETTINGS = (
+    "on_hacking",
+    "hacking_window",
+    "hacking_z",
+    "hacking_max_drop",
+    "hacking_max_rise",
+    "rollback_lr_scale",
+    "rollback_kl_beta",
+)
+"""The reward-hacking guard's settings, in hacking_from_options' order."""
 
 
 def _train_in_ranks(out: Optional[Path], nproc: int, gradient_checkpointing: Optional[bool], **train_args) -> None:
@@ -305,64 +225,18 @@ def _config(preset: str, iterations, seed, lr, rollouts_per_prompt, reward=None)
         raise typer.BadParameter(str(err)) from None
 
 
-def _train(
-    run_dir: Path,
-    preset: str,
-    config,
-    checkpoint: Optional[Path],
-    usd_per_hour: float,
-    as_json: bool,
-    keep: bool,
-    model_fields: Optional[dict] = None,
-    device: str = "cpu",
-    validation=None,
-    explore_samples: Optional[float] = None,
-    hacking=None,
-) -> int:
+def _train(run_dir: Path, keep: bool, as_json: bool, **context_args) -> int:
     """The run; returns the exit code (3: stopped by the reward-hacking guard, --on-hacking stop)."""
     from rich.console import Console
-    from rich.progress import Progress
 
     from workers.coordinator import books
-    from workers.coordinator.context import RunContext, run_name_for
-    from workers.coordinator.driver import train_records
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = RunContext.local(
-        run_dir,
-        run_name_for(run_dir) if keep else "train",
-        preset,
-        config,
-        checkpoint=None if checkpoint is None else str(checkpoint.resolve()),
-        reserved_usd_per_hour=usd_per_hour,
-        report=keep,
-        model=model_fields,
-        device=device,
-        validation=validation,
-        hacking=hacking,
-    )
-    if explore_samples is not None:
-        import dataclasses
-
-        from workers.coordinator.context import Sampling
-
-        ctx = dataclasses.replace(ctx, sampling=Sampling(mode="inprocess", explore_samples=explore_samples))
+    ctx = _run_context(run_dir, keep, **context_args)
     console = Console(stderr=True)
     succeeded, stopped = False, None
     try:
-        with Progress(console=console, transient=True) as progress, (run_dir / "metrics.jsonl").open("w") as metrics:
-            task = progress.add_task("GRPO", total=config.iterations + 1)
-            for record in train_records(ctx):
-                line = json.dumps(record, sort_keys=True)
-                if as_json:
-                    typer.echo(line)
-                else:
-                    progress.console.print(_human_line(record))
-                metrics.write(line + "\n")
-                metrics.flush()
-                progress.update(task, completed=record["iteration"] + 1)
-                if record.get("hacking_action") == "stop":
-                    stopped = record
+        stopped = _drive(ctx, run_dir, console, as_json)
         succeeded = stopped is None
     finally:
         if not succeeded:
@@ -382,6 +256,67 @@ def _train(
             f'query the run with spotlight ledger "SELECT * FROM validation_curve" --db {run_dir / "ledger.duckdb"}'
         )
     return 0
+
+
+def _run_context(
+    run_dir: Path,
+    keep: bool,
+    preset: str,
+    config,
+    checkpoint: Optional[Path],
+    usd_per_hour: float,
+    model_fields: Optional[dict] = None,
+    device: str = "cpu",
+    validation=None,
+    explore_samples: Optional[float] = None,
+    hacking=None,
+):
+    """The coordinator's RunContext of this run: local store, queue and ledger in `run_dir`, in-process sampling
+    (exploring on `explore_samples` per iteration when given)."""
+    import dataclasses
+
+    from workers.coordinator.context import RunContext, Sampling, run_name_for
+
+    ctx = RunContext.local(
+        run_dir,
+        run_name_for(run_dir) if keep else "train",
+        preset,
+        config,
+        checkpoint=None if checkpoint is None else str(Path(checkpoint).resolve()),
+        reserved_usd_per_hour=usd_per_hour,
+        report=keep,
+        model=model_fields,
+        device=device,
+        validation=validation,
+        hacking=hacking,
+    )
+    if explore_samples is not None:
+        ctx = dataclasses.replace(ctx, sampling=Sampling(mode="inprocess", explore_samples=explore_samples))
+    return ctx
+
+
+def _drive(ctx, run_dir: Path, console, as_json: bool) -> Optional[dict]:
+    """Every iteration of the driver, each record a line (JSON with --json) and a line of metrics.jsonl; returns the
+    record that asked the run to stop (the reward-hacking guard), else None."""
+    from rich.progress import Progress
+
+    from workers.coordinator.driver import train_records
+
+    stopped = None
+    with Progress(console=console, transient=True) as progress, (run_dir / "metrics.jsonl").open("w") as metrics:
+        task = progress.add_task("GRPO", total=ctx.train.iterations + 1)
+        for record in train_records(ctx):
+            line = json.dumps(record, sort_keys=True)
+            if as_json:
+                typer.echo(line)
+            else:
+                progress.console.print(_human_line(record))
+            metrics.write(line + "\n")
+            metrics.flush()
+            progress.update(task, completed=record["iteration"] + 1)
+            if record.get("hacking_action") == "stop":
+                stopped = record
+    return stopped
 
 
 def _save_final_policy(ctx, run_dir: Path) -> None:

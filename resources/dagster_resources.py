@@ -24,6 +24,7 @@ from pydantic import ConfigDict, Field, field_validator
 from resources.ledger import Ledger
 from resources.queue import open_queue
 from resources.queue.base import QueueConfig, RequestQueue, parse_queue_url
+from resources.settings import ROLLOUT_MODES
 from resources.store import open_store, parse_store_url
 from resources.store.base import TensorStore
 
@@ -91,9 +92,6 @@ class QueueResource(ConfigurableResource):
     def get_queue(self) -> RequestQueue:
         """A queue client; close it (or use it as a context manager) when done."""
         return open_queue(self.url, QueueConfig(self.max_deliveries, self.connect_timeout_s))
-
-
-ROLLOUT_MODES = ("inprocess", "local_cluster", "workers")
 
 
 class RolloutWorkersResource(ConfigurableResource):

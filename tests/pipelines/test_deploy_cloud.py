@@ -101,7 +101,7 @@ def _check_store_and_queue(live, cloud_env, s3_server, redis_server) -> None:
         ({"SPOTLIGHT_STORE": "/data/store"}, "needs SPOTLIGHT_STORE=s3://bucket/prefix (got '/data/store')"),
         ({"SPOTLIGHT_QUEUE": None}, "the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db or rediss://"),
         ({"SPOTLIGHT_QUEUE": "/data/queue.db"}, "needs SPOTLIGHT_QUEUE=redis://host:port/db"),
-        ({"SPOTLIGHT_ROLLOUTS": "teleport"}, "unknown rollout mode 'teleport'"),
+        ({"SPOTLIGHT_ROLLOUTS": "teleport"}, "SPOTLIGHT_ROLLOUTS='teleport': Input should be 'inprocess', 'local_cl"),
     ],
 )
 def test_cloud_definitions_refuse_to_load_without_an_s3_store_or_a_redis_queue(

@@ -23,7 +23,7 @@ def _said(result, message: str) -> bool:
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--on-hacking", "ignore", "on_hacking must be one of ('warn', 'stop', 'rollback')"),
+        ("--on-hacking", "ignore", "'ignore' is not one of 'warn', 'stop', 'rollback'"),
         ("--hacking-window", "0", "window"),
         ("--rollback-lr-scale", "2", "rollback_lr_scale"),
     ],

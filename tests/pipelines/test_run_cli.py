@@ -21,8 +21,10 @@ CONTENT_QUERIES = {
     "runs": "SELECT run_id, status, preset FROM runs",
     "iterations": "SELECT iteration, weights_version, status FROM iterations ORDER BY 1",
     "phases": "SELECT iteration, phase FROM phases ORDER BY 1, 2",
-    "requests": "SELECT request_id, iteration, seed, weights_version, attempts, status, result_hash, reward FROM requests ORDER BY 1",
-    "train_steps": "SELECT iteration, step, loss, reward_mean, zero_std_ratio, grad_norm FROM train_steps ORDER BY 1, 2",
+    "requests": "SELECT request_id, iteration, seed, weights_version, attempts, status, result_hash, reward "
+    "FROM requests ORDER BY 1",
+    "train_steps": "SELECT iteration, step, loss, reward_mean, zero_std_ratio, grad_norm "
+    "FROM train_steps ORDER BY 1, 2",
     "validation": "SELECT iteration, weights_version, score, num_prompts FROM validation ORDER BY 1",
     "validation_scores": "SELECT * FROM validation_scores ORDER BY 1, 2",
     "syncs": "SELECT version, kind, dense_bytes, patch_bytes, weights_hash FROM syncs ORDER BY 1, 2",
@@ -75,11 +77,11 @@ def test_bad_flags_fail_before_any_compute(tmp_path, flag, value, message):
     assert not (tmp_path / "r" / "ledger.duckdb").exists()
 
 
-def test_the_default_run_samples_on_a_preempted_local_cluster(tmp_path):
+def test_the_default_run_samples_on_a_preempted_local_pool(tmp_path):
     from pipelines.run import RunSpec
 
     spec = RunSpec.resolve(tmp_path / "r", resume=False)
-    assert (spec.rollouts, spec.preset) == ("local_cluster", "cpu_tiny_spot")
+    assert (spec.rollouts, spec.preset) == ("local_pool", "cpu_tiny_spot")
     config = spec.resources()["run_config"].train_config()
     assert (
         config.seeds_per_request == config.group_size and config.rollouts_per_prompt is None
@@ -174,8 +176,8 @@ def test_killed_run_resumes_to_the_ledger_of_an_uninterrupted_run(tmp_path, tiny
 # finished iteration nor hold anything twice.
 CLUSTER_QUERIES = {
     "iterations": "SELECT iteration, weights_version, status FROM iterations ORDER BY 1",
-    "rollouts": "SELECT iteration, count(*), count(result_hash) FROM requests WHERE kind = 'rollout' AND status = 'done' "
-    "GROUP BY 1 ORDER BY 1",
+    "rollouts": "SELECT iteration, count(*), count(result_hash) FROM requests "
+    "WHERE kind = 'rollout' AND status = 'done' GROUP BY 1 ORDER BY 1",
     "iteration_0": "SELECT request_id, result_hash, finished_at FROM requests WHERE iteration = 0 ORDER BY 1",
     "train_0": "SELECT * FROM train_steps WHERE iteration = 0",
     "validations": "SELECT iteration, count(*) FROM validation GROUP BY 1 ORDER BY 1",

@@ -149,7 +149,7 @@ def test_merged_sync_without_a_lora_fails_before_any_compute_or_file(tmp_path):
     from workers.model.families.tiny import build_tiny_pipeline
 
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
-    for mode, says in (("merged", "lora_rank > 0"), ("dense", "sync_mode must be one of")):
+    for mode, says in (("merged", "lora_rank > 0"), ("dense", "'dense' is not one of 'lora', 'merged'")):
         done = _invoke(
             "--run-dir",
             str(tmp_path / "run"),

@@ -202,4 +202,4 @@ def test_sigterm_while_local_workers_start_stops_the_run_and_its_workers_with_a_
         time.sleep(0.2)
     assert not _processes_naming(str(run_dir)), "a worker process outlived the stopped run"
     stored = json.loads((run_dir / "run.json").read_text())  # what --resume continues
-    assert (stored["preset"], stored["rollouts"], stored["num_workers"]) == ("cpu_smoke", "local_cluster", 1)
+    assert (stored["preset"], stored["rollouts"], stored["num_workers"]) == ("cpu_smoke", "local_pool", 1)

@@ -18,10 +18,9 @@ from typing import Any
 
 from resources.ledger import Ledger
 from resources.queue.base import QueueConfig
+from resources.settings import ROLLOUT_MODES
 from resources.store.base import TensorStore
 from workers.trainer.grpo_trainer import TrainConfig
-
-SAMPLING_MODES = ("inprocess", "local_cluster", "workers")
 
 
 def run_name_for(run_dir: Path) -> str:
@@ -56,8 +55,8 @@ class Sampling:
     deterministic (workers/explore/inprocess.py). None: in-process runs do not explore."""
 
     def __post_init__(self) -> None:
-        if self.mode not in SAMPLING_MODES:
-            raise ValueError(f"unknown rollout mode {self.mode!r}; choose one of {SAMPLING_MODES}")
+        if self.mode not in ROLLOUT_MODES:
+            raise ValueError(f"unknown rollout mode {self.mode!r}; choose one of {ROLLOUT_MODES}")
         if self.explore_samples is not None and (self.mode != "inprocess" or not self.explore_samples > 0):
             raise ValueError(
                 f"explore_samples (a budget in samples, > 0) is for in-process rollouts; got "

@@ -75,7 +75,7 @@ def exploration_phase(ctx: RunContext, k: int) -> PhaseResult:
             if ctx.sampling.mode == "workers"
             else (
                 f"rollouts are {ctx.sampling.mode!r}: no worker lives through training to explore (use spotlight run "
-                "--rollouts local_cluster, or workers on a queue)"
+                "--rollouts local_pool, or workers on a queue)"
             )
         )
         return PhaseResult({"enabled": False, "why": why, **meta})

@@ -1,6 +1,6 @@
 """A pool of rollout worker processes on this machine that lives for a whole run, preempted on a Poisson trace.
 
-`spotlight run` (the default `--rollouts local_cluster`) and `spotlight bench exploration`
+`spotlight run` (the default `--rollouts local_pool`) and `spotlight bench exploration`
 start one; the phases then enqueue (rollouts, exploration beside training) and the pool's
 workers pull. Worker ids carry a session number, so a resumed run's new workers stay
 unique in the ledger.

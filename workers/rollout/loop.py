@@ -4,13 +4,12 @@ Rollout requests and, when no rollout or validation is waiting, exploration requ
 (`workers/explore/request.py`: cheap sampling of candidate seeds on stale weights).
 
 Example:
-    loop = WorkerLoop(queue, store, args, stop_event, report)   # args: workers.rollout.worker's flags
+    loop = WorkerLoop(queue, store, config, stop_event, report)   # config: workers.rollout.config.WorkerConfig
     reason = loop.run()                                         # "stopped", "idle" or "misconfigured"
 """
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 
@@ -18,6 +17,7 @@ from resources.queue.base import QueueUnavailableError, RequestQueue
 from resources.queue.keepalive import LeaseKeeper
 from resources.queue.records import Lease
 from resources.store.base import StoreError, TensorStore
+from workers.rollout.config import WorkerConfig
 from workers.rollout.request import StepHooks, check_run_reward, work_request
 from workers.rollout.weights import ModelMismatchError
 
@@ -26,36 +26,36 @@ class WorkerLoop:
     """One worker: pulls requests until told to stop (SIGTERM, a cloud notice) or idle too long."""
 
     def __init__(
-        self, queue: RequestQueue, store: TensorStore, args: argparse.Namespace, stop: threading.Event, report
+        self, queue: RequestQueue, store: TensorStore, config: WorkerConfig, stop: threading.Event, report
     ) -> None:
         import torch
 
         from workers.rollout.weights import PolicyHolder
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
         from diffusers import QwenImageTransformer2DModel  # noqa: F401  (import now: "ready" means ready to sample)
 
-        self.queue, self.store, self.args, self.stop, self.report = queue, store, args, stop, report
-        self.holder = PolicyHolder(store, device=args.device, model=getattr(args, "model", None))
+        self.queue, self.store, self.config, self.stop, self.report = queue, store, config, stop, report
+        self.holder = PolicyHolder(store, device=config.device, model=config.model)
         self.misconfigured = False
         """Set when a run trains another model than --model: the worker stops (exit 2) instead of claiming on."""
         self.labels = {
-            "instance_type": args.instance_type,
-            "gpu_type": args.gpu_type,
-            "spot": args.spot,
-            "usd_per_hour": args.usd_per_hour,
+            "instance_type": config.instance_type,
+            "gpu_type": config.gpu_type,
+            "spot": config.spot,
+            "usd_per_hour": config.usd_per_hour,
         }
 
     def run(self) -> str:
-        self.report("ready", pid=_pid(), commit_every=self.args.commit_every, **self.labels)
+        self.report("ready", pid=_pid(), commit_every=self.config.commit_every, **self.labels)
         idle_since = time.monotonic()
         while not self.stop.is_set():
             lease = self._claim()
             if lease is None:
-                if self.args.max_idle_s is not None and time.monotonic() - idle_since >= self.args.max_idle_s:
+                if self.config.max_idle_s is not None and time.monotonic() - idle_since >= self.config.max_idle_s:
                     return "idle"
-                self.stop.wait(self.args.poll_s)
+                self.stop.wait(self.config.poll_s)
                 continue
             self._work(lease)
             idle_since = time.monotonic()
@@ -63,7 +63,7 @@ class WorkerLoop:
 
     def _claim(self) -> Lease | None:
         try:
-            return self.queue.claim(self.args.worker_id, self.args.lease_s)
+            return self.queue.claim(self.config.worker_id, self.config.lease_s)
         except QueueUnavailableError as err:
             self.report("queue_unavailable", error=str(err))
             return None
@@ -82,7 +82,7 @@ class WorkerLoop:
                 should_stop=self.stop.is_set,
                 lease_lost=lambda: keeper.lost,
                 report=self.report,
-                step_delay_s=self.args.step_delay_s,
+                step_delay_s=self.config.step_delay_s,
             )
             try:
                 outcome = work_request(
@@ -90,8 +90,8 @@ class WorkerLoop:
                     lease.attempts,
                     self.store,
                     self.holder,
-                    worker_id=self.args.worker_id,
-                    commit_every=self.args.commit_every,
+                    worker_id=self.config.worker_id,
+                    commit_every=self.config.commit_every,
                     hooks=hooks,
                 )
             except (ValueError, LookupError, StoreError) as err:
@@ -121,7 +121,7 @@ class WorkerLoop:
                     lease.request,
                     self.store,
                     self.holder,
-                    worker_id=self.args.worker_id,
+                    worker_id=self.config.worker_id,
                     attempt=lease.attempts,
                     report=self.report,
                 )

@@ -25,6 +25,8 @@ import threading
 import time
 from typing import Any
 
+from workers.rollout.config import WorkerConfig
+
 EXIT_UNREACHABLE = 2
 
 
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
     from workers.rollout.loop import WorkerLoop
 
-    reason = WorkerLoop(queue, store, args, stop, report).run()
+    reason = WorkerLoop(queue, store, WorkerConfig.from_args(args), stop, report).run()
     report("exit", reason=reason)
     return reason
 

@@ -27,6 +27,7 @@ def queue(tmp_path):
 
 
 def _worker_loop(queue, store, worker_id: str = "w1"):
+    from workers.rollout.config import WorkerConfig
     from workers.rollout.loop import WorkerLoop
     from workers.rollout.worker import build_parser
 
@@ -49,7 +50,11 @@ def _worker_loop(queue, store, worker_id: str = "w1"):
     args.instance_type = "local-cpu"
     events = []
     loop = WorkerLoop(
-        queue, store, args, threading.Event(), lambda event, **fields: events.append({"event": event, **fields})
+        queue,
+        store,
+        WorkerConfig.from_args(args),
+        threading.Event(),
+        lambda event, **fields: events.append({"event": event, **fields}),
     )
     return loop, events
 

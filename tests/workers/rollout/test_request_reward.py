@@ -50,6 +50,7 @@ def _requests(reward: str):
 
 
 def _serve(queue_url: str, store) -> list[dict]:
+    from workers.rollout.config import WorkerConfig
     from workers.rollout.loop import WorkerLoop
     from workers.rollout.worker import build_parser
 
@@ -72,7 +73,13 @@ def _serve(queue_url: str, store) -> list[dict]:
     )
     args.instance_type = "local-cpu"
     with open_queue(queue_url) as queue:
-        WorkerLoop(queue, store, args, threading.Event(), lambda event, **f: events.append({"event": event, **f})).run()
+        WorkerLoop(
+            queue,
+            store,
+            WorkerConfig.from_args(args),
+            threading.Event(),
+            lambda event, **f: events.append({"event": event, **f}),
+        ).run()
     return events
 
 

@@ -47,6 +47,7 @@ def _config(reward: str, seeds_per_request: int = 2):
 def _serve(queue_url: str, store) -> list[dict]:
     """One rollout worker (the worker process's claim loop) until the queue has stayed empty for a second; its
     events."""
+    from workers.rollout.config import WorkerConfig
     from workers.rollout.loop import WorkerLoop
     from workers.rollout.worker import build_parser
 
@@ -69,7 +70,13 @@ def _serve(queue_url: str, store) -> list[dict]:
     )
     args.instance_type = "local-cpu"
     with open_queue(queue_url) as queue:
-        WorkerLoop(queue, store, args, threading.Event(), lambda event, **f: events.append({"event": event, **f})).run()
+        WorkerLoop(
+            queue,
+            store,
+            WorkerConfig.from_args(args),
+            threading.Event(),
+            lambda event, **f: events.append({"event": event, **f}),
+        ).run()
     return events
 
 
