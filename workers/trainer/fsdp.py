@@ -153,6 +153,18 @@ class DataShard:
         dist.all_reduce(values, group=self.group)
         return dict(zip(keys, values.tolist(), strict=False))
 
+    def gather_columns(self, values_SN: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """`values_SN` with every rank's own `columns` (each column computed by exactly one rank) in place of the
+        rest: the ranks' results, exchanged."""
+        mine = torch.zeros_like(values_SN)
+        mine[:, columns] = values_SN[:, columns]
+        computed = torch.zeros(values_SN.shape[1], dtype=values_SN.dtype)
+        computed[columns] = 1
+        mine, computed = mine.to(self.device), computed.to(self.device)
+        dist.all_reduce(mine, group=self.group)
+        dist.all_reduce(computed, group=self.group)
+        return torch.where(computed.cpu().bool(), mine.cpu(), values_SN)
+
 
 def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
     """`policy.weights()` as whole CPU tensors (what a checkpoint or a PULSE patch holds). A collective under
