@@ -18,7 +18,17 @@ from dataclasses import dataclass
 from resources.keys import weights_key
 from resources.store.base import TensorStore
 from workers.coordinator.rollout import PlannedRequest, RolloutOrder, load_batch, sample_part
-from workers.trainer.checkpoint import OptimizerState, load_checkpoint, publish_checkpoint, restore_optimizer
+from workers.trainer.checkpoint import (
+    SHARDED_FORMAT,
+    OptimizerState,
+    checkpoint_metadata,
+    load_checkpoint,
+    publish_checkpoint,
+    restore_optimizer,
+)
+from workers.trainer.checkpoint import (
+    optimizer_state as saved_optimizer_state,
+)
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 from workers.trainer.ranks import TrainerSetup, current_setup
 from workers.trainer.resident import forget_version, mark_version, release_memory, resident_checkpoint
@@ -72,10 +82,8 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     config, run, k = order.config, order.run, order.iteration
     alone = setup.ranks is None
     # Alone, the process's resident policy trains in place; FSDP2 replaces the parameters it shards, so ranks
-    # train a copy of their own.
-    policy, optimizer_state = (
-        resident_checkpoint(store, run, k, order.device) if alone else load_checkpoint(store, run, k, order.device)
-    )
+    # train a copy of their own: whole on rank 0, empty on the others, which receive their shards from it.
+    policy, optimizer_state = _trained_copy(store, run, k, order.device, setup)
     if alone:
         forget_version()  # until the update is published, the resident weights match no checkpoint
     from workers.trainer.memory import enable_gradient_checkpointing, gradient_checkpointing_enabled
@@ -87,7 +95,9 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     # The KL reference is the run's starting policy, version 0. Under LoRA that is the base itself (a fresh
     # adapter's B is 0): the trainer runs it with the adapter disabled, so no second transformer is loaded.
     lora = getattr(policy, "is_lora", False)
-    reference = load_checkpoint(store, run, 0, order.device)[0] if config.grpo.kl_beta > 0 and not lora else None
+    reference = None
+    if config.grpo.kl_beta > 0 and not lora:
+        reference = _trained_copy(store, run, 0, order.device, setup, shared=False)[0]
     trainer = GRPOTrainer(policy, config, reference=reference)
     _restore(trainer, optimizer_state, setup)
     batch = load_batch(store, run, config, k, order.requests)
@@ -109,6 +119,21 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     return stats
 
 
+def _trained_copy(store: TensorStore, run: str, version: int, device: str, setup: TrainerSetup, shared: bool = True):
+    """(policy at `version`, its optimizer state): alone, the resident policy when `shared`; under ranks, rank 0 loads
+    it whole and the others build it empty (workers/trainer/sharded_load.py), the optimizer state read by all."""
+    if setup.ranks is None and shared:
+        return resident_checkpoint(store, run, version, device)
+    if setup.ranks is None or setup.ranks.rank == 0:
+        return load_checkpoint(store, run, version, device)
+    from workers.trainer.sharded_load import empty_policy  # under ranks only: torch.distributed.checkpoint
+
+    meta = checkpoint_metadata(store, run, version)
+    whole_optimizer = meta.get("optimizer") is not None and meta["optimizer"].get("format") != SHARDED_FORMAT
+    tensors = store.load_tensors(weights_key(run, version)) if whole_optimizer else {}
+    return empty_policy(store, run, version), saved_optimizer_state(store, meta, tensors)
+
+
 def _restore(trainer: GRPOTrainer, optimizer_state: OptimizerState | None, setup: TrainerSetup) -> None:
     """Shard the trainer over the ranks (if any), then load the saved AdamW state into its optimizer: whole alone,
     each rank its own shards under FSDP2 (a state saved whole is cut locally on every rank)."""
@@ -118,7 +143,7 @@ def _restore(trainer: GRPOTrainer, optimizer_state: OptimizerState | None, setup
     from workers.trainer.fsdp import distribute, load_optimizer_state
     from workers.trainer.sharded_optimizer import load_sharded
 
-    distribute(trainer, setup.ranks.mesh)
+    distribute(trainer, setup.ranks.mesh, from_rank0=True)
     if optimizer_state is not None and optimizer_state.sharded:
         load_sharded(optimizer_state.store, optimizer_state.meta, trainer.optimizer)
     elif optimizer_state is not None:

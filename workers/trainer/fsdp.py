@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workers.trainer.frozen import shares_transformer
+from workers.trainer.sharded_load import materialise
 
 BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
 """The diffusers transformers' ModuleLists of blocks (Qwen-Image and SD3: the first; FLUX.1: both)."""
@@ -87,7 +88,7 @@ def shard_policy(policy: nn.Module, mesh, config: FSDPConfig = FSDPConfig()) -> 
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if mesh.device_type == "cuda":
+    if mesh.device_type == "cuda" and not any(p.is_meta for p in policy.parameters()):  # empty: materialise() allocates
         policy.to(torch.device("cuda", torch.cuda.current_device()))
     # cast_forward_inputs=False: sigma and the latents stay fp32 into the transformer, as under autocast alone (a
     # bf16 sigma would shift the timestep embedding away from the rollout workers' and bias the PPO ratio).
@@ -185,14 +186,15 @@ def check_batch_split(num_samples: int, num_minibatches: int, world_size: int) -
         )
 
 
-def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig()):
+def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig(), from_rank0: bool = False):
     """Shard a fresh GRPOTrainer's policy (and its NFT v_old and KL reference, which never train; under LoRA they
     are adapter views of the policy's own transformer, sharded with it) over `mesh`, rebuild its optimizer on the
     shards, and make its updates data-parallel. Returns the trainer.
 
     Call it after constructing the trainer (its copies are made from the whole policy) and before the first
     update: the optimizer is rebuilt, so it must hold no state yet. Every rank then calls `update` on the same
-    batch."""
+    batch. from_rank0: the ranks other than 0 built their policies empty (workers/trainer/sharded_load.py); each
+    rank allocates its shards and receives them from rank 0's whole weights."""
     if trainer.optimizer.state:
         raise ValueError(
             "distribute() needs a trainer that has not stepped yet (its AdamW state would be lost); "
@@ -201,11 +203,14 @@ def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig()):
     c = trainer.config
     world_size = mesh.size()
     check_batch_split(c.prompts_per_iteration * c.group_size, c.grpo.num_minibatches, world_size)
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
     for policy in (trainer.policy, trainer.sampling_policy, trainer.reference):
         if policy is not None and not shares_transformer(policy, trainer.policy):  # LoRA views: sharded with it
+            whole = policy.state_dict() if from_rank0 and mesh.get_local_rank() == 0 else None
             shard_policy(policy, mesh, config)
+            if from_rank0:
+                materialise(policy, device, whole)
     trainer.optimizer = trainer.build_optimizer()
-    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
     trainer.data_shard = DataShard(mesh.get_local_rank(), world_size, device, mesh.get_group())
     return trainer
 
