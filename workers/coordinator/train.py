@@ -19,7 +19,6 @@ from resources.keys import weights_key
 from resources.store.base import TensorStore
 from workers.coordinator.rollout import PlannedRequest, RolloutOrder, load_batch, sample_part
 from workers.trainer.checkpoint import (
-    SHARDED_FORMAT,
     OptimizerState,
     checkpoint_metadata,
     load_checkpoint,
@@ -30,6 +29,7 @@ from workers.trainer.checkpoint import (
     optimizer_state as saved_optimizer_state,
 )
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+from workers.trainer.optimizer_state import SHARDED_FORMAT
 from workers.trainer.ranks import TrainerSetup, current_setup
 from workers.trainer.resident import forget_version, mark_version, release_memory, resident_checkpoint
 

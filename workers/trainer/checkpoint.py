@@ -25,10 +25,10 @@ from resources.keys import weights_key
 from resources.store.base import TensorStore
 from workers.model.policy import Policy
 from workers.model.spec import build_from_spec
+from workers.trainer.optimizer_state import SHARDED_FORMAT, state_dict_from
+from workers.trainer.sharded_optimizer import load_whole
 
 FORMAT = "spotlight-trainer-checkpoint/1"
-SHARDED_FORMAT = "torch.distributed.checkpoint"
-"""The optimizer metadata's format of a state saved sharded (workers/trainer/sharded_optimizer.py)."""
 
 
 @dataclasses.dataclass
@@ -49,24 +49,10 @@ class OptimizerState:
         """The state's tensors whole (`opt.{index}.{name}`): read from the shards when the state is sharded."""
         if not self.sharded:
             return self.tensors
-        from workers.trainer.sharded_optimizer import load_whole  # torch.distributed.checkpoint, for sharded only
-
         return load_whole(self.store, self.meta)
 
     def to_state_dict(self) -> dict[str, Any]:
         return state_dict_from(self.whole_tensors(), self.meta)
-
-
-def state_dict_from(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer `state_dict()` from `opt.{index}.{name}` tensors and the saved param groups and scalars."""
-    state: dict[int, dict[str, Any]] = {}
-    for key, tensor in tensors.items():
-        _, index, name = key.split(".", 2)
-        state.setdefault(int(index), {})[name] = tensor
-    for index, values in meta["scalars"].items():
-        state.setdefault(int(index), {}).update(values)
-    groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else dict(g) for g in meta["param_groups"]]
-    return {"state": state, "param_groups": groups}
 
 
 def optimizer_state(store: TensorStore, meta: dict, tensors: dict[str, torch.Tensor]) -> OptimizerState | None:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from resources.store.base import TensorStore
-from workers.trainer.checkpoint import SHARDED_FORMAT, state_dict_from
+from workers.trainer.optimizer_state import SHARDED_FORMAT, state_dict_from
 
 FOLDER = "optimizer.dcp"
 _DCP_METADATA, _STORED_METADATA = ".metadata", "metadata"
