@@ -32,6 +32,7 @@ from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 from workers.trainer.optimizer_state import SHARDED_FORMAT
 from workers.trainer.ranks import TrainerSetup, current_setup
 from workers.trainer.resident import forget_version, mark_version, release_memory, resident_checkpoint
+from workers.trainer.sharded_load import empty_policy
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,6 @@ def _trained_copy(store: TensorStore, run: str, version: int, device: str, setup
         return resident_checkpoint(store, run, version, device)
     if setup.ranks is None or setup.ranks.rank == 0:
         return load_checkpoint(store, run, version, device)
-    from workers.trainer.sharded_load import empty_policy  # under ranks only: torch.distributed.checkpoint
-
     meta = checkpoint_metadata(store, run, version)
     whole_optimizer = meta.get("optimizer") is not None and meta["optimizer"].get("format") != SHARDED_FORMAT
     tensors = store.load_tensors(weights_key(run, version)) if whole_optimizer else {}

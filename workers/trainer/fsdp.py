@@ -215,25 +215,6 @@ def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig(), from_rank0: boo
     return trainer
 
 
-def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    """`optimizer.state_dict()` with whole CPU tensors in place of DTensor shards: what one process would save. A
-    collective under FSDP (every rank calls it); rank 0 publishes it (`checkpoint.publish_checkpoint`)."""
-    sd = optimizer.state_dict()
-    state: dict[int, dict] = {}
-    for index in sorted(sd["state"]):  # sorted, names too: each gather is a collective, in one order on every rank
-        values = sd["state"][index]  # (a loaded state's names come in the order the store's reads finished)
-        state[index] = {name: _whole_cpu(values[name]) for name in sorted(values)}
-    return {"state": state, "param_groups": sd["param_groups"]}
-
-
-def _whole_cpu(value):
-    from torch.distributed.tensor import DTensor
-
-    if not torch.is_tensor(value):
-        return value
-    return (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
-
-
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
     """Load a one-process optimizer state dict (every rank holds it whole, as loaded from a checkpoint) into an
     optimizer over FSDP2 shards: each tensor shaped like its parameter is cut as the parameter is, locally.
