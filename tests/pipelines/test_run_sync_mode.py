@@ -16,44 +16,34 @@ from workers.model.families.tiny import build_tiny_pipeline
 SPOTLIGHT = [sys.executable, "-m", "pipelines.cli"]
 
 
-@pytest.mark.slow
-def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path):
-    import duckdb
+MERGED_RUN_ARGS = (
+    "run",
+    "--preset",
+    "cpu_smoke",
+    "--iterations",
+    "1",
+    "--resolution",
+    "32",
+    "--lora-rank",
+    "4",
+    "--sync-mode",
+    "merged",
+    "--reward",
+    "jpeg_compressibility",
+    "--workers",
+    "1",
+    "--preemptions-per-hour",
+    "0",
+    "--nproc",
+    "2",
+)
 
-    from resources.store import open_store
-    from workers.model.families.lora import merged_weights
-    from workers.rollout.weights import PolicyHolder
-    from workers.trainer.checkpoint import load_checkpoint
 
-    model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
+def _run_merged(tmp_path, model) -> subprocess.CompletedProcess:
+    """One cpu_smoke iteration of `spotlight run --model` with merged sync, one queue worker and two trainer ranks."""
     run = tmp_path / "run"
     done = subprocess.run(
-        [
-            *SPOTLIGHT,
-            "run",
-            "--model",
-            str(model),
-            "--preset",
-            "cpu_smoke",
-            "--iterations",
-            "1",
-            "--resolution",
-            "32",
-            "--lora-rank",
-            "4",
-            "--sync-mode",
-            "merged",
-            "--reward",
-            "jpeg_compressibility",
-            "--workers",
-            "1",
-            "--preemptions-per-hour",
-            "0",
-            "--nproc",
-            "2",
-            "--run-dir",
-            str(run),
-        ],
+        [*SPOTLIGHT, *MERGED_RUN_ARGS, "--model", str(model), "--run-dir", str(run)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -61,6 +51,32 @@ def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path)
         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _ledger_rows(run) -> tuple[list, tuple, list]:
+    """(the syncs, the done rollout requests' count / hashed count / first worker, the rollout workers)."""
+    import duckdb
+
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as db:
+        syncs = db.execute("SELECT version, kind, dense_bytes, patch_bytes FROM syncs ORDER BY version").fetchall()
+        sampled = db.execute(
+            "SELECT count(*), count(result_hash), min(worker_id) FROM requests "
+            "WHERE kind = 'rollout' AND status = 'done'"
+        ).fetchone()
+        pool = db.execute("SELECT worker_id FROM workers WHERE role = 'rollout'").fetchall()
+    return syncs, sampled, pool
+
+
+@pytest.mark.slow
+def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path):
+    from resources.store import open_store
+    from workers.model.families.lora import merged_weights
+    from workers.rollout.weights import PolicyHolder
+    from workers.trainer.checkpoint import load_checkpoint
+
+    done = _run_merged(tmp_path, build_tiny_pipeline("qwen-image", tmp_path / "qwen"))
+    run = tmp_path / "run"
     assert "trainer rank 1: joined 1 update(s)" in done.stderr, done.stderr[-3000:]
     assert json.loads((run / "run.json").read_text())["sync_mode"] == "merged"
 
@@ -72,13 +88,7 @@ def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path)
     assert not worker.is_lora
     received = {k: v.to(torch.bfloat16) for k, v in worker.weights().items()}
     assert set(received) == set(merged) and all(torch.equal(received[k], merged[k]) for k in merged)
-    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as db:
-        syncs = db.execute("SELECT version, kind, dense_bytes, patch_bytes FROM syncs ORDER BY version").fetchall()
-        sampled = db.execute(
-            "SELECT count(*), count(result_hash), min(worker_id) FROM requests "
-            "WHERE kind = 'rollout' AND status = 'done'"
-        ).fetchone()
-        pool = db.execute("SELECT worker_id FROM workers WHERE role = 'rollout'").fetchall()
+    syncs, sampled, pool = _ledger_rows(run)
     assert [s[:2] for s in syncs] == [(0, "anchor"), (1, "patch")]
     assert all(s[2] == sum(t.numel() * 2 for t in merged.values()) for s in syncs)  # the merged transformer
     assert sampled[:2] == (8, 8) and sampled[2].startswith("w0"), sampled  # the queue worker sampled the anchor

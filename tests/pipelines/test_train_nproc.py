@@ -1,5 +1,6 @@
-"""`spotlight train --nproc N`: the update sharded over N trainer processes (FSDP2 over gloo ranks on the CPU) gives
-the run one process gives, within float rounding; bad --nproc values fail before any compute.
+"""`spotlight train --nproc N`: every rank samples its part of each iteration's requests and the update is sharded
+over the N trainer processes (FSDP2 over gloo ranks on the CPU); the run equals the one process's within float
+rounding; bad --nproc values fail before any compute.
 
 Tolerance: the ranks' reduce-scatter sums gradients in another order than one backward (tests/workers/trainer/
 test_fsdp.py), so weights agree to float rounding (measured: at most 1.3e-7 after cpu_smoke's two updates), the
@@ -68,7 +69,24 @@ def _final_state(run_dir: Path) -> tuple[dict, dict]:
     from workers.trainer.checkpoint import load_checkpoint
 
     policy, optimizer = load_checkpoint(open_store(str(run_dir / "store")), run_name_for(run_dir), 2)
-    return policy.weights(), optimizer.tensors
+    return policy.weights(), optimizer.whole_tensors()  # the ranks' run stored it sharded: read back whole
+
+
+def _samplers(run_dir: Path) -> dict[int, dict[str, int]]:
+    """Per iteration, how many rollout requests each worker committed (the ledger's requests rows)."""
+    from resources.ledger import Ledger
+
+    ledger = Ledger(run_dir / "ledger.duckdb")
+    try:
+        rows = ledger.query(
+            "SELECT iteration, worker_id, count(*) FROM requests WHERE kind = 'rollout' GROUP BY ALL"
+        ).rows
+    finally:
+        ledger.close()
+    out: dict[int, dict[str, int]] = {}
+    for iteration, worker, count in rows:
+        out.setdefault(int(iteration), {})[worker] = int(count)
+    return out
 
 
 @pytest.mark.slow  # a cpu_smoke run in two processes (~1 min on 2 idle cores); the one-process run is the session's
@@ -90,8 +108,13 @@ def test_two_trainer_processes_train_the_run_one_process_trains(tmp_path, smoke_
     base = load_policy(SHIPPED_BASE).weights()
     assert max(float((weights[k] - base[k]).abs().max()) for k in base) > 1e-4, "the updates moved no weight"
     torch.testing.assert_close(weights, weights_alone, atol=1e-5, rtol=1e-4)
-    assert set(optimizer) == set(optimizer_alone)  # AdamW's state, gathered from the shards, as one process saves it
+    assert set(optimizer) == set(optimizer_alone)  # AdamW's state from the ranks' shards, keyed as one process keys it
     torch.testing.assert_close(optimizer, optimizer_alone, atol=1e-6, rtol=1e-3)
+    assert _samplers(tmp_path / "ranks") == {
+        0: {"trainer-rank0": 4, "trainer-rank1": 4},
+        1: {"trainer-rank0": 4, "trainer-rank1": 4},
+    }
+    assert _samplers(smoke_train.path("rel/train")) == {0: {"trainer": 8}, 1: {"trainer": 8}}
     saved = load_policy(tmp_path / "ranks" / "policy").weights()
     torch.testing.assert_close(saved, weights, atol=0, rtol=0)  # rank 0 wrote the final policy folder
 

@@ -1,4 +1,4 @@
-"""`spotlight bench model-check`: the prepared GPU check of issue 19 (docs/MODELS.md).
+"""`spotlight bench model-check`: the prepared GPU check (docs/MODELS.md).
 
 It builds a Qwen-Image-shaped pipeline: the real transformer's widths (3072 wide, 24 heads of 128)
 with 1 and then 2 of its 60 blocks, random init, the real VAE's shape (16 latent channels), saved
@@ -7,8 +7,10 @@ full fine-tuning iteration (rollout of a batch, reward, NFT update) and reports 
 seconds, the share of rollout time outside the transformer's forward, peak device memory, the
 peak's growth per transformer block (2 blocks minus 1: what the 60-block model adds per block), and
 PULSE encode/apply GB/s on the trained weights, and how far the first minibatch's PPO ratio is from 1 before any
-step (BF16 forwards, true CFG; `first_ratio_dev`). `--widths tiny` runs the same path at toy size on
-a CPU (what the tests do).
+step (BF16 forwards, true CFG; `first_ratio_dev`). workers/bench/model_check_memory.py adds the peak fitted against
+blocks and batch and extrapolated to 60 blocks plus the text encoder (`memory_fit`), the chunked VAE decode's peak
+(`vae_decode`), one FSDP2 update with checkpointing and adapter swaps (`fsdp_update`), and load times with and
+without `low_cpu_mem_usage` (`load`). `--widths tiny` runs the same path at toy size on a CPU (what the tests do).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 
 import torch
 
+from workers.bench.model_check_memory import fit_memory, fsdp_update, load_times, vae_decode_peak
 from workers.bench.rollout import bench_rollout
+from workers.trainer.presets import GPU_ROLLOUT_BATCH
 
 
 def _peak_bytes(device: str) -> int | None:
@@ -153,10 +157,25 @@ def run_model_check(
         n: build_tiny_pipeline("qwen-image", root / f"qwen-{widths}-{n}", widths=widths, num_layers=n) for n in (1, 2)
     }
     for mode, rank in (("lora", lora_rank), ("full", 0)):
-        one, two = (_one(paths[n], device, resolution, rank, batch_size, num_steps) for n in (1, 2))
-        figures[mode] = two
-        if two["peak_memory_GB"] is not None:
-            figures[mode]["peak_memory_per_block_GB"] = round(two["peak_memory_GB"] - one["peak_memory_GB"], 3)
-        figures[mode]["pulse"] = _pulse_after_update(paths[2], resolution, rank, device)
-        figures[mode]["first_ratio_dev"] = _first_ratio(paths[1], resolution, rank, device)
+        figures[mode] = _mode_figures(paths, device, resolution, rank, batch_size, num_steps)
+    figures["vae_decode"] = vae_decode_peak(paths[1], device, resolution, chunk=GPU_ROLLOUT_BATCH)
+    figures["fsdp_update"] = fsdp_update(paths[1], device, resolution, lora_rank)
+    figures["load"] = load_times(paths[2])
+    return figures
+
+
+def _mode_figures(paths: dict, device: str, resolution: int, rank: int, batch_size: int, num_steps: int) -> dict:
+    """One mode's (LoRA or full) iteration at 2 blocks, its peak against blocks and batch fitted and extrapolated to
+    60 blocks (`fit_memory`), PULSE throughput and the first minibatch's ratio drift."""
+    one, two, double = (
+        _one(paths[n], device, resolution, rank, b, num_steps)
+        for n, b in ((1, batch_size), (2, batch_size), (1, 2 * batch_size))
+    )
+    figures = two
+    if two["peak_memory_GB"] is not None:
+        figures["peak_memory_per_block_GB"] = round(two["peak_memory_GB"] - one["peak_memory_GB"], 3)
+    peaks = {(1, batch_size): one["peak_memory_GB"], (2, batch_size): two["peak_memory_GB"]}
+    figures["memory_fit"] = fit_memory({**peaks, (1, 2 * batch_size): double["peak_memory_GB"]}, batch_size)
+    figures["pulse"] = _pulse_after_update(paths[2], resolution, rank, device)
+    figures["first_ratio_dev"] = _first_ratio(paths[1], resolution, rank, device)
     return figures

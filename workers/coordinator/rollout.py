@@ -147,6 +147,18 @@ def load_batch(
     )
 
 
+@dataclass(frozen=True)
+class RolloutOrder:
+    """What rank 0 sends the other trainer ranks: sample your part of the iteration's requests into the store."""
+
+    store_url: str
+    run: str
+    config: TrainConfig
+    iteration: int
+    requests: list[PlannedRequest]
+    device: str
+
+
 def collect_in_process(
     store: TensorStore,
     run: str,
@@ -158,17 +170,66 @@ def collect_in_process(
 ) -> int:
     """The rollout phase without workers: the trainer samples the batch at the iteration's weights
     version (its FP32 checkpoint, on the process's resident policy) and commits every result, sampling and
-    decoding `config.rollout_batch` requests at a time; returns how many this call committed."""
-    from workers.trainer.grpo_trainer import GRPOTrainer
+    decoding `config.rollout_batch` requests at a time; returns how many were committed.
+
+    As rank 0 of N trainer ranks (workers/trainer/ranks.py) it orders every rank to sample its contiguous part of
+    the requests (`sample_part`), as worker `{worker_id}-rank{r}`, and returns once all have committed theirs. A
+    reward that z-scores over the images scored together stays on rank 0: its totals depend on the whole batch."""
+    from workers.task.rewards import get_reward
+    from workers.trainer.ranks import current_setup
+
+    ranks = current_setup().ranks
+    order = RolloutOrder(store.url, run, config, iteration, requests, device)
+    if ranks is None or getattr(get_reward(config.reward), "batch_dependent", False):
+        return _sample(store, order, requests, worker_id)
+    ranks.send(order)
+    return sample_part(store, order, ranks, worker_id)
+
+
+def sample_part(store: TensorStore, order: RolloutOrder, ranks, worker_id: str = "trainer") -> int:
+    """This rank's contiguous part of the order's requests (sizes differ by at most one), sampled and committed;
+    returns how many the ranks committed together (every rank waits for the others)."""
+    import torch.distributed as dist
+
+    base, extra = divmod(len(order.requests), ranks.world_size)
+    start = ranks.rank * base + min(ranks.rank, extra)
+    mine = order.requests[start : start + base + (ranks.rank < extra)]
+    won = _sample(store, order, mine, f"{worker_id}-rank{ranks.rank}") if mine else 0
+    counts = [0] * ranks.world_size
+    dist.all_gather_object(counts, won, group=ranks.orders)
+    return sum(counts)
+
+
+def _sample(store: TensorStore, order: RolloutOrder, requests: list[PlannedRequest], worker_id: str) -> int:
+    """Sample and score `requests` on this process's resident policy and commit their results."""
+    from workers.task.rewards import get_reward
+    from workers.trainer.chunks import sample_scored
     from workers.trainer.resident import resident_checkpoint
 
-    version = requests[0].spec.weights_version
-    policy, _ = resident_checkpoint(store, run, version, device)
-    groups: dict[int, list[int]] = {}
-    for r in requests:
-        groups.setdefault(r.prompt_index, []).append(r.spec.seed)
-    batch = GRPOTrainer(policy, config).collect(iteration, seeds=[groups[i] for i in sorted(groups)], keep_all=True)
-    return publish_batch(store, run, iteration, requests, batch, worker_id)
+    config = order.config
+    policy, _ = resident_checkpoint(store, order.run, requests[0].spec.weights_version, order.device)
+    t0 = time.perf_counter()
+    traj, images, rewards, components = sample_scored(
+        policy,
+        get_reward(config.reward),
+        [r.spec.prompt for r in requests],
+        [r.spec.seed for r in requests],
+        config.sampler,
+        config.rollout_batch,
+        config.prompts,
+    )
+    group_ids = torch.tensor([r.prompt_index for r in requests])
+    batch = Rollouts(
+        order.iteration,
+        traj,
+        rewards,
+        group_ids,
+        torch.zeros_like(rewards),  # advantages: the train phase computes them over whole groups
+        time.perf_counter() - t0,
+        images=images,
+        reward_components=components or None,
+    )
+    return publish_batch(store, order.run, order.iteration, requests, batch, worker_id)
 
 
 def request_records(

@@ -2,8 +2,9 @@
 
 Alone, this process does all of it. As rank 0 of `spotlight train --nproc N` (workers/trainer/ranks.py) it first
 orders the other ranks to join: every rank loads the checkpoint and the batch from the store and takes its slice of
-each minibatch under FSDP2 (workers/trainer/fsdp.py); the whole weights and optimizer state are gathered back and
-rank 0 alone publishes the next checkpoint.
+each minibatch under FSDP2 (workers/trainer/fsdp.py); each rank stores its shards of the optimizer state
+(workers/trainer/sharded_optimizer.py), the whole weights are gathered, and rank 0 alone publishes the next
+checkpoint.
 
 Example:
     stats = train_iteration(store, "demo", config, 3, requests)   # checkpoint v3 -> v4
@@ -16,11 +17,22 @@ from dataclasses import dataclass
 
 from resources.keys import weights_key
 from resources.store.base import TensorStore
-from workers.coordinator.rollout import PlannedRequest, load_batch
-from workers.trainer.checkpoint import load_checkpoint, publish_checkpoint, restore_optimizer
+from workers.coordinator.rollout import PlannedRequest, RolloutOrder, load_batch, sample_part
+from workers.trainer.checkpoint import (
+    OptimizerState,
+    checkpoint_metadata,
+    load_checkpoint,
+    publish_checkpoint,
+    restore_optimizer,
+)
+from workers.trainer.checkpoint import (
+    optimizer_state as saved_optimizer_state,
+)
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+from workers.trainer.optimizer_state import SHARDED_FORMAT
 from workers.trainer.ranks import TrainerSetup, current_setup
 from workers.trainer.resident import forget_version, mark_version, release_memory, resident_checkpoint
+from workers.trainer.sharded_load import empty_policy
 
 
 @dataclass(frozen=True)
@@ -52,11 +64,15 @@ def train_iteration(
 
 
 def follow_orders(setup: TrainerSetup) -> int:
-    """Ranks 1..N-1: join each train phase rank 0 orders, until it sends None; returns how many were joined."""
+    """Ranks 1..N-1: sample their part of each in-process rollout phase and join each train phase rank 0 orders,
+    until it sends None; returns how many train phases were joined."""
     from resources.store import open_store
 
     joined = 0
     while (order := setup.ranks.receive()) is not None:
+        if isinstance(order, RolloutOrder):
+            sample_part(open_store(order.store_url), order, setup.ranks)
+            continue
         _update_version(open_store(order.store_url), order, setup)
         joined += 1
     return joined
@@ -67,10 +83,8 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     config, run, k = order.config, order.run, order.iteration
     alone = setup.ranks is None
     # Alone, the process's resident policy trains in place; FSDP2 replaces the parameters it shards, so ranks
-    # train a copy of their own.
-    policy, optimizer_state = (
-        resident_checkpoint(store, run, k, order.device) if alone else load_checkpoint(store, run, k, order.device)
-    )
+    # train a copy of their own: whole on rank 0, empty on the others, which receive their shards from it.
+    policy, optimizer_state = _trained_copy(store, run, k, order.device, setup)
     if alone:
         forget_version()  # until the update is published, the resident weights match no checkpoint
     from workers.trainer.memory import enable_gradient_checkpointing, gradient_checkpointing_enabled
@@ -82,14 +96,16 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     # The KL reference is the run's starting policy, version 0. Under LoRA that is the base itself (a fresh
     # adapter's B is 0): the trainer runs it with the adapter disabled, so no second transformer is loaded.
     lora = getattr(policy, "is_lora", False)
-    reference = load_checkpoint(store, run, 0, order.device)[0] if config.grpo.kl_beta > 0 and not lora else None
+    reference = None
+    if config.grpo.kl_beta > 0 and not lora:
+        reference = _trained_copy(store, run, 0, order.device, setup, shared=False)[0]
     trainer = GRPOTrainer(policy, config, reference=reference)
     _restore(trainer, optimizer_state, setup)
     batch = load_batch(store, run, config, k, order.requests)
     # Old log-probs from the trainer's own forward: the stored ones come from whatever sampled (queue
     # workers run BF16-rounded weights), and with a 1e-4 clip range that alone clips the first minibatch.
     stats = {**trainer.batch_stats(batch), **trainer.update(batch, recompute_old_log_probs=True)}
-    weights, optimizer = _whole_state(trainer, setup)
+    weights, optimizer = _saved_state(store, weights_key(run, k + 1), trainer, setup)
     if setup.ranks is None or setup.ranks.rank == 0:
         stats["checkpoint_bytes"] = publish_checkpoint(store, run, k + 1, policy.spec(), weights, optimizer)
         if alone:
@@ -104,22 +120,41 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     return stats
 
 
-def _restore(trainer: GRPOTrainer, optimizer_state, setup: TrainerSetup) -> None:
-    """Shard the trainer over the ranks (if any), then load the saved AdamW state into its optimizer."""
+def _trained_copy(store: TensorStore, run: str, version: int, device: str, setup: TrainerSetup, shared: bool = True):
+    """(policy at `version`, its optimizer state): alone, the resident policy when `shared`; under ranks, rank 0 loads
+    it whole and the others build it empty (workers/trainer/sharded_load.py), the optimizer state read by all."""
+    if setup.ranks is None and shared:
+        return resident_checkpoint(store, run, version, device)
+    if setup.ranks is None or setup.ranks.rank == 0:
+        return load_checkpoint(store, run, version, device)
+    meta = checkpoint_metadata(store, run, version)
+    whole_optimizer = meta.get("optimizer") is not None and meta["optimizer"].get("format") != SHARDED_FORMAT
+    tensors = store.load_tensors(weights_key(run, version)) if whole_optimizer else {}
+    return empty_policy(store, run, version), saved_optimizer_state(store, meta, tensors)
+
+
+def _restore(trainer: GRPOTrainer, optimizer_state: OptimizerState | None, setup: TrainerSetup) -> None:
+    """Shard the trainer over the ranks (if any), then load the saved AdamW state into its optimizer: whole alone,
+    each rank its own shards under FSDP2 (a state saved whole is cut locally on every rank)."""
     if setup.ranks is None:
         restore_optimizer(trainer.optimizer, optimizer_state)
         return
     from workers.trainer.fsdp import distribute, load_optimizer_state
+    from workers.trainer.sharded_optimizer import load_sharded
 
-    distribute(trainer, setup.ranks.mesh)
-    if optimizer_state is not None:
+    distribute(trainer, setup.ranks.mesh, from_rank0=True)
+    if optimizer_state is not None and optimizer_state.sharded:
+        load_sharded(optimizer_state.store, optimizer_state.meta, trainer.optimizer)
+    elif optimizer_state is not None:
         load_optimizer_state(trainer.optimizer, optimizer_state.to_state_dict())
 
 
-def _whole_state(trainer: GRPOTrainer, setup: TrainerSetup) -> tuple[dict, dict]:
-    """The trained weights and the optimizer's state dict as whole tensors (gathered from the ranks' shards)."""
+def _saved_state(store: TensorStore, key: str, trainer: GRPOTrainer, setup: TrainerSetup) -> tuple[dict, dict]:
+    """The trained weights, whole (gathered from the ranks' shards), and what the checkpoint at `key` holds of the
+    optimizer: its state dict alone; under ranks the metadata of the shards every rank has just stored."""
     if setup.ranks is None:
         return trainer.policy.weights(), trainer.optimizer.state_dict()
-    from workers.trainer.fsdp import full_optimizer_state, full_weights
+    from workers.trainer.fsdp import full_weights
+    from workers.trainer.sharded_optimizer import save_sharded
 
-    return full_weights(trainer.policy), full_optimizer_state(trainer.optimizer)
+    return full_weights(trainer.policy), save_sharded(store, key, trainer.optimizer)

@@ -33,14 +33,22 @@ def is_model_folder(path: str | Path) -> bool:
     return (Path(path) / "model_index.json").is_file()
 
 
-def build_from_spec(spec: dict):
-    """The (randomly initialised, or base-weight) policy a checkpoint's or anchor's `policy_config` describes."""
+def build_from_spec(spec: dict, empty: bool = False):
+    """The (randomly initialised, or base-weight) policy a checkpoint's or anchor's `policy_config` describes.
+    `empty`: its parameters on the meta device instead (no weights read or allocated), for an FSDP2 rank that
+    receives its shards from rank 0 (workers/trainer/sharded_load.py)."""
     if "family" in spec:
         from workers.model.families.policy import build_model_policy
         from workers.model.families.spec import ModelSpec
 
-        return build_model_policy(ModelSpec.from_json(spec))
-    return build_policy(PolicyConfig(**{**spec, "rope_axes": tuple(spec["rope_axes"])}))
+        return build_model_policy(ModelSpec.from_json(spec), empty)
+    config = PolicyConfig(**{**spec, "rope_axes": tuple(spec["rope_axes"])})
+    if not empty:
+        return build_policy(config)
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():  # parameters only: buffers stay real
+        return build_policy(config)
 
 
 def load_any(path: str | Path, **model_fields):

@@ -25,26 +25,41 @@ from resources.keys import weights_key
 from resources.store.base import TensorStore
 from workers.model.policy import Policy
 from workers.model.spec import build_from_spec
+from workers.trainer.optimizer_state import SHARDED_FORMAT, state_dict_from
+from workers.trainer.sharded_optimizer import load_whole
 
 FORMAT = "spotlight-trainer-checkpoint/1"
 
 
 @dataclasses.dataclass
 class OptimizerState:
-    """An optimizer state dict split into tensors and JSON-safe values."""
+    """An optimizer state dict split into tensors and JSON-safe values; or, for a checkpoint an FSDP2 trainer saved
+    sharded (workers/trainer/sharded_optimizer.py), no tensors here and `store` where the shards are."""
 
     tensors: dict[str, torch.Tensor]
     meta: dict[str, Any]
+    store: TensorStore | None = None
+    """The store holding a sharded state's shards (None for a whole state)."""
+
+    @property
+    def sharded(self) -> bool:
+        return self.meta.get("format") == SHARDED_FORMAT
+
+    def whole_tensors(self) -> dict[str, torch.Tensor]:
+        """The state's tensors whole (`opt.{index}.{name}`): read from the shards when the state is sharded."""
+        if not self.sharded:
+            return self.tensors
+        return load_whole(self.store, self.meta)
 
     def to_state_dict(self) -> dict[str, Any]:
-        state: dict[int, dict[str, Any]] = {}
-        for key, tensor in self.tensors.items():
-            _, index, name = key.split(".", 2)
-            state.setdefault(int(index), {})[name] = tensor
-        for index, values in self.meta["scalars"].items():
-            state.setdefault(int(index), {}).update(values)
-        groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else dict(g) for g in self.meta["param_groups"]]
-        return {"state": state, "param_groups": groups}
+        return state_dict_from(self.whole_tensors(), self.meta)
+
+
+def optimizer_state(store: TensorStore, meta: dict, tensors: dict[str, torch.Tensor]) -> OptimizerState | None:
+    """A loaded checkpoint's optimizer state (None for the base, which has none)."""
+    if meta.get("optimizer") is None:
+        return None
+    return OptimizerState({k: v for k, v in tensors.items() if k.startswith("opt.")}, meta["optimizer"], store)
 
 
 def split_optimizer(state_dict: dict[str, Any]) -> OptimizerState:
@@ -77,11 +92,14 @@ def publish_checkpoint(
     weights: dict[str, torch.Tensor],
     optimizer_state: dict[str, Any] | None,
 ) -> int:
-    """Publish a checkpoint from its parts: the policy's spec and whole `weights()`, and an optimizer `state_dict()`
-    with whole tensors (an FSDP trainer gathers both first: workers/trainer/fsdp.py). Returns the bytes written."""
+    """Publish a checkpoint from its parts: the policy's spec and whole `weights()` (an FSDP trainer gathers them:
+    workers/trainer/fsdp.py), and an optimizer `state_dict()` with whole tensors or the metadata of a state its
+    ranks saved sharded already (`sharded_optimizer.save_sharded`). Returns the bytes this call wrote."""
     tensors = {f"policy.{k}": v.detach().cpu().contiguous() for k, v in weights.items()}
     meta: dict[str, Any] = {"format": FORMAT, "version": version, "policy_config": _plain(spec), "optimizer": None}
-    if optimizer_state is not None:
+    if optimizer_state is not None and optimizer_state.get("format") == SHARDED_FORMAT:
+        meta["optimizer"] = optimizer_state
+    elif optimizer_state is not None:
         opt = split_optimizer(optimizer_state)
         tensors.update(opt.tensors)
         meta["optimizer"] = opt.meta
@@ -115,10 +133,7 @@ def load_checkpoint(
     tensors = store.load_tensors(key)
     policy = build_from_spec(meta["policy_config"])
     policy.load_weights({k[len("policy.") :]: v for k, v in tensors.items() if k.startswith("policy.")})
-    opt = None
-    if meta.get("optimizer") is not None:
-        opt = OptimizerState({k: v for k, v in tensors.items() if k.startswith("opt.")}, meta["optimizer"])
-    return policy.to(device).eval(), opt
+    return policy.to(device).eval(), optimizer_state(store, meta, tensors)
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, state: OptimizerState | None) -> None:

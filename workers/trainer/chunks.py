@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from workers.algo.sampler import SamplerConfig, Trajectory, rollout
+from workers.task.prompt_file import PromptSource, prompt_fields
 from workers.task.render import decode_images
+from workers.task.rewards import RewardFn, score_with_components
 
 
 def sample_in_chunks(
@@ -33,6 +35,25 @@ def sample_in_chunks(
         images.append(decode_images(policy, part.images))
         trajs.append(part)
     return join_trajectories(trajs), np.concatenate(images)
+
+
+def sample_scored(
+    policy,
+    reward_fn: RewardFn,
+    prompts: list[str],
+    seeds: list[int],
+    sampler: SamplerConfig,
+    chunk: int | None,
+    source: PromptSource | None = None,
+) -> tuple[Trajectory, np.ndarray, torch.Tensor, dict[str, np.ndarray]]:
+    """`sample_in_chunks` of the requests (prompt n with seed n), then their rewards: (trajectory, uint8 images,
+    (N,) float32 rewards, each reward component's (N,) values or {}). `source`: the prompts file whose other
+    columns the reward may read (None: MiniGenEval's prompts)."""
+    policy.eval()
+    traj, images = sample_in_chunks(policy, prompts, seeds, sampler, chunk)
+    fields = None if source is None else [prompt_fields(source, p) for p in prompts]
+    scores, components = score_with_components(reward_fn, images, prompts, fields)
+    return traj, images, torch.as_tensor(scores, dtype=torch.float32), components
 
 
 def join_trajectories(parts: list[Trajectory]) -> Trajectory:

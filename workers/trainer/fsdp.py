@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workers.trainer.frozen import shares_transformer
+from workers.trainer.sharded_load import materialise
 
 BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
 """The diffusers transformers' ModuleLists of blocks (Qwen-Image and SD3: the first; FLUX.1: both)."""
@@ -87,7 +88,7 @@ def shard_policy(policy: nn.Module, mesh, config: FSDPConfig = FSDPConfig()) -> 
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if mesh.device_type == "cuda":
+    if mesh.device_type == "cuda" and not any(p.is_meta for p in policy.parameters()):  # empty: materialise() allocates
         policy.to(torch.device("cuda", torch.cuda.current_device()))
     # cast_forward_inputs=False: sigma and the latents stay fp32 into the transformer, as under autocast alone (a
     # bf16 sigma would shift the timestep embedding away from the rollout workers' and bias the PPO ratio).
@@ -153,6 +154,18 @@ class DataShard:
         dist.all_reduce(values, group=self.group)
         return dict(zip(keys, values.tolist(), strict=False))
 
+    def gather_columns(self, values_SN: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """`values_SN` with every rank's own `columns` (each column computed by exactly one rank) in place of the
+        rest: the ranks' results, exchanged."""
+        mine = torch.zeros_like(values_SN)
+        mine[:, columns] = values_SN[:, columns]
+        computed = torch.zeros(values_SN.shape[1], dtype=values_SN.dtype)
+        computed[columns] = 1
+        mine, computed = mine.to(self.device), computed.to(self.device)
+        dist.all_reduce(mine, group=self.group)
+        dist.all_reduce(computed, group=self.group)
+        return torch.where(computed.cpu().bool(), mine.cpu(), values_SN)
+
 
 def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
     """`policy.weights()` as whole CPU tensors (what a checkpoint or a PULSE patch holds). A collective under
@@ -173,14 +186,15 @@ def check_batch_split(num_samples: int, num_minibatches: int, world_size: int) -
         )
 
 
-def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig()):
+def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig(), from_rank0: bool = False):
     """Shard a fresh GRPOTrainer's policy (and its NFT v_old and KL reference, which never train; under LoRA they
     are adapter views of the policy's own transformer, sharded with it) over `mesh`, rebuild its optimizer on the
     shards, and make its updates data-parallel. Returns the trainer.
 
     Call it after constructing the trainer (its copies are made from the whole policy) and before the first
     update: the optimizer is rebuilt, so it must hold no state yet. Every rank then calls `update` on the same
-    batch."""
+    batch. from_rank0: the ranks other than 0 built their policies empty (workers/trainer/sharded_load.py); each
+    rank allocates its shards and receives them from rank 0's whole weights."""
     if trainer.optimizer.state:
         raise ValueError(
             "distribute() needs a trainer that has not stepped yet (its AdamW state would be lost); "
@@ -189,32 +203,16 @@ def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig()):
     c = trainer.config
     world_size = mesh.size()
     check_batch_split(c.prompts_per_iteration * c.group_size, c.grpo.num_minibatches, world_size)
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
     for policy in (trainer.policy, trainer.sampling_policy, trainer.reference):
         if policy is not None and not shares_transformer(policy, trainer.policy):  # LoRA views: sharded with it
+            whole = policy.state_dict() if from_rank0 and mesh.get_local_rank() == 0 else None
             shard_policy(policy, mesh, config)
+            if from_rank0:
+                materialise(policy, device, whole)
     trainer.optimizer = trainer.build_optimizer()
-    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
     trainer.data_shard = DataShard(mesh.get_local_rank(), world_size, device, mesh.get_group())
     return trainer
-
-
-def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    """`optimizer.state_dict()` with whole CPU tensors in place of DTensor shards: what one process would save. A
-    collective under FSDP (every rank calls it); rank 0 publishes it (`checkpoint.publish_checkpoint`)."""
-    sd = optimizer.state_dict()
-    state: dict[int, dict] = {}
-    for index in sorted(sd["state"]):  # sorted, names too: each gather is a collective, in one order on every rank
-        values = sd["state"][index]  # (a loaded state's names come in the order the store's reads finished)
-        state[index] = {name: _whole_cpu(values[name]) for name in sorted(values)}
-    return {"state": state, "param_groups": sd["param_groups"]}
-
-
-def _whole_cpu(value):
-    from torch.distributed.tensor import DTensor
-
-    if not torch.is_tensor(value):
-        return value
-    return (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:

@@ -29,7 +29,7 @@ import torch
 from resources.keys import weights_key
 from resources.store.base import TensorStore
 from workers.model.spec import build_from_spec
-from workers.trainer.checkpoint import OptimizerState, checkpoint_metadata
+from workers.trainer.checkpoint import OptimizerState, checkpoint_metadata, optimizer_state
 
 
 @dataclass
@@ -66,10 +66,7 @@ def resident_checkpoint(
         with torch.no_grad():
             policy.load_weights({k[len("policy.") :]: v for k, v in tensors.items() if k.startswith("policy.")})
         _resident.version = here
-    opt = None
-    if meta.get("optimizer") is not None:
-        opt = OptimizerState({k: v for k, v in tensors.items() if k.startswith("opt.")}, meta["optimizer"])
-    return policy.to(device).eval(), opt
+    return policy.to(device).eval(), optimizer_state(store, meta, tensors)
 
 
 def adopt(policy, spec: dict, store: TensorStore, run: str, version: int) -> None:

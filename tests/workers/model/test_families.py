@@ -114,3 +114,16 @@ def test_the_gpu_checks_code_path_runs_at_toy_size_and_pulse_is_lossless(tmp_pat
         assert figures[mode]["pulse"]["lossless"]
         assert figures[mode]["first_ratio_dev"] == {"rollout_vs_train": 0.0, "recomputed": 0.0}  # on the CPU
     assert figures["lora"]["trainable_params_M"] < figures["full"]["trainable_params_M"]
+    assert figures["lora"]["memory_fit"]["peak_60_blocks_GB"] is None  # no device peak on the CPU
+    assert figures["vae_decode"]["two_chunks_s"] > 0
+    assert figures["fsdp_update"]["optimizer_steps"] > 0 and figures["fsdp_update"]["grad_norm"] > 0
+    assert set(figures["load"]) == {"load_s_low_cpu_mem_usage_false", "load_s_low_cpu_mem_usage_true", "build_empty_s"}
+
+
+def test_the_memory_fit_extrapolates_the_block_and_batch_slopes():
+    from workers.bench.model_check_memory import TEXT_ENCODER_GB, fit_memory
+
+    fit = fit_memory({(1, 8): 20.0, (2, 8): 21.0, (1, 16): 24.0}, batch=8)
+    assert fit["per_block_GB"] == 1.0 and fit["per_sample_GB"] == 0.5
+    assert fit["peak_60_blocks_GB"] == 20.0 + 59 * 1.0
+    assert fit["with_text_encoder_GB"] == round(79.0 + TEXT_ENCODER_GB, 2)

@@ -90,17 +90,26 @@ class Family(ABC):
     packed = True
 
     # -- loading -------------------------------------------------------------------------------------
-    def load_transformer(self, spec: ModelSpec, dtype: torch.dtype) -> torch.nn.Module:
+    def load_transformer(self, spec: ModelSpec, dtype: torch.dtype, empty: bool = False) -> torch.nn.Module:
+        """The folder's transformer in `dtype`; `empty`: its architecture only, parameters on the meta device (no
+        weights read, nothing allocated), for an FSDP2 rank that receives its shards from rank 0."""
         import diffusers
 
         cls = getattr(diffusers, self.transformer_class)
         quiet_loading()
+        if empty:
+            from accelerate import init_empty_weights
+
+            config = cls.load_config(spec.path, subfolder="transformer", local_files_only=True)
+            with init_empty_weights():  # parameters only: buffers and RoPE tables stay real
+                return cls.from_config(config).to(dtype)
         return cls.from_pretrained(
             spec.path, subfolder="transformer", torch_dtype=dtype, local_files_only=True, low_cpu_mem_usage=False
         )
 
     def load_text_pipeline(self, spec: ModelSpec, dtype: torch.dtype):
-        """The pipeline with its text encoder(s) and tokenizer(s) only (no transformer, no VAE): what encodes prompts."""
+        """The pipeline with its text encoder(s) and tokenizer(s) only (no transformer, no VAE): what encodes
+        prompts."""
         import diffusers
 
         cls = getattr(diffusers, self.pipeline_class)

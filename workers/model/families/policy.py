@@ -266,11 +266,12 @@ class DiffusersPolicy(nn.Module):
         return self.model_spec.to_json()
 
 
-def build_model_policy(spec: ModelSpec) -> DiffusersPolicy:
-    """The policy `spec` describes: the folder's transformer (FP32 masters, or a frozen base plus an FP32 LoRA)."""
+def build_model_policy(spec: ModelSpec, empty: bool = False) -> DiffusersPolicy:
+    """The policy `spec` describes: the folder's transformer (FP32 masters, or a frozen base plus an FP32 LoRA).
+    `empty`: parameters on the meta device, no weights read (`Family.load_transformer`)."""
     family = family_for(spec.family)
     dtype = torch.float32 if spec.lora_rank == 0 else _DTYPES[spec.base_dtype]
-    transformer = family.load_transformer(spec, dtype)
+    transformer = family.load_transformer(spec, dtype, empty)
     if spec.lora_rank:
         add_lora(transformer, spec, family.lora_targets)
     return DiffusersPolicy(spec, family, transformer).eval()

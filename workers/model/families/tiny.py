@@ -6,8 +6,9 @@ the path a user's checkpoint takes. The tokenizers are made locally with the `to
 word-level vocabulary of MiniGenEval's words plus the families' template words, wrapped as a
 `PreTrainedTokenizerFast`. Each scheduler config is the real model's published one (`PUBLISHED_SCHEDULERS`), and
 each VAE carries the real model's latent normalisation (Qwen-Image's per-channel latents_mean/std, SD3.5's and
-FLUX.1's scaling and shift factors), so a normalisation or schedule bug shows on them. `widths="real"` on Qwen-Image keeps the real model's transformer widths
-(3072 wide, 24 heads of 128) with fewer layers: the GPU check's model.
+FLUX.1's scaling and shift factors), so a normalisation or schedule bug shows on them. `widths="real"` on
+Qwen-Image keeps the real model's transformer widths (3072 wide, 24 heads of 128) with fewer layers: the GPU
+check's model.
 
 Example:
     path = build_tiny_pipeline("qwen-image", "/tmp/tiny-qwen")       # about 2 MB
@@ -51,7 +52,8 @@ PUBLISHED_SCHEDULERS = {
     },
 }
 """scheduler/scheduler_config.json of Qwen/Qwen-Image, stabilityai/stable-diffusion-3.5-medium and
-black-forest-labs/FLUX.1-dev (FlowMatchEulerDiscreteScheduler; the `_class_name` and `_diffusers_version` keys left out)."""
+black-forest-labs/FLUX.1-dev (FlowMatchEulerDiscreteScheduler; the `_class_name` and `_diffusers_version` keys
+left out)."""
 QWEN_IMAGE_LATENTS_MEAN = (
     -0.7571,
     -0.7089,
@@ -137,12 +139,20 @@ def vocab_size() -> int:
 
 
 def _qwen_image(widths: str, num_layers: int = 2, num_heads: int = 3):
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    transformer, vae = _qwen_image_transformer_and_vae(widths, num_layers, num_heads)
+    return QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**PUBLISHED_SCHEDULERS["qwen-image"]),
+        vae=vae,
+        text_encoder=_qwen_text_encoder(),
+        tokenizer=tiny_tokenizer(1058),
+        transformer=transformer,
     )
+
+
+def _qwen_text_encoder():
+    """A two-layer Qwen2.5-VL of width 16 over the tiny tokenizer's vocabulary."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     n = vocab_size() + 8
@@ -171,7 +181,15 @@ def _qwen_image(widths: str, num_layers: int = 2, num_heads: int = 3):
         bos_token_id=1,
         eos_token_id=2,
     )
-    if widths == "real":  # Qwen-Image's transformer widths (3072 = 24 x 128), num_layers of its 60 blocks
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def _qwen_image_transformer_and_vae(widths: str, num_layers: int, num_heads: int):
+    """Qwen-Image's transformer and VAE: at its real widths (3072 = 24 x 128; `num_layers` of its 60 blocks) with
+    the real VAE's shape, or tiny ones (widths "tiny": 2 blocks, `num_heads` heads of 16)."""
+    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+
+    if widths == "real":
         transformer = QwenImageTransformer2DModel(
             patch_size=2,
             in_channels=64,
@@ -185,34 +203,27 @@ def _qwen_image(widths: str, num_layers: int = 2, num_heads: int = 3):
         vae = AutoencoderKLQwenImage(
             z_dim=16, latents_mean=list(QWEN_IMAGE_LATENTS_MEAN), latents_std=list(QWEN_IMAGE_LATENTS_STD)
         )
-    else:
-        transformer = QwenImageTransformer2DModel(
-            patch_size=2,
-            in_channels=16,
-            out_channels=4,
-            num_layers=2,
-            attention_head_dim=16,
-            num_attention_heads=num_heads,
-            joint_attention_dim=16,
-            axes_dims_rope=(8, 4, 4),
-        )
-        vae = AutoencoderKLQwenImage(
-            base_dim=24,
-            z_dim=4,
-            dim_mult=[1, 2, 4],
-            num_res_blocks=1,
-            temperal_downsample=[False, True],
-            latents_mean=list(QWEN_IMAGE_LATENTS_MEAN[:4]),
-            latents_std=list(QWEN_IMAGE_LATENTS_STD[:4]),
-        )
-    scheduler = FlowMatchEulerDiscreteScheduler(**PUBLISHED_SCHEDULERS["qwen-image"])
-    return QwenImagePipeline(
-        scheduler=scheduler,
-        vae=vae,
-        text_encoder=Qwen2_5_VLForConditionalGeneration(config),
-        tokenizer=tiny_tokenizer(1058),
-        transformer=transformer,
+        return transformer, vae
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=num_heads,
+        joint_attention_dim=16,
+        axes_dims_rope=(8, 4, 4),
     )
+    vae = AutoencoderKLQwenImage(
+        base_dim=24,
+        z_dim=4,
+        dim_mult=[1, 2, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        latents_mean=list(QWEN_IMAGE_LATENTS_MEAN[:4]),
+        latents_std=list(QWEN_IMAGE_LATENTS_STD[:4]),
+    )
+    return transformer, vae
 
 
 def _clip_pair(projection: bool):

@@ -1,0 +1,168 @@
+"""Two gloo trainer ranks run an iteration's in-process rollout and train phase (workers/coordinator/rollout.py,
+train.py) on a tiny Qwen-Image pipeline under full fine-tuning, against one process on the same checkpoint:
+
+- every rank samples its half of the requests (the results name the rank that committed them);
+- rank 1 builds its training copy empty (diffusers `from_config` under accelerate's `init_empty_weights`) and
+  receives its shards from rank 0, so its one `from_pretrained` of the transformer is its resident policy, the one
+  it samples with, while rank 0 also loads the training copy whole;
+- the published version 1 equals the one process's within float rounding (the ranks' reduce-scatter sums in another
+  order: tests/workers/trainer/test_fsdp.py), and its AdamW state was stored sharded.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.algo.grpo import GRPOConfig
+from workers.algo.sampler import SamplerConfig
+from workers.trainer.grpo_trainer import TrainConfig
+
+WORLD_SIZE = 2
+RUN = "demo"
+CONFIG = TrainConfig(
+    prompts_per_iteration=2,
+    group_size=4,
+    reward="jpeg_compressibility",
+    sampler=SamplerConfig(num_steps=3, forward_dtype="fp32"),
+    grpo=GRPOConfig(objective="flow_grpo", lr=1e-3, clip_range=10.0, num_minibatches=2),
+)
+
+
+def _count_model_builds(calls: list[str]) -> None:
+    """Appends "from_pretrained:Class" / "from_config:Class" for every diffusers transformer built in this process
+    (a `from_config` inside a `from_pretrained`, how diffusers builds before loading, is not counted again)."""
+    from diffusers.configuration_utils import ConfigMixin
+    from diffusers.models.modeling_utils import ModelMixin
+
+    pretrained, config = ModelMixin.from_pretrained.__func__, ConfigMixin.from_config.__func__
+    loading = [False]
+
+    def counted_pretrained(cls, *args, **kwargs):
+        if "Transformer" in cls.__name__:
+            calls.append(f"from_pretrained:{cls.__name__}")
+        loading[0] = True
+        try:
+            return pretrained(cls, *args, **kwargs)
+        finally:
+            loading[0] = False
+
+    def counted_config(cls, *args, **kwargs):
+        if "Transformer" in cls.__name__ and not loading[0]:
+            calls.append(f"from_config:{cls.__name__}")
+        return config(cls, *args, **kwargs)
+
+    ModelMixin.from_pretrained = classmethod(counted_pretrained)
+    ConfigMixin.from_config = classmethod(counted_config)
+
+
+def _rank_main(rank: int, port: int, work: str) -> None:
+    """Rank 0 runs the rollout and train phases; rank 1 follows its orders. Each writes what it built."""
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    from resources.store import open_store
+    from workers.coordinator.rollout import collect_in_process
+    from workers.coordinator.train import follow_orders, train_iteration
+    from workers.trainer.ranks import TrainerSetup, join_ranks, leave_ranks, trainer_setup
+
+    calls: list[str] = []
+    _count_model_builds(calls)
+    requests = torch.load(Path(work) / "requests.pt", weights_only=False)
+    store = open_store(str(Path(work) / "ranks"))
+    ranks = join_ranks("cpu")
+    with trainer_setup(TrainerSetup(False, ranks)) as setup:
+        if rank == 0:
+            collect_in_process(store, RUN, CONFIG, 0, requests)
+            train_iteration(store, RUN, CONFIG, 0, requests)
+            ranks.send(None)
+        else:
+            follow_orders(setup)
+    leave_ranks()
+    (Path(work) / f"rank{rank}.json").write_text(json.dumps(calls))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def iteration(tmp_path_factory):
+    """(the work folder, the requests, each rank's model builds) after the ranks' iteration and the one process's."""
+    from resources.store import open_store
+    from workers.coordinator.rollout import collect_in_process, iteration_requests
+    from workers.coordinator.train import train_iteration
+    from workers.explore.seed_plan import default_seed_plan
+    from workers.model.families.policy import load_model_policy
+    from workers.model.families.tiny import build_tiny_pipeline
+    from workers.trainer import resident
+    from workers.trainer.checkpoint import save_checkpoint
+
+    work = tmp_path_factory.mktemp("sharded_load")
+    policy = load_model_policy(build_tiny_pipeline("qwen-image", work / "qwen"), resolution=32, lora_rank=0)
+    for name in ("ranks", "alone"):
+        save_checkpoint(open_store(str(work / name)), RUN, 0, policy)
+    requests = iteration_requests(CONFIG, RUN, 0, weights_version=0, plan=default_seed_plan(CONFIG, 0))
+    torch.save(requests, work / "requests.pt")
+    alone = open_store(str(work / "alone"))
+    resident.release_resident()
+    try:
+        collect_in_process(alone, RUN, CONFIG, 0, requests)
+        train_iteration(alone, RUN, CONFIG, 0, requests)
+    finally:
+        resident.release_resident()
+    ctx, port = mp.get_context("spawn"), _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, str(work))) for r in range(WORLD_SIZE)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout=400)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [p.exitcode for p in procs] == [0] * WORLD_SIZE, "a rank failed (its traceback is in the captured stderr)"
+    return work, requests, [json.loads((work / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+
+
+@pytest.mark.slow  # two spawned ranks importing torch and diffusers, one iteration each way (~1-2 min here)
+def test_each_rank_samples_its_half_of_the_requests(iteration):
+    from resources.store import open_store
+    from workers.coordinator.rollout import load_results
+
+    work, requests, _ = iteration
+    results = load_results(open_store(str(work / "ranks")), RUN, 0, requests)
+    workers = [meta["worker_id"] for _, meta in results]
+    half = len(requests) // 2
+    assert workers == ["trainer-rank0"] * half + ["trainer-rank1"] * half
+
+
+@pytest.mark.slow
+def test_only_rank_0_loads_the_training_copy_from_disk_and_the_update_equals_one_process(iteration):
+    from resources.store import open_store
+    from workers.trainer.checkpoint import load_checkpoint
+
+    work, _, (rank0, rank1) = iteration
+    cls = "QwenImageTransformer2DModel"
+    assert rank1 == [f"from_pretrained:{cls}", f"from_config:{cls}"], rank1  # resident to sample; empty to train
+    assert rank0 == [f"from_pretrained:{cls}"] * 2, rank0  # resident to sample; whole to train and broadcast
+    (ranks, ranks_opt), (alone, alone_opt) = (
+        load_checkpoint(open_store(str(work / name)), RUN, 1) for name in ("ranks", "alone")
+    )
+    base = load_checkpoint(open_store(str(work / "alone")), RUN, 0)[0].weights()
+    got, want = ranks.weights(), alone.weights()
+    assert max(float((want[k] - base[k]).abs().max()) for k in base) > 1e-4, "the update moved no weight"
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert ranks_opt.sharded and not alone_opt.sharded
+    torch.testing.assert_close(ranks_opt.whole_tensors(), alone_opt.tensors, atol=1e-6, rtol=1e-3)
