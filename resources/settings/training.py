@@ -204,8 +204,8 @@ TRAINING = (
         int,
         1,
         "Trainer processes: each update is sharded over them with FSDP2 (NCCL, one GPU each, with --device cuda; "
-        "gloo ranks on cpu). Rank 0 also runs the rest of the run: sampling, validation, the ledger and the "
-        "store's writes.",
+        "gloo ranks on cpu). Every rank samples its share of the in-process rollout; rank 0 also runs the rest of "
+        "the run: validation, exploration, the ledger and the store's writes.",
         env="",
         resource=False,
     ),

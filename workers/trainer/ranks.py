@@ -2,9 +2,9 @@
 checkpointing. `spotlight train --nproc N` starts the ranks (workers/trainer/launch.py); the train phase reads the
 setup from here (`current_setup`), so the coordinator's phases keep their signatures.
 
-Rank 0 runs the coordinator: the driver, the ledger, the store's writes, the metrics, sampling and validation. The
-other ranks only compute: each waits for rank 0's next order (`Ranks.receive`), joins the FSDP2 update it names, and
-waits again; an order of None ends them. Orders travel on a gloo group of their own (CPU, even beside NCCL), with a
+Rank 0 runs the coordinator: the driver, the ledger, the store's writes, the metrics and validation. The other
+ranks compute: each waits for rank 0's next order (`Ranks.receive`), samples its share of an in-process rollout or
+joins the FSDP2 update the order names, and waits again; an order of None ends them. Orders travel on a gloo group of their own (CPU, even beside NCCL), with a
 long timeout: the other ranks wait there while rank 0 samples and validates. Orders are plain dataclasses, sent
 with torch's `broadcast_object_list` (pickled) between the processes one command started.
 
