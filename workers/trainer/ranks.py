@@ -4,8 +4,9 @@ setup from here (`current_setup`), so the coordinator's phases keep their signat
 
 Rank 0 runs the coordinator: the driver, the ledger, the store's writes, the metrics and validation. The other
 ranks compute: each waits for rank 0's next order (`Ranks.receive`), samples its share of an in-process rollout or
-joins the FSDP2 update the order names, and waits again; an order of None ends them. Orders travel on a gloo group of their own (CPU, even beside NCCL), with a
-long timeout: the other ranks wait there while rank 0 samples and validates. Orders are plain dataclasses, sent
+joins the FSDP2 update the order names, and waits again; an order of None ends them. Orders travel on a gloo
+group of their own (CPU, even beside NCCL), with a long timeout: the other ranks wait there while rank 0
+validates and syncs. Orders are plain dataclasses, sent
 with torch's `broadcast_object_list` (pickled) between the processes one command started.
 
 Example (in each process the launcher starts):
