@@ -220,7 +220,6 @@ class SimCoordinator:
     def _rollout(self, k: int, seg: IterationTimes):
         start, t = self.env.now, self.times
         yield self.env.timeout(_given(seg.enqueue_s, t.enqueue_s))
-        cfg = self.config
         payload = {
             "steps": t.num_steps,
             "step_s": _given(seg.step_s, t.step_s),
