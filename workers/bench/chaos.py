@@ -1,4 +1,5 @@
-"""`spotlight bench chaos`: a soak of many iterations on the local cluster under heavy preemption, checked against a fault-free run.
+"""`spotlight bench chaos`: a soak of many iterations on the local cluster under heavy preemption,
+checked against a fault-free run.
 
 One LocalCluster of rollout worker processes serves every iteration, as `spotlight run`'s
 run-long workers do, while a Poisson trace SIGTERMs (with notice) or SIGKILLs them at
@@ -241,7 +242,8 @@ class _Soak:
 
 
 class _Iterations:
-    """`run_until`'s done-check: puts iteration k+1 once k is finished, purging consumed iterations as the coordinator does."""
+    """`run_until`'s done-check: puts iteration k+1 once k is finished,
+    purging consumed iterations as the coordinator does."""
 
     def __init__(
         self,
@@ -386,13 +388,15 @@ def format_chaos_report(f: dict[str, Any]) -> str:
     """The figures as a few lines of text."""
     c = f["config"]
     lines = [
-        f"soak: {f['iterations_done']}/{c['num_iterations']} iterations, {f['requests']} requests on {c['num_workers']} "
+        f"soak: {f['iterations_done']}/{c['num_iterations']} iterations, "
+        f"{f['requests']} requests on {c['num_workers']} "
         f"workers ({c['queue']} queue), {f['wall_s']} s, {'completed' if f['completed'] else 'NOT completed'}",
         f"preemptions: {f['preemptions']} ({f['preemptions_with_notice']} with notice) = "
         f"{f['preemptions_per_worker_hour']} per worker-hour over {f['spot_worker_hours']} worker-hours; "
         f"{f['workers_started']} workers started; {f['steps_lost']} steps lost; "
         f"{f['resumed_from_commit']} of {f['attempts']} attempts resumed from a commit",
-        f"lost {f['lost']}, duplicated {f['duplicated']}, hash mismatches {f['hash_mismatches']} of {f['hash_checked']} "
+        f"lost {f['lost']}, duplicated {f['duplicated']}, "
+        f"hash mismatches {f['hash_mismatches']} of {f['hash_checked']} "
         f"checked against the fault-free run, dead letters {f['dead_letters']}",
     ]
     if c["queue"] == "redis":
