@@ -5,19 +5,36 @@ key* names a folder-like prefix holding content-addressed data objects and a
 `_MANIFEST.json` written last (see `resources/store/base.py`); readers trust only committed
 manifests.
 
-| function | key (commit key unless noted) | holds | written by |
-|---|---|---|---|
-| `anchor_key(run, v)` | `runs/{run}/anchors/v{v:06d}` | full BF16 policy weights at version v, the base a PULSE patch chain starts from | trainer, every `anchor_every` versions |
-| `patch_key(run, v)` | `runs/{run}/patches/v{v:06d}` | PULSE patch v-1 -> v (changed BF16 values) plus the weights hash of v | trainer |
-| `weights_key(run, v)` | `runs/{run}/weights/v{v:06d}` | trainer checkpoint after update v: FP32 master weights and optimizer state, for `--resume` | trainer |
-| `rollout_key(run, it, rid)` | `runs/{run}/rollouts/it-{it:06d}/{rid}` | final result of one request: trajectory (latents, log-probs), reward, image; committed exclusively so a duplicate is harmless | rollout worker |
-| `rollout_state_key(run, rid)` | `runs/{run}/rollout_state/{rid}` | a folder of in-flight states of one request (latents, step index, log-probs so far): each attempt commits every c steps under its own `attempt-{n}-{token}` key (workers/rollout/resume.py), and finishing deletes them all | rollout worker |
-| `seed_plan_key(run, it)` | `runs/{run}/seed_plans/it-{it:06d}` | ranked seeds per prompt for iteration it, chosen by exploration on stale weights | coordinator (explore phase) |
-| `bandit_state_key(run)` | `runs/{run}/bandit` | UCB bandit arm statistics, overwritten each iteration | coordinator |
-| `exploration_key(run, it)` | `runs/{run}/exploration/it-{it:06d}` | the exploration session that ran beside iteration it's training: arm, budget, request ids | coordinator (explore phase) |
-| `explore_result_key(run, it, rid)` | `runs/{run}/explore/it-{it:06d}/{rid}` | explored (stale, cheap) rewards of one prompt's candidate seeds; committed exclusively | rollout worker |
-| `run_rewards_key(run)` | `runs/{run}/rewards.json` | the reward specs the run scores with (training, validation): a worker refuses a request naming any other (a queue is not trusted to pick a URL to send images to) | coordinator (sync phase) |
-| `prompt_embeddings_key(run, prompt)` | `runs/{run}/prompt_embeddings/{blake2b-20 of the prompt}` | one prompt's text-encoder outputs (safetensors: the family's `embedding_names`, e.g. `prompt_embeds`, `pooled`), with the prompt and the encoder settings in the manifest: workers read them instead of loading the text encoders | coordinator (sync phase) |
+Each key below: the function, the key (a commit key unless noted), what it holds, and who writes it.
+
+- `anchor_key(run, v)` -> `runs/{run}/anchors/v{v:06d}`: full BF16 policy weights at version v, the base
+  a PULSE patch chain starts from. Written by the trainer, every `anchor_every` versions.
+- `patch_key(run, v)` -> `runs/{run}/patches/v{v:06d}`: PULSE patch v-1 -> v (changed BF16 values) plus
+  the weights hash of v. Written by the trainer.
+- `weights_key(run, v)` -> `runs/{run}/weights/v{v:06d}`: trainer checkpoint after update v: FP32 master
+  weights and optimizer state, for `--resume`. Written by the trainer.
+- `rollout_key(run, it, rid)` -> `runs/{run}/rollouts/it-{it:06d}/{rid}`: final result of one request:
+  trajectory (latents, log-probs), reward, image; committed exclusively so a duplicate is harmless.
+  Written by the rollout worker.
+- `rollout_state_key(run, rid)` -> `runs/{run}/rollout_state/{rid}`: a folder of in-flight states of one
+  request (latents, step index, log-probs so far): each attempt commits every c steps under its own
+  `attempt-{n}-{token}` key (workers/rollout/resume.py), and finishing deletes them all. Written by the
+  rollout worker.
+- `seed_plan_key(run, it)` -> `runs/{run}/seed_plans/it-{it:06d}`: ranked seeds per prompt for iteration
+  it, chosen by exploration on stale weights. Written by the coordinator (explore phase).
+- `bandit_state_key(run)` -> `runs/{run}/bandit`: UCB bandit arm statistics, overwritten each iteration.
+  Written by the coordinator.
+- `exploration_key(run, it)` -> `runs/{run}/exploration/it-{it:06d}`: the exploration session that ran
+  beside iteration it's training: arm, budget, request ids. Written by the coordinator (explore phase).
+- `explore_result_key(run, it, rid)` -> `runs/{run}/explore/it-{it:06d}/{rid}`: explored (stale, cheap)
+  rewards of one prompt's candidate seeds; committed exclusively. Written by the rollout worker.
+- `run_rewards_key(run)` -> `runs/{run}/rewards.json`: the reward specs the run scores with (training,
+  validation): a worker refuses a request naming any other (a queue is not trusted to pick a URL to send
+  images to). Written by the coordinator (sync phase).
+- `prompt_embeddings_key(run, prompt)` -> `runs/{run}/prompt_embeddings/{blake2b-20 of the prompt}`: one
+  prompt's text-encoder outputs (safetensors: the family's `embedding_names`, e.g. `prompt_embeds`,
+  `pooled`), with the prompt and the encoder settings in the manifest: workers read them instead of
+  loading the text encoders. Written by the coordinator (sync phase).
 
 Listing helpers: `rollouts_prefix(run, it)` lists one iteration's results,
 `run_prefix(run)` everything of a run. Iterations are zero-padded like the Dagster

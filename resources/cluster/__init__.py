@@ -11,7 +11,8 @@ process is the ledger's single writer: worker starts and ends, attempts and pree
 (with the denoising work each one cost) go there as they happen.
 
 Example:
-    cluster = LocalCluster(ClusterConfig(queue_url, store_url), [WorkerSlot("w0"), WorkerSlot("w1", spot=False)], ledger)
+    slots = [WorkerSlot("w0"), WorkerSlot("w1", spot=False)]
+    cluster = LocalCluster(ClusterConfig(queue_url, store_url), slots, ledger)
     with cluster:                                    # starts every slot, waits until they are ready
         summary = cluster.run_until(lambda: queue.stats().open == 0, trace=events, timeout_s=300)
 """

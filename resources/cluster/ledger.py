@@ -66,7 +66,8 @@ class WorkTracker:
         at: float,
         num_gpus: int | None = None,
     ) -> None:
-        """`num_gpus`: the GPUs the worker holds (an SP node: one per device worker); None: 1 with a GPU type, else 0."""
+        """`num_gpus`: the GPUs the worker holds (an SP node: one per device worker); None: 1 with a GPU type,
+        else 0."""
         self.progress[worker_id] = {None: WorkerProgress()}
         if num_gpus is None:
             num_gpus = 1 if gpu_type else 0

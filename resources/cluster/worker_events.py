@@ -5,12 +5,13 @@ another machine prints them to SkyPilot's log, which the coordinator cannot read
 spot task pipes the worker through the relay, which echoes every line (the job log keeps
 them) and appends the events to the queue's event stream:
 
-    python -m workers.rollout --queue "$SPOTLIGHT_QUEUE" ... | python -m resources.cluster.worker_events --queue "$SPOTLIGHT_QUEUE"
+    python -m workers.rollout --queue "$SPOTLIGHT_QUEUE" ... |
+        python -m resources.cluster.worker_events --queue "$SPOTLIGHT_QUEUE"
 
 The coordinator (`RemoteWorkers`, started by `spotlight run` on a Redis queue) reads the
 stream and keeps the ledger as the local cluster does: a `workers` row from each `ready`
-event (an SP node's with its `num_gpus`), `attempts` from claims and ends, and a `preemption` when a spot worker stops on a
-SIGTERM or a cloud notice (`exit` with reason `stopped`) or vanishes without an `exit`
+event (an SP node's with its `num_gpus`), `attempts` from claims and ends, and a `preemption`
+when a spot worker stops on a SIGTERM or a cloud notice (`exit` with reason `stopped`) or vanishes without an `exit`
 (SIGKILL: the relay saw its output end). A whole VM taken away takes the relay with it:
 that worker's row stays open until the run ends (its lease expiry still frees its request).
 

@@ -149,8 +149,8 @@ class RequestQueue(abc.ABC):
     def dead_letters(self) -> list[DeadLetter]:
         """Requests given up after max_deliveries, oldest first."""
 
-    def close(self) -> None:
-        """Release connections; the queue object is unusable afterwards."""
+    def close(self) -> None:  # noqa: B027 - an optional hook: a queue with nothing to release keeps this no-op
+        """Release connections; the queue object is unusable afterwards. Does nothing unless a subclass overrides it."""
 
     def __enter__(self) -> "RequestQueue":
         return self

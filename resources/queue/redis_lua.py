@@ -190,7 +190,8 @@ local now = now_ms()
 local leased = 0
 for s = 1, 3 do leased = leased + redis.call('ZCOUNT', KEYS[8 + s], '(' .. now, '+inf') end
 local cancelled = tonumber(redis.call('HGET', KEYS[8], 'cancelled') or '0')
-return {redis.call('HLEN', KEYS[5]) - leased, leased, redis.call('HLEN', KEYS[6]), redis.call('XLEN', KEYS[7]), cancelled}
+return {redis.call('HLEN', KEYS[5]) - leased, leased, redis.call('HLEN', KEYS[6]), redis.call('XLEN', KEYS[7]),
+        cancelled}
 """
 )
 

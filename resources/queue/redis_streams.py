@@ -212,7 +212,7 @@ class RedisQueue(RequestQueue):
         out: dict[str, str] = {}
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
-            keys = self._retrying("results", lambda: self._redis.hmget(self._keys[5], chunk))
+            keys = self._retrying("results", lambda chunk=chunk: self._redis.hmget(self._keys[5], chunk))
             out.update((rid, key) for rid, key in zip(chunk, keys, strict=False) if key is not None)
         return out
 

@@ -37,7 +37,10 @@ SERVER_NAME = "spotlight-redis"
 """The name in the run's server certificate; clients check it instead of the node's address (unknown at launch)."""
 WORKER_USER = "spotlight-worker"
 """The ACL user of the spot workers (their queue URL: rediss://spotlight-worker@HOST:PORT/0)."""
-WORKER_RULES = "~spotlight:* resetchannels -@all +@read +@write +@stream +@scripting +@connection +time -@admin -@dangerous -function -script|flush -script|kill"
+WORKER_RULES = (
+    "~spotlight:* resetchannels -@all +@read +@write +@stream +@scripting +@connection +time"
+    " -@admin -@dangerous -function -script|flush -script|kill"
+)
 """What a worker may do: the queue's keys, its commands, nothing that reconfigures, empties or lists the server."""
 CERT_ENV = "SPOTLIGHT_REDIS_TLS_CERT"
 """The server's certificate (base64 of its PEM), a secret of the reserved node."""

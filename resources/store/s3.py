@@ -73,7 +73,8 @@ class S3Config:
             raise ValueError(f"S3Config.retry_mode must be one of {_RETRY_MODES}, got {self.retry_mode!r}")
         if self.multipart_chunksize_bytes < 5 * _MIB:
             raise ValueError(
-                f"S3Config.multipart_chunksize_bytes must be >= 5 MiB (S3's minimum part size), got {self.multipart_chunksize_bytes}"
+                "S3Config.multipart_chunksize_bytes must be >= 5 MiB (S3's minimum part size), "
+                f"got {self.multipart_chunksize_bytes}"
             )
         if self.multipart_threshold_bytes < self.multipart_chunksize_bytes:
             raise ValueError("S3Config.multipart_threshold_bytes must be >= multipart_chunksize_bytes")
@@ -231,7 +232,8 @@ class S3TensorStore(TensorStore):
                     return False
                 if attempt == self.config.conflict_retries:
                     raise StoreError(
-                        f"conditional create of {self._where(key)} kept conflicting ({code}) after {attempt + 1} attempts"
+                        f"conditional create of {self._where(key)} kept conflicting ({code}) "
+                        f"after {attempt + 1} attempts"
                     ) from err
                 time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
         raise AssertionError("unreachable")
@@ -257,7 +259,8 @@ class S3TensorStore(TensorStore):
                 ) from err
             if code in _DENIED:
                 raise StoreError(
-                    f"S3 {op} of {where} was denied ({code}): check the credentials boto3 finds (env, profile) and the bucket policy"
+                    f"S3 {op} of {where} was denied ({code}): "
+                    "check the credentials boto3 finds (env, profile) and the bucket policy"
                 ) from err
             attempts = (err.response.get("ResponseMetadata", {}).get("RetryAttempts") or 0) + 1
             raise StoreError(self._failed(op, key, _what(err, self.config), attempts)) from err
@@ -279,7 +282,8 @@ class S3TensorStore(TensorStore):
         )
         return (
             f"S3 {op} of {self._where(key)} failed {tries} (endpoint {self.endpoint_url}): {what}. "
-            "What was committed before stays readable; once the endpoint is healthy, retry (a run continues with --resume)."
+            "What was committed before stays readable; once the endpoint is healthy, retry "
+            "(a run continues with --resume)."
         )
 
 

@@ -83,7 +83,7 @@ def test_manifest_bytes_parse_or_raise_value_error_and_name_only_their_own_objec
         manifest = Manifest.from_bytes(data, where="fuzz", commit_key=COMMIT)
     except ValueError:
         return
-    for name, entry in manifest.objects.items():
+    for _name, entry in manifest.objects.items():
         assert entry.key.startswith(COMMIT + "/") and "/" not in entry.key[len(COMMIT) + 1 :]
         assert isinstance(entry.size_bytes, int) and entry.size_bytes >= 0 and isinstance(entry.xxh3_128, str)
 

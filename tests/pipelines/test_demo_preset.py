@@ -32,8 +32,9 @@ def _run_demo(run_dir, prompts):
 
 @pytest.mark.slow
 def test_the_demo_preset_runs_an_iteration_on_local_spot_workers_and_records_it(tmp_path, monkeypatch):
-    # The demo's recipe unchanged but for 2 prompts per iteration instead of 8 (and --iterations 1): the same code
-    # path (whole-group requests, exploration beside training, NFT update, validation, report) in a fraction of the time.
+    # The demo's recipe unchanged but for 2 prompts per iteration instead of 8 (and --iterations 1): the same
+    # code path (whole-group requests, exploration beside training, NFT update, validation, report) in a
+    # fraction of the time.
     demo = presets.cpu_tiny_spot()
     monkeypatch.setitem(presets.PRESETS, "cpu_tiny_spot", lambda: dataclasses.replace(demo, prompts_per_iteration=2))
     prompts = tmp_path / "heldout.txt"

@@ -1,20 +1,18 @@
-"""`spotlight bench chaos`: a soak of many iterations on the local cluster under heavy preemption, checked against a fault-free run.
+"""`spotlight bench chaos`: a soak of many iterations on the local cluster under heavy preemption,
+checked against a fault-free run.
 
-One LocalCluster of rollout worker processes serves every iteration, as `spotlight run`'s
-run-long workers do, while a Poisson trace SIGTERMs (with notice) or SIGKILLs them at
-`preemptions_per_hour` per worker; capacity comes back after `restart_delay_s`. Iteration
-k's requests go on the queue when k-1's are done, and the coordinator's purge of consumed
-iterations runs as in workers/coordinator/sampling.py. Requests are fixed (prompt, seed,
-weights version 0), which is what fixing exploration's seed plans gives a real run, so the
-fault-free run (the same requests worked in this process, never interrupted) asks for the
-same samples.
+One LocalCluster of rollout worker processes serves every iteration, as `spotlight run`'s run-long workers do, while a
+Poisson trace SIGTERMs (with notice) or SIGKILLs them at `preemptions_per_hour` per worker; capacity comes back after
+`restart_delay_s`. Iteration k's requests go on the queue when k-1's are done, and the coordinator's purge of consumed
+iterations runs as in workers/coordinator/sampling.py. Requests are fixed (prompt, seed, weights version 0), which is
+what fixing exploration's seed plans gives a real run, so the fault-free run (the same requests worked in this process,
+never interrupted) asks for the same samples.
 
-Reported: requests, lost (no committed result or never acked), duplicated (acked as first
-more than once), result-hash mismatches against the fault-free run, dead letters,
-preemptions (with and without notice), preemptions per spot worker-hour (the ledger's
-worker lifetimes), steps lost, attempts resumed from a committed step, wall time. With
-`queue="redis"` the queue is a redis-server of the bench's own (AOF on), restarted every
-`redis_restart_every_s` while the workers use it.
+Reported: requests, lost (no committed result or never acked), duplicated (acked as first more than once), result-hash
+mismatches against the fault-free run, dead letters, preemptions (with and without notice), preemptions per spot
+worker-hour (the ledger's worker lifetimes), steps lost, attempts resumed from a committed step, wall time. With
+`queue="redis"` the queue is a redis-server of the bench's own (AOF on), restarted every `redis_restart_every_s` while
+the workers use it.
 
 Example:
     figures = run_chaos_bench(ChaosBench.quick())
@@ -241,7 +239,8 @@ class _Soak:
 
 
 class _Iterations:
-    """`run_until`'s done-check: puts iteration k+1 once k is finished, purging consumed iterations as the coordinator does."""
+    """`run_until`'s done-check: puts iteration k+1 once k is finished,
+    purging consumed iterations as the coordinator does."""
 
     def __init__(
         self,
@@ -386,14 +385,15 @@ def format_chaos_report(f: dict[str, Any]) -> str:
     """The figures as a few lines of text."""
     c = f["config"]
     lines = [
-        f"soak: {f['iterations_done']}/{c['num_iterations']} iterations, {f['requests']} requests on {c['num_workers']} "
+        f"soak: {f['iterations_done']}/{c['num_iterations']} iterations, "
+        f"{f['requests']} requests on {c['num_workers']} "
         f"workers ({c['queue']} queue), {f['wall_s']} s, {'completed' if f['completed'] else 'NOT completed'}",
         f"preemptions: {f['preemptions']} ({f['preemptions_with_notice']} with notice) = "
         f"{f['preemptions_per_worker_hour']} per worker-hour over {f['spot_worker_hours']} worker-hours; "
         f"{f['workers_started']} workers started; {f['steps_lost']} steps lost; "
         f"{f['resumed_from_commit']} of {f['attempts']} attempts resumed from a commit",
-        f"lost {f['lost']}, duplicated {f['duplicated']}, hash mismatches {f['hash_mismatches']} of {f['hash_checked']} "
-        f"checked against the fault-free run, dead letters {f['dead_letters']}",
+        f"lost {f['lost']}, duplicated {f['duplicated']}, hash mismatches {f['hash_mismatches']} "
+        f"of {f['hash_checked']} checked against the fault-free run, dead letters {f['dead_letters']}",
     ]
     if c["queue"] == "redis":
         lines.append(f"redis restarts during the soak: {f['redis_restarts']}")

@@ -223,10 +223,10 @@ def simulate_iteration(folder: Path, bench: CoordinatorBench) -> dict[str, Any]:
         per_poll = max(1, len(events) // num_polls)
         for poll in range(num_polls):
             for event in events[poll * per_poll : (poll + 1) * per_poll]:
-                clock(lambda: tracker.on_event(event))
+                clock(lambda event=event: tracker.on_event(event))
             clock(lambda: (queue.states(ids), queue.stats()))
         for event in events[num_polls * per_poll :]:
-            clock(lambda: tracker.on_event(event))
+            clock(lambda event=event: tracker.on_event(event))
         clock(lambda: _finish(ledger, queue, ids, bench))
         rows = clock(lambda: ledger.query("SELECT count(*) FROM attempts").rows[0][0])
     assert rows == num

@@ -1,4 +1,5 @@
-"""`spotlight bench exploration`: does seed exploration on stale weights reach a held-out target sooner, and at what cost?
+"""`spotlight bench exploration`: does seed exploration on stale weights reach a held-out target sooner,
+and at what cost?
 
 SPOTLIGHT's time to target is the product of two factors, measured apart here:
 

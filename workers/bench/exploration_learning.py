@@ -1,4 +1,5 @@
-"""`spotlight bench exploration`, the learning factor: how many iterations each seed strategy needs to a held-out target.
+"""`spotlight bench exploration`, the learning factor:
+how many iterations each seed strategy needs to a held-out target.
 
 SPOTLIGHT's time to target is (iterations to the target) x (critical-path seconds per
 iteration). This module measures the first factor with real training runs of the

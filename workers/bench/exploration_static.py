@@ -1,4 +1,5 @@
-"""`spotlight bench exploration`, part 1: what each cheap-sampler level costs and how well it ranks seeds, on one set of weights.
+"""`spotlight bench exploration`, part 1: what each cheap-sampler level costs and how well it ranks seeds,
+on one set of weights.
 
 For the prompts of a few iterations, every candidate seed is sampled with the full rollout
 sampler and with each cache level, on the same weights (no staleness: this isolates the

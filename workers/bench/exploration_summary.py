@@ -152,11 +152,10 @@ def time_to_target(learning: dict, timing: dict, target_gain: float) -> dict:
         if ratio is None or seconds is None:
             out[name], out[f"{name}_interval"] = None, None
             continue
-        scale = lambda v: None if v is None else round(v * seconds, 4)  # noqa: E731
-        out[name] = scale(ratio["ratio"])
+        out[name] = _scaled(ratio["ratio"], seconds)
         out[f"{name}_interval"] = {
-            "low": scale(ratio["low"]),
-            "high": scale(ratio["high"]),
+            "low": _scaled(ratio["low"], seconds),
+            "high": _scaled(ratio["high"], seconds),
             "unbounded": ratio["unbounded"],
             "undefined_share": ratio["undefined_share"],
             "iterations_ratio": ratio["ratio"],
@@ -194,6 +193,10 @@ def _mean(values: list) -> float | None:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else round(value * factor, 4)
 
 
 def _round(value: float | None) -> float | None:

@@ -170,7 +170,8 @@ def format_loco_report(figures: dict) -> str:
                 f"{run['rounds']} rounds x H={run['inner_steps']} local steps ({run['wall_s']:.0f} s)"
             )
             lines.append(
-                f"  {'mode':<10} {'MB/replica':>11} {'sparsity':>9} {'B/value':>8}  held-out metric: FP32 curve | BF16 view, final"
+                f"  {'mode':<10} {'MB/replica':>11} {'sparsity':>9} {'B/value':>8}  "
+                "held-out metric: FP32 curve | BF16 view, final"
             )
             for mode in MODES:
                 m = run["modes"][mode]
@@ -182,7 +183,8 @@ def format_loco_report(figures: dict) -> str:
                 )
             met = run["targets_met"]
             lines.append(
-                f"  PULSELoCo: {run['bytes_ratio_vs_diloco']:.1f}x fewer bytes than DiLoCo ({_met(met, 'bytes_ratio_vs_diloco')}), "
+                f"  PULSELoCo: {run['bytes_ratio_vs_diloco']:.1f}x fewer bytes than DiLoCo "
+                f"({_met(met, 'bytes_ratio_vs_diloco')}), "
                 f"{run['bytes_ratio_vs_ddp']:.0f}x than DDP ({_met(met, 'bytes_ratio_vs_ddp')}), "
                 f"sparsity {run['sparsity']:.2%} ({_met(met, 'sparsity')})"
             )

@@ -251,7 +251,8 @@ def format_preemption_report(figures: dict[str, Any]) -> str:
     ovh = figures["commit_overhead"]
     lines += [
         "",
-        f"one denoising step {ovh['step_s_median'] * 1000:.1f} ms, one state commit {ovh['commit_s_median'] * 1000:.1f} ms "
+        f"one denoising step {ovh['step_s_median'] * 1000:.1f} ms, "
+        f"one state commit {ovh['commit_s_median'] * 1000:.1f} ms "
         f"(result {ovh['result_bytes']} bytes):",
     ]
     for row in ovh["per_cadence"]:
@@ -265,7 +266,8 @@ def format_preemption_report(figures: dict[str, Any]) -> str:
         for mode in ("pull", "static"):
             r = tp[mode]
             lines.append(
-                f"  {mode:<7} {r['wall_s']:6.1f} s  {r['requests_per_s']:.2f} requests/s  per worker {r['requests_per_worker']}"
+                f"  {mode:<7} {r['wall_s']:6.1f} s  {r['requests_per_s']:.2f} requests/s  "
+                f"per worker {r['requests_per_worker']}"
             )
         lines.append(f"  pull is {tp['pull_speedup']:.2f}x faster than static assignment")
     return "\n".join(lines)

@@ -3,12 +3,12 @@
 Inputs measured on this machine: the rendezvous seconds of each path and the naive
 path's process start (Python, torch, diffusers imports). Inputs assumed, with sources:
 
-| quantity | value | source |
-|---|---|---|
-| weights | 20e9 parameters x 2 bytes (BF16) = 40 GB per GPU | Qwen-Image is 20B (SPOTLIGHT); Ulysses SP keeps a full replica per GPU |
-| NVLink peer copy | 450 GB/s one way | NVIDIA H100 SXM datasheet: NVLink 900 GB/s (both directions) |
-| host to GPU | 64 GB/s | PCIe Gen5 x16 one way (H100 datasheet: 128 GB/s both directions) |
-| object store to host | 12.5 GB/s best case, 1.25 GB/s typical | 100 Gbit/s instance networking (AWS S3 performance guidelines: up to 100 Gb/s per instance with parallel requests); 10 Gbit/s for a common instance |
+- weights: 20e9 parameters x 2 bytes (BF16) = 40 GB per GPU. Source: Qwen-Image is 20B (SPOTLIGHT); Ulysses SP keeps a
+  full replica per GPU.
+- NVLink peer copy: 450 GB/s one way. Source: NVIDIA H100 SXM datasheet: NVLink 900 GB/s (both directions).
+- host to GPU: 64 GB/s. Source: PCIe Gen5 x16 one way (H100 datasheet: 128 GB/s both directions).
+- object store to host: 12.5 GB/s best case, 1.25 GB/s typical. Source: 100 Gbit/s instance networking (AWS S3
+  performance guidelines: up to 100 Gb/s per instance with parallel requests); 10 Gbit/s for a common instance.
 
 Not projected: NCCL communicator creation (gloo's measured rendezvous stands in for
 it), CUDA context creation, and the warm-up forward of the 20B model, which both paths

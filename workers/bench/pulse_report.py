@@ -65,13 +65,16 @@ def _detail_lines(title: str, row: dict) -> list[str]:
     if not row:
         return [f"{title}: no pairs"]
     return [
-        f"{title}: {100 * row['changed_fraction']:.2f} % changed; B/changed abs {row['absolute_bytes_per_changed']:.2f} "
+        f"{title}: {100 * row['changed_fraction']:.2f} % changed; "
+        f"B/changed abs {row['absolute_bytes_per_changed']:.2f} "
         f"(floor {row['entropy_floor_absolute_bytes_per_changed']:.2f} = index "
-        f"{row['entropy_floor_index_bytes_per_changed']:.2f} + value {row['entropy_floor_value_bytes_per_changed']:.2f}), "
+        f"{row['entropy_floor_index_bytes_per_changed']:.2f} "
+        f"+ value {row['entropy_floor_value_bytes_per_changed']:.2f}), "
         f"ulp {row['ulp_delta_bytes_per_changed']:.2f} (floor {row['entropy_floor_ulp_delta_bytes_per_changed']:.2f}); "
         f"x{row['absolute_ratio_vs_dense']:.0f} / x{row['ulp_delta_ratio_vs_dense']:.0f} vs dense",
         f"  one core, GB/s of dense model (wall median | CPU time): encode abs {row['absolute_encode_gbps']:.2f} | "
-        f"{row['absolute_encode_gbps_cpu']:.2f}, ulp {row['ulp_delta_encode_gbps']:.2f} | {row['ulp_delta_encode_gbps_cpu']:.2f}; "
+        f"{row['absolute_encode_gbps_cpu']:.2f}, "
+        f"ulp {row['ulp_delta_encode_gbps']:.2f} | {row['ulp_delta_encode_gbps_cpu']:.2f}; "
         f"apply abs {row['absolute_apply_gbps']:.2f} | {row['absolute_apply_gbps_cpu']:.2f}, "
         f"ulp {row['ulp_delta_apply_gbps']:.2f} | {row['ulp_delta_apply_gbps_cpu']:.2f}; hash {row['hash_gbps']:.1f}",
     ]

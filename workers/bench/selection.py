@@ -1,4 +1,5 @@
-"""`spotlight bench selection`: how much reward contrast each seed strategy buys, on checkpoint pairs of one training run.
+"""`spotlight bench selection`: how much reward contrast each seed strategy buys,
+on checkpoint pairs of one training run.
 
 The mechanism SPOTLIGHT relies on, measured without a learning curve. Along one training
 run of a preset (random seeds), at each pair of weights (v_k, v_k+1) the bench samples a
@@ -237,7 +238,8 @@ def random_baseline(fresh: np.ndarray, g: int) -> float:
 
 
 def score_strategy(fresh: np.ndarray, drawn: list[list[int]], g: int, baseline: float) -> dict:
-    """variance_ratio, zero_std_share and rollout_cost of a strategy that draws `drawn` and trains the max-variance G."""
+    """variance_ratio, zero_std_share and rollout_cost of a strategy
+    that draws `drawn` and trains the max-variance G."""
     from workers.explore.state import trained_variance
 
     variances = [trained_variance([float(row[j]) for j in idx], g) for row, idx in zip(fresh, drawn, strict=False)]
@@ -277,7 +279,8 @@ def selection_text(figures: dict) -> str:
     ]
     for name, s in figures["strategies"].items():
         lines.append(
-            f"{name:>22}  {_fmt(s['variance_ratio']):>14}  {_fmt(s['zero_std_share']):>14}  {_fmt(s['rollout_cost']):>12}"
+            f"{name:>22}  {_fmt(s['variance_ratio']):>14}  {_fmt(s['zero_std_share']):>14}  "
+            f"{_fmt(s['rollout_cost']):>12}"
         )
     lines.append(
         "kendall tau (stale level vs fresh full sampler): "

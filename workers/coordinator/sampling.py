@@ -1,4 +1,5 @@
-"""Who samples an iteration's rollout requests, behind one call: the trainer in-process, a local cluster, or queue workers.
+"""Who samples an iteration's rollout requests, behind one call: the trainer in-process, a local cluster,
+or queue workers.
 
 Every path ends with one committed result per request in the store (the rollout worker's
 result format), so the train phase never knows which one ran.
@@ -65,7 +66,8 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
     if not outcome.complete or len(outcome.results) != len(ids):
         raise RolloutsIncompleteError(
             f"iteration {iteration}: {len(outcome.results)} of {len(ids)} rollout requests finished within "
-            f"{workers.timeout_s:g} s (unfinished: {sorted(outcome.unfinished)[:5]}...); are workers pulling from {queue_url}?"
+            f"{workers.timeout_s:g} s (unfinished: {sorted(outcome.unfinished)[:5]}...); "
+            f"are workers pulling from {queue_url}?"
         )
     return summary
 

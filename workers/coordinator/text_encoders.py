@@ -1,11 +1,11 @@
 """Text encoders out of the trainer's memory: every prompt the run will use is encoded once, then the encoders go.
 
 A run's prompts are known before it starts: each iteration's training prompts are a pure function of (run seed,
-iteration, the prompts file if any), the held-out prompts are fixed, and true CFG adds the negative prompt. Qwen-Image's text encoder is
-about 16 GB; its embeddings of a few hundred short prompts are megabytes. So at the base version the coordinator's
-process encodes them all into the policy's prompt cache and drops the encoders; every later phase (rollout,
-train, exploration, validation, the store's prompt cache for workers) reads the cache. A run with more distinct
-prompts than MAX_CACHED_PROMPTS keeps its encoders.
+iteration, the prompts file if any), the held-out prompts are fixed, and true CFG adds the negative prompt.
+Qwen-Image's text encoder is about 16 GB; its embeddings of a few hundred short prompts are megabytes. So at the
+base version the coordinator's process encodes them all into the policy's prompt cache and drops the encoders;
+every later phase (rollout, train, exploration, validation, the store's prompt cache for workers) reads the cache.
+A run with more distinct prompts than MAX_CACHED_PROMPTS keeps its encoders.
 
 Example:
     cached = encode_run_prompts(ctx, policy)     # None: too many prompts, the encoders stay

@@ -57,7 +57,8 @@ def seed_group_rows(
 def _stale_variance_of(
     seeds: list[int], explored: tuple[list[int], list[float]] | None, group_size: int
 ) -> float | None:
-    """Variance of the stale rewards of `seeds` as the trainer would keep them (None where they were not all explored)."""
+    """Variance of the stale rewards of `seeds` as the trainer would keep them
+    (None where they were not all explored)."""
     if explored is None:
         return None
     by_seed = dict(zip(*explored, strict=False))

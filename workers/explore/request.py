@@ -1,4 +1,5 @@
-"""Seed exploration on stale weights: score M candidate seeds of a prompt with a cheap sampler, pick the G that contrast most.
+"""Seed exploration on stale weights: score M candidate seeds of a prompt with a cheap sampler,
+pick the G that contrast most.
 
 While the trainer turns weights v(k) into v(k+1), spot workers sample the prompts of
 iteration k+1 on v(k) with a cheap sampler level: fewer denoising steps and/or a diffusers

@@ -50,7 +50,8 @@ class SeedPlan:
     def __post_init__(self) -> None:
         if len(self.prompts) != len(self.seeds):
             raise ValueError(
-                f"seed plan of iteration {self.iteration}: {len(self.prompts)} prompts but {len(self.seeds)} seed groups"
+                f"seed plan of iteration {self.iteration}: {len(self.prompts)} prompts "
+                f"but {len(self.seeds)} seed groups"
             )
         if self.explored_rewards is not None and (
             len(self.explored_rewards) != len(self.seeds)
@@ -109,9 +110,9 @@ def plan_from_exploration(
 
     With `use_exploration`, an explored prompt gets the `keep` (default G) candidates of largest explored
     reward variance; a prompt whose explored rewards' std is at most `min_contest_std` (uncontested: nothing
-    to choose between) keeps its G default request seeds, and a control prompt its default seeds. Otherwise (a fallback to random
-    seeds) every prompt keeps its default seeds. The explored rewards of the kept seeds are kept where they
-    were explored, for the monitor."""
+    to choose between) keeps its G default request seeds, and a control prompt its default seeds. Otherwise
+    (a fallback to random seeds) every prompt keeps its default seeds. The explored rewards of the kept seeds
+    are kept where they were explored, for the monitor."""
     import numpy as np
 
     from workers.algo.selection import select_max_variance

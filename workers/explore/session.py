@@ -1,4 +1,5 @@
-"""A seed-exploration session beside training: review a plan, start exploring beside training, finish when training ends.
+"""A seed-exploration session beside training: review a plan, start exploring beside training,
+finish when training ends.
 
 Iteration k, in the order the pipeline runs them:
 

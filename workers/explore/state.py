@@ -198,7 +198,8 @@ class Review:
     """Whether the next plan falls back to random seeds."""
     per_prompt_tau: list[float] = field(default_factory=list)
     trained_variance: list[float] = field(default_factory=list)
-    """Per prompt: within-group variance of the real rewards of the group trained on (the kept subset of a wider draw)."""
+    """Per prompt: within-group variance of the real rewards of the group trained on
+    (the kept subset of a wider draw)."""
     explored_prompts: list[bool] = field(default_factory=list)
     """Per prompt: whether exploration chose its seeds (False: default, i.e. random, seeds)."""
 

@@ -43,7 +43,8 @@ from workers.sim.market import Market
 EPOCH_S = 1_767_225_600.0
 """2026-01-01T00:00:00Z: second 0 of a simulated run in its ledger."""
 VARIANCE_GAIN = 1.26
-"""Reward-variance gain of a planned group over random seeds: `spotlight bench exploration --seed 0` (docs/BENCHMARKS.md)."""
+"""Reward-variance gain of a planned group over random seeds:
+`spotlight bench exploration --seed 0` (docs/BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,6 @@ class SimCoordinator:
     def _rollout(self, k: int, seg: IterationTimes):
         start, t = self.env.now, self.times
         yield self.env.timeout(_given(seg.enqueue_s, t.enqueue_s))
-        cfg = self.config
         payload = {
             "steps": t.num_steps,
             "step_s": _given(seg.step_s, t.step_s),

@@ -73,7 +73,8 @@ class ServiceTimes:
     restart_delay_s: float = 180.0
     """A preempted spot slot until its replacement process starts (a new spot VM)."""
     exit_s: float | None = None
-    """A preemption to its process's end (None: when the notice runs out, as a cloud reclaims the VM; at once for a kill)."""
+    """A preemption to its process's end (None: when the notice runs out, as a cloud reclaims the VM;
+    at once for a kill)."""
     sp_parallel_fraction: float = 0.9
     """Amdahl fraction of a sample's time that splits over an SP group (workers/sp/degree.py)."""
     sp_comm_s: float = 0.02
@@ -170,7 +171,9 @@ def qwen_image_20b(gpu_type: str = "H200", resolution: int = 512) -> ServiceTime
             "elastic_reform_s": "SPOTLIGHT: 'sub-second'",
             "restart_delay_s": "assumption: a replacement spot VM in about 3 minutes (SkyPilot relaunch)",
             "startup_s": "assumption: image pull + imports + a 40 GB BF16 load, about 2 minutes",
-            "sync_s": "assumption: a PULSE patch of a 20B model (about 1 % of 40 GB at 2.8 B/changed value, REFERENCES)",
+            "sync_s": (
+                "assumption: a PULSE patch of a 20B model (about 1 % of 40 GB at 2.8 B/changed value, REFERENCES)"
+            ),
             "min_sp_degree": "assumption: 1280^2 needs SP 2 to fit activations on one H200",
         },
     )

@@ -26,7 +26,8 @@ def run_metrics(ledger: Ledger, coordinator, target: float | None) -> dict[str, 
     reached = None
     if target is not None:
         rows = q(
-            f"SELECT min(elapsed_s) AS s, min(cumulative_usd) AS usd FROM validation_curve WHERE score >= {float(target)!r}"
+            "SELECT min(elapsed_s) AS s, min(cumulative_usd) AS usd FROM validation_curve "
+            f"WHERE score >= {float(target)!r}"
         )
         reached = rows[0] if rows and rows[0]["s"] is not None else None
     explored = q("SELECT count(*) AS n, coalesce(avg(time_used_s), 0) AS used_s FROM exploration WHERE arm <> 'none'")[

@@ -80,7 +80,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Cost, time to target, utilisation and throughput against spot GPUs, one line per policy; the paper's claims below."""
+    """Cost, time to target, utilisation and throughput against spot GPUs, one line per policy;
+    the paper's claims below."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -62,7 +62,8 @@ def _ratios(rows: Sequence[dict], n: int, figure: str) -> list[float]:
 
 
 def against_paper(rows: Sequence[dict]) -> dict[str, Any]:
-    """Cost and time-to-target ratios per spot-GPU count, and the throughput scaling from the fewest to the most GPUs."""
+    """Cost and time-to-target ratios per spot-GPU count,
+    and the throughput scaling from the fewest to the most GPUs."""
     counts = sorted({r["spot_gpus"] for r in rows})
     out: dict[str, Any] = {
         "cost_ratio": {n: spread(_ratios(rows, n, "usd_total")) for n in counts},

@@ -3,19 +3,18 @@
 The node agent runs the rollout worker's own request code and hands it its group as the policy
 (workers/sp/group_policy.py); this is the other end. Each member holds a PolicyHolder (workers/rollout/weights.py),
 so it reaches a request's weights version through the PULSE chain and reads prompt embeddings from the store's
-prompt cache (a member fed from the cache never loads a text encoder). Ops and replies:
+prompt cache (a member fed from the cache never loads a text encoder). Ops, each -> the fields of its reply:
 
-| op | does | replies |
-|---|---|---|
-| probe | policy_for(request), then which SP degrees up to max_degree split it | degrees |
-| join | leaves its group, forms group `prefix` as rank/world (Ulysses turns on at the next prepare) | leave_s, init_s |
-| prepare | policy_for(request) at the group's degree (ValueError when it does not fit), Ulysses on | shape |
-| sigmas | the policy's noise levels for num_steps | sigmas |
-| encode | the conditioning of the prompts, text padded for the degree (kept for velocity) | - |
-| velocity | one forward of the group under the request sampler's autocast | rank 0: v (fp32) |
-| decode | (rank 0) the VAE's images of final latents (the pixel policy's samples are images) | images |
-| status | what the process loaded (text encoders, VAE) | loaded |
-| explore | an exploration request alone, at degree 1 (Ulysses off): the rollout worker's `work_explore_request` | result_key, events |
+- `probe`: policy_for(request), then which SP degrees up to max_degree split it -> degrees
+- `join`: leaves its group, forms group `prefix` as rank/world (Ulysses turns on at the next prepare) -> leave_s, init_s
+- `prepare`: policy_for(request) at the group's degree (ValueError when it does not fit), Ulysses on -> shape
+- `sigmas`: the policy's noise levels for num_steps -> sigmas
+- `encode`: the conditioning of the prompts, text padded for the degree (kept for velocity) -> (no fields)
+- `velocity`: one forward of the group under the request sampler's autocast -> rank 0: v (fp32)
+- `decode`: (rank 0) the VAE's images of final latents (the pixel policy's samples are images) -> images
+- `status`: what the process loaded (text encoders, VAE) -> loaded
+- `explore`: an exploration request alone, at degree 1 (Ulysses off): the rollout worker's
+  `work_explore_request` -> result_key, events
 
 A bad request (a field the policy cannot serve, a degree that does not fit, weights the store lacks, a run on
 another model than `--model`) answers `error` with the exception's type; a failed collective (a member died)

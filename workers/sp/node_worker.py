@@ -3,17 +3,17 @@
 The node agent (workers/sp/node_agent.py) starts it and drives it over a pipe with small
 messages (dicts with an "op"); the worker never talks to the queue or the store's
 request state. It keeps its weights across group changes: re-forming only re-runs
-`join` (workers/sp/ulysses.py). Ops and replies:
+`join` (workers/sp/ulysses.py). Ops, each -> the fields of its reply:
 
-| op | does | replies |
-|---|---|---|
-| (start) | imports, builds the model skeleton, connects to the agent's rendezvous store | ready, startup_s |
-| load_store | loads weights from the tensor store (the naive path) | hash, load_s |
-| export | copies its weights into a shared-memory segment for a joining peer | shared (SharedWeights), export_s |
-| import | copies a peer's segment into its weights and checks the hash | hash, copy_s |
-| join | leaves its group, forms group `prefix` as rank/world, warms up one forward | leave_s, init_s, enable_s, warmup_s |
-| run | samples one request from a state up to stop_at at the group's degree | rank 0: state (and text if it encoded it) |
-| stop | exits | - |
+- (start): imports, builds the model skeleton, connects to the agent's rendezvous store -> ready, startup_s
+- `load_store`: loads weights from the tensor store (the naive path) -> hash, load_s
+- `export`: copies its weights into a shared-memory segment for a joining peer -> shared (SharedWeights), export_s
+- `import`: copies a peer's segment into its weights and checks the hash -> hash, copy_s
+- `join`: leaves its group, forms group `prefix` as rank/world, warms up one forward ->
+  leave_s, init_s, enable_s, warmup_s
+- `run`: samples one request from a state up to stop_at at the group's degree -> rank 0: state
+  (and text if it encoded it)
+- `stop`: exits -> (no reply)
 
 With no policy config the process is instead a member of the product path (workers/sp/node_member.py): it holds
 no model until the first request names one, and answers that module's ops.

@@ -96,8 +96,9 @@ def evaluate_reward(
     fields=None,
 ) -> EvalResult:
     """Score the policy on prompts x fixed seeds with `reward`, sampling as the run does (its steps, shift and
-    dtype) but as an ODE; `fields` (a PromptSource) hands each prompt's fields to the reward. The score is the reward's mean over every image; a multi-reward's components are
-    reported as `reward/<name>`, and MiniGenEval prompts also give a mean per category."""
+    dtype) but as an ODE; `fields` (a PromptSource) hands each prompt's fields to the reward. The score is the
+    reward's mean over every image; a multi-reward's components are reported as `reward/<name>`, and
+    MiniGenEval prompts also give a mean per category."""
     from workers.task.rewards import get_reward, score_with_components
 
     config = dataclasses.replace(sampler, noise_level=0.0, sde_window=None)

@@ -2,8 +2,9 @@
 iteration deterministically by the run seed.
 
 Formats, by what the path is:
-- a `.jsonl` file: one JSON object a line (blank and # lines skipped) with a "prompt" string; its other fields travel with the prompt to the
-  reward (a reference text for OCR, metadata for GenEval-style checks): `prompt_fields`;
+- a `.jsonl` file: one JSON object a line (blank and # lines skipped) with a "prompt" string; its other fields
+  travel with the prompt to the reward (a reference text for OCR, metadata for GenEval-style checks):
+  `prompt_fields`;
 - a `.parquet` file, or a folder written by Hugging Face `datasets`' `save_to_disk`: a "prompt" column, the other
   columns as fields (these need pyarrow, or datasets, installed; without them the file is refused, saying so);
 - any other file: UTF-8 text, one prompt a line; blank lines and lines starting with # are skipped.

@@ -1,4 +1,5 @@
-"""Seed domains: every (domain, run seed, indices) gets its own seed, with no bound on iterations, prompts or samples."""
+"""Seed domains: every (domain, run seed, indices) gets its own seed, with no bound on iterations,
+prompts or samples."""
 
 from __future__ import annotations
 

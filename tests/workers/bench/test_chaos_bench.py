@@ -1,4 +1,5 @@
-"""`spotlight bench chaos --quick`: the soak's smoke run loses nothing, duplicates nothing and matches the fault-free hashes."""
+"""`spotlight bench chaos --quick`: the soak's smoke run loses nothing,
+duplicates nothing and matches the fault-free hashes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pipelines.bench_cli import bench_app
 from workers.bench.chaos import ChaosBench
 
 
-@pytest.mark.slow  # 60-90 s on 2 shared cores: two worker start-ups, a third after a preemption, and the fault-free reference
+# 60-90 s on 2 shared cores: two worker start-ups, a third after a preemption, and the fault-free reference
+@pytest.mark.slow
 def test_the_quick_chaos_soak_reports_preemptions_and_no_lost_duplicated_or_mismatched_result() -> None:
     result = CliRunner().invoke(bench_app, ["chaos", "--quick", "--json"])
     assert result.exit_code == 0, result.output

@@ -1,4 +1,5 @@
-"""`spotlight bench selection`: each strategy's trained groups scored on the fresh weights, against concurrent random groups."""
+"""`spotlight bench selection`: each strategy's trained groups scored on the fresh weights,
+against concurrent random groups."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The report a person reads: captioned held-out grids, base vs latest weights, curves per category, exploration payoff."""
+"""The report a person reads: captioned held-out grids, base vs latest weights, curves per category,
+exploration payoff."""
 
 from __future__ import annotations
 

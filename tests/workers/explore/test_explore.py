@@ -1,4 +1,5 @@
-"""Seed exploration: cheap deterministic scoring of candidate seeds, max-variance groups, rank agreement, the monitor."""
+"""Seed exploration: cheap deterministic scoring of candidate seeds, max-variance groups, rank agreement,
+the monitor."""
 
 from __future__ import annotations
 

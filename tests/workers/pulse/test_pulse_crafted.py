@@ -1,4 +1,5 @@
-"""Crafted PULSE patches (every checksum right) that once got past the checks: refused with PatchError, weights untouched."""
+"""Crafted PULSE patches (every checksum right) that once got past the checks: refused with PatchError,
+weights untouched."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The sync phase's publish_version: the chain is replayed once per version, and a receiver reaches the trainer's hash."""
+"""The sync phase's publish_version: the chain is replayed once per version,
+and a receiver reaches the trainer's hash."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""In-flight state is a cache: two holders of one request never corrupt each other, and damaged state means a fresh start."""
+"""In-flight state is a cache: two holders of one request never corrupt each other,
+and damaged state means a fresh start."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The simulator checked against a real `spotlight run`: same service times, workers and preemption trace, same ledger figures.
+"""The simulator checked against a real `spotlight run`: same service times, workers and preemption trace,
+same ledger figures.
 
 One real run (module fixture, about 75 s on the 2 shared cores): `cpu_tiny` for 2 iterations
 on the tiny test policy, two worker processes preempted at 240 per worker-hour. Its rollout
@@ -48,7 +49,8 @@ def real_run(tmp_path_factory) -> Path:
 
 
 def replayed(real: Path, out: Path, slower_steps: float = 1.0) -> tuple[dict, list]:
-    """The real run replayed in the simulator (rollout step times scaled by `slower_steps`): errors, per-iteration rows."""
+    """The real run replayed in the simulator (rollout step times scaled by `slower_steps`): errors,
+    per-iteration rows."""
     from workers.sim.engine import simulate
     from workers.sim.measure import compare, per_iteration, replay_inputs
 

@@ -1,4 +1,5 @@
-"""The simulator on small runs: its ledger answers the real views, the policies differ as they should, bad input fails early."""
+"""The simulator on small runs: its ledger answers the real views, the policies differ as they should,
+bad input fails early."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def single():
     return traj.images.numpy(), traj.log_probs.numpy()
 
 
-@pytest.mark.slow  # spawns two processes (~30 s here); tests/workers/sp/test_node_agent.py covers SP = single process fast
+@pytest.mark.slow  # spawns two processes (~30 s here); test_node_agent.py covers SP = single process fast
 def test_sp_degree_2_rollout_matches_single_process(sp_results, single):
     for rank in (0, 1):
         images, log_probs = sp_results[rank]["gen0"]
@@ -78,21 +78,21 @@ def test_sp_degree_2_rollout_matches_single_process(sp_results, single):
         np.testing.assert_allclose(log_probs, single[1], rtol=0, atol=SP_ATOL)
 
 
-@pytest.mark.slow  # spawns two processes (~30 s here); tests/workers/sp/test_node_agent.py covers SP = single process fast
+@pytest.mark.slow  # spawns two processes (~30 s here); test_node_agent.py covers SP = single process fast
 def test_every_rank_holds_the_same_state(sp_results):
     for gen in ("gen0", "gen1"):
         for a, b in zip(sp_results[0][gen], sp_results[1][gen], strict=False):
             assert np.array_equal(a, b)
 
 
-@pytest.mark.slow  # spawns two processes (~30 s here); tests/workers/sp/test_node_agent.py covers SP = single process fast
+@pytest.mark.slow  # spawns two processes (~30 s here); test_node_agent.py covers SP = single process fast
 def test_reformed_group_at_same_degree_is_bit_identical(sp_results):
     for rank in (0, 1):
         for a, b in zip(sp_results[rank]["gen0"], sp_results[rank]["gen1"], strict=False):
             assert np.array_equal(a, b)
 
 
-@pytest.mark.slow  # spawns two processes (~30 s here); tests/workers/sp/test_node_agent.py covers SP = single process fast
+@pytest.mark.slow  # spawns two processes (~30 s here); test_node_agent.py covers SP = single process fast
 def test_leaving_the_group_restores_the_single_process_model(sp_results, single):
     for rank in (0, 1):
         images, log_probs = sp_results[rank]["alone"]
