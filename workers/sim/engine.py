@@ -22,7 +22,7 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import simpy
 
@@ -37,30 +37,12 @@ from workers.explore.state import ExploreConfig
 from workers.sim.books import SimBooks
 from workers.sim.cluster import SimCluster, Slot
 from workers.sim.config import SimConfig
-from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, WorkerTimes
+from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, Setup
 from workers.sim.market import Market
 
-EPOCH_S = 1_767_225_600.0
-"""2026-01-01T00:00:00Z: second 0 of a simulated run in its ledger."""
 VARIANCE_GAIN = 1.26
 """Reward-variance gain of a planned group over random seeds:
 `spotlight bench exploration --seed 0` (docs/BENCHMARKS.md)."""
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Everything besides the policy: where money comes from, who the workers are, what the reserved node does."""
-
-    spot_usd_per_gpu_hour: float | None = None
-    reserved_usd_per_gpu_hour: float | None = None
-    """None: from the price table for times.gpu_type."""
-    slots: Sequence[str] | None = None
-    """Rollout slot names (None: g0, g1, ...)."""
-    iterations: Sequence[IterationTimes] | None = None
-    """Per-iteration measured times (None: derived from the service times)."""
-    workers: Mapping[str, WorkerTimes] = field(default_factory=dict)
-    """Per-worker measured start-up, restart and exit times, by worker id (`g3.1`); others use the service times."""
-    epoch_s: float = EPOCH_S
 
 
 @dataclass

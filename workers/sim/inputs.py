@@ -18,7 +18,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from resources.ledger.db import query_ledger
 
@@ -266,3 +266,23 @@ def check_positive(value: float, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
     return float(value)
+
+
+EPOCH_S = 1_767_225_600.0
+"""Second 0 of a simulated run in its ledger (the start of 2026, UTC) of a simulated run in its ledger."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything besides the policy: where money comes from, who the workers are, what the reserved node does."""
+
+    spot_usd_per_gpu_hour: float | None = None
+    reserved_usd_per_gpu_hour: float | None = None
+    """None: from the price table for times.gpu_type."""
+    slots: Sequence[str] | None = None
+    """Rollout slot names (None: g0, g1, ...)."""
+    iterations: Sequence[IterationTimes] | None = None
+    """Per-iteration measured times (None: derived from the service times)."""
+    workers: Mapping[str, WorkerTimes] = field(default_factory=dict)
+    """Per-worker measured start-up, restart and exit times, by worker id (`g3.1`); others use the service times."""
+    epoch_s: float = EPOCH_S

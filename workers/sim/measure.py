@@ -28,8 +28,7 @@ from pathlib import Path
 from resources.cluster.preemption import PreemptionEvent
 from resources.ledger.db import query_ledger
 from workers.sim.config import SimConfig, get_policy
-from workers.sim.engine import Setup
-from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, WorkerTimes
+from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, Setup, WorkerTimes
 from workers.sim.market import Market
 
 COMPARED = ("wall_s", "critical_path_s", "usd_total", "preemptions")
