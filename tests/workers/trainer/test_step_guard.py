@@ -1,4 +1,5 @@
-"""A non-finite gradient never reaches the weights: the step is skipped and counted, and a run of them stops the update."""
+"""A non-finite gradient never reaches the weights: the step is skipped and counted, and a run of them stops the
+update."""
 
 from __future__ import annotations
 

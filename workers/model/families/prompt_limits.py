@@ -2,7 +2,8 @@
 (no weights load), refused with its line number when the encoder would cut it.
 
 Example:
-    check_prompts_fit(PromptSource.from_file("prompts.jsonl"), ModelSpec(path="/models/Qwen-Image", family="qwen-image"))
+    spec = ModelSpec(path="/models/Qwen-Image", family="qwen-image")
+    check_prompts_fit(PromptSource.from_file("prompts.jsonl"), spec)
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ class Replica:
         t1 = time.perf_counter()
         result = self.exchange(self.step, payload)
         avg_N = self._average(result, self.step)
-        for name, p in self.params.items():
+        for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         unflatten_into(avg_N, {name: p.grad for name, p in self.params.items()})
