@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-all test-fast clean
+.PHONY: setup demo lint test test-all test-fast clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,12 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/spotlight run --run-dir runs/demo --overwrite
+
+# The style (pyproject's [tool.ruff]) and the layering (pyproject's [tool.importlinter]); CI runs it before the tests.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # Two test processes (pytest-xdist): a test file, and every reader of the session's shared runs, stay in one
 # (tests/conftest.py's scheduler).
