@@ -14,6 +14,7 @@ import typer
 from pipelines.config_file import config_option
 from pipelines.prompts_cli import PROMPTS_HELDOUT_HELP, PROMPTS_HELP, with_prompts
 from pipelines.ranks_cli import (
+    ADVANTAGE_HELP,
     CHECKPOINTING_HELP,
     MICRO_BATCH_HELP,
     NPROC_HELP,
@@ -136,6 +137,7 @@ def train_command(
         "--minibatches",
         help="Optimizer steps per epoch: the iteration's samples split into this many minibatches (default: the preset's).",
     ),
+    advantage: Optional[str] = typer.Option(None, "--advantage", help=ADVANTAGE_HELP),
     config_file: Optional[Path] = config_option(),
 ) -> None:
     """Synchronous GRPO post-training in this process: MiniGenEval, or --model DIR on --prompts FILE with --reward."""
@@ -147,6 +149,7 @@ def train_command(
         group_size,
         prompts_per_iteration,
         minibatches,
+        advantage,
     )
     config = with_prompts(config, prompts, prompts_heldout, model, model_fields)
     validation = _validation(validation_reward, validation_prompts, config.reward, model is not None, config.prompts)
