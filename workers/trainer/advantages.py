@@ -7,8 +7,6 @@ the raw component values every rollout carries (`Rollouts.reward_components`, th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
@@ -16,9 +14,6 @@ from workers.algo.advantages import component_advantages
 from workers.algo.grpo import GRPOConfig
 from workers.task.rewards import get_reward
 from workers.task.rewards_multi import MultiReward
-
-if TYPE_CHECKING:
-    from workers.trainer.grpo_trainer import TrainConfig
 
 
 def batch_advantages(
@@ -51,7 +46,7 @@ def component_weights(reward: str) -> dict[str, float]:
     return {name: weight for name, _, weight in fn.config.components}
 
 
-def check_advantage(config: "TrainConfig") -> None:
+def check_advantage(grpo: GRPOConfig, reward: str) -> None:
     """ValueError, before any compute, when per-component advantages are asked of a reward without components."""
-    if config.grpo.advantage == "per-component":
-        component_weights(config.reward)
+    if grpo.advantage == "per-component":
+        component_weights(reward)

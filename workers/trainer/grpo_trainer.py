@@ -114,7 +114,7 @@ class TrainConfig:
             raise ValueError("validate_every and validation_seeds must be >= 1")
         if self.reward != NO_REWARD:
             get_reward(self.reward)  # an unknown reward fails here, before any compute
-            check_advantage(self)
+            check_advantage(self.grpo, self.reward)
         if self.prompts is not None and self.train_categories is not None:
             raise ValueError(
                 "train_categories picks MiniGenEval categories; with a prompts file (prompts) leave it None"
