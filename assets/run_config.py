@@ -139,6 +139,11 @@ class RunConfigResource(ConfigurableResource):
     minibatches: Optional[int] = Field(
         default=None, ge=1, description="Optimizer steps per epoch (default: the preset's)."
     )
+    advantage: Optional[str] = Field(
+        default=None,
+        description="What the advantages normalise within each group: total (the reward) or per-component (each "
+        "component of a multi: reward, then weighted; docs/REWARD_HACKING.md). Default: the preset's (total).",
+    )
 
     @field_validator("run")
     @classmethod
@@ -245,8 +250,9 @@ class RunConfigResource(ConfigurableResource):
             "group_size": self.group_size,
             "prompts_per_iteration": self.prompts_per_iteration,
         }
-        if self.minibatches is not None:
-            changes["grpo"] = dataclasses.replace(config.grpo, num_minibatches=self.minibatches)
+        grpo = {"num_minibatches": self.minibatches, "advantage": self.advantage}
+        if any(v is not None for v in grpo.values()):
+            changes["grpo"] = dataclasses.replace(config.grpo, **{k: v for k, v in grpo.items() if v is not None})
         if self.prompts is not None:
             changes.update(
                 prompts=_prompt_source(

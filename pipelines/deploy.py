@@ -60,7 +60,7 @@ def build_resources(
     batch: Optional[dict] = None,
 ) -> dict:
     """The resource dict of a deployment (pydantic validates each resource as it is built). batch: the run's
-    batch-shape fields (rollout_batch, micro_batch, group_size, prompts_per_iteration, minibatches)."""
+    batch-shape fields (rollout_batch, micro_batch, group_size, prompts_per_iteration, minibatches) and advantage."""
     if deployment not in DEPLOYMENTS:
         raise DeploymentError(f"unknown deployment {deployment!r}; choose one of {DEPLOYMENTS}")
     run_dir = Path(run_dir)

@@ -35,8 +35,8 @@ DEFAULT_WORKERS = 2
 DEFAULT_PREEMPTIONS_PER_HOUR = 12.0
 """Per spot worker-hour, Poisson, half of them without notice: far more often than clouds preempt, so that a
 default run (8-12 min, 2 workers) sees a few and its report shows what they cost."""
-BATCH_FIELDS = ("rollout_batch", "micro_batch", "group_size", "prompts_per_iteration", "minibatches")
-"""The run's batch shape beyond the preset (RunConfigResource's fields of the same names)."""
+BATCH_FIELDS = ("rollout_batch", "micro_batch", "group_size", "prompts_per_iteration", "minibatches", "advantage")
+"""The run's batch shape and advantage beyond the preset (RunConfigResource's fields of the same names)."""
 RESUME_MAY_CHANGE = ("nproc", "gradient_checkpointing", "rollout_batch", "micro_batch", "on_hacking")
 """Flags a --resume may change: how each update is computed, not what (N ranks train what one process trains, and
 chunks and micro-batches compute what the whole batch does, to float rounding), so a relaunch on another number or
@@ -102,6 +102,8 @@ class RunSpec:
     group_size: Optional[int] = None
     prompts_per_iteration: Optional[int] = None
     minibatches: Optional[int] = None
+    advantage: Optional[str] = None
+    """What the advantages normalise: total (None) or per-component (each component of a multi: reward)."""
     on_hacking: Optional[str] = None
     """What a reward-hacking flag does: warn (None), stop or rollback (docs/REWARD_HACKING.md)."""
     hacking_window: Optional[int] = None

@@ -12,7 +12,7 @@ import typer
 
 from pipelines.config_file import config_option
 from pipelines.prompts_cli import PROMPTS_HELDOUT_HELP, PROMPTS_HELP
-from pipelines.ranks_cli import CHECKPOINTING_HELP, MICRO_BATCH_HELP, NPROC_HELP, ROLLOUT_BATCH_HELP
+from pipelines.ranks_cli import ADVANTAGE_HELP, CHECKPOINTING_HELP, MICRO_BATCH_HELP, NPROC_HELP, ROLLOUT_BATCH_HELP
 from pipelines.run import DEFAULT_PREEMPTIONS_PER_HOUR, DEFAULT_WORKERS
 
 
@@ -152,6 +152,7 @@ def run_command(
     minibatches: Optional[int] = typer.Option(
         None, "--minibatches", help="Optimizer steps per epoch (default: the preset's)."
     ),
+    advantage: Optional[str] = typer.Option(None, "--advantage", help=ADVANTAGE_HELP),
     config_file: Optional[Path] = config_option(),
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""

@@ -39,6 +39,22 @@ def test_per_component_advantages_are_refused_for_a_single_reward_before_any_com
     assert result.exit_code != 0 and "advantage must be one of" in result.output
 
 
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_both_commands_refuse_per_component_advantages_of_a_single_reward(tmp_path, command):
+    where = ["--out", str(tmp_path / "r")] if command == "train" else ["--run-dir", str(tmp_path / "r")]
+    result = CliRunner().invoke(app, [command, "--preset", "cpu_smoke", *where, "--advantage", "per-component"])
+    assert result.exit_code != 0 and "needs a multi: reward" in " ".join(result.output.replace("│", " ").split())
+    assert not (tmp_path / "r" / "ledger.duckdb").exists()
+
+
+def test_spotlight_run_keeps_the_advantage_in_its_spec_and_its_train_config(tmp_path):
+    from pipelines.run import RunSpec
+
+    RunSpec(str(tmp_path), preset="cpu_smoke", reward=MULTI, advantage="per-component").save()
+    spec = RunSpec.resolve(tmp_path, resume=True)
+    assert spec.resources()["run_config"].train_config().grpo.advantage == "per-component"
+
+
 def test_the_trainer_normalises_each_component_within_its_group_and_trains_on_it(tiny_policy):
     trainer = GRPOTrainer(tiny_policy, _config())
     drawn = trainer.collect(0, keep_all=True)
