@@ -159,8 +159,9 @@ class RunConfigResource(_RunSettingsFields):
             "group_size": self.group_size,
             "prompts_per_iteration": self.prompts_per_iteration,
         }
-        if self.minibatches is not None:
-            changes["grpo"] = dataclasses.replace(config.grpo, num_minibatches=self.minibatches)
+        grpo = {"num_minibatches": self.minibatches, "advantage": self.advantage}
+        if any(v is not None for v in grpo.values()):
+            changes["grpo"] = dataclasses.replace(config.grpo, **{k: v for k, v in grpo.items() if v is not None})
         if self.prompts is not None:
             changes.update(
                 prompts=_prompt_source(

@@ -19,10 +19,16 @@ import typer
 
 
 def with_batch_options(
-    config, rollout_batch=None, micro_batch=None, group_size=None, prompts_per_iteration=None, minibatches=None
+    config,
+    rollout_batch=None,
+    micro_batch=None,
+    group_size=None,
+    prompts_per_iteration=None,
+    minibatches=None,
+    advantage=None,
 ):
-    """`config` (a TrainConfig) with the batch-shape options given on the command line (None = the preset's);
-    typer.BadParameter for a combination the config refuses."""
+    """`config` (a TrainConfig) with the batch-shape and advantage options given on the command line (None = the
+    preset's); typer.BadParameter for a combination the config refuses."""
     import dataclasses
 
     fields = {
@@ -36,8 +42,9 @@ def with_batch_options(
         if v is not None
     }
     try:
-        if minibatches is not None:
-            fields["grpo"] = dataclasses.replace(config.grpo, num_minibatches=minibatches)
+        grpo = {"num_minibatches": minibatches, "advantage": advantage}
+        if any(v is not None for v in grpo.values()):
+            fields["grpo"] = dataclasses.replace(config.grpo, **{k: v for k, v in grpo.items() if v is not None})
         return dataclasses.replace(config, **fields) if fields else config
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None

@@ -16,7 +16,7 @@ from pipelines.config_file import config_option
 from pipelines.prompts_cli import with_prompts
 from pipelines.ranks_cli import check_ranks, in_ranks, with_batch_options
 from pipelines.settings_cli import settings_options
-from resources.settings import settings_class
+from resources.settings import check_bounds, settings_class
 
 TRAIN_DEFAULTS = {"preset": "cpu_tiny_long", "prompts_heldout": 0.0}
 """Where `spotlight train`'s defaults differ from the settings' (a longer CPU preset; no prompts held out)."""
@@ -45,6 +45,10 @@ def train_command(
 ) -> None:
     """Synchronous GRPO post-training in this process: MiniGenEval, or --model DIR on --prompts FILE with --reward."""
     run = TrainSettings(**settings)
+    try:
+        check_bounds(run, "train")
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     model_fields = _model_fields(
         run.preset, run.model, run.checkpoint, run.lora_rank, run.resolution, run.guidance, run.sync_mode
     )
@@ -55,6 +59,7 @@ def train_command(
         run.group_size,
         run.prompts_per_iteration,
         run.minibatches,
+        run.advantage,
     )
     config = with_prompts(config, run.prompts, run.prompts_heldout, run.model, model_fields)
     validation = _validation(

@@ -118,7 +118,8 @@ def find_ledger(db: str | Path | None = None, search_root: Path = Path("runs")) 
     candidates = sorted(search_root.glob(f"*/{LEDGER_FILENAME}"), key=lambda p: p.stat().st_mtime)
     if not candidates:
         raise FileNotFoundError(
-            f"no ledger found: pass --db PATH, set SPOTLIGHT_LEDGER, or run from a folder with {search_root}/*/{LEDGER_FILENAME}"
+            "no ledger found: pass --db PATH, set SPOTLIGHT_LEDGER, or run from a folder with "
+            f"{search_root}/*/{LEDGER_FILENAME}"
         )
     return candidates[-1]
 

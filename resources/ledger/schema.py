@@ -104,8 +104,10 @@ CREATE TABLE syncs_v2 (
     version INTEGER NOT NULL, kind VARCHAR NOT NULL, replica INTEGER NOT NULL DEFAULT 0, iteration INTEGER,
     dense_bytes BIGINT NOT NULL, patch_bytes BIGINT NOT NULL, changed_fraction DOUBLE,
     encode_s DOUBLE, apply_s DOUBLE, weights_hash VARCHAR, PRIMARY KEY (version, kind, replica));
-INSERT INTO syncs_v2 (version, kind, replica, iteration, dense_bytes, patch_bytes, changed_fraction, encode_s, apply_s, weights_hash)
-    SELECT version, kind, 0, iteration, dense_bytes, patch_bytes, changed_fraction, encode_s, apply_s, weights_hash FROM syncs;
+INSERT INTO syncs_v2 (version, kind, replica, iteration, dense_bytes, patch_bytes, changed_fraction, encode_s, apply_s,
+    weights_hash)
+    SELECT version, kind, 0, iteration, dense_bytes, patch_bytes, changed_fraction, encode_s, apply_s, weights_hash
+    FROM syncs;
 DROP TABLE syncs;
 ALTER TABLE syncs_v2 RENAME TO syncs;
 ALTER TABLE exploration ADD COLUMN seeds_per_prompt INTEGER;
@@ -167,6 +169,13 @@ assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION + 1))
 _NOW = "(current_timestamp AT TIME ZONE 'UTC')"
 _SECONDS = "date_diff('microsecond', {a}, {b}) / 1e6"
 
+
+def _overlap_usd(window: str) -> str:
+    """USD a worker `w` costs while alive inside the window `{window}.s` to `{window}.e` (a live one up to now)."""
+    start, end = f"greatest(w.started_at, {window}.s)", f"least(coalesce(w.ended_at, {_NOW}), {window}.e)"
+    return f"w.usd_per_hour * greatest(0, {_SECONDS.format(a=start, b=end)}) / 3600"
+
+
 VIEWS: dict[str, str] = {
     # Lifetime and cost of each worker; a live worker is costed up to now.
     "worker_costs": f"""
@@ -178,7 +187,7 @@ VIEWS: dict[str, str] = {
         WITH p AS (SELECT iteration, phase, started_at AS s, coalesce(ended_at, {_NOW}) AS e FROM phases),
         overlap AS (
             SELECT p.iteration, p.phase, p.s, p.e, w.spot,
-                   w.usd_per_hour * greatest(0, {_SECONDS.format(a="greatest(w.started_at, p.s)", b=f"least(coalesce(w.ended_at, {_NOW}), p.e)")}) / 3600 AS usd
+                   {_overlap_usd("p")} AS usd
             FROM p LEFT JOIN workers w ON w.started_at < p.e AND coalesce(w.ended_at, {_NOW}) > p.s)
         SELECT iteration, phase, {_SECONDS.format(a="min(s)", b="max(e)")} AS wall_s,
                coalesce(sum(usd) FILTER (WHERE spot), 0) AS usd_spot,
@@ -191,7 +200,7 @@ VIEWS: dict[str, str] = {
         WITH i AS (SELECT iteration, started_at AS s, coalesce(ended_at, {_NOW}) AS e, critical_path_s FROM iterations),
         overlap AS (
             SELECT i.iteration, w.spot,
-                   w.usd_per_hour * greatest(0, {_SECONDS.format(a="greatest(w.started_at, i.s)", b=f"least(coalesce(w.ended_at, {_NOW}), i.e)")}) / 3600 AS usd
+                   {_overlap_usd("i")} AS usd
             FROM i LEFT JOIN workers w ON w.started_at < i.e AND coalesce(w.ended_at, {_NOW}) > i.s),
         totals AS (
             SELECT iteration, coalesce(sum(usd) FILTER (WHERE spot), 0) AS usd_spot,
@@ -246,7 +255,8 @@ VIEWS: dict[str, str] = {
                    avg(stale_default_variance) FILTER (WHERE source = 'explored') AS random_stale_variance
             FROM seed_groups GROUP BY iteration)
         SELECT g.*, g.explored_variance / nullif(g.baseline_variance, 0) AS variance_ratio,
-               g.explored_variance > g.baseline_variance AS paid_off, e.arm, e.time_used_s AS explore_s, c.usd AS explore_usd
+               g.explored_variance > g.baseline_variance AS paid_off, e.arm, e.time_used_s AS explore_s,
+               c.usd AS explore_usd
         FROM per_iteration g
         LEFT JOIN exploration e ON e.iteration = g.iteration - 1
         LEFT JOIN cost_per_phase c ON c.iteration = g.iteration - 1 AND c.phase = 'explore'

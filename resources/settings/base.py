@@ -23,6 +23,8 @@ Deployment = Literal["local", "cloud"]
 DEPLOYMENTS: tuple[str, ...] = typing.get_args(Deployment)
 OnHacking = Literal["warn", "stop", "rollback"]
 SyncMode = Literal["lora", "merged"]
+Advantage = Literal["total", "per-component"]
+"""What the update's advantages normalise within each group: the total reward, or each component of a multi: reward."""
 
 COMMANDS = ("run", "train")
 """The commands that take run settings (`spotlight run`, `spotlight train`)."""

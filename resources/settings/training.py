@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from resources.settings.base import OnHacking, SyncMode
+from resources.settings.base import Advantage, OnHacking, SyncMode
 from resources.settings.base import setting as _s
 
 _PRESETS_DEFAULT = "the preset's"
@@ -189,6 +189,14 @@ TRAINING = (
         None,
         "Optimizer steps per epoch: the iteration's samples split into this many minibatches (default: the preset's).",
         bounds={"ge": 1},
+    ),
+    _s(
+        "advantage",
+        Optional[Advantage],
+        None,
+        "What the advantages normalise within each group: total (the reward; the preset's default) or "
+        "per-component (each component of a multi: reward, then weighted, so a component with a small spread is "
+        "not drowned; docs/REWARD_HACKING.md).",
     ),
     _s(
         "explore_samples",

@@ -43,6 +43,20 @@ def fill_two_iterations(ledger: Ledger) -> None:
     iteration 0: 0:00-1:00, iteration 1: 1:00-2:00
     """
     ledger.start_run("demo", preset="cpu_tiny", config={"lr": 1e-4}, store_url="file:///tmp/store", at=at(0))
+    _start_workers(ledger)
+    for iteration in (0, 1):
+        _record_iteration(ledger, iteration)
+    _record_preemptions(ledger)
+    ledger.record_requests(_requests())
+    ledger.record_attempt(AttemptRecord("r-1", 1, "spot-b", at(10), at(30), "preempted", steps_done=2))
+    ledger.record_attempt(AttemptRecord("r-1", 2, "spot-a", at(31), at(32), "done", resumed_from_step=2, steps_done=6))
+    for worker in ("trainer", "spot-a"):
+        ledger.end_worker(worker, reason="finished", at=at(120))
+    ledger.end_run("demo", at=at(120))
+
+
+def _start_workers(ledger: Ledger) -> None:
+    """The reserved trainer at $4/h and three spot rollout workers at $1/h (spot-c starts at 0:40)."""
     ledger.start_worker(
         "trainer", role="trainer", instance_type="local-reserved", spot=False, usd_per_hour=4.0, at=at(0)
     )
@@ -50,60 +64,66 @@ def fill_two_iterations(ledger: Ledger) -> None:
         ledger.start_worker(
             worker, role="rollout", instance_type="g6.xlarge", gpu_type="L4", spot=True, usd_per_hour=1.0, at=at(start)
         )
-    phases = {"sync": (0, 6), "rollout": (6, 30), "train": (30, 54), "explore": (30, 50), "validate": (55, 60)}
-    for iteration in (0, 1):
-        base = 60 * iteration
-        ledger.start_iteration(iteration, weights_version=iteration, at=at(base))
-        for phase, (start, end) in phases.items():
-            end = 56 if (iteration, phase) == (1, "explore") else end  # explore overruns train in it 1
-            ledger.record_phase(iteration, phase, at(base + start), at(base + end))
-        ledger.end_iteration(iteration, at=at(base + 60))
-        ledger.record_sync(
-            SyncRecord(
-                iteration,
-                "anchor" if iteration == 0 else "patch",
-                1000,
-                1000 if iteration == 0 else 40,
-                iteration=iteration,
-                changed_fraction=None if iteration == 0 else 0.01,
-                encode_s=0.5,
-                apply_s=0.1,
-            )
-        )
-        ledger.record_exploration(
-            ExplorationRecord(
-                iteration,
-                "taylorseer-3",
-                budget_s=1440,
-                time_used_s=1200 + 360 * iteration,
-                num_requests=16,
-                reward_variance=0.02,
-                rank_consistency=0.8,
-            )
-        )
-        ledger.record_train_steps(
-            [
-                TrainStepRecord(
-                    iteration,
-                    s,
-                    loss=0.1,
-                    kl=0.01,
-                    reward_mean=0.4 + 0.1 * iteration,
-                    reward_std=0.2,
-                    zero_std_ratio=0.25,
-                )
-                for s in range(2)
-            ]
-        )
-        ledger.record_validation(
+
+
+PHASE_MINUTES = {"sync": (0, 6), "rollout": (6, 30), "train": (30, 54), "explore": (30, 50), "validate": (55, 60)}
+"""Each phase's window within its iteration's hour (explore overruns train in iteration 1: 30-56)."""
+
+
+def _record_iteration(ledger: Ledger, iteration: int) -> None:
+    """One hour-long iteration: its phases, a sync (anchor, then a 40-byte patch), exploration, two train steps
+    and a validation (0.40, then 0.55)."""
+    base = 60 * iteration
+    ledger.start_iteration(iteration, weights_version=iteration, at=at(base))
+    for phase, (start, end) in PHASE_MINUTES.items():
+        end = 56 if (iteration, phase) == (1, "explore") else end
+        ledger.record_phase(iteration, phase, at(base + start), at(base + end))
+    ledger.end_iteration(iteration, at=at(base + 60))
+    first = iteration == 0
+    ledger.record_sync(
+        SyncRecord(
             iteration,
-            weights_version=iteration + 1,
-            score=(0.40, 0.55)[iteration],
-            num_prompts=8,
-            criteria={"counting": (0.2, 0.4)[iteration], "color": (0.6, 0.7)[iteration]},
-            at=at(base + 60),
-            reward="minigeneval_strict",
+            "anchor" if first else "patch",
+            1000,
+            1000 if first else 40,
+            iteration=iteration,
+            changed_fraction=None if first else 0.01,
+            encode_s=0.5,
+            apply_s=0.1,
         )
+    )
+    ledger.record_exploration(
+        ExplorationRecord(
+            iteration,
+            "taylorseer-3",
+            budget_s=1440,
+            time_used_s=1200 + 360 * iteration,
+            num_requests=16,
+            reward_variance=0.02,
+            rank_consistency=0.8,
+        )
+    )
+    ledger.record_train_steps(
+        [
+            TrainStepRecord(
+                iteration, s, loss=0.1, kl=0.01, reward_mean=0.4 + 0.1 * iteration, reward_std=0.2, zero_std_ratio=0.25
+            )
+            for s in range(2)
+        ]
+    )
+    ledger.record_validation(
+        iteration,
+        weights_version=iteration + 1,
+        score=(0.40, 0.55)[iteration],
+        num_prompts=8,
+        criteria={"counting": (0.2, 0.4)[iteration], "color": (0.6, 0.7)[iteration]},
+        at=at(base + 60),
+        reward="minigeneval_strict",
+    )
+
+
+def _record_preemptions(ledger: Ledger) -> None:
+    """spot-b preempted at 0:30 with 120 s notice (state committed), spot-c at 1:30 without notice."""
     ledger.end_worker("spot-b", reason="preempted", at=at(30))
     ledger.record_preemption(
         PreemptionRecord("spot-b", at(30), notice_s=120, steps_lost=2, state_committed=True, request_id="r-1")
@@ -112,31 +132,28 @@ def fill_two_iterations(ledger: Ledger) -> None:
     ledger.record_preemption(
         PreemptionRecord("spot-c", at(90), notice_s=0, steps_lost=5, state_committed=False, request_id="r-9")
     )
-    ledger.record_requests(
-        [
-            RequestRecord(
-                f"r-{i}",
-                i // 8,
-                "rollout",
-                f"prompt {i % 4}",
-                seed=i,
-                weights_version=i // 8,
-                worker_id="spot-a",
-                attempts=2 if i in (1, 9) else 1,
-                result_hash=f"h{i}",
-                reward=0.5,
-                enqueued_at=at(6 + 60 * (i // 8)),
-                finished_at=at(20 + 60 * (i // 8)),
-                reward_components=components_json({"pickscore": 20.0 + i / 16, "minigeneval": 0.5}),
-            )
-            for i in range(16)
-        ]
-    )
-    ledger.record_attempt(AttemptRecord("r-1", 1, "spot-b", at(10), at(30), "preempted", steps_done=2))
-    ledger.record_attempt(AttemptRecord("r-1", 2, "spot-a", at(31), at(32), "done", resumed_from_step=2, steps_done=6))
-    for worker in ("trainer", "spot-a"):
-        ledger.end_worker(worker, reason="finished", at=at(120))
-    ledger.end_run("demo", at=at(120))
+
+
+def _requests() -> list[RequestRecord]:
+    """16 rollout requests on spot-a, 8 per iteration, r-1 and r-9 on a second attempt, each with two components."""
+    return [
+        RequestRecord(
+            f"r-{i}",
+            i // 8,
+            "rollout",
+            f"prompt {i % 4}",
+            seed=i,
+            weights_version=i // 8,
+            worker_id="spot-a",
+            attempts=2 if i in (1, 9) else 1,
+            result_hash=f"h{i}",
+            reward=0.5,
+            enqueued_at=at(6 + 60 * (i // 8)),
+            finished_at=at(20 + 60 * (i // 8)),
+            reward_components=components_json({"pickscore": 20.0 + i / 16, "minigeneval": 0.5}),
+        )
+        for i in range(16)
+    ]
 
 
 @pytest.fixture
@@ -260,14 +277,14 @@ def test_worker_priced_from_the_table_records_price_and_source(mem_ledger: Ledge
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda l: l.record_phase(0, "warmup", at(0)), "phase must be one of"),
-        (lambda l: l.start_worker("w", role="rollout", instance_type="x", spot=True), "give gpu_type"),
+        (lambda led: led.record_phase(0, "warmup", at(0)), "phase must be one of"),
+        (lambda led: led.start_worker("w", role="rollout", instance_type="x", spot=True), "give gpu_type"),
         (
-            lambda l: l.start_worker("w", role="rollout", instance_type="x", gpu_type="TPU-v9", spot=True),
+            lambda led: led.start_worker("w", role="rollout", instance_type="x", gpu_type="TPU-v9", spot=True),
             "no price for GPU type",
         ),
-        (lambda l: l.end_worker("ghost", reason="finished"), "never started"),
-        (lambda l: l.record_request(RequestRecord("r", 0, "train", "p", 1, 0, None, 1)), "kind must be one of"),
+        (lambda led: led.end_worker("ghost", reason="finished"), "never started"),
+        (lambda led: led.record_request(RequestRecord("r", 0, "train", "p", 1, 0, None, 1)), "kind must be one of"),
     ],
 )
 def test_bad_records_raise_actionable_value_errors(mem_ledger: Ledger, call, message: str) -> None:
@@ -281,7 +298,8 @@ def test_bad_records_raise_actionable_value_errors(mem_ledger: Ledger, call, mes
 def test_user_price_yaml_overrides_and_extends_the_defaults(tmp_path: Path) -> None:
     path = tmp_path / "prices.yaml"
     path.write_text(
-        "gpus:\n  H100: {spot_usd_per_gpu_hour: 1.25}\n  MI300X: {on_demand_usd_per_gpu_hour: 3.0, spot_usd_per_gpu_hour: 1.5}\n"
+        "gpus:\n  H100: {spot_usd_per_gpu_hour: 1.25}\n"
+        "  MI300X: {on_demand_usd_per_gpu_hour: 3.0, spot_usd_per_gpu_hour: 1.5}\n"
     )
     table = load_prices(path)
     assert table.price("H100").spot_usd_per_gpu_hour == 1.25

@@ -32,7 +32,8 @@ def rows(ledger: Ledger, sql: str) -> list[dict]:
 V0_LEDGER_SQL = """
 CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL, note VARCHAR NOT NULL);
 INSERT INTO schema_version VALUES (0, '2026-01-01', 'created');
-CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, started_at TIMESTAMP NOT NULL, ended_at TIMESTAMP, status VARCHAR NOT NULL,
+CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, started_at TIMESTAMP NOT NULL, ended_at TIMESTAMP,
+    status VARCHAR NOT NULL,
     preset VARCHAR, store_url VARCHAR, queue_url VARCHAR, config JSON, price_table JSON);
 CREATE TABLE iterations (iteration INTEGER PRIMARY KEY, weights_version INTEGER, started_at TIMESTAMP NOT NULL,
     ended_at TIMESTAMP, critical_path_s DOUBLE, status VARCHAR NOT NULL);
@@ -43,7 +44,8 @@ CREATE TABLE workers (worker_id VARCHAR PRIMARY KEY, role VARCHAR NOT NULL, inst
     price_source VARCHAR NOT NULL, started_at TIMESTAMP NOT NULL, ended_at TIMESTAMP, end_reason VARCHAR);
 CREATE TABLE requests (request_id VARCHAR PRIMARY KEY, iteration INTEGER NOT NULL, kind VARCHAR NOT NULL,
     prompt VARCHAR NOT NULL, seed BIGINT NOT NULL, weights_version INTEGER NOT NULL, worker_id VARCHAR,
-    attempts INTEGER NOT NULL, result_hash VARCHAR, reward DOUBLE, enqueued_at TIMESTAMP, finished_at TIMESTAMP, arm VARCHAR);
+    attempts INTEGER NOT NULL, result_hash VARCHAR, reward DOUBLE, enqueued_at TIMESTAMP, finished_at TIMESTAMP,
+    arm VARCHAR);
 CREATE TABLE preemptions (worker_id VARCHAR NOT NULL, preempted_at TIMESTAMP NOT NULL, notice_s DOUBLE NOT NULL,
     request_id VARCHAR, steps_lost INTEGER NOT NULL, seconds_lost DOUBLE, state_committed BOOLEAN NOT NULL,
     PRIMARY KEY (worker_id, preempted_at));
@@ -51,11 +53,14 @@ CREATE TABLE syncs (version INTEGER NOT NULL, kind VARCHAR NOT NULL, iteration I
     patch_bytes BIGINT NOT NULL, changed_fraction DOUBLE, encode_s DOUBLE, apply_s DOUBLE, weights_hash VARCHAR,
     PRIMARY KEY (version, kind));
 CREATE TABLE exploration (iteration INTEGER PRIMARY KEY, arm VARCHAR NOT NULL, budget_s DOUBLE NOT NULL,
-    time_used_s DOUBLE NOT NULL, num_requests INTEGER NOT NULL, reward_variance DOUBLE, rank_consistency DOUBLE, ucb_score DOUBLE);
+    time_used_s DOUBLE NOT NULL, num_requests INTEGER NOT NULL, reward_variance DOUBLE, rank_consistency DOUBLE,
+    ucb_score DOUBLE);
 CREATE TABLE validation (iteration INTEGER PRIMARY KEY, weights_version INTEGER NOT NULL, score DOUBLE NOT NULL,
     num_prompts INTEGER NOT NULL, recorded_at TIMESTAMP NOT NULL, criteria_json JSON);
-INSERT INTO runs VALUES ('old', '2026-01-01 00:00', '2026-01-01 01:00', 'succeeded', 'cpu_tiny', NULL, NULL, '{}', '{}');
-INSERT INTO workers VALUES ('w0', 'rollout', 'local', 'L4', 1, true, 1.0, 'given', '2026-01-01 00:00', '2026-01-01 01:00', 'finished');
+INSERT INTO runs VALUES ('old', '2026-01-01 00:00', '2026-01-01 01:00', 'succeeded', 'cpu_tiny', NULL, NULL,
+    '{}', '{}');
+INSERT INTO workers VALUES ('w0', 'rollout', 'local', 'L4', 1, true, 1.0, 'given', '2026-01-01 00:00',
+    '2026-01-01 01:00', 'finished');
 INSERT INTO iterations VALUES (0, 0, '2026-01-01 00:00', '2026-01-01 01:00', 3600, 'succeeded');
 INSERT INTO requests VALUES ('r0', 0, 'rollout', 'a red cube', 7, 0, 'w0', 1, 'h0', 0.5, NULL, NULL, NULL);
 INSERT INTO validation VALUES (0, 1, 0.42, 8, '2026-01-01 01:00', '{"counting": 0.25, "color": 0.75}');
@@ -220,8 +225,8 @@ def test_dagster_resources_reject_bad_urls_at_load_and_open_working_clients(tmp_
 
 def test_plain_clients_import_neither_dagster_nor_torch() -> None:
     code = (
-        "import sys, resources.store.base, resources.store, resources.store.local, resources.store.s3, resources.ledger, "
-        "resources.ledger.db, resources.prices, resources.keys; "
+        "import sys, resources.store.base, resources.store, resources.store.local, resources.store.s3, "
+        "resources.ledger, resources.ledger.db, resources.prices, resources.keys; "
         "print(sorted(m for m in ('dagster', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout

@@ -18,6 +18,7 @@ from workers.algo.nft import WEIGHTINGS
 OBJECTIVES = ("flow_grpo", "nft")
 LR_SCHEDULES = ("constant", "cosine")
 ADV_NORMS = ("group", "batch")
+ADVANTAGES = ("total", "per-component")
 KL_FORMS = ("step", "flow_grpo")
 
 
@@ -33,6 +34,10 @@ class GRPOConfig:
     """What divides a sample's deviation from its group mean: "group" (that group's std,
     Flow-GRPO) or "batch" (one std over the batch; see group_advantages). "batch" gave no
     held-out gain on MiniGenEval (docs/RECIPE.md, run BN)."""
+    advantage: str = "total"
+    """What the advantages normalise: "total" (the reward, a multi-reward's weighted sum) or "per-component"
+    (each component of a `multi:` reward normalised within its group, then weighted: `component_advantages`), so a
+    component with a small spread is not drowned by one with a large spread."""
     kl_beta: float = 0.0
     """Weight of the KL to the reference (base) policy; 0 skips the reference forward.
     flow_grpo: on the SDE step means (Flow-GRPO); nft: the squared velocity difference
@@ -103,6 +108,8 @@ class GRPOConfig:
             )
         if self.adv_norm not in ADV_NORMS:
             raise ValueError(f"adv_norm must be one of {ADV_NORMS}, got {self.adv_norm!r}")
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"advantage must be one of {ADVANTAGES}, got {self.advantage!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         lo, hi = self.nft_sigma_range
@@ -128,6 +135,13 @@ def group_advantages(
     differ by little gets small advantages instead of +-1.
     rewards_N: (N,) float; group_ids_N: (N,) int, samples of one prompt share an id.
     """
+    return normalised_deviations(rewards_N, group_ids_N, eps, norm).clamp(-clip, clip).float()
+
+
+def normalised_deviations(
+    rewards_N: torch.Tensor, group_ids_N: torch.Tensor, eps: float = 1e-4, norm: str = "group"
+) -> torch.Tensor:
+    """group_advantages before the clip, in float64: (r - group mean) / (std + eps), the std as `norm` says."""
     if norm not in ADV_NORMS:
         raise ValueError(f"norm must be one of {ADV_NORMS}, got {norm!r}")
     rewards = rewards_N.double()
@@ -137,8 +151,7 @@ def group_advantages(
     mean = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, rewards) / count
     var = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, (rewards - mean[inv]) ** 2) / count
     dev = rewards - mean[inv]
-    adv = dev / (var.sqrt()[inv] + eps) if norm == "group" else dev / (dev.pow(2).mean().sqrt() + eps)
-    return adv.clamp(-clip, clip).float()
+    return dev / (var.sqrt()[inv] + eps) if norm == "group" else dev / (dev.pow(2).mean().sqrt() + eps)
 
 
 def group_reward_stats(rewards_N: torch.Tensor, group_ids_N: torch.Tensor) -> dict[str, float]:

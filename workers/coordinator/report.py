@@ -9,7 +9,8 @@
     <run-dir>/report/exploration.png       rank consistency (Kendall tau, Spearman rho) and variance gain of each plan
     <run-dir>/report/payoff.png            did exploration pay: explored vs random seeds' reward variance per iteration
     <run-dir>/report/categories.png        held-out score per category (counting, binding, position) per version
-    <run-dir>/report/components.png        a multi-reward's components: each one's rollout mean per iteration
+    <run-dir>/report/components.png        a multi-reward's components: each one's progress in units of its first
+                                           spread, over the rollouts and the held-out images (report_rewards.py)
     <run-dir>/report/hacking.png           reward hacking: proxy vs gold reward per version, flagged validations
                                            and rollbacks marked (the page lists each flag with base/flagged grids)
     <run-dir>/report/heldout_samples.png   latest validated weights: held-out samples captioned with pass/fail
@@ -29,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resources.ledger import Ledger
-from workers.coordinator.plots import bar_plot_png, figure, line_plot_png, proxy_gold_png, to_png
+from workers.coordinator.plots import bar_plot_png, figure, line_plot_png, to_png
+from workers.coordinator.report_rewards import components_plot, figure_html, hacking_html, hacking_plot
 
 
 @dataclass
@@ -50,8 +52,8 @@ def write_report(ledger: Ledger, store, run: str, out_dir: Path) -> WrittenRepor
         "exploration": _exploration_plot(ledger),
         "payoff": _payoff_plot(ledger),
         "categories": _category_plot(ledger),
-        "hacking": _hacking_plot(ledger),
-        "components": _components_plot(ledger),
+        "hacking": hacking_plot(ledger),
+        "components": components_plot(ledger),
     }
     for name, png in plots.items():
         (out_dir / f"{name}.png").write_bytes(png)
@@ -65,7 +67,8 @@ def summary_rows(ledger: Ledger) -> list[dict]:
     return ledger.query("""
         SELECT i.iteration, i.status, t.reward_mean, t.zero_std_ratio, v.score AS heldout_score,
                v.reward AS heldout_reward, c.wall_s, c.usd_total, c.usd_spot, c.usd_reserved,
-               (SELECT count(*) FROM preemptions p WHERE p.preempted_at >= i.started_at AND p.preempted_at < coalesce(i.ended_at, now())) AS preemptions,
+               (SELECT count(*) FROM preemptions p
+                WHERE p.preempted_at >= i.started_at AND p.preempted_at < coalesce(i.ended_at, now())) AS preemptions,
                s.dense_bytes, s.patch_bytes
         FROM iterations i
         LEFT JOIN train_steps t ON t.iteration = i.iteration AND t.step = 0
@@ -268,73 +271,6 @@ def _category_plot(ledger: Ledger) -> bytes:
     )
 
 
-def _components_plot(ledger: Ledger) -> bytes:
-    """Each component of a multi training reward: its mean over the iteration's rollouts, so a stalled component
-    shows even while the weighted total climbs."""
-    rows = ledger.query(
-        "SELECT iteration, component, mean FROM reward_components WHERE kind = 'rollout' ORDER BY component, iteration"
-    ).rows
-    series: dict[str, tuple[list, list]] = {}
-    for iteration, component, mean in rows:
-        xs, ys = series.setdefault(component, ([], []))
-        xs.append(iteration)
-        ys.append(mean)
-    title = "reward components (rollout means)" if series else "reward components (a single reward in this run)"
-    return line_plot_png(series or {"none": ([], [])}, title, "iteration", "component mean")
-
-
-def _hacking_plot(ledger: Ledger) -> bytes:
-    rows = ledger.query(
-        "SELECT weights_version, proxy, gold, flagged, restored_version, proxy_reward, gold_reward "
-        "FROM reward_hacking ORDER BY iteration"
-    ).rows
-    labels = (rows[-1][5][:30], rows[-1][6][:30]) if rows else ("", "")
-    return proxy_gold_png(
-        [r[0] for r in rows],
-        [r[1] for r in rows],
-        [r[2] for r in rows],
-        [bool(r[3]) for r in rows],
-        [r[0] for r in rows if r[4] is not None],
-        labels,
-    )
-
-
-def _hacking_html(ledger: Ledger, out_dir: Path) -> str:
-    """Each flagged validation: the rule that fired, its numbers, what the run did, and the held-out grids of the
-    base and the flagged weights side by side (when the validate phase drew them)."""
-    rows = ledger.query(
-        "SELECT iteration, rule, detail, action, restored_version, restored_gold FROM reward_hacking "
-        "WHERE flagged ORDER BY iteration"
-    ).rows
-    total = ledger.query("SELECT count(*) FROM hacking_signals").rows[0][0]
-    if not rows:
-        return f"<h2>Reward hacking</h2><p>No flag in {total} validation(s) (docs/REWARD_HACKING.md).</p>"
-    items = []
-    for k, rule, detail, action, restored, gold in rows:
-        did = f"rolled back to v{restored} (gold {gold:.4g})" if restored is not None else action
-        grids = "".join(
-            _figure(f"grids/it-{i:06d}-validation.png", f"v{i}")
-            for i in (0, k)
-            if (out_dir / "grids" / f"it-{i:06d}-validation.png").is_file()
-        )
-        items.append(
-            f"<li>iteration {k}: <code>{html.escape(rule or '')}</code>: {html.escape(detail or '')}; "
-            f"{html.escape(did or '')}<br>{grids}</li>"
-        )
-    return (
-        f"<h2>Reward hacking</h2><p>{len(rows)} of {total} validation(s) flagged "
-        f"(<code>SELECT * FROM reward_hacking</code>; docs/REWARD_HACKING.md):</p><ul>{''.join(items)}</ul>"
-    )
-
-
-def _figure(src: str, caption: str, lines: tuple[str, ...] | list[str] = ()) -> str:
-    items = "".join(f"<li>{html.escape(line).replace(chr(10), '<br>')}</li>" for line in lines)
-    return (
-        f'<figure><img src="{src}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}'
-        f"{'<ol>' + items + '</ol>' if items else ''}</figcaption></figure>"
-    )
-
-
 def _samples_html(out_dir: Path) -> str:
     """The latest captioned held-out grid and before/after pair, their captions listed under them."""
     import json
@@ -347,7 +283,7 @@ def _samples_html(out_dir: Path) -> str:
         if (out_dir / f"{name}.png").is_file() and (out_dir / f"{name}.json").is_file():
             meta = json.loads((out_dir / f"{name}.json").read_text())
             caption = f"{name}: weights v{meta['weights_version']}"
-            parts.append(f"<h2>{title}</h2>" + _figure(f"{name}.png", caption, meta["captions"]))
+            parts.append(f"<h2>{title}</h2>" + figure_html(f"{name}.png", caption, meta["captions"]))
     return "".join(parts)
 
 
@@ -376,7 +312,8 @@ def _page(ledger: Ledger, run: str, out_dir: Path, plots: list[str]) -> str:
         "padding:2px 6px;text-align:right}figure{display:inline-block;margin:8px}img{image-rendering:pixelated}</style>"
         f"</head><body><h1>spotlight run <code>{html.escape(run)}</code></h1>{_heldout_html(ledger)}"
         f"<table><tr>{head}</tr>{body}</table>"
-        f"{_hacking_html(ledger, out_dir)}{_samples_html(out_dir)}<h2>Curves, cost, preemptions, sync, exploration</h2>{images}"
+        f"{hacking_html(ledger, out_dir)}{_samples_html(out_dir)}"
+        f"<h2>Curves, cost, preemptions, sync, exploration</h2>{images}"
         f"<h2>Samples</h2>{grid_html}</body></html>"
     )
 

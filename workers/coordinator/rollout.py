@@ -27,6 +27,7 @@ from workers.algo.sampler import Trajectory
 from workers.explore.seed_plan import SeedPlan
 from workers.rollout.state import InFlight, RolloutSpec, result_commit, result_components
 from workers.task.render import to_uint8
+from workers.trainer.advantages import batch_advantages
 from workers.trainer.grpo_trainer import Rollouts, TrainConfig, keep_max_variance
 
 
@@ -137,13 +138,14 @@ def load_batch(
     )
     rewards = torch.tensor([m["reward"] for _, m in results], dtype=torch.float32)
     group_ids = torch.tensor([r.prompt_index for r in requests])
-    advantages = config.grpo.advantages(rewards, group_ids)
     rollout_s = sum(float(m.get("compute_s", 0.0)) for _, m in results)
     components = result_components([m for _, m in results])  # a multi-reward's parts: the train phase's reward/<name>
+    advantages = batch_advantages(config.grpo, config.reward, rewards, group_ids, components)
     return keep_max_variance(
         Rollouts(iteration, traj, rewards, group_ids, advantages, rollout_s, reward_components=components),
         config.group_size,
         config.grpo,
+        config.reward,
     )
 
 

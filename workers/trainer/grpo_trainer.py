@@ -27,6 +27,7 @@ from workers.algo.seeds import candidate_seeds, domain_seed
 from workers.algo.selection import select_max_variance
 from workers.task.prompt_file import train_prompts
 from workers.task.rewards import get_reward
+from workers.trainer.advantages import batch_advantages
 from workers.trainer.chunks import micro_parts, sample_scored
 from workers.trainer.frozen import V_OLD_ADAPTER, frozen_policy, refresh, shares_transformer
 from workers.trainer.old_log_probs import first_epoch_minibatches, with_policy_log_probs
@@ -66,7 +67,7 @@ def default_seeds(config: TrainConfig, iteration: int) -> list[list[int]]:
     ]
 
 
-def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig) -> Rollouts:
+def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig, reward: str = "") -> Rollouts:
     """Per prompt, the group_size samples of largest reward variance (`workers.explore.request.select_max_variance`:
     the k lowest plus the group_size - k highest rewards); groups of group_size or fewer stay whole.
     Advantages are recomputed on what is kept; drawn_rewards keeps every drawn sample's reward.
@@ -100,7 +101,7 @@ def keep_max_variance(batch: Rollouts, group_size: int, grpo: GRPOConfig) -> Rol
         kept,
         rewards,
         group_ids,
-        grpo.advantages(rewards, group_ids),
+        batch_advantages(grpo, reward, rewards, group_ids, batch.reward_components, idx),
         batch.rollout_s,
         batch.rewards if batch.drawn_rewards is None else batch.drawn_rewards,
         None if batch.images is None else batch.images[idx.numpy()],
@@ -189,13 +190,13 @@ class GRPOTrainer:
             traj,
             rewards,
             group_ids,
-            c.grpo.advantages(rewards, group_ids),
+            batch_advantages(c.grpo, c.reward, rewards, group_ids, components),
             0.0,
             images=images,
             reward_components=components or None,
         )
         if not keep_all:
-            batch = keep_max_variance(batch, c.group_size, c.grpo)
+            batch = keep_max_variance(batch, c.group_size, c.grpo, c.reward)
         batch.rollout_s = time.perf_counter() - t0
         return batch
 

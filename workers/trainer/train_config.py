@@ -15,6 +15,7 @@ from workers.algo.sampler import SamplerConfig
 from workers.task.prompt_file import PromptSource
 from workers.task.prompts import CATEGORIES
 from workers.task.rewards import get_reward
+from workers.trainer.advantages import check_advantage
 
 NO_REWARD = ""
 """A preset's reward when it names none (the GPU presets): a run must choose one (`check_reward_chosen`)."""
@@ -97,6 +98,7 @@ class TrainConfig:
             raise ValueError("validate_every and validation_seeds must be >= 1")
         if self.reward != NO_REWARD:
             get_reward(self.reward)  # an unknown reward fails here, before any compute
+            check_advantage(self.grpo, self.reward)
         if self.prompts is not None and self.train_categories is not None:
             raise ValueError(
                 "train_categories picks MiniGenEval categories; with a prompts file (prompts) leave it None"
