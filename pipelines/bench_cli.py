@@ -80,7 +80,7 @@ def bench_recipe(
 ) -> None:
     """Held-out score before/after `spotlight train` from the shipped base, over several run seeds."""
     from workers.bench.recipe import bench_recipe as run
-    from workers.model.policy import SHIPPED_BASE
+    from workers.model.tiny_policy import SHIPPED_BASE
 
     def progress(record: dict) -> None:
         if record["validation_score"] is not None:

@@ -61,7 +61,7 @@ def bench_selection(
         raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
     policy = None
     if checkpoint is not None:
-        from workers.model.policy import load_policy
+        from workers.model.tiny_policy import load_policy
 
         policy = load_policy(checkpoint)
     figures = run_selection_bench(bench, policy, progress=lambda line: print(line, file=sys.stderr, flush=True))

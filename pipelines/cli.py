@@ -59,8 +59,8 @@ def pretrain(
         raise typer.BadParameter(str(err)) from None
     from rich.progress import Progress
 
-    from workers.model.policy import PolicyConfig, build_policy, load_policy, save_policy
     from workers.model.pretrain import pretrain as run_pretrain
+    from workers.model.tiny_policy import PolicyConfig, build_policy, load_policy, save_policy
     from workers.task.evaluate import evaluate
     from workers.task.prompts import split_prompts
 

@@ -325,12 +325,12 @@ def _drive(ctx, run_dir: Path, console, as_json: bool) -> Optional[dict]:
 
 
 def _save_final_policy(ctx, run_dir: Path) -> None:
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
     from workers.trainer.resident import resident_checkpoint
 
     policy, _ = resident_checkpoint(ctx.store, ctx.run, ctx.num_iterations)
     if ctx.model is not None:
-        from workers.model.families.policy import save_model_policy
+        from workers.model.families.diffusers_policy import save_model_policy
 
         save_model_policy(policy, run_dir / "policy")
     else:

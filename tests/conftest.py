@@ -174,7 +174,7 @@ def mem_ledger():
 @pytest.fixture
 def tiny_policy():
     """A randomly initialised policy small enough for sub-second rollouts (16x16 images, one block)."""
-    from workers.model.policy import PolicyConfig, build_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy
 
     config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     return build_policy(config, seed=0).eval()
@@ -286,7 +286,7 @@ def smoke_cluster_run(outside: Path):
     """One iteration of cpu_smoke on the default local cluster of worker processes, under preemptions, from a
     tiny policy saved at rel/tiny: `spotlight run ... --checkpoint rel/tiny --run-dir rel/cluster`."""
     from tests.runs import SMOKE_CLUSTER_ARGS, spotlight
-    from workers.model.policy import PolicyConfig, build_policy, save_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy, save_policy
 
     config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     save_policy(build_policy(config, seed=0).eval(), outside / "rel" / "tiny")

@@ -54,4 +54,4 @@ def test_wheel_ships_the_base_checkpoint_as_package_data_without_warnings(tmp_pa
         assert f"{CHECKPOINT}/{name}" in names
     assert any(n.startswith(f"{CHECKPOINT}/transformer/") and n.endswith(".safetensors") for n in names)
     assert [n for n in shipped if n not in names] == [], "checkpoint files missing from the wheel"
-    assert {"workers/model/policy.py", "pipelines/cli.py"} <= names
+    assert {"workers/model/tiny_policy.py", "pipelines/cli.py"} <= names

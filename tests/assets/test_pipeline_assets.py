@@ -13,7 +13,7 @@ def tiny_run(tmp_path, tiny_policy):
     import torch
 
     from pipelines.deploy import build_resources
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     torch.set_num_threads(1)
     save_policy(tiny_policy, tmp_path / "tiny")
@@ -147,7 +147,7 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
     from pipelines.deploy import build_resources
     from pipelines.run_walk import materialize_iteration, run_instance
     from resources.queue.base import PASSWORD_ENV
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     monkeypatch.delenv(PASSWORD_ENV, raising=False)  # the URL is the only place the password is given
     monkeypatch.delenv("DAGSTER_HOME", raising=False)

@@ -48,7 +48,7 @@ def test_train_config_with_an_unknown_reward_lists_the_registered_ones():
 
 
 def test_train_prints_one_json_object_per_iteration(tmp_path, tiny_policy):
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     result = runner.invoke(
@@ -74,7 +74,7 @@ def test_train_prints_one_json_object_per_iteration(tmp_path, tiny_policy):
 
 
 def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy):
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run"
@@ -106,7 +106,7 @@ def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy
 
 
 def test_train_explores_on_a_sample_budget_and_the_ledger_shows_the_explored_plans(tmp_path, tiny_policy):
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run"
@@ -144,7 +144,7 @@ def test_train_explores_on_a_sample_budget_and_the_ledger_shows_the_explored_pla
 
 def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, tiny_policy):
     """NFT updates have no PPO clip: the ledger's clip_fraction is NULL, not a crash (it was a KeyError)."""
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run"
@@ -181,7 +181,7 @@ def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, t
 
 
 def test_bench_recipe_reports_the_held_out_gain_of_every_seed(tmp_path, tiny_policy):
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     result = runner.invoke(

@@ -41,7 +41,7 @@ def _free_port() -> int:
 def dagster_dev(tmp_path_factory):
     """`dagster dev` on a 1-iteration cpu_smoke run of a tiny policy, shared by this module's tests;
     stopped with SIGINT (it ignores SIGTERM)."""
-    from workers.model.policy import PolicyConfig, build_policy, save_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy, save_policy
 
     tmp_path = tmp_path_factory.mktemp("dagster_dev")
     tiny = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))

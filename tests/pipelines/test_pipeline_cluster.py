@@ -12,7 +12,7 @@ def test_rollouts_through_a_local_cluster_land_in_store_and_ledger(tmp_path, tin
     from pipelines.deploy import build_resources
     from pipelines.run_walk import materialize_iteration
     from resources.keys import rollouts_prefix
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     resources = build_resources(

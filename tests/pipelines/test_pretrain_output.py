@@ -17,7 +17,7 @@ STEPS, BATCH, SEED = 2, 4, 0
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     """A few pretraining steps from the shipped base, through the command; (folder, its --json record)."""
-    from workers.model.policy import SHIPPED_BASE
+    from workers.model.tiny_policy import SHIPPED_BASE
 
     out = tmp_path_factory.mktemp("pretrain") / "base"
     threads = torch.get_num_threads()
@@ -46,8 +46,8 @@ def pretrained(tmp_path_factory):
 
 
 def test_pretrain_output_loads_to_the_weights_it_trained_and_samples_like_them(pretrained):
-    from workers.model.policy import SHIPPED_BASE, load_policy
     from workers.model.pretrain import PretrainConfig, pretrain
+    from workers.model.tiny_policy import SHIPPED_BASE, load_policy
     from workers.task.evaluate import evaluate
 
     out, record = pretrained
@@ -80,7 +80,7 @@ def test_pretrain_output_loads_to_the_weights_it_trained_and_samples_like_them(p
 def test_train_from_the_pretrain_output_starts_from_its_weights(pretrained, tmp_path):
     from resources.ledger.db import query_ledger
     from workers.coordinator.sync import published_form
-    from workers.model.policy import load_policy
+    from workers.model.tiny_policy import load_policy
     from workers.pulse import weights_hash
 
     out, _ = pretrained

@@ -148,7 +148,7 @@ def _content(run_dir: Path, queries: dict[str, str]) -> dict:
 def test_killed_run_resumes_to_the_ledger_of_an_uninterrupted_run(tmp_path, tiny_policy):
     """In-process rollouts, and exploration in process on a budget in samples, make a run deterministic: the resumed
     ledger must equal a fresh one."""
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     # Both runs are named "r" (the folder's name), so request ids and store keys match.
@@ -187,7 +187,7 @@ CLUSTER_QUERIES = {
 
 @pytest.mark.slow
 def test_killed_cluster_run_resumes_without_redoing_or_duplicating_work(tmp_path, tiny_policy):
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     killed = tmp_path / "r"

@@ -103,7 +103,7 @@ def test_two_trainer_processes_train_the_run_one_process_trains(tmp_path, smoke_
     (weights, optimizer), (weights_alone, optimizer_alone) = map(
         _final_state, (tmp_path / "ranks", smoke_train.path("rel/train"))
     )
-    from workers.model.policy import SHIPPED_BASE, load_policy
+    from workers.model.tiny_policy import SHIPPED_BASE, load_policy
 
     base = load_policy(SHIPPED_BASE).weights()
     assert max(float((weights[k] - base[k]).abs().max()) for k in base) > 1e-4, "the updates moved no weight"

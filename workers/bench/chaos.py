@@ -3,10 +3,10 @@ checked against a fault-free run.
 
 One LocalCluster of rollout worker processes serves every iteration, as `spotlight run`'s run-long workers do, while a
 Poisson trace SIGTERMs (with notice) or SIGKILLs them at `preemptions_per_hour` per worker; capacity comes back after
-`restart_delay_s`. Iteration k's requests go on the queue when k-1's are done, and the coordinator's purge of consumed
-iterations runs as in workers/coordinator/sampling.py. Requests are fixed (prompt, seed, weights version 0), which is
-what fixing exploration's seed plans gives a real run, so the fault-free run (the same requests worked in this process,
-never interrupted) asks for the same samples.
+`restart_delay_s`. Iteration k's requests go on the queue when k-1's are done, and the coordinator's purge of
+consumed iterations runs as in workers/coordinator/rollout_dispatch.py. Requests are fixed (prompt, seed, weights
+version 0), which is what fixing exploration's seed plans gives a real run, so the fault-free run (the same requests
+worked in this process, never interrupted) asks for the same samples.
 
 Reported: requests, lost (no committed result or never acked), duplicated (acked as first more than once), result-hash
 mismatches against the fault-free run, dead letters, preemptions (with and without notice), preemptions per spot
@@ -124,7 +124,7 @@ def run_chaos_bench(
 
 
 def _store(path: Path) -> LocalTensorStore:
-    from workers.model.policy import PolicyConfig, build_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy
     from workers.rollout.weights import publish_policy
 
     store = LocalTensorStore(path)

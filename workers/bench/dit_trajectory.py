@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from workers.model.policy import SHIPPED_BASE, load_policy
+from workers.model.tiny_policy import SHIPPED_BASE, load_policy
 from workers.trainer.grpo_trainer import GRPOTrainer
 from workers.trainer.presets import cpu_tiny
 

@@ -39,7 +39,7 @@ def run_elastic_bench(repeats: int = 3, throughput_requests: int = 4, num_steps:
 
     from resources.keys import anchor_key
     from resources.store.local import LocalTensorStore
-    from workers.model.policy import load_policy
+    from workers.model.tiny_policy import load_policy
     from workers.sp.node_agent import AgentConfig
 
     policy = load_policy()

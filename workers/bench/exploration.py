@@ -165,7 +165,7 @@ def run_exploration_bench(
 ) -> dict:
     """Every part; returns plain JSON figures (names in docs/EXPLORATION.md). Learning records go to `out`."""
     from workers.bench.exploration_static import static_selection
-    from workers.model.policy import SHIPPED_BASE, load_policy
+    from workers.model.tiny_policy import SHIPPED_BASE, load_policy
 
     torch.set_num_threads(1)
     say = progress or (lambda record: None)
@@ -229,7 +229,7 @@ def run_learning(
 def run_timing(bench: ExplorationBench, checkpoint: Path | None, say: Callable[[dict], None]) -> list[dict]:
     """Each strategy's short pipeline run on the first seed: critical-path seconds per iteration and phase."""
     from workers.bench.exploration_run import run_strategy
-    from workers.model.policy import SHIPPED_BASE
+    from workers.model.tiny_policy import SHIPPED_BASE
 
     config = dataclasses.replace(bench.train_config(), iterations=bench.timing_iterations)
     return [

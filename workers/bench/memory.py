@@ -73,7 +73,7 @@ def measure_iteration(bench: MemoryBench, num_samples: int) -> dict:
 
     from workers.algo.grpo import GRPOConfig
     from workers.algo.sampler import SamplerConfig
-    from workers.model.families.policy import load_model_policy
+    from workers.model.families.diffusers_policy import load_model_policy
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 
     torch.set_num_threads(bench.threads)

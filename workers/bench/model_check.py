@@ -81,7 +81,7 @@ def pulse_throughput(weights_before: dict, weights_after: dict) -> dict:
 def _pulse_after_update(path: Path, resolution: int, lora_rank: int, device: str) -> dict:
     """Weights before and after one optimizer step on a real gradient, through PULSE."""
     from workers.algo.sampler import SamplerConfig
-    from workers.model.spec import load_any
+    from workers.model.policy_loader import load_any
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
     from workers.trainer.presets import cpu_tiny
 
@@ -106,7 +106,7 @@ def _first_ratio(path: Path, resolution: int, lora_rank: int, device: str) -> di
     """max |ratio - 1| of the first minibatch before any step (workers/trainer/old_log_probs.py): Flow-GRPO with true
     CFG 4, 4 SDE steps, 2 minibatches; against the rollout's log-probs and the recomputed ones."""
     from workers.algo.sampler import SamplerConfig
-    from workers.model.spec import load_any
+    from workers.model.policy_loader import load_any
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
     from workers.trainer.old_log_probs import first_minibatch_ratio
     from workers.trainer.presets import cpu_tiny_flow_grpo

@@ -58,7 +58,7 @@ def _device_peak_GB(device: str) -> float | None:
 
 
 def _policy(path: Path, device: str, resolution: int, lora_rank: int):
-    from workers.model.spec import load_any
+    from workers.model.policy_loader import load_any
 
     dtype = "bf16" if device.startswith("cuda") else "fp32"
     return load_any(path, resolution=resolution, lora_rank=lora_rank, base_dtype=dtype).to(device)
@@ -128,8 +128,8 @@ def load_times(path: Path) -> dict:
     empty (what sharded loading does on the ranks other than 0)."""
     import diffusers
 
+    from workers.model.families.model_spec import ModelSpec
     from workers.model.families.registry import family_for
-    from workers.model.families.spec import ModelSpec
 
     spec = ModelSpec(path=str(path), family="qwen-image")
     family = family_for("qwen-image")

@@ -46,7 +46,7 @@ class _Abort(Exception):
 
 
 def _policy(quick: bool):
-    from workers.model.policy import SHIPPED_BASE, PolicyConfig, build_policy, load_policy
+    from workers.model.tiny_policy import SHIPPED_BASE, PolicyConfig, build_policy, load_policy
 
     if quick:
         cfg = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))

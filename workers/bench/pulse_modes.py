@@ -83,7 +83,7 @@ def dense_sync(receiver: dict, cur: dict) -> dict:
 
 def _trainer(path: Path, lora_rank: int, resolution: int, lr: float, sampler_steps: int):
     from workers.algo.sampler import SamplerConfig
-    from workers.model.spec import load_any
+    from workers.model.policy_loader import load_any
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
     from workers.trainer.presets import cpu_tiny
 

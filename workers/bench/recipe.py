@@ -24,7 +24,7 @@ import torch
 
 from workers.coordinator.context import RunContext
 from workers.coordinator.driver import train_records
-from workers.model.policy import SHIPPED_BASE
+from workers.model.tiny_policy import SHIPPED_BASE
 from workers.trainer.presets import get_preset
 
 

@@ -10,8 +10,8 @@ import time
 import torch
 
 from workers.algo.sampler import resolve_forward_dtype
-from workers.model.policy import load_policy
-from workers.model.spec import load_any
+from workers.model.policy_loader import load_any
+from workers.model.tiny_policy import load_policy
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig, trainable_parameters
 from workers.trainer.presets import cpu_tiny, cpu_tiny_flow_grpo
 

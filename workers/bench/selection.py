@@ -100,7 +100,7 @@ class SelectionBench:
 
 def run_selection_bench(bench: SelectionBench, policy=None, progress: Callable[[str], None] | None = None) -> dict:
     """Train along the preset, sample the pairs, score every strategy (see the module doc)."""
-    from workers.model.policy import load_policy
+    from workers.model.tiny_policy import load_policy
     from workers.trainer.grpo_trainer import GRPOTrainer
 
     started = time.perf_counter()

@@ -122,7 +122,7 @@ def publish_run_rewards(ctx: RunContext) -> None:
 def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
     """The iteration's samples per prompt at weights version k, scored by the reward, on whoever samples."""
     from workers.coordinator.rollout import iteration_requests, load_results, request_records
-    from workers.coordinator.sampling import sample_requests
+    from workers.coordinator.rollout_dispatch import sample_requests
     from workers.explore.seed_plan import plan_for_iteration
 
     plan = plan_for_iteration(ctx.store, ctx.run, ctx.train, k)
@@ -292,7 +292,7 @@ def validation_pictures(ctx: RunContext, k: int, result, seeds: int, reward: str
     """The held-out score so far, a grid of the first fixed seed's images, and the captioned held-out grids (the
     detector's pass/fail per criterion, or the reward's value of each image when `reward` scored them)."""
     from workers.coordinator.plots import image_grid_png, line_plot_png
-    from workers.coordinator.samples import heldout_pictures  # captioned grids, base vs v(k)
+    from workers.coordinator.sample_grids import heldout_pictures  # captioned grids, base vs v(k)
 
     first_seed = result.images[::seeds] if reward is None else result.images[::seeds][:16]  # big images: 16 at most
     grid = image_grid_png(first_seed, columns=8)

@@ -76,8 +76,8 @@ def publish_version(
 ) -> SyncOutcome:
     """Publish `version` (version 0 from the `base` folder, default the shipped base; a diffusers pipeline folder
     with `model`'s ModelSpec fields, e.g. lora_rank, sync_mode) and verify it."""
-    from workers.model.policy import SHIPPED_BASE
-    from workers.model.spec import load_any
+    from workers.model.policy_loader import load_any
+    from workers.model.tiny_policy import SHIPPED_BASE
 
     if version == 0:
         policy = load_any(base or SHIPPED_BASE, **(model or {}))

@@ -26,8 +26,8 @@ import torch
 from resources.store.base import TensorStore
 from resources.store.chain import StoreChain
 from workers.model.families.prompt_store import attach_prompt_store
-from workers.model.policy import Policy
-from workers.model.spec import build_from_spec
+from workers.model.policy_loader import build_from_spec
+from workers.model.tiny_policy import Policy
 from workers.pulse import ChainConfig, sync_weights
 
 

@@ -110,10 +110,10 @@ def check_folder_degree(model: str, degree: int, spec_fields: dict | None = None
     (another resolution, FLUX.1's unmasked text) is probed on the node, which gives back what it cannot split."""
     import diffusers
 
-    from workers.model.families.detect import detect_family
     from workers.model.families.family import read_config
+    from workers.model.families.identify import detect_family
+    from workers.model.families.model_spec import ModelSpec
     from workers.model.families.registry import family_for
-    from workers.model.families.spec import ModelSpec
 
     _check_int_degree(degree)
     if degree == 1:

@@ -75,7 +75,7 @@ def worker_main(
 
 
 def _pixel_policy(policy_config: dict[str, Any]):
-    from workers.model.policy import PolicyConfig, build_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy
 
     cfg = PolicyConfig(**{**policy_config, "rope_axes": tuple(policy_config["rope_axes"])})
     policy = build_policy(cfg, seed=0).eval()

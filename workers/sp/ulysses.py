@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workers.model.policy import Policy, PolicyConfig
+from workers.model.tiny_policy import Policy, PolicyConfig
 
 
 def check_sp_degree(config: PolicyConfig, degree: int) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workers.algo.sampler import SamplerConfig, rollout
-from workers.task.detect import criterion_means, score_images
+from workers.task.detector import criterion_means, score_images
 from workers.task.prompts import parse_prompt
 from workers.task.render import decode_images
 

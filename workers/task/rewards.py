@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image
 
 from workers.task import rewards_clip, rewards_multi, rewards_remote
-from workers.task.detect import score_images
+from workers.task.detector import score_images
 from workers.task.reward_inputs import call_reward
 
 RewardFn = Callable[[np.ndarray, list[str]], np.ndarray]

@@ -23,8 +23,8 @@ import torch
 
 from resources.keys import weights_key
 from resources.store.base import TensorStore
-from workers.model.policy import Policy
-from workers.model.spec import build_from_spec
+from workers.model.policy_loader import build_from_spec
+from workers.model.tiny_policy import Policy
 from workers.trainer.optimizer_state import SHARDED_FORMAT, state_dict_from
 from workers.trainer.sharded_optimizer import load_whole
 

@@ -208,9 +208,9 @@ def model_fields_for(preset: str, model: str, **given) -> dict:
     checked here (UnsupportedModelError / ValueError), before any weights load."""
     from pathlib import Path
 
-    from workers.model.families.detect import detect_family
+    from workers.model.families.identify import detect_family
+    from workers.model.families.model_spec import ModelSpec
     from workers.model.families.registry import family_for
-    from workers.model.families.spec import ModelSpec
 
     fields = {**MODEL_DEFAULTS.get(preset, {}), **{k: v for k, v in given.items() if v is not None}}
     path = Path(model).expanduser().resolve()
@@ -241,9 +241,9 @@ def training_prompts(path: str, heldout_fraction: float, model: str | None, mode
                     "on free text"
                 ) from None
         return source
-    from workers.model.families.detect import detect_family
+    from workers.model.families.identify import detect_family
+    from workers.model.families.model_spec import ModelSpec
     from workers.model.families.prompt_limits import check_prompts_fit
-    from workers.model.families.spec import ModelSpec
 
     folder = Path(model).expanduser().resolve()
     check_prompts_fit(source, ModelSpec(path=str(folder), family=detect_family(folder), **(model_fields or {})))

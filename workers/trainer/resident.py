@@ -28,7 +28,7 @@ import torch
 
 from resources.keys import weights_key
 from resources.store.base import TensorStore
-from workers.model.spec import build_from_spec
+from workers.model.policy_loader import build_from_spec
 from workers.trainer.checkpoint import OptimizerState, checkpoint_metadata, optimizer_state
 
 

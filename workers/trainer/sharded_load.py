@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from resources.store.base import TensorStore
-from workers.model.spec import build_from_spec
+from workers.model.policy_loader import build_from_spec
 from workers.trainer.checkpoint import checkpoint_metadata
 
 

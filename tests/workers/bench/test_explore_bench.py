@@ -83,7 +83,7 @@ def test_a_learning_run_reuses_its_record_and_redoes_a_stale_one(tmp_path, tiny_
 
     from workers.bench.exploration_learning import LearningRun, learning_run
     from workers.explore.state import ExploreConfig
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
     from workers.trainer.presets import get_preset
 
     save_policy(tiny_policy, tmp_path / "tiny")

@@ -52,7 +52,7 @@ def test_targets_report_a_miss_as_not_met() -> None:
 
 def test_tiny_dit_grpo_updates_round_trip_bit_exactly(tiny_policy, tmp_path) -> None:
     from workers.bench.dit_trajectory import dit_grpo_states
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
     from workers.pulse import apply_patch, encode_patch, weights_hash
 
     save_policy(tiny_policy, tmp_path / "ckpt")

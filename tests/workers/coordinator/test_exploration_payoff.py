@@ -37,7 +37,7 @@ def explored_run(tmp_path, tiny_policy):
     import torch
 
     from tests.workers.coordinator.test_explore_pipeline import _worker_loop
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     torch.set_num_threads(1)
     save_policy(tiny_policy, tmp_path / "tiny")

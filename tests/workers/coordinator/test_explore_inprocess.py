@@ -20,7 +20,7 @@ EXPLORE = ExploreConfig(seed_multipliers=(2, 3), cache_levels=("half_steps", "qu
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> str:
-    from workers.model.policy import PolicyConfig, build_policy, save_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy, save_policy
 
     folder = tmp_path_factory.mktemp("tiny") / "policy"
     config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))

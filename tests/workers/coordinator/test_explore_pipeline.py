@@ -164,7 +164,7 @@ def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path
 
     from pipelines.deploy import build_resources
     from pipelines.run_walk import walk_iterations
-    from workers.model.policy import PolicyConfig, build_policy, save_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy, save_policy
 
     torch.set_num_threads(1)
     two_blocks = PolicyConfig(image_size=16, num_layers=2, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))

@@ -17,7 +17,7 @@ def smoke_config():
 
 
 def _tiny_folder(tiny_policy, tmp_path):
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
     return tmp_path / "tiny"

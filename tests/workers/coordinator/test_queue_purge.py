@@ -9,7 +9,7 @@ from resources.queue import open_queue
 from workers.algo.sampler import SamplerConfig
 from workers.coordinator.context import RunContext, Sampling
 from workers.coordinator.rollout import PlannedRequest, request_id
-from workers.coordinator.sampling import sample_requests
+from workers.coordinator.rollout_dispatch import sample_requests
 from workers.rollout.state import RolloutSpec
 from workers.trainer.grpo_trainer import TrainConfig
 

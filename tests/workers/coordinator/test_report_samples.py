@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from workers.coordinator.report import write_report
-from workers.coordinator.samples import heldout_pictures, shown_indices
+from workers.coordinator.sample_grids import heldout_pictures, shown_indices
 from workers.task.evaluate import evaluate
 from workers.task.prompts import parse_prompt, split_prompts
 

@@ -29,7 +29,7 @@ SAMPLER = SamplerConfig(num_steps=4, noise_level=0.0)
 @pytest.fixture
 def two_block_policy():
     """tiny_policy with a second block: FirstBlockCache needs one to skip."""
-    from workers.model.policy import PolicyConfig, build_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy
 
     config = PolicyConfig(image_size=16, num_layers=2, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     return build_policy(config, seed=0).eval()
@@ -125,7 +125,7 @@ def test_a_payload_roundtrip_keeps_the_request_and_its_fingerprint() -> None:
 
 
 def test_a_seed_plan_from_the_same_exploration_reproduces_exactly(tmp_store) -> None:
-    from workers.model.policy import load_policy
+    from workers.model.tiny_policy import load_policy
     from workers.trainer.presets import get_preset
 
     config = get_preset("cpu_smoke")

@@ -9,7 +9,7 @@ import torch
 
 from workers.algo.sampler import SamplerConfig
 from workers.explore.request import ExploreSpec, explore_rewards
-from workers.model.families.policy import load_model_policy
+from workers.model.families.diffusers_policy import load_model_policy
 
 
 @pytest.mark.parametrize("level", ["fbcache", "taylorseer"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.model.families.policy import load_model_policy, save_model_policy
+from workers.model.families.diffusers_policy import load_model_policy, save_model_policy
 
 PROMPT = "two red circles"
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from workers.algo.sampler import SamplerConfig, rollout
-from workers.model.families.detect import UnsupportedModelError, detect_family
-from workers.model.families.policy import load_model_policy
-from workers.model.spec import build_from_spec, load_any
+from workers.model.families.diffusers_policy import load_model_policy
+from workers.model.families.identify import UnsupportedModelError, detect_family
+from workers.model.policy_loader import build_from_spec, load_any
 
 FAMILIES = ("qwen-image", "sd3", "flux")
 PROMPTS = ["two red circles", "a blue square above a green triangle"]

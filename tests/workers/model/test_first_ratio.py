@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from workers.algo.sampler import SamplerConfig
-from workers.model.families.policy import load_model_policy
+from workers.model.families.diffusers_policy import load_model_policy
 from workers.trainer.grpo_trainer import GRPOTrainer
 from workers.trainer.old_log_probs import first_minibatch_ratio
 from workers.trainer.presets import get_preset

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.model.families.policy import load_model_policy
+from workers.model.families.diffusers_policy import load_model_policy
 
 
 def test_a_lora_starts_from_the_same_adapter_whatever_the_processs_random_state(pipelines):

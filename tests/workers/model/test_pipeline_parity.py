@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workers.algo.sampler import SamplerConfig, rollout
-from workers.model.families.policy import load_model_policy
+from workers.model.families.diffusers_policy import load_model_policy
 
 PROMPT = "a blue square above a green triangle"
 NUM_STEPS = 10  # the presets' train steps; SD3's old schedule was off by 0.24 at the last of 10 steps

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from workers.model.policy import PolicyConfig, load_policy, patchify, save_policy, unpatchify
+from workers.model.tiny_policy import PolicyConfig, load_policy, patchify, save_policy, unpatchify
 
 
 def test_patchify_packs_2x2_pixel_patches_and_inverts():

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from workers.model.policy import PolicyConfig, build_policy
 from workers.model.pretrain import PretrainConfig, SceneStream, flow_matching_loss, lr_factor, pretrain
+from workers.model.tiny_policy import PolicyConfig, build_policy
 
 
 def test_scene_stream_is_seeded_and_never_shows_heldout_prompts():

@@ -15,8 +15,8 @@ from resources.keys import prompt_embeddings_key, rollout_key
 from resources.queue import open_queue
 from tests.paths import REPO_ROOT
 from workers.algo.sampler import SamplerConfig
-from workers.model.families import policy as family_policy
-from workers.model.families.policy import load_model_policy
+from workers.model.families import diffusers_policy as family_policy
+from workers.model.families.diffusers_policy import load_model_policy
 from workers.model.families.prompt_store import (
     attach_prompt_store,
     publish_prompt_embeddings,
@@ -106,7 +106,7 @@ def test_the_runs_spec_comes_from_its_anchor_and_a_pixel_run_caches_nothing(pipe
 WORKER = """
 import gc, json, sys
 from transformers import PreTrainedModel
-from workers.model.families import policy
+from workers.model.families import diffusers_policy as policy
 from workers.rollout.worker import main
 
 code = main(sys.argv[1:])

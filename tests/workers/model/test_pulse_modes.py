@@ -10,8 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from workers.bench.pulse_modes import run_pulse_modes
+from workers.model.families.diffusers_policy import load_model_policy
 from workers.model.families.lora import merged_weights
-from workers.model.families.policy import load_model_policy
 from workers.model.families.tiny import build_tiny_pipeline
 
 

@@ -37,7 +37,7 @@ def _train_a_little(policy, version: int) -> None:
 
 def test_each_version_reads_every_anchor_and_patch_of_its_chain_once(tmp_path, tiny_policy) -> None:
     from workers.coordinator.sync import publish_version
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
     from workers.trainer.checkpoint import save_checkpoint
 
     save_policy(tiny_policy, tmp_path / "tiny")
@@ -60,7 +60,7 @@ def test_each_version_reads_every_anchor_and_patch_of_its_chain_once(tmp_path, t
 
 def test_a_damaged_stored_anchor_is_reported_as_not_reproduced(tmp_path, tiny_policy) -> None:
     from workers.coordinator.sync import publish_version
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
     from workers.pulse import weights_hash
     from workers.trainer.checkpoint import save_checkpoint
 

@@ -48,7 +48,7 @@ def _sampled_by_queue_workers(store, policy, config: TrainConfig) -> list[Planne
 
 @pytest.mark.parametrize("forward_dtype", ["auto", "fp32"])
 def test_the_first_minibatch_on_the_queue_path_is_unclipped(tmp_store, forward_dtype) -> None:
-    from workers.model.policy import load_policy
+    from workers.model.tiny_policy import load_policy
 
     # Flow-GRPO's recipe (cpu_tiny_flow_grpo: clip range 1e-4) on the shipped base, one minibatch.
     sampler = SamplerConfig(num_steps=8, sde_window=(0, 4), forward_dtype=forward_dtype)
@@ -66,7 +66,7 @@ def test_the_first_minibatch_on_the_queue_path_is_unclipped(tmp_store, forward_d
 
 
 def test_later_minibatches_still_see_the_policy_move(tmp_store) -> None:
-    from workers.model.policy import load_policy
+    from workers.model.tiny_policy import load_policy
 
     config = TrainConfig(
         iterations=1,

@@ -15,7 +15,7 @@ from resources.keys import rollout_state_key
 from resources.queue.records import Request
 from tests.fuzz.fuzzing import FUZZ
 from workers.algo.sampler import SamplerConfig
-from workers.model.families.policy import load_model_policy
+from workers.model.families.diffusers_policy import load_model_policy
 from workers.model.families.tiny import build_tiny_pipeline
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec, rollout_request

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> Path:
     """The ledger of a real run with preemptions, rollouts pulled by two worker processes."""
-    from workers.model.policy import PolicyConfig, build_policy, save_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy, save_policy
 
     root = tmp_path_factory.mktemp("reality")
     config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.model.families.policy import load_model_policy
+from workers.model.families.diffusers_policy import load_model_policy
 from workers.sp.model_sp import sp_degrees, sp_view
 
 PROMPT = "two red circles"

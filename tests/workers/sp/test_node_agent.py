@@ -20,7 +20,7 @@ import torch
 
 from resources.keys import anchor_key
 from workers.algo.sampler import SamplerConfig, rollout
-from workers.model.policy import PolicyConfig, build_policy
+from workers.model.tiny_policy import PolicyConfig, build_policy
 from workers.sp.node_agent import AgentConfig, NodeAgent, SPRequest
 
 SP_ATOL = 1e-5

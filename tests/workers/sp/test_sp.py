@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from workers.algo.sampler import SamplerConfig, rollout
-from workers.model.policy import PolicyConfig, build_policy
+from workers.model.tiny_policy import PolicyConfig, build_policy
 from workers.sp.ulysses import SequenceParallelPolicy, allowed_degrees, check_sp_degree, pad_text
 
 SP_ATOL = 1e-5

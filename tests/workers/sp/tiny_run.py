@@ -24,7 +24,7 @@ class TinyRun:
 
 def tiny_run(model: Path, stores: list, num_requests: int) -> TinyRun:
     """Publish one LoRA policy (true CFG 3, 32 px: 16 image tokens) and its prompts' embeddings to every store."""
-    from workers.model.families.policy import load_model_policy
+    from workers.model.families.diffusers_policy import load_model_policy
     from workers.model.families.prompt_store import publish_run_prompt_embeddings
     from workers.rollout.state import RolloutSpec, rollout_request
     from workers.rollout.weights import publish_policy

@@ -1,6 +1,6 @@
 import numpy as np
 
-from workers.task.detect import detect_objects, score_images
+from workers.task.detector import detect_objects, score_images
 from workers.task.prompts import parse_prompt, split_prompts
 from workers.task.render import render_scene
 from workers.task.rewards import get_reward, jpeg_compressibility

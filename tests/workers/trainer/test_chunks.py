@@ -8,7 +8,7 @@ import torch
 
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
-from workers.model.families.policy import load_model_policy
+from workers.model.families.diffusers_policy import load_model_policy
 from workers.model.families.tiny import build_tiny_pipeline
 from workers.task.render import to_uint8
 from workers.trainer.chunks import micro_parts

@@ -97,7 +97,7 @@ def test_the_pipeline_rebuilds_the_same_advantages_from_the_stored_components(tm
 @pytest.mark.slow
 def test_spotlight_train_takes_the_option(tmp_path, tiny_policy):
     """`spotlight train --advantage per-component` runs end to end on a multi-reward (two iterations)."""
-    from workers.model.policy import save_policy
+    from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "ckpt")
     args = ["train", "--preset", "cpu_smoke", "--checkpoint", str(tmp_path / "ckpt"), "--reward", MULTI]

@@ -60,11 +60,11 @@ def _config(case: Case) -> TrainConfig:
 
 def _policy(case: Case, pipeline: Path):
     if case.policy == "pixel":
-        from workers.model.policy import PolicyConfig, build_policy
+        from workers.model.tiny_policy import PolicyConfig, build_policy
 
         config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
         return build_policy(config, seed=0).eval()
-    from workers.model.families.policy import load_model_policy
+    from workers.model.families.diffusers_policy import load_model_policy
 
     return load_model_policy(pipeline, resolution=32, lora_rank=4)
 
@@ -195,7 +195,7 @@ def test_gradient_checkpointing_recomputes_blocks_and_leaves_the_update_unchange
     """Full fine-tuning of the tiny Qwen-Image under BF16 autocast, with and without checkpointing."""
     import copy
 
-    from workers.model.families.policy import load_model_policy
+    from workers.model.families.diffusers_policy import load_model_policy
 
     config = TrainConfig(
         prompts_per_iteration=2,

@@ -10,8 +10,8 @@ import torch
 
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
+from workers.model.families.diffusers_policy import load_model_policy, save_model_policy
 from workers.model.families.lora import AdapterView
-from workers.model.families.policy import load_model_policy, save_model_policy
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 
 

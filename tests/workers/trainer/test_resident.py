@@ -77,7 +77,7 @@ def test_a_resident_checkpoint_takes_each_versions_weights_in_place(tmp_path, lo
     import torch
 
     from resources.store import open_store
-    from workers.model.families.policy import load_model_policy
+    from workers.model.families.diffusers_policy import load_model_policy
     from workers.trainer.checkpoint import load_checkpoint, save_checkpoint
 
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")

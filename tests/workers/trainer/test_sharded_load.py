@@ -102,7 +102,7 @@ def iteration(tmp_path_factory):
     from workers.coordinator.rollout import collect_in_process, iteration_requests
     from workers.coordinator.train import train_iteration
     from workers.explore.seed_plan import default_seed_plan
-    from workers.model.families.policy import load_model_policy
+    from workers.model.families.diffusers_policy import load_model_policy
     from workers.model.families.tiny import build_tiny_pipeline
     from workers.trainer import resident
     from workers.trainer.checkpoint import save_checkpoint

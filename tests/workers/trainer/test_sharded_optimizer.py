@@ -31,7 +31,7 @@ CHECKPOINT_KEY = "runs/sharded/weights/v000001"
 
 
 def _policy():
-    from workers.model.policy import PolicyConfig, build_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy
 
     config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     return build_policy(config, seed=0).eval()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers.model.families.spec import ModelSpec
+from workers.model.families.model_spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ Example:
 
 from __future__ import annotations
 
+from workers.model.families.model_spec import ModelSpec
 from workers.model.families.registry import family_for
-from workers.model.families.spec import ModelSpec
 
 
 def prompt_token_limit(spec: ModelSpec) -> tuple[str, int, bool]:

@@ -23,8 +23,8 @@ import torch
 
 from resources.keys import prompt_embeddings_key
 from resources.store.base import TensorStore
+from workers.model.families.model_spec import ModelSpec
 from workers.model.families.registry import family_for
-from workers.model.families.spec import ModelSpec
 
 FORMAT = "spotlight-prompt-embeddings/1"
 
@@ -57,7 +57,7 @@ def publish_prompt_embeddings(
     store: TensorStore, run: str, spec: ModelSpec, prompts: Iterable[str]
 ) -> PromptCacheOutcome:
     """Encode every prompt the store lacks (text encoders load only if one is missing) and commit each."""
-    from workers.model.families.policy import shared_frozen_parts
+    from workers.model.families.diffusers_policy import shared_frozen_parts
 
     wanted = prompts_to_cache(spec, prompts)
     source = StorePromptSource(store, run)

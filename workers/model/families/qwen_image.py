@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from workers.model.families.family import Family, Geometry, pad_stack, read_config, unpack_2x2
-from workers.model.families.spec import ModelSpec
+from workers.model.families.model_spec import ModelSpec
 
 
 class QwenImage(Family):

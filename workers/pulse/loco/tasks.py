@@ -189,7 +189,7 @@ class DiTTask:
     """GRPO on the shipped tiny DiT; replica r samples iterations r, r + R, r + 2R, ... of the prompt schedule."""
 
     def __init__(self, config: TaskConfig, replica: int, num_replicas: int) -> None:
-        from workers.model.policy import SHIPPED_BASE, load_policy
+        from workers.model.tiny_policy import SHIPPED_BASE, load_policy
         from workers.task.prompts import split_prompts
         from workers.trainer.grpo_trainer import GRPOTrainer
         from workers.trainer.presets import get_preset
@@ -220,7 +220,7 @@ class DiTTask:
         return float(batch.rewards.mean())
 
     def evaluate(self) -> dict:
-        from workers.task.detect import score_images
+        from workers.task.detector import score_images
         from workers.task.evaluate import evaluate
 
         result = evaluate(self.policy, self.heldout, seeds_per_prompt=2, keep_images=True)

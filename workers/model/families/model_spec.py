@@ -16,7 +16,7 @@ class ModelSpec:
     path: str
     """Absolute path of the local diffusers pipeline folder (loaded with local_files_only=True)."""
     family: str
-    """qwen-image, sd3 or flux (workers.model.families.detect)."""
+    """qwen-image, sd3 or flux (workers.model.families.identify)."""
     resolution: int = 512
     """Square image side in pixels; a multiple of the family's latent stride (VAE factor x packing)."""
     lora_rank: int = 0

@@ -113,7 +113,7 @@ class Policy(nn.Module):
         return self.parameters()
 
     def spec(self) -> dict:
-        """What any process needs to rebuild this architecture (`workers.model.spec.build_from_spec`)."""
+        """What any process needs to rebuild this architecture (`workers.model.policy_loader.build_from_spec`)."""
         return asdict(self.config)
 
     def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

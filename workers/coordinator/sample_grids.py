@@ -49,7 +49,7 @@ def shown_indices(prompts: list[str], per_category: int = SHOWN_PER_CATEGORY) ->
 def verdicts(images_NHW3: np.ndarray, prompts: list[str]) -> list[str]:
     """Per image, its criteria with pass/fail marks, one line per object group (criterion "count.1" is group 1's
     count) and one for the position: "color ✓ count ✗ shape ✓\nposition ✗"."""
-    from workers.task.detect import score_images
+    from workers.task.detector import score_images
 
     out = []
     for score in score_images(images_NHW3, prompts):

@@ -1,7 +1,7 @@
 """A diffusers pipeline as a spotlight policy: the trainable transformer (full, or a peft LoRA on it) and the
 frozen rest (text encoder(s), VAE, scheduler), behind the interface the sampler and trainer use.
 
-The interface is the pixel policy's (workers/model/policy.py): `latent_shape`, `sigmas(num_steps)`,
+The interface is the pixel policy's (workers/model/tiny_policy.py): `latent_shape`, `sigmas(num_steps)`,
 `encode_prompts(prompts) -> (cond, mask)`, `velocity(x, sigma, cond, mask)`, `decode(latents)`, and
 `weights()` / `load_weights()` / `trainable_parameters()` / `spec()` for what trains, syncs and
 checkpoints. A family (qwen_image.py, sd3.py, flux.py) supplies the parts that differ: prompt
@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workers.model.families.detect import detect_family
 from workers.model.families.family import Conditioning, Family
+from workers.model.families.identify import detect_family
 from workers.model.families.lora import TRAINED_ADAPTER, adapter_of, add_lora
+from workers.model.families.model_spec import ModelSpec
 from workers.model.families.registry import family_for
-from workers.model.families.spec import ModelSpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DECODE_BATCH = 8
