@@ -11,11 +11,12 @@ Example:
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import queue
 import subprocess
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 _EOF = None
 
@@ -103,3 +104,23 @@ class ProcessLines:
             rest.append(line.rstrip("\n"))
         self._lines.put(_EOF)
         return rest, "".join(self._stderr)
+
+
+def run_spawned(
+    target: Callable[..., None], args_of: Callable[[int], tuple[Any, ...]], count: int, timeout_s: float
+) -> None:
+    """Run `target(*args_of(r))` in `count` spawned processes at once and wait for them; a process still alive at the
+    deadline is killed. Fails (AssertionError) unless every process exited 0: its traceback is in captured stderr."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=args_of(r), daemon=True) for r in range(count)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout=timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [p.exitcode for p in procs] == [0] * count, "a rank failed (its traceback is in the captured stderr)"

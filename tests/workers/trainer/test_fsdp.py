@@ -9,13 +9,13 @@ in one process is bit-identical.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.procs import run_spawned
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
 from workers.trainer.fsdp import DataShard, check_batch_split, full_weights
@@ -104,21 +104,7 @@ def updates(tmp_path_factory):
         assert batch.advantages.abs().sum() > 0, "the case's groups need reward contrast"
         torch.save({"initial": initial, "batch": batch}, work / f"{name}.pt")
         single[name] = (initial, {"stats": trainer.update(batch), "weights": full_weights(policy)})
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, str(work / "init"), str(work)), daemon=True) for r in range(WORLD_SIZE)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout=300)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * WORLD_SIZE, "a rank failed (its traceback is in the captured stderr)"
+    run_spawned(_rank_main, lambda r: (r, str(work / "init"), str(work)), WORLD_SIZE, timeout_s=300)
     ranks = {name: [torch.load(work / f"{name}.rank{r}.pt") for r in range(WORLD_SIZE)] for name in CASES}
     return {name: (*single[name], ranks[name]) for name in CASES}
 

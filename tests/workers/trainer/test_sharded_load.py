@@ -12,7 +12,6 @@ train.py) on a tiny Qwen-Image pipeline under full fine-tuning, against one proc
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import socket
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.procs import run_spawned
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
 from workers.trainer.grpo_trainer import TrainConfig
@@ -120,19 +120,8 @@ def iteration(tmp_path_factory):
         train_iteration(alone, RUN, CONFIG, 0, requests)
     finally:
         resident.release_resident()
-    ctx, port = mp.get_context("spawn"), _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, str(work))) for r in range(WORLD_SIZE)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout=400)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * WORLD_SIZE, "a rank failed (its traceback is in the captured stderr)"
+    port = _free_port()
+    run_spawned(_rank_main, lambda r: (r, port, str(work)), WORLD_SIZE, timeout_s=400)
     return work, requests, [json.loads((work / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
 
 

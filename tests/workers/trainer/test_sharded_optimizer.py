@@ -8,12 +8,12 @@ files, and the shards read back whole in one process must be what that process's
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.procs import run_spawned
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
 from workers.trainer.fsdp import full_weights
@@ -82,19 +82,7 @@ def ranks_result(tmp_path_factory):
     torch.save({"initial": initial, "batches": batches}, work / "inputs.pt")
     trainer.update(batches[0])
     alone = trainer.optimizer.state_dict()
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, str(work / "init"), str(work))) for r in range(WORLD_SIZE)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout=300)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * WORLD_SIZE, "a rank failed (its traceback is in the captured stderr)"
+    run_spawned(_rank_main, lambda r: (r, str(work / "init"), str(work)), WORLD_SIZE, timeout_s=300)
     return [torch.load(work / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)], alone, work
 
 
