@@ -68,7 +68,6 @@ def guard_config(ctx: RunContext) -> HackingGuardConfig:
 
 def held_out_signals(ctx: RunContext, k: int, result, gold_reward: str, seeds: int) -> HackingSignalsRecord:
     """The unjudged signals of weights version k's held-out images (`result` kept its images)."""
-
     proxy, parts = score_with_components(get_reward(ctx.train.reward), result.images, list(result.prompts))
     stats = image_statistics(result.images, seeds)
     components = {name: float(np.mean(v)) for name, v in parts.items()}

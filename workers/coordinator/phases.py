@@ -65,7 +65,6 @@ class PhaseResult:
 
 def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Weights version k in the run's PULSE chain (the base's anchor for k = 0), checked by a fresh receiver."""
-
     books.begin_iteration(ctx.ledger, ctx, k)
     with books.phase(ctx.ledger, k, "sync"):
         publish_run_rewards(ctx)
@@ -127,7 +126,6 @@ def publish_run_rewards(ctx: RunContext) -> None:
 
 def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
     """The iteration's samples per prompt at weights version k, scored by the reward, on whoever samples."""
-
     plan = plan_for_iteration(ctx.store, ctx.run, ctx.train, k)
     requests = iteration_requests(ctx.train, ctx.run, k, weights_version=k, plan=plan)
     with books.phase(ctx.ledger, k, "rollout"):
@@ -166,7 +164,6 @@ def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
 
 def train_phase(ctx: RunContext, k: int) -> PhaseResult:
     """GRPO on the iteration's rollouts: weights version k -> k+1 (checkpoint in the store)."""
-
     requests = iteration_requests(ctx.train, ctx.run, k, weights_version=k, plan=load_seed_plan(ctx.store, ctx.run, k))
     config = guarded_train_config(ctx, k)  # a reward-hacking rollback lowers the lr / raises the KL from then on
     with books.phase(ctx.ledger, k, "train") as window:
@@ -197,7 +194,6 @@ def train_phase(ctx: RunContext, k: int) -> PhaseResult:
 def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Held-out prompts, fixed seeds, ODE sampling: the score of weights version k (on schedule), by MiniGenEval's
     detector (the pixel policy's default) or by a reward (a --model run's reward, or --validation-reward)."""
-
     plan = resolve_validation(ctx.validation, ctx.train.reward, model=ctx.model is not None)
     named = None if plan.detector else plan.reward  # the detector's records keep their fields
     if not ctx.validates(k):
@@ -256,7 +252,6 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
 def hacking_guard_result(ctx: RunContext, k: int, signals, out: PhaseResult) -> None:
     """Judge version k's reward-hacking signals (workers/coordinator/hacking_guard.py), act on a flag, and add
     the verdict to the phase's metadata, checks and record (`hacking_action` stop: the driver ends the run)."""
-
     verdict, action = guard_validation(ctx, k, signals)
     fields = {
         "hacking_flagged": verdict.flagged,
@@ -282,7 +277,6 @@ def hacking_guard_result(ctx: RunContext, k: int, signals, out: PhaseResult) -> 
 def validation_pictures(ctx: RunContext, k: int, result, seeds: int, reward: str | None) -> dict:
     """The held-out score so far, a grid of the first fixed seed's images, and the captioned held-out grids (the
     detector's pass/fail per criterion, or the reward's value of each image when `reward` scored them)."""
-
     first_seed = result.images[::seeds] if reward is None else result.images[::seeds][:16]  # big images: 16 at most
     grid = image_grid_png(first_seed, columns=8)
     write_grid(ctx, f"{iteration_label(k)}-validation.png", grid)

@@ -51,7 +51,6 @@ def iteration_requests(
     config: TrainConfig, run: str, iteration: int, weights_version: int, plan: SeedPlan
 ) -> list[PlannedRequest]:
     """The iteration's requests in batch order (prompt-major), seeds from the plan."""
-
     plan.check_matches(config)
     return [
         PlannedRequest(
@@ -182,7 +181,6 @@ def collect_in_process(
     As rank 0 of N trainer ranks (workers/trainer/ranks.py) it orders every rank to sample its contiguous part of
     the requests (`sample_part`), as worker `{worker_id}-rank{r}`, and returns once all have committed theirs. A
     reward that z-scores over the images scored together stays on rank 0: its totals depend on the whole batch."""
-
     ranks = current_setup().ranks
     order = RolloutOrder(store.url, run, config, iteration, requests, device)
     if ranks is None or getattr(get_reward(config.reward), "batch_dependent", False):
@@ -207,7 +205,6 @@ def sample_part(store: TensorStore, order: RolloutOrder, ranks, worker_id: str =
 
 def _sample(store: TensorStore, order: RolloutOrder, requests: list[PlannedRequest], worker_id: str) -> int:
     """Sample and score `requests` on this process's resident policy and commit their results."""
-
     config = order.config
     policy, _ = resident_checkpoint(store, order.run, requests[0].spec.weights_version, order.device)
     t0 = time.perf_counter()

@@ -84,7 +84,6 @@ def _run_local_cluster(
     summary: PhaseSummary,
 ) -> None:
     """Worker processes for this phase only; slot names carry the iteration so worker ids stay unique in the ledger."""
-
     slots = [
         WorkerSlot(
             f"it{iteration}w{i}",

@@ -79,7 +79,6 @@ def publish_version(
 ) -> SyncOutcome:
     """Publish `version` (version 0 from the `base` folder, default the shipped base; a diffusers pipeline folder
     with `model`'s ModelSpec fields, e.g. lora_rank, sync_mode) and verify it."""
-
     if version == 0:
         policy = load_any(base or SHIPPED_BASE, **(model or {}))
         save_checkpoint(store, run, 0, policy)

@@ -24,7 +24,6 @@ MAX_CACHED_PROMPTS = 4096
 
 def run_prompts(ctx: RunContext) -> list[str]:
     """Every distinct prompt the run trains, explores or validates on, in first-use order."""
-
     c = ctx.train
     training = [p for k in range(ctx.num_iterations + 1) for p in train_prompts(c, k)]  # a prompts file's too
     held_out = resolve_validation(ctx.validation, c.reward, model=ctx.model is not None).prompts

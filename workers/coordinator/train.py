@@ -70,7 +70,6 @@ def train_iteration(
 def follow_orders(setup: TrainerSetup) -> int:
     """Ranks 1..N-1: sample their part of each in-process rollout phase and join each train phase rank 0 orders,
     until it sends None; returns how many train phases were joined."""
-
     joined = 0
     while (order := setup.ranks.receive()) is not None:
         if isinstance(order, RolloutOrder):

@@ -48,7 +48,6 @@ def pool_session(ledger: Ledger) -> int:
 @contextlib.contextmanager
 def worker_pool(ctx: RunContext, num_workers: int, preemptions_per_hour: float, log_dir: Path | None) -> Iterator[None]:
     """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends."""
-
     if ctx.queue_url is None:
         raise ValueError("a worker pool needs the run's queue: give the run a queue URL")
     sampling, session = ctx.sampling, pool_session(ctx.ledger)
