@@ -125,7 +125,6 @@ def _explore(
 ) -> dict[int, tuple[list[int], list[float]]]:
     """Prompt index -> (candidate seeds, explored rewards) of (prompt index, request) pairs, each committed where a
     worker would commit it; each request sampled `chunk` seeds at a time (None: whole)."""
-
     if not requests:
         return {}
     policy, _ = resident_checkpoint(store, run, iteration, device)  # the stale weights v(iteration), in place

@@ -243,7 +243,6 @@ def work_explore_request(
 ) -> ExploreOutcome:
     """A rollout worker's handling of an `explore` request: policy at the stale version, cheap sampling,
     the rewards committed exclusively at `explore_result_key`. ValueError for a malformed payload."""
-
     spec = ExploreSpec.from_payload(request.payload)
     key = explore_result_key(spec.run, request.iteration, request.request_id)
     done = store.read_manifest(key)
