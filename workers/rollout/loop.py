@@ -106,7 +106,6 @@ class WorkerLoop:
     def _explore(self, lease: Lease) -> None:
         """An exploration request: one short batch on stale weights, not worth committing state for.
         If the coordinator cancelled it meanwhile, the ack is refused and the result simply goes unused."""
-
         if self.stop.is_set():
             self.queue.release(lease)
             return

@@ -173,7 +173,6 @@ class _Stepper:
 
     def advance(self, flight: InFlight, delay_s: float) -> float:
         """One denoising step in place; returns its seconds (the simulated delay included)."""
-
         started = time.perf_counter()
         t = flight.step
         x, lp = denoise_step(
@@ -221,7 +220,6 @@ def _publish_result(
 ) -> None:
     """Score every sample and commit each one's result exclusively under its own key (one key for a request
     of one sample); then drop the request's in-flight state."""
-
     batch = len(spec.seeds)
     images_u8 = decode_images(policy, flight.latents[flight.step])  # (B, H, W, 3); a family's VAE decodes latents
     fields = None if spec.prompt_fields is None else [spec.prompt_fields] * batch

@@ -221,7 +221,6 @@ def default_instance_type(cluster_info: str | None) -> str:
 def open_io(args: argparse.Namespace, who: str = "workers.rollout"):
     """(queue, store) of `args.queue` and `args.store`, checked reachable, or None after printing (as `who`) why
     one cannot be used. The SP node agent opens its own the same way."""
-
     try:
         queue = open_queue(args.queue)
         queue.stats()  # a SQLite file is opened lazily: touch it now so a bad path fails here
@@ -240,7 +239,6 @@ def open_io(args: argparse.Namespace, who: str = "workers.rollout"):
 
 def start_notice_watcher(args: argparse.Namespace, stop: threading.Event, report: EventLog):
     """A thread polling the cloud's preemption notice (None with --preemption-notice off); a notice sets `stop`."""
-
     check = notice_checker(args.preemption_notice, args.notice_url)
     if check is None:
         return None
