@@ -115,6 +115,5 @@ def _run_local_cluster(
 
 
 def _preemptions_since(ledger: Ledger, since: float) -> int:
-
     rows = ledger.query("SELECT count(*) FROM preemptions WHERE preempted_at >= ?", [to_utc(since)]).rows
     return int(rows[0][0])
