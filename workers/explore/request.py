@@ -109,7 +109,6 @@ class ExploreSpec:
     """The prompt's other fields from the run's prompts file, for a reward that takes them (absent: None)."""
 
     def __post_init__(self) -> None:
-
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"explore request: seeds must be distinct and non-empty, got {list(self.seeds)[:5]}")
         for seed in self.seeds:

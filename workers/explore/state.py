@@ -65,7 +65,6 @@ class ExploreConfig:
     bandit: BanditConfig = field(default_factory=BanditConfig)
 
     def __post_init__(self) -> None:
-
         if not self.seed_multipliers or any(
             isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in self.seed_multipliers
         ):
@@ -108,7 +107,6 @@ class ExploreConfig:
         return sorted({(iteration * n + j) % num_prompts for j in range(n)})
 
     def new_bandit(self, group_size: int) -> UCBBandit:
-
         weights = {name: CACHE_LEVELS[name].nominal_cost for name in self.cache_levels}
         return UCBBandit(self.arms(group_size), self.bandit, weights)
 
