@@ -165,7 +165,6 @@ class _Stepper:
     (no re-encoding and no trajectory re-allocation per step). The state stays where it is committed from."""
 
     def __init__(self, policy, spec: RolloutSpec):
-
         self.policy, self.spec = policy, spec
         self.device = next(policy.parameters()).device
         self.cond = policy.encode_prompts([spec.prompt] * len(spec.seeds))

@@ -98,7 +98,6 @@ class RolloutSpec:
     None = none (absent from the payload)."""
 
     def __post_init__(self) -> None:
-
         for seed in self.seeds:
             if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
                 raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
@@ -237,7 +236,6 @@ class InFlight:
 
     @classmethod
     def fresh(cls, spec: RolloutSpec, image_shape: tuple[int, int, int]) -> "InFlight":
-
         n, b = spec.sampler.num_steps, len(spec.seeds)
         latents = torch.full((n + 1, b, *image_shape), float("nan"))
         latents[0] = batch_noise(list(spec.seeds), 0, image_shape)
