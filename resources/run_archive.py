@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from resources.store import open_store
 from resources.store.base import StoreError, TensorStore
 
 ARCHIVED = ("ledger.duckdb", "run.json", "metrics.jsonl", "report")
@@ -42,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True, help="The run folder (spotlight run --run-dir).")
     parser.add_argument("--store", required=True, help="The run's tensor store URL (s3://bucket/prefix or a folder).")
     args = parser.parse_args(argv)
-    from resources.store import open_store
 
     try:
         keys = archive_run_dir(args.run_dir, open_store(args.store))

@@ -20,6 +20,9 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from resources.queue import open_queue
+from resources.queue.base import QueueError
+
 log = logging.getLogger("spotlight.run_status")
 EXIT_OVER_BUDGET = 3
 """The gate's exit code once the ledger's spend reached the cap or the run ended (the spot task then ends its job
@@ -73,8 +76,6 @@ class StatusPublisher:
         self.publish()
 
     def publish(self) -> None:
-        from resources.queue.base import QueueError
-
         try:
             self.queue.publish_info({**ledger_status(self.query), **self.extra, "published_at": time.time()})
         except QueueError as err:  # status is advisory: the run goes on
@@ -93,8 +94,6 @@ def run_ended(info: Mapping[str, Any]) -> bool:
 
 def _read_info(url: str) -> dict[str, Any]:
     """The run's published summary; QueueError or ValueError when the queue cannot be read."""
-    from resources.queue import open_queue
-
     with open_queue(url) as queue:
         return queue.info() if hasattr(queue, "info") else {}
 
@@ -110,8 +109,6 @@ def supervise(
     command's own exit code otherwise. An unreadable queue is no reason to stop: the worker says why itself."""
     import signal
     import subprocess
-
-    from resources.queue.base import QueueError
 
     child = subprocess.Popen(command)
     signal.signal(signal.SIGTERM, lambda *_: None)  # the job's SIGTERM reaches the worker directly (same group)
@@ -150,12 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every-s", type=float, default=30.0, help="How often a supervised worker checks the run.")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the worker's command line, to supervise")
     args = parser.parse_args(argv)
-    from resources.queue.base import QueueError
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.mark is not None:
-        from resources.queue import open_queue
-
         with open_queue(args.queue) as queue:
             queue.publish_info({ENDED_KEY: args.mark == "ended"})
         return 0

@@ -60,8 +60,8 @@ from resources.cloud.tasks import (
     worker_task,
     yaml_task,
 )
-from resources.queue.redis_tls import WORKER_USER
-from resources.urls import PASSWORD_ENV, RUN_CA_ENV
+from resources.queue.redis_tls import FILES, WORKER_USER
+from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_address
 from sky import exceptions as sky_exceptions
 
 __all__ = [
@@ -190,8 +190,6 @@ def wait_for_redis(
     setup or run block failed)."""
     import time
 
-    from resources.urls import redis_address
-
     address = redis_address(queue_url, {k: secrets[k] for k in (PASSWORD_ENV, RUN_CA_ENV) if secrets.get(k)})
     deadline, last = time.monotonic() + timeout_s, None
     while True:
@@ -225,7 +223,7 @@ def _ping(address: Any, connect_timeout_s: float) -> None:
     """One PING through redis-py: PermissionError for a refused password, OSError while the server is not there."""
     import redis
 
-    from resources.queue.redis_streams import redis_client
+    from resources.queue.redis_streams import redis_client  # lazy: pulls redis
 
     client = redis_client(address, socket_connect_timeout=connect_timeout_s, socket_timeout=connect_timeout_s)
     try:
@@ -240,8 +238,6 @@ def _ping(address: Any, connect_timeout_s: float) -> None:
 def use_run_ca(cluster: str, env: Any = os.environ) -> bool:
     """Trust the run's CA in this process (SPOTLIGHT_REDIS_RUN_CA in `env`) when its TLS files are on this machine
     and nothing else is set: `spotlight status` and a relaunch then reach the node's Redis. False when absent."""
-    from resources.queue.redis_tls import FILES
-
     ca = tls_folder(cluster, env) / FILES[0]
     if env.get(RUN_CA_ENV) or not ca.is_file():
         return bool(env.get(RUN_CA_ENV))

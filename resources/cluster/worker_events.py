@@ -33,6 +33,8 @@ from typing import IO, Any, Iterable
 
 from resources.cluster.ledger import WorkTracker
 from resources.ledger import Ledger
+from resources.queue import open_queue
+from resources.queue.base import QueueError
 
 log = logging.getLogger("spotlight.worker_events")
 VANISHED = "vanished"
@@ -62,7 +64,6 @@ def relay(lines: Iterable[str], queue: Any, out: IO[str]) -> int:
 def _append(queue: Any, events: list[dict]) -> int:
     if queue is None:
         return 0
-    from resources.queue.base import QueueError
 
     try:
         queue.append_events(events)
@@ -95,7 +96,6 @@ class RemoteWorkers:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        from resources.queue.base import QueueError
 
         try:
             self.pump(block_s=0.001)  # what arrived since the last read
@@ -106,8 +106,6 @@ class RemoteWorkers:
             del self.live[worker_id]
 
     def _loop(self) -> None:
-        from resources.queue.base import QueueError
-
         while not self._stop.is_set():
             try:
                 self.pump(self.poll_s)
@@ -187,9 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, signal.SIG_IGN)
     queue = None
     try:
-        from resources.queue import open_queue
-        from resources.queue.base import QueueError
-
         queue = open_queue(args.queue)
         if not hasattr(queue, "append_events"):
             print(

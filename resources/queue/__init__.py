@@ -21,6 +21,7 @@ from resources.queue.base import (
     RequestQueue,
     parse_queue_url,
 )
+from resources.queue.sqlite import SqliteQueue
 
 
 def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQueue:
@@ -31,10 +32,8 @@ def open_queue(url: str | Path, config: QueueConfig = QueueConfig()) -> RequestQ
     queue cannot be reached within `config.connect_timeout_s`."""
     where = parse_queue_url(url)
     if isinstance(where, Path):
-        from resources.queue.sqlite import SqliteQueue
-
         return SqliteQueue(where, config)
-    from resources.queue.redis_streams import RedisQueue
+    from resources.queue.redis_streams import RedisQueue  # lazy: pulls redis
 
     return RedisQueue(where, config)
 

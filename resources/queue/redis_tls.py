@@ -33,6 +33,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_password
+
 SERVER_NAME = "spotlight-redis"
 """The name in the run's server certificate; clients check it instead of the node's address (unknown at launch)."""
 WORKER_USER = "spotlight-worker"
@@ -161,8 +163,6 @@ def redis_conf(folder: Path, port: int, password: str) -> str:
 
 def write_node_files(folder: Path, port: int, env: dict[str, str]) -> Path:
     """redis.conf and the certificate files in `folder`, from the node's secrets; ValueError naming a missing one."""
-    from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_password
-
     password = redis_password(env)
     missing = [
         name

@@ -19,6 +19,7 @@ from typing import Any
 from resources.ledger import Ledger
 from resources.queue.base import QueueConfig
 from resources.settings import ROLLOUT_MODES
+from resources.store import open_store
 from resources.store.base import TensorStore
 from workers.trainer.grpo_trainer import TrainConfig
 
@@ -154,8 +155,6 @@ class RunContext:
         """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
         rewritten on validated iterations, and only the last iteration's rollout results kept (each is about
         15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses."""
-        from resources.store import open_store
-
         run_dir = run_dir.resolve()
         store_url = str(run_dir / "store")
         return cls(

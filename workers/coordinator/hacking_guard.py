@@ -27,6 +27,8 @@ from resources.keys import run_prefix, weights_key
 from resources.ledger.records import HACKING_ACTIONS, HackingRollbackRecord, HackingSignalsRecord
 from workers.algo.hacking import HackingRule, Signals, Verdict, judge, standard_error
 from workers.coordinator.context import RunContext
+from workers.task.image_stats import image_statistics
+from workers.task.rewards import get_reward, score_with_components
 
 HACKING_CHECK = "no_reward_hacking"
 STAT_COLUMNS = ("edge_density", "colour_entropy", "saturation", "compressed_bytes", "diversity")
@@ -66,9 +68,6 @@ def guard_config(ctx: RunContext) -> HackingGuardConfig:
 
 def held_out_signals(ctx: RunContext, k: int, result, gold_reward: str, seeds: int) -> HackingSignalsRecord:
     """The unjudged signals of weights version k's held-out images (`result` kept its images)."""
-    from workers.task.image_stats import image_statistics
-    from workers.task.rewards import get_reward, score_with_components
-
     proxy, parts = score_with_components(get_reward(ctx.train.reward), result.images, list(result.prompts))
     stats = image_statistics(result.images, seeds)
     components = {name: float(np.mean(v)) for name, v in parts.items()}

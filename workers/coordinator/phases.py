@@ -23,10 +23,24 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from resources.keys import iteration_label, rollouts_prefix
+from resources.keys import iteration_label, rollouts_prefix, run_rewards_key
 from resources.ledger.records import SyncRecord, TrainStepRecord
 from workers.coordinator import books
 from workers.coordinator.context import RunContext
+from workers.coordinator.hacking_guard import HACKING_CHECK, guard_validation, guarded_train_config, held_out_signals
+from workers.coordinator.plots import histogram_png, image_grid_png, line_plot_png
+from workers.coordinator.report import write_report
+from workers.coordinator.rollout import iteration_requests, load_results, request_records
+from workers.coordinator.rollout_dispatch import sample_requests
+from workers.coordinator.sample_grids import heldout_pictures
+from workers.coordinator.sync import publish_version
+from workers.coordinator.text_encoders import encode_run_prompts
+from workers.coordinator.train import train_iteration
+from workers.explore.seed_plan import load_seed_plan, plan_for_iteration
+from workers.model.families.prompt_store import publish_run_prompt_embeddings
+from workers.task.prompt_file import train_prompts
+from workers.task.validation import resolve_validation
+from workers.trainer.resident import release_memory, resident_checkpoint, resident_policy
 
 PATCH_CHECK = "patch_reproduces_trainer_hash"
 REWARDS_CHECK = "rewards_finite"
@@ -51,8 +65,6 @@ class PhaseResult:
 
 def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Weights version k in the run's PULSE chain (the base's anchor for k = 0), checked by a fresh receiver."""
-    from workers.coordinator.sync import publish_version
-
     books.begin_iteration(ctx.ledger, ctx, k)
     with books.phase(ctx.ledger, k, "sync"):
         publish_run_rewards(ctx)
@@ -62,15 +74,11 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
         cached = None
         if ctx.model is not None and k == 0:
             # The base just became the resident policy: encode the whole run's prompts once, drop the encoders.
-            from workers.coordinator.text_encoders import encode_run_prompts
-            from workers.trainer.resident import release_memory, resident_policy
 
             cached = encode_run_prompts(ctx, resident_policy())
             release_memory()
         if ctx.model is not None and ctx.sampling.mode != "inprocess":
             # Workers read iteration k's and k+1's (explore) prompt embeddings; the pixel policy has none to cache.
-            from workers.model.families.prompt_store import publish_run_prompt_embeddings
-            from workers.task.prompt_file import train_prompts
 
             c = ctx.train
             publish_run_prompt_embeddings(
@@ -112,19 +120,12 @@ def publish_run_rewards(ctx: RunContext) -> None:
     refuses a request whose reward is not among them."""
     import json
 
-    from resources.keys import run_rewards_key
-    from workers.task.validation import resolve_validation
-
     validation = resolve_validation(ctx.validation, ctx.train.reward, model=ctx.model is not None).reward
     ctx.store.put_bytes(run_rewards_key(ctx.run), json.dumps(sorted({ctx.train.reward, validation})).encode())
 
 
 def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
     """The iteration's samples per prompt at weights version k, scored by the reward, on whoever samples."""
-    from workers.coordinator.rollout import iteration_requests, load_results, request_records
-    from workers.coordinator.rollout_dispatch import sample_requests
-    from workers.explore.seed_plan import plan_for_iteration
-
     plan = plan_for_iteration(ctx.store, ctx.run, ctx.train, k)
     requests = iteration_requests(ctx.train, ctx.run, k, weights_version=k, plan=plan)
     with books.phase(ctx.ledger, k, "rollout"):
@@ -150,8 +151,6 @@ def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
     if ctx.draws(k):
         import numpy as np
 
-        from workers.coordinator.plots import histogram_png, image_grid_png
-
         grid = image_grid_png(
             np.stack([t["image"].numpy() for t, _ in results]), columns=max(len(g) for g in plan.seeds)
         )
@@ -165,11 +164,6 @@ def rollout_phase(ctx: RunContext, k: int) -> PhaseResult:
 
 def train_phase(ctx: RunContext, k: int) -> PhaseResult:
     """GRPO on the iteration's rollouts: weights version k -> k+1 (checkpoint in the store)."""
-    from workers.coordinator.hacking_guard import guarded_train_config
-    from workers.coordinator.rollout import iteration_requests
-    from workers.coordinator.train import train_iteration
-    from workers.explore.seed_plan import load_seed_plan
-
     requests = iteration_requests(ctx.train, ctx.run, k, weights_version=k, plan=load_seed_plan(ctx.store, ctx.run, k))
     config = guarded_train_config(ctx, k)  # a reward-hacking rollback lowers the lr / raises the KL from then on
     with books.phase(ctx.ledger, k, "train") as window:
@@ -200,20 +194,14 @@ def train_phase(ctx: RunContext, k: int) -> PhaseResult:
 def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Held-out prompts, fixed seeds, ODE sampling: the score of weights version k (on schedule), by MiniGenEval's
     detector (the pixel policy's default) or by a reward (a --model run's reward, or --validation-reward)."""
-    from workers.task.validation import resolve_validation
-
     plan = resolve_validation(ctx.validation, ctx.train.reward, model=ctx.model is not None)
     named = None if plan.detector else plan.reward  # the detector's records keep their fields
     if not ctx.validates(k):
-        from workers.coordinator.hacking_guard import HACKING_CHECK
-
         return PhaseResult(
             {"validated": False, "validate_every": ctx.train.validate_every},
             checks={GUARD_CHECK: (True, {"validated": False}), HACKING_CHECK: (True, {"validated": False})},
             record=validation_record(None, named),
         )
-    from workers.coordinator.hacking_guard import held_out_signals
-    from workers.trainer.resident import release_memory, resident_checkpoint
 
     policy, _ = resident_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
@@ -264,8 +252,6 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
 def hacking_guard_result(ctx: RunContext, k: int, signals, out: PhaseResult) -> None:
     """Judge version k's reward-hacking signals (workers/coordinator/hacking_guard.py), act on a flag, and add
     the verdict to the phase's metadata, checks and record (`hacking_action` stop: the driver ends the run)."""
-    from workers.coordinator.hacking_guard import HACKING_CHECK, guard_validation
-
     verdict, action = guard_validation(ctx, k, signals)
     fields = {
         "hacking_flagged": verdict.flagged,
@@ -291,9 +277,6 @@ def hacking_guard_result(ctx: RunContext, k: int, signals, out: PhaseResult) -> 
 def validation_pictures(ctx: RunContext, k: int, result, seeds: int, reward: str | None) -> dict:
     """The held-out score so far, a grid of the first fixed seed's images, and the captioned held-out grids (the
     detector's pass/fail per criterion, or the reward's value of each image when `reward` scored them)."""
-    from workers.coordinator.plots import image_grid_png, line_plot_png
-    from workers.coordinator.sample_grids import heldout_pictures  # captioned grids, base vs v(k)
-
     first_seed = result.images[::seeds] if reward is None else result.images[::seeds][:16]  # big images: 16 at most
     grid = image_grid_png(first_seed, columns=8)
     write_grid(ctx, f"{iteration_label(k)}-validation.png", grid)
@@ -335,8 +318,6 @@ def report_phase(ctx: RunContext, k: int) -> PhaseResult:
     }
     out = PhaseResult(meta)
     if ctx.draws(k):
-        from workers.coordinator.report import write_report
-
         written = write_report(ctx.ledger, ctx.store, ctx.run, ctx.report_dir)
         out.paths = {"report": str(written.index)}
         out.pictures = {

@@ -22,13 +22,19 @@ from dataclasses import dataclass
 import torch
 
 from resources.keys import request_id, rollout_key  # request_id: re-exported, the rollout phase names its requests
+from resources.ledger.records import RequestRecord, components_json
 from resources.store.base import TensorStore
 from workers.algo.sampler import Trajectory
 from workers.explore.seed_plan import SeedPlan
 from workers.rollout.state import InFlight, RolloutSpec, result_commit, result_components
+from workers.task.prompt_file import prompt_fields
 from workers.task.render import to_uint8
+from workers.task.rewards import get_reward
 from workers.trainer.advantages import batch_advantages
+from workers.trainer.chunks import sample_scored
 from workers.trainer.grpo_trainer import Rollouts, TrainConfig, keep_max_variance
+from workers.trainer.ranks import current_setup
+from workers.trainer.resident import resident_checkpoint
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,6 @@ def iteration_requests(
     config: TrainConfig, run: str, iteration: int, weights_version: int, plan: SeedPlan
 ) -> list[PlannedRequest]:
     """The iteration's requests in batch order (prompt-major), seeds from the plan."""
-    from workers.task.prompt_file import prompt_fields
-
     plan.check_matches(config)
     return [
         PlannedRequest(
@@ -177,9 +181,6 @@ def collect_in_process(
     As rank 0 of N trainer ranks (workers/trainer/ranks.py) it orders every rank to sample its contiguous part of
     the requests (`sample_part`), as worker `{worker_id}-rank{r}`, and returns once all have committed theirs. A
     reward that z-scores over the images scored together stays on rank 0: its totals depend on the whole batch."""
-    from workers.task.rewards import get_reward
-    from workers.trainer.ranks import current_setup
-
     ranks = current_setup().ranks
     order = RolloutOrder(store.url, run, config, iteration, requests, device)
     if ranks is None or getattr(get_reward(config.reward), "batch_dependent", False):
@@ -204,10 +205,6 @@ def sample_part(store: TensorStore, order: RolloutOrder, ranks, worker_id: str =
 
 def _sample(store: TensorStore, order: RolloutOrder, requests: list[PlannedRequest], worker_id: str) -> int:
     """Sample and score `requests` on this process's resident policy and commit their results."""
-    from workers.task.rewards import get_reward
-    from workers.trainer.chunks import sample_scored
-    from workers.trainer.resident import resident_checkpoint
-
     config = order.config
     policy, _ = resident_checkpoint(store, order.run, requests[0].spec.weights_version, order.device)
     t0 = time.perf_counter()
@@ -239,8 +236,6 @@ def request_records(
 ) -> list:
     """One ledger `requests` row per request with a committed result (non-finite rewards marked failed)."""
     import math
-
-    from resources.ledger.records import RequestRecord, components_json
 
     rows = []
     for req, (_, meta) in zip(requests, results, strict=False):

@@ -15,8 +15,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
+from resources.cluster.preemption import poisson_trace
 from resources.ledger import Ledger
+from resources.ledger.records import to_utc
+from resources.queue import open_queue
 from workers.coordinator.context import RunContext, Sampling
+from workers.coordinator.rollout import collect_in_process, queue_batches
+from workers.rollout.state import rollout_request
 
 
 @dataclass
@@ -38,15 +44,10 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
     run, config = ctx.run, ctx.train
     summary = PhaseSummary(workers.mode, len(requests), time.time())
     if workers.mode == "inprocess":
-        from workers.coordinator.rollout import collect_in_process
-
         collect_in_process(store, run, config, iteration, requests, device=ctx.device)
         return summary
     if queue_url is None:
         raise ValueError(f"rollout mode {workers.mode!r} needs a queue: configure the queue resource")
-    from resources.queue import open_queue
-    from workers.coordinator.rollout import queue_batches
-    from workers.rollout.state import rollout_request
 
     batches = queue_batches(requests, config.seeds_per_request)
     ids = [rid for rid, _ in batches]
@@ -83,9 +84,6 @@ def _run_local_cluster(
     summary: PhaseSummary,
 ) -> None:
     """Worker processes for this phase only; slot names carry the iteration so worker ids stay unique in the ledger."""
-    from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-    from resources.cluster.preemption import poisson_trace
-
     slots = [
         WorkerSlot(
             f"it{iteration}w{i}",
@@ -117,7 +115,5 @@ def _run_local_cluster(
 
 
 def _preemptions_since(ledger: Ledger, since: float) -> int:
-    from resources.ledger.records import to_utc
-
     rows = ledger.query("SELECT count(*) FROM preemptions WHERE preempted_at >= ?", [to_utc(since)]).rows
     return int(rows[0][0])

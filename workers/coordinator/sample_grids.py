@@ -25,6 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from resources.keys import iteration_label
+from workers.coordinator.plots import captioned_grid_png
+from workers.task.detector import score_images
+from workers.task.prompts import parse_prompt
+
 SHOWN_PER_CATEGORY = 2
 """Held-out prompts shown per category (counting, color_binding, counting_binding, position)."""
 SHOWN_REWARD_PROMPTS = 8
@@ -34,8 +39,6 @@ PASS, FAIL = "✓", "✗"
 
 def shown_indices(prompts: list[str], per_category: int = SHOWN_PER_CATEGORY) -> list[int]:
     """The first `per_category` prompts of each category, in the order they come."""
-    from workers.task.prompts import parse_prompt
-
     taken: dict[str, int] = {}
     out = []
     for i, prompt in enumerate(prompts):
@@ -49,8 +52,6 @@ def shown_indices(prompts: list[str], per_category: int = SHOWN_PER_CATEGORY) ->
 def verdicts(images_NHW3: np.ndarray, prompts: list[str]) -> list[str]:
     """Per image, its criteria with pass/fail marks, one line per object group (criterion "count.1" is group 1's
     count) and one for the position: "color ✓ count ✗ shape ✓\nposition ✗"."""
-    from workers.task.detector import score_images
-
     out = []
     for score in score_images(images_NHW3, prompts):
         lines: dict[str, list[str]] = {}
@@ -78,9 +79,6 @@ def heldout_pictures(
     """Write the captioned grid of v(k) and (for k > 0, when v0's samples were kept) the before/after grid;
     returns them as PhaseResult pictures (name -> (PNG, caption)). Captions: the detector's pass/fail per
     criterion, or with `reward` each image's value in `scores`."""
-    from resources.keys import iteration_label
-    from workers.coordinator.plots import captioned_grid_png
-
     shown = shown_indices(prompts) if reward is None else list(range(min(len(prompts), SHOWN_REWARD_PROMPTS)))
     images, names = images_NHW3[shown], [prompts[i] for i in shown]
     marks = verdicts(images, names) if reward is None else reward_marks([scores[i] for i in shown], reward)
@@ -109,8 +107,6 @@ def before_after_png(
     base, images_NHW3: np.ndarray, prompts: list[str], marks: list[str], k: int
 ) -> tuple[bytes, list[str]] | None:
     """Base samples on the top row, v(k)'s below, one column per prompt (None when v0 showed other prompts)."""
-    from workers.coordinator.plots import captioned_grid_png
-
     if [str(p) for p in base["prompts"]] != prompts:
         return None
     # v0's own captions (older reports kept none: the detector's verdicts are computed again).

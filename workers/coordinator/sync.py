@@ -28,6 +28,9 @@ import torch
 from resources.keys import weights_key
 from resources.store.base import TensorStore
 from resources.store.chain import StoreChain
+from workers.model.families.lora import merged_weights
+from workers.model.policy_loader import load_any
+from workers.model.tiny_policy import SHIPPED_BASE
 from workers.pulse import ChainConfig, ChainPublisher, apply_patch, read_patch_header, sync_weights, weights_hash
 from workers.trainer.checkpoint import bf16_weights, save_checkpoint
 from workers.trainer.resident import adopt, resident_checkpoint
@@ -76,9 +79,6 @@ def publish_version(
 ) -> SyncOutcome:
     """Publish `version` (version 0 from the `base` folder, default the shipped base; a diffusers pipeline folder
     with `model`'s ModelSpec fields, e.g. lora_rank, sync_mode) and verify it."""
-    from workers.model.policy_loader import load_any
-    from workers.model.tiny_policy import SHIPPED_BASE
-
     if version == 0:
         policy = load_any(base or SHIPPED_BASE, **(model or {}))
         save_checkpoint(store, run, 0, policy)
@@ -124,7 +124,6 @@ def published_form(policy) -> tuple[dict, dict[str, torch.Tensor]]:
     spec = getattr(policy, "model_spec", None)
     if spec is None or spec.sync_mode != "merged":
         return policy.spec(), bf16_weights(policy)
-    from workers.model.families.lora import merged_weights
 
     return spec.receiver().to_json(), merged_weights(policy.transformer)[0]
 

@@ -14,6 +14,9 @@ Example:
 from __future__ import annotations
 
 from workers.coordinator.context import RunContext
+from workers.model.families.prompt_store import prompts_to_cache
+from workers.task.prompt_file import train_prompts
+from workers.task.validation import resolve_validation
 
 MAX_CACHED_PROMPTS = 4096
 """Above this many distinct prompts the run keeps its text encoders (the cache would outgrow them)."""
@@ -21,9 +24,6 @@ MAX_CACHED_PROMPTS = 4096
 
 def run_prompts(ctx: RunContext) -> list[str]:
     """Every distinct prompt the run trains, explores or validates on, in first-use order."""
-    from workers.task.prompt_file import train_prompts
-    from workers.task.validation import resolve_validation
-
     c = ctx.train
     training = [p for k in range(ctx.num_iterations + 1) for p in train_prompts(c, k)]  # a prompts file's too
     held_out = resolve_validation(ctx.validation, c.reward, model=ctx.model is not None).prompts
@@ -36,7 +36,6 @@ def encode_run_prompts(ctx: RunContext, policy) -> int | None:
     a run of more than MAX_CACHED_PROMPTS prompts."""
     if not callable(getattr(policy, "drop_text_encoders", None)):
         return None
-    from workers.model.families.prompt_store import prompts_to_cache
 
     prompts = prompts_to_cache(policy.model_spec, run_prompts(ctx))
     if len(prompts) > MAX_CACHED_PROMPTS:

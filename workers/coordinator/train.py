@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resources.keys import weights_key
+from resources.store import open_store
 from resources.store.base import TensorStore
 from workers.coordinator.rollout import PlannedRequest, RolloutOrder, load_batch, sample_part
 from workers.trainer.checkpoint import (
@@ -28,11 +29,14 @@ from workers.trainer.checkpoint import (
 from workers.trainer.checkpoint import (
     optimizer_state as saved_optimizer_state,
 )
+from workers.trainer.fsdp import distribute, full_weights, load_optimizer_state
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+from workers.trainer.memory import enable_gradient_checkpointing, gradient_checkpointing_enabled
 from workers.trainer.optimizer_state import SHARDED_FORMAT
 from workers.trainer.ranks import TrainerSetup, current_setup
 from workers.trainer.resident import forget_version, mark_version, release_memory, resident_checkpoint
 from workers.trainer.sharded_load import empty_policy
+from workers.trainer.sharded_optimizer import load_sharded, save_sharded
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,6 @@ def train_iteration(
 def follow_orders(setup: TrainerSetup) -> int:
     """Ranks 1..N-1: sample their part of each in-process rollout phase and join each train phase rank 0 orders,
     until it sends None; returns how many train phases were joined."""
-    from resources.store import open_store
-
     joined = 0
     while (order := setup.ranks.receive()) is not None:
         if isinstance(order, RolloutOrder):
@@ -87,7 +89,6 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
     policy, optimizer_state = _trained_copy(store, run, k, order.device, setup)
     if alone:
         forget_version()  # until the update is published, the resident weights match no checkpoint
-    from workers.trainer.memory import enable_gradient_checkpointing, gradient_checkpointing_enabled
 
     if setup.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
@@ -139,8 +140,6 @@ def _restore(trainer: GRPOTrainer, optimizer_state: OptimizerState | None, setup
     if setup.ranks is None:
         restore_optimizer(trainer.optimizer, optimizer_state)
         return
-    from workers.trainer.fsdp import distribute, load_optimizer_state
-    from workers.trainer.sharded_optimizer import load_sharded
 
     distribute(trainer, setup.ranks.mesh, from_rank0=True)
     if optimizer_state is not None and optimizer_state.sharded:
@@ -154,7 +153,5 @@ def _saved_state(store: TensorStore, key: str, trainer: GRPOTrainer, setup: Trai
     optimizer: its state dict alone; under ranks the metadata of the shards every rank has just stored."""
     if setup.ranks is None:
         return trainer.policy.weights(), trainer.optimizer.state_dict()
-    from workers.trainer.fsdp import full_weights
-    from workers.trainer.sharded_optimizer import save_sharded
 
     return full_weights(trainer.policy), save_sharded(store, key, trainer.optimizer)

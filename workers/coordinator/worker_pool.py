@@ -18,6 +18,8 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
+from resources.cluster.preemption import poisson_trace
 from resources.ledger import Ledger
 from workers.coordinator.context import RunContext
 
@@ -46,9 +48,6 @@ def pool_session(ledger: Ledger) -> int:
 @contextlib.contextmanager
 def worker_pool(ctx: RunContext, num_workers: int, preemptions_per_hour: float, log_dir: Path | None) -> Iterator[None]:
     """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends."""
-    from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
-    from resources.cluster.preemption import poisson_trace
-
     if ctx.queue_url is None:
         raise ValueError("a worker pool needs the run's queue: give the run a queue URL")
     sampling, session = ctx.sampling, pool_session(ctx.ledger)

@@ -31,6 +31,7 @@ from workers.explore.seed_plan import publish_seed_plan
 from workers.explore.session import Finished, Session, load_session, publish_session
 from workers.explore.state import ExploreConfig, explored_variance
 from workers.trainer.grpo_trainer import TrainConfig
+from workers.trainer.resident import resident_checkpoint
 
 WORKER_ID = "coordinator"
 """Who the results say explored them."""
@@ -124,8 +125,6 @@ def _explore(
 ) -> dict[int, tuple[list[int], list[float]]]:
     """Prompt index -> (candidate seeds, explored rewards) of (prompt index, request) pairs, each committed where a
     worker would commit it; each request sampled `chunk` seeds at a time (None: whole)."""
-    from workers.trainer.resident import resident_checkpoint
-
     if not requests:
         return {}
     policy, _ = resident_checkpoint(store, run, iteration, device)  # the stale weights v(iteration), in place

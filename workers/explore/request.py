@@ -26,7 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from workers.algo.sampler import SamplerConfig
+from resources.keys import explore_result_key
+from workers.algo.sampler import SamplerConfig, rollout
+from workers.task.render import decode_images
+from workers.task.request_fields import check_policy_reads, check_prompt_fields, check_request_fields
+from workers.task.reward_inputs import call_reward
+from workers.task.rewards import get_reward
 
 EXPLORE_FORMAT = "spotlight-explore-result/1"
 RESULT_NAME = "explore.json"
@@ -104,8 +109,6 @@ class ExploreSpec:
     """The prompt's other fields from the run's prompts file, for a reward that takes them (absent: None)."""
 
     def __post_init__(self) -> None:
-        from workers.task.request_fields import check_prompt_fields, check_request_fields
-
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"explore request: seeds must be distinct and non-empty, got {list(self.seeds)[:5]}")
         for seed in self.seeds:
@@ -202,11 +205,6 @@ def explore_rewards(policy, spec: ExploreSpec, chunk: int | None = None) -> list
     score them. Each chunk runs in a cache context of its own: a cache hook's state never crosses chunks."""
     import numpy as np
 
-    from workers.algo.sampler import rollout
-    from workers.task.render import decode_images
-    from workers.task.reward_inputs import call_reward
-    from workers.task.rewards import get_reward
-
     level = cache_level(spec.cache_level)
     seeds = list(spec.seeds)
     size = chunk or len(seeds)
@@ -244,14 +242,11 @@ def work_explore_request(
 ) -> ExploreOutcome:
     """A rollout worker's handling of an `explore` request: policy at the stale version, cheap sampling,
     the rewards committed exclusively at `explore_result_key`. ValueError for a malformed payload."""
-    from resources.keys import explore_result_key
-
     spec = ExploreSpec.from_payload(request.payload)
     key = explore_result_key(spec.run, request.iteration, request.request_id)
     done = store.read_manifest(key)
     if done is not None:
         return ExploreOutcome(request.request_id, "already_done", key, list(done.metadata.get("rewards", [])))
-    from workers.task.request_fields import check_policy_reads
 
     policy = holder.policy_at(spec.run, spec.weights_version)
     check_policy_reads(policy, spec.prompt)  # the pixel policy reads MiniGenEval's words only: refused before sampling

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 
 from resources.keys import seed_plan_key
 from resources.store.base import TensorStore
+from workers.algo.bandit import Arm
+from workers.algo.selection import select_max_variance
 from workers.task.prompt_file import train_prompts
 from workers.trainer.grpo_trainer import TrainConfig, default_seeds
 
@@ -78,8 +80,6 @@ class SeedPlan:
         expected = train_prompts(config, self.iteration)
         sizes = {config.group_size, config.rollouts_per_prompt or config.group_size}
         if self.explored:  # a pre-filter plan keeps the arm's W seeds of a contested prompt; the train phase keeps G
-            from workers.algo.bandit import Arm
-
             sizes.add(Arm.parse(self.planner.split(":", 1)[1]).kept(config.group_size))
         if self.prompts != expected or any(len(g) not in sizes for g in self.seeds):
             raise ValueError(
@@ -114,8 +114,6 @@ def plan_from_exploration(
     (a fallback to random seeds) every prompt keeps its default seeds. The explored rewards of the kept seeds
     are kept where they were explored, for the monitor."""
     import numpy as np
-
-    from workers.algo.selection import select_max_variance
 
     plan = default_seed_plan(config, iteration)
     seeds, rewards = [list(g) for g in plan.seeds], [None] * len(plan.seeds)

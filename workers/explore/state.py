@@ -33,6 +33,7 @@ import numpy as np
 from workers.algo.bandit import Arm, BanditConfig, UCBBandit, predict_budget_s
 from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, pairwise_concordance, spearman_rho
 from workers.algo.selection import select_max_variance
+from workers.explore.request import CACHE_LEVELS, cache_level
 from workers.explore.seed_plan import SeedPlan
 
 _TINY_VARIANCE = 1e-9
@@ -64,8 +65,6 @@ class ExploreConfig:
     bandit: BanditConfig = field(default_factory=BanditConfig)
 
     def __post_init__(self) -> None:
-        from workers.explore.request import cache_level
-
         if not self.seed_multipliers or any(
             isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in self.seed_multipliers
         ):
@@ -108,8 +107,6 @@ class ExploreConfig:
         return sorted({(iteration * n + j) % num_prompts for j in range(n)})
 
     def new_bandit(self, group_size: int) -> UCBBandit:
-        from workers.explore.request import CACHE_LEVELS
-
         weights = {name: CACHE_LEVELS[name].nominal_cost for name in self.cache_levels}
         return UCBBandit(self.arms(group_size), self.bandit, weights)
 

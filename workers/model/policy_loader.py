@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from workers.model.families.diffusers_policy import build_model_policy, load_model_policy
+from workers.model.families.model_spec import ModelSpec
 from workers.model.tiny_policy import Policy, PolicyConfig, build_policy, load_policy
 
 MODEL_FIELDS = (
@@ -38,9 +40,6 @@ def build_from_spec(spec: dict, empty: bool = False):
     `empty`: its parameters on the meta device instead (no weights read or allocated), for an FSDP2 rank that
     receives its shards from rank 0 (workers/trainer/sharded_load.py)."""
     if "family" in spec:
-        from workers.model.families.diffusers_policy import build_model_policy
-        from workers.model.families.model_spec import ModelSpec
-
         return build_model_policy(ModelSpec.from_json(spec), empty)
     config = PolicyConfig(**{**spec, "rope_axes": tuple(spec["rope_axes"])})
     if not empty:
@@ -59,8 +58,6 @@ def load_any(path: str | Path, **model_fields):
         raise TypeError(f"unknown model fields {sorted(unknown)}; expected some of {MODEL_FIELDS}")
     given = {k: v for k, v in model_fields.items() if v is not None}
     if is_model_folder(path) or (given and not (Path(path) / "policy.json").is_file()):
-        from workers.model.families.diffusers_policy import load_model_policy
-
         return load_model_policy(path, **given)  # a folder that is not a pipeline gets detect_family's error
     if given:
         raise ValueError(

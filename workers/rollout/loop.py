@@ -17,9 +17,10 @@ from resources.queue.base import QueueUnavailableError, RequestQueue
 from resources.queue.keepalive import LeaseKeeper
 from resources.queue.records import Lease
 from resources.store.base import StoreError, TensorStore
+from workers.explore.request import work_explore_request
 from workers.rollout.config import WorkerConfig
 from workers.rollout.request import StepHooks, check_run_reward, work_request
-from workers.rollout.weights import ModelMismatchError
+from workers.rollout.weights import ModelMismatchError, PolicyHolder
 
 
 class WorkerLoop:
@@ -29,8 +30,6 @@ class WorkerLoop:
         self, queue: RequestQueue, store: TensorStore, config: WorkerConfig, stop: threading.Event, report
     ) -> None:
         import torch
-
-        from workers.rollout.weights import PolicyHolder
 
         if config.threads is not None:
             torch.set_num_threads(config.threads)
@@ -107,8 +106,6 @@ class WorkerLoop:
     def _explore(self, lease: Lease) -> None:
         """An exploration request: one short batch on stale weights, not worth committing state for.
         If the coordinator cancelled it meanwhile, the ack is refused and the result simply goes unused."""
-        from workers.explore.request import work_explore_request
-
         if self.stop.is_set():
             self.queue.release(lease)
             return

@@ -20,13 +20,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from resources.keys import rollout_key, rollout_state_key
+from resources.keys import rollout_key, rollout_state_key, run_rewards_key
 from resources.queue.records import Request
-from resources.store.base import TensorStore
+from resources.store.base import ObjectNotFoundError, TensorStore
+from workers.algo.sampler import denoise_step, sample_shape, sampler_sigmas
 from workers.rollout.resume import attempt_state_key, committed_states, resume_or_start
 from workers.rollout.state import InFlight, RolloutSpec, result_commit
 from workers.rollout.weights import PolicyHolder
-from workers.task.rewards import check_per_request_reward
+from workers.task.render import decode_images
+from workers.task.rewards import check_per_request_reward, get_reward, score_with_components
 
 Report = Callable[..., None]
 
@@ -83,9 +85,6 @@ def check_run_reward(store: TensorStore, run: str, reward: str) -> None:
     before the coordinator wrote it) a remote reward is refused and a registry name allowed."""
     import json
 
-    from resources.keys import run_rewards_key
-    from resources.store.base import ObjectNotFoundError
-
     try:
         named = json.loads(store.get_bytes(run_rewards_key(run)))
     except ObjectNotFoundError:
@@ -132,7 +131,6 @@ def work_request(
         return RequestOutcome(
             rid, "already_done", step, step, step, result_key, done.metadata.get("result_hash"), False
         )
-    from workers.algo.sampler import sample_shape
 
     policy = holder.policy_for(spec)  # ValueError for a resolution or guidance it cannot serve
     flight = resume_or_start(store, spec, rid, sample_shape(policy), hooks.report)
@@ -167,8 +165,6 @@ class _Stepper:
     (no re-encoding and no trajectory re-allocation per step). The state stays where it is committed from."""
 
     def __init__(self, policy, spec: RolloutSpec):
-        from workers.algo.sampler import sampler_sigmas
-
         self.policy, self.spec = policy, spec
         self.device = next(policy.parameters()).device
         self.cond = policy.encode_prompts([spec.prompt] * len(spec.seeds))
@@ -176,8 +172,6 @@ class _Stepper:
 
     def advance(self, flight: InFlight, delay_s: float) -> float:
         """One denoising step in place; returns its seconds (the simulated delay included)."""
-        from workers.algo.sampler import denoise_step
-
         started = time.perf_counter()
         t = flight.step
         x, lp = denoise_step(
@@ -225,9 +219,6 @@ def _publish_result(
 ) -> None:
     """Score every sample and commit each one's result exclusively under its own key (one key for a request
     of one sample); then drop the request's in-flight state."""
-    from workers.task.render import decode_images
-    from workers.task.rewards import get_reward, score_with_components
-
     batch = len(spec.seeds)
     images_u8 = decode_images(policy, flight.latents[flight.step])  # (B, H, W, 3); a family's VAE decodes latents
     fields = None if spec.prompt_fields is None else [spec.prompt_fields] * batch

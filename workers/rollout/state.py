@@ -40,7 +40,10 @@ import numpy as np
 import torch
 import xxhash
 
+from resources.keys import check_name
 from workers.algo.sampler import SamplerConfig
+from workers.algo.sde import batch_noise
+from workers.task.request_fields import check_prompt_fields, check_request_fields
 
 STATE_FORMAT = "spotlight-rollout-state/1"
 RESULT_FORMAT = "spotlight-rollout-result/1"
@@ -95,9 +98,6 @@ class RolloutSpec:
     None = none (absent from the payload)."""
 
     def __post_init__(self) -> None:
-        from resources.keys import check_name
-        from workers.task.request_fields import check_prompt_fields, check_request_fields
-
         for seed in self.seeds:
             if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
                 raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
@@ -236,8 +236,6 @@ class InFlight:
 
     @classmethod
     def fresh(cls, spec: RolloutSpec, image_shape: tuple[int, int, int]) -> "InFlight":
-        from workers.algo.sde import batch_noise
-
         n, b = spec.sampler.num_steps, len(spec.seeds)
         latents = torch.full((n + 1, b, *image_shape), float("nan"))
         latents[0] = batch_noise(list(spec.seeds), 0, image_shape)

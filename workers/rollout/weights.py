@@ -28,7 +28,8 @@ from resources.store.chain import StoreChain
 from workers.model.families.prompt_store import attach_prompt_store
 from workers.model.policy_loader import build_from_spec
 from workers.model.tiny_policy import Policy
-from workers.pulse import ChainConfig, sync_weights
+from workers.pulse import ChainConfig, ChainPublisher, sync_weights
+from workers.task.request_fields import check_policy_reads
 
 
 class ModelMismatchError(ValueError):
@@ -84,8 +85,6 @@ class PolicyHolder:
         """The policy at a RolloutSpec's version, resolution and guidance (None: the run's ModelSpec). ValueError,
         before any sampling, for a field the policy cannot serve (a resolution the family cannot pack; either
         field on the pixel policy, which has one size and no guidance)."""
-        from workers.task.request_fields import check_policy_reads
-
         policy = self.policy_at(spec.run, spec.weights_version)
         check_policy_reads(policy, spec.prompt)
         if spec.resolution is None and spec.guidance is None:
@@ -135,8 +134,6 @@ def _build_from(meta: dict, run: str) -> Policy:
 def publish_policy(store: TensorStore, run: str, policy: Policy, version: int = 0, anchor_every: int = 10):
     """Publish `policy` as the first version of `run`'s chain (an anchor); returns the ChainPublisher
     to publish later versions with (`publisher.publish(v, policy.weights())`)."""
-    from workers.pulse import ChainPublisher
-
     chain = StoreChain(store, run, policy_config=policy.spec(), anchor_every=anchor_every)
     publisher = ChainPublisher(chain, ChainConfig(anchor_every=anchor_every))
     publisher.publish(version, policy.weights())

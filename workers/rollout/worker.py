@@ -25,7 +25,13 @@ import threading
 import time
 from typing import Any
 
+from resources.queue import open_queue
+from resources.queue.base import QueueUnavailableError
+from resources.queue.records import check_worker_id
+from resources.store import open_store
+from resources.store.base import StoreError
 from workers.rollout.config import WorkerConfig
+from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
 
 EXIT_UNREACHABLE = 2
 
@@ -121,7 +127,6 @@ def check_args(args: argparse.Namespace) -> None:
     args.model = args.model or None  # MODEL="" in a SkyPilot task: the pixel policy
     if args.model is not None:
         check_model_folder(args.model)
-    from resources.queue.records import check_worker_id
 
     check_worker_id(args.worker_id)
 
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
-    from workers.rollout.loop import WorkerLoop
+    from workers.rollout.loop import WorkerLoop  # lazy: loop pulls torch; the worker CLI parses args first
 
     reason = WorkerLoop(queue, store, WorkerConfig.from_args(args), stop, report).run()
     report("exit", reason=reason)
@@ -216,11 +221,6 @@ def default_instance_type(cluster_info: str | None) -> str:
 def open_io(args: argparse.Namespace, who: str = "workers.rollout"):
     """(queue, store) of `args.queue` and `args.store`, checked reachable, or None after printing (as `who`) why
     one cannot be used. The SP node agent opens its own the same way."""
-    from resources.queue import open_queue
-    from resources.queue.base import QueueUnavailableError
-    from resources.store import open_store
-    from resources.store.base import StoreError
-
     try:
         queue = open_queue(args.queue)
         queue.stats()  # a SQLite file is opened lazily: touch it now so a bad path fails here
@@ -239,8 +239,6 @@ def open_io(args: argparse.Namespace, who: str = "workers.rollout"):
 
 def start_notice_watcher(args: argparse.Namespace, stop: threading.Event, report: EventLog):
     """A thread polling the cloud's preemption notice (None with --preemption-notice off); a notice sets `stop`."""
-    from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
-
     check = notice_checker(args.preemption_notice, args.notice_url)
     if check is None:
         return None

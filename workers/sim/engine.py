@@ -39,6 +39,7 @@ from workers.sim.cluster import SimCluster, Slot
 from workers.sim.config import SimConfig
 from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, Setup
 from workers.sim.market import Market
+from workers.sim.metrics import run_metrics
 
 VARIANCE_GAIN = 1.26
 """Reward-variance gain of a planned group over random seeds:
@@ -356,8 +357,6 @@ def simulate(
     target: float | None = None,
 ) -> SimResult:
     """Run one simulated training run; its ledger goes to out_dir/ledger.duckdb (or a temporary file)."""
-    from workers.sim.metrics import run_metrics
-
     prices = prices or load_prices()
     with tempfile.TemporaryDirectory(prefix="spotlight-sim-", dir=_scratch_dir()) as tmp:
         work = Path(tmp)

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from workers.model.families.family import Conditioning, read_config
+from workers.model.families.identify import detect_family
+from workers.model.families.model_spec import ModelSpec
+from workers.model.families.registry import family_for
 from workers.sp.ulysses import SequenceParallelPolicy, check_cp_plan, pad_text
 
 
@@ -55,8 +59,6 @@ class FamilySequenceParallel:
         self.policy, self.degree = policy, degree
 
     def encode_prompts(self, prompts: list[str]):
-        from workers.model.families.family import Conditioning
-
         cond, mask = self.policy.encode_prompts(prompts)
         if self.degree == 1:
             return cond, mask
@@ -109,11 +111,6 @@ def check_folder_degree(model: str, degree: int, spec_fields: dict | None = None
     the image tokens at the run's resolution (`spec_fields`: the run's ModelSpec fields). What a request adds
     (another resolution, FLUX.1's unmasked text) is probed on the node, which gives back what it cannot split."""
     import diffusers
-
-    from workers.model.families.family import read_config
-    from workers.model.families.identify import detect_family
-    from workers.model.families.model_spec import ModelSpec
-    from workers.model.families.registry import family_for
 
     _check_int_degree(degree)
     if degree == 1:

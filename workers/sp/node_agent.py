@@ -37,6 +37,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from workers.sp.node_groups import GroupRunner, SPRequest, state_from_wire
+from workers.sp.node_worker import worker_main
+from workers.sp.shared_weights import unlink_segment
+from workers.sp.ulysses import allowed_degrees
 
 __all__ = ["AgentConfig", "NodeAgent", "SPRequest"]
 
@@ -123,8 +126,6 @@ class NodeAgent:
     # ----- workers -----
     def spawn(self, count: int) -> list[str]:
         """Start `count` device workers and wait until each is ready (imports done, skeleton built)."""
-        from workers.sp.node_worker import worker_main
-
         started = []
         for _ in range(count):
             wid = f"w{self._next_id}"
@@ -183,8 +184,6 @@ class NodeAgent:
 
     def copy_from_peer(self, worker_id: str, peer: str | None = None) -> float:
         """Elastic weights: copy a loaded peer's weights through shared memory; hash-checked."""
-        from workers.sp.shared_weights import unlink_segment
-
         peer = peer or next(w for w in self.workers if w != worker_id and self.workers[w].loaded)
         t0 = time.perf_counter()
         self._segments += 1
@@ -217,8 +216,6 @@ class NodeAgent:
     # ----- groups -----
     def form(self, degree: int | None = None) -> ReformReport:
         """Re-form every live, loaded worker into groups of `degree` (default: the largest that fits)."""
-        from workers.sp.ulysses import allowed_degrees
-
         self.forget_dead()
         ids = self.live_loaded()
         if not ids:

@@ -28,8 +28,15 @@ from typing import Any
 
 import torch
 
+from resources.queue.records import Request
+from resources.store import open_store
 from resources.store.base import StoreError
-from workers.rollout.weights import ModelMismatchError
+from workers.algo.sampler import SamplerConfig, autocast_for, sample_shape, sampler_sigmas
+from workers.explore.request import work_explore_request
+from workers.rollout.state import RolloutSpec
+from workers.rollout.weights import ModelMismatchError, PolicyHolder
+from workers.sp.model_sp import sp_degrees, sp_view
+from workers.sp.ulysses import disable_sp, enable_sp, init_group, leave_group
 
 REQUEST_ERRORS = (ModelMismatchError, ValueError, LookupError, StoreError)
 """What a bad request raises, most specific first: the agent re-raises the first type that matches."""
@@ -37,9 +44,6 @@ REQUEST_ERRORS = (ModelMismatchError, ValueError, LookupError, StoreError)
 
 class RequestMember:
     def __init__(self, worker_id: str, store_url: str, device: str, rendezvous, model: str | None = None):
-        from resources.store import open_store
-        from workers.rollout.weights import PolicyHolder
-
         self.worker_id = worker_id
         self.device = torch.device(device)
         if self.device.type == "cuda":
@@ -68,16 +72,11 @@ class RequestMember:
         return reply
 
     def _op_probe(self, msg):
-        from workers.rollout.state import RolloutSpec
-        from workers.sp.model_sp import sp_degrees
-
         spec = RolloutSpec.from_payload(msg["payload"])
         view = self.holder.policy_for(spec)
         return {"degrees": sp_degrees(view, int(msg["max_degree"]), [spec.prompt])}
 
     def _op_join(self, msg):
-        from workers.sp.ulysses import init_group, leave_group
-
         t0 = time.perf_counter()
         leave_group(self.hooked)
         self.hooked = self.spec = self.view = self.sp = self.cond = None
@@ -94,10 +93,6 @@ class RequestMember:
         return {"leave_s": t1 - t0, "init_s": time.perf_counter() - t1, "enable_s": 0.0, "warmup_s": 0.0}
 
     def _op_prepare(self, msg):
-        from workers.algo.sampler import sample_shape
-        from workers.rollout.state import RolloutSpec
-        from workers.sp.model_sp import sp_view
-
         spec = RolloutSpec.from_payload(msg["payload"])
         view = self.holder.policy_for(spec)
         sp = sp_view(view, self.degree)  # ValueError when the group's degree cannot split this policy
@@ -107,8 +102,6 @@ class RequestMember:
 
     def _hook(self, view) -> None:
         """Ulysses on the view's transformer at the group's degree (views of one policy share the transformer)."""
-        from workers.sp.ulysses import disable_sp, enable_sp
-
         if self.degree == 1 or (self.hooked is not None and self.hooked.transformer is view.transformer):
             return
         if self.hooked is not None:
@@ -118,8 +111,6 @@ class RequestMember:
         self.hooked = view
 
     def _op_sigmas(self, msg):
-        from workers.algo.sampler import SamplerConfig, sampler_sigmas
-
         self._need_prepared()
         config = SamplerConfig(num_steps=int(msg["num_steps"]), shift=float(msg["shift"]))
         return {"sigmas": sampler_sigmas(self.view, config).numpy()} if self.rank == 0 else {}
@@ -131,8 +122,6 @@ class RequestMember:
 
     @torch.no_grad()
     def _op_velocity(self, msg):
-        from workers.algo.sampler import autocast_for
-
         if self.cond is None:
             raise ValueError("velocity before encode: the agent must send the prompts first")
         x = torch.from_numpy(msg["x"]).to(self.device)
@@ -151,10 +140,6 @@ class RequestMember:
     def _op_explore(self, msg):
         """One exploration request on this member alone. Ulysses comes off the transformer first (a forward with
         the hooks would wait for the group); the next rollout's prepare turns it on again."""
-        from resources.queue.records import Request
-        from workers.explore.request import work_explore_request
-        from workers.sp.ulysses import disable_sp
-
         if self.hooked is not None:
             disable_sp(self.hooked)
         self.hooked = self.spec = self.view = self.sp = self.cond = None
@@ -187,8 +172,6 @@ class RequestMember:
             raise ValueError("no request prepared on this member (prepare comes first, and again after a join)")
 
     def close(self) -> None:
-        from workers.sp.ulysses import leave_group
-
         try:
             leave_group(self.hooked)
         except RuntimeError:

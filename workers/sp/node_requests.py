@@ -33,6 +33,7 @@ from resources.store.base import StoreError
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec
 from workers.rollout.weights import ModelMismatchError
+from workers.sp.degree import amdahl_latency_s, choose_sp_degree
 from workers.sp.group_policy import GroupChannel, GroupHolder, GroupLost
 from workers.sp.node_explore import serve_explore
 
@@ -153,8 +154,6 @@ class RequestServer:
         return self._degrees[key]
 
     def _choose_degree(self, jobs: list[_Job]) -> int:
-        from workers.sp.degree import amdahl_latency_s, choose_sp_degree
-
         self.agent.forget_dead()
         workers = len(self.agent.live_loaded())
         if workers == 0:

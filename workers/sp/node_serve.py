@@ -22,6 +22,7 @@ import os
 import threading
 import time
 
+from resources.queue.base import QueueUnavailableError
 from workers.rollout.worker import EventLog, add_cloud_flags, check_model_folder, run_process
 
 
@@ -115,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
     """Run the node until stopped, idle, done or misconfigured; returns why it ended."""
-    from workers.sp.node_agent import AgentConfig, NodeAgent
-    from workers.sp.node_requests import RequestServer, ServeConfig
+    from workers.sp.node_agent import AgentConfig, NodeAgent  # lazy: pulls torch
+    from workers.sp.node_requests import RequestServer, ServeConfig  # lazy: pulls torch
 
     config = AgentConfig(
         store_url=store.url,
@@ -178,8 +179,6 @@ def _claim_loop(args, agent, queue, server, stop: threading.Event, report) -> st
 
 
 def _claim(queue, node_id: str, capacity: int, lease_s: float, report) -> list:
-    from resources.queue.base import QueueUnavailableError
-
     leases = []
     while len(leases) < capacity:
         try:
@@ -195,7 +194,7 @@ def _claim(queue, node_id: str, capacity: int, lease_s: float, report) -> list:
 
 def _loaded_parts(agent) -> dict[str, list[str]]:
     """What each live worker loaded besides the transformer (a member fed from the prompt cache: no text encoder)."""
-    from workers.sp.group_policy import GroupChannel, GroupLost
+    from workers.sp.group_policy import GroupChannel, GroupLost  # lazy: pulls torch
 
     agent.forget_dead()
     out = {}

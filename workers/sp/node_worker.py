@@ -28,6 +28,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from resources.store import open_store
+
 
 def worker_main(
     conn: Connection,
@@ -55,7 +57,7 @@ def worker_main(
     torch.set_num_threads(num_threads)
     store = torch.distributed.TCPStore(store_host, store_port, is_master=False)
     if policy_config is None:
-        from workers.sp.node_member import RequestMember
+        from workers.sp.node_member import RequestMember  # lazy: pulls torch
 
         worker = RequestMember(worker_id, store_url, device, store, model)
         import diffusers  # noqa: F401,E401  (imports paid before "ready")
@@ -75,7 +77,7 @@ def worker_main(
 
 
 def _pixel_policy(policy_config: dict[str, Any]):
-    from workers.model.tiny_policy import PolicyConfig, build_policy
+    from workers.model.tiny_policy import PolicyConfig, build_policy  # lazy: pulls torch
 
     cfg = PolicyConfig(**{**policy_config, "rope_axes": tuple(policy_config["rope_axes"])})
     policy = build_policy(cfg, seed=0).eval()
@@ -102,30 +104,29 @@ class _Worker:
         return reply
 
     def _op_load_store(self, msg):
-        from resources.store import open_store
-        from workers.pulse.weights_hash import weights_hash
+        from workers.pulse.weights_hash import weights_hash  # lazy: pulls torch
 
         tensors = open_store(msg["store_url"]).load_tensors(msg["key"])
         self.policy.load_state_dict(tensors)
         return {"hash": weights_hash(self.policy.state_dict())}
 
     def _op_export(self, msg):
-        from workers.sp.shared_weights import export_weights
+        from workers.sp.shared_weights import export_weights  # lazy: pulls torch
 
         return {"shared": export_weights(self.policy.state_dict(), msg["name"], msg.get("weights_hash"))}
 
     def _op_import(self, msg):
-        from workers.sp.shared_weights import import_weights
+        from workers.sp.shared_weights import import_weights  # lazy: pulls torch
 
         return {"hash": import_weights(msg["shared"], self.policy.state_dict())}
 
     def _op_hash(self, msg):
-        from workers.pulse.weights_hash import weights_hash
+        from workers.pulse.weights_hash import weights_hash  # lazy: pulls torch
 
         return {"hash": weights_hash(self.policy.state_dict())}
 
     def _op_join(self, msg):
-        from workers.sp.ulysses import join_group
+        from workers.sp.ulysses import join_group  # lazy: pulls torch
 
         timing = join_group(
             self.policy, self.store, msg["prefix"], msg["rank"], msg["world_size"], timeout_s=msg.get("timeout_s", 30.0)
@@ -147,7 +148,7 @@ class _Worker:
         """One forward at the group's degree: the first call after a re-form allocates and plans."""
         import torch
 
-        from workers.sp.ulysses import SequenceParallelPolicy
+        from workers.sp.ulysses import SequenceParallelPolicy  # lazy: pulls torch
 
         sp = SequenceParallelPolicy(self.policy, self.degree)
         size = self.policy.config.image_size
@@ -164,8 +165,8 @@ class _Worker:
     def _run(self, msg):
         import torch
 
-        from workers.algo.sampler import SamplerConfig, SamplerState, rollout
-        from workers.sp.ulysses import SequenceParallelPolicy
+        from workers.algo.sampler import SamplerConfig, SamplerState, rollout  # lazy: pulls torch
+        from workers.sp.ulysses import SequenceParallelPolicy  # lazy: pulls torch
 
         config = SamplerConfig(**msg["sampler"])
         text = None if msg.get("text") is None else tuple(torch.from_numpy(a) for a in msg["text"])
@@ -186,7 +187,7 @@ class _Worker:
         return reply
 
     def close(self) -> None:
-        from workers.sp.ulysses import leave_group
+        from workers.sp.ulysses import leave_group  # lazy: pulls torch
 
         try:
             leave_group(self.policy)

@@ -20,8 +20,10 @@ import numpy as np
 
 from workers.algo.sampler import SamplerConfig, rollout
 from workers.task.detector import criterion_means, score_images
+from workers.task.prompt_file import prompt_fields
 from workers.task.prompts import parse_prompt
 from workers.task.render import decode_images
+from workers.task.rewards import get_reward, score_with_components
 
 VALIDATION_SEED_BASE = 1_000_000
 """Validation seeds are VALIDATION_SEED_BASE + k: disjoint from training seeds."""
@@ -99,11 +101,8 @@ def evaluate_reward(
     dtype) but as an ODE; `fields` (a PromptSource) hands each prompt's fields to the reward. The score is the
     reward's mean over every image; a multi-reward's components are reported as `reward/<name>`, and
     MiniGenEval prompts also give a mean per category."""
-    from workers.task.rewards import get_reward, score_with_components
-
     config = dataclasses.replace(sampler, noise_level=0.0, sde_window=None)
     all_prompts, images_np = _sample(policy, prompts, seeds_per_prompt, config, batch_size)
-    from workers.task.prompt_file import prompt_fields
 
     per_image = None if fields is None else [prompt_fields(fields, p) for p in all_prompts]
     totals, parts = score_with_components(get_reward(reward), images_np, all_prompts, per_image)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from workers.algo.seeds import domain_seed
+from workers.task.prompts import iteration_prompts
 
 PROMPT_COLUMN = "prompt"
 MAX_PROMPT_CHARS = 10_000
@@ -266,7 +267,6 @@ def train_prompts(config, iteration: int) -> list[str]:
     MiniGenEval's category-balanced draw (`workers.task.prompts.iteration_prompts`)."""
     if config.prompts is not None:
         return draw_prompts(config.prompts, config.seed, iteration, config.prompts_per_iteration)
-    from workers.task.prompts import iteration_prompts
 
     return iteration_prompts(config.seed, iteration, config.prompts_per_iteration, config.train_categories)
 

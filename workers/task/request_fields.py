@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from resources.keys import check_name
+from workers.task.prompts import parse_prompt
+from workers.task.rewards import get_reward
+
 MAX_PROMPT_CHARS = 10_000
 
 
@@ -12,9 +16,6 @@ def check_request_fields(run: str, prompt: str, weights_version: int, reward: st
     """ValueError naming the field when the run name, the prompt, the weights version or the reward is unusable.
     A prompt is any non-empty text here: a diffusers pipeline reads free text, and the pixel policy refuses a prompt
     outside MiniGenEval's words when the worker has its weights, before sampling (`check_policy_reads`)."""
-    from resources.keys import check_name
-    from workers.task.rewards import get_reward
-
     check_name(run, "run name")
     if isinstance(weights_version, bool) or not isinstance(weights_version, int) or weights_version < 0:
         raise ValueError(f"weights_version must be an int >= 0, got {weights_version!r}")
@@ -40,6 +41,5 @@ def check_policy_reads(policy, prompt: str) -> None:
     outside its grammar; a diffusers pipeline reads any text."""
     if hasattr(policy, "at"):
         return
-    from workers.task.prompts import parse_prompt
 
     parse_prompt(prompt)  # PromptError (a ValueError) names the unknown words

@@ -30,6 +30,8 @@ from typing import Callable
 
 import numpy as np
 
+from workers.task.reward_inputs import call_reward
+
 NORMALIZE = ("none", "zscore")
 
 
@@ -136,8 +138,6 @@ class MultiReward:
         self, images_NHW3: np.ndarray, prompts: list[str], fields: list[dict] | None = None
     ) -> dict[str, np.ndarray]:
         """Each component's raw (N,) float64 values, by name (`fields` reach the components that take them)."""
-        from workers.task.reward_inputs import call_reward
-
         out = {}
         for name, fn, _ in self.parts:
             values = np.asarray(call_reward(fn, images_NHW3, prompts, fields), dtype=np.float64)

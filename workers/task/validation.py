@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workers.task.prompts import parse_prompt, split_prompts
+from workers.task.rewards import get_reward
+
 if TYPE_CHECKING:
     from workers.task.prompt_file import PromptSource
 
@@ -65,7 +68,7 @@ class ValidationPlan:
     ):
         """Score `policy` on the plan's prompts x `seeds_per_prompt` fixed seeds (workers/task/evaluate.py), sampled
         and decoded `batch_size` images at a time (None: evaluate's and evaluate_reward's own defaults)."""
-        from workers.task.evaluate import evaluate, evaluate_reward
+        from workers.task.evaluate import evaluate, evaluate_reward  # lazy: evaluate pulls torch
 
         sized = {} if batch_size is None else {"batch_size": batch_size}
         if self.detector:
@@ -85,8 +88,6 @@ class ValidationPlan:
 def resolve_validation(config: ValidationConfig | None, train_reward: str, model: bool) -> ValidationPlan:
     """The reward and prompts a run validates with; ValueError, saying what to pass, when they cannot go together
     (prompts the pixel policy or the detector cannot read; a reward that cannot score one image on its own)."""
-    from workers.task.prompts import split_prompts
-
     config = config or ValidationConfig()
     reward = config.reward or (train_reward if model else DETECTOR_REWARD)
     check_validation_reward(reward, given=config.reward is not None)
@@ -128,8 +129,6 @@ def validation_from_options(
 
 def check_validation_reward(spec: str, given: bool = True) -> None:
     """ValueError for an unknown spec, or one whose per-image value depends on what is scored with it."""
-    from workers.task.rewards import get_reward
-
     if getattr(get_reward(spec), "batch_dependent", False):
         source = "--validation-reward" if given else "the run's reward (the validation default for --model)"
         raise ValueError(
@@ -158,8 +157,6 @@ def check_prompts(prompts, where: str) -> None:
 
 def check_minigeneval_prompts(prompts, why: str) -> None:
     """ValueError naming the first prompt MiniGenEval's grammar does not read, and `why` that matters."""
-    from workers.task.prompts import parse_prompt
-
     for n, prompt in enumerate(prompts, start=1):
         try:
             parse_prompt(prompt)

@@ -12,6 +12,12 @@ from typing import Callable
 
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
+from workers.model.families.identify import detect_family
+from workers.model.families.model_spec import ModelSpec
+from workers.model.families.prompt_limits import check_prompts_fit
+from workers.model.families.registry import family_for
+from workers.task.prompt_file import PromptSource
+from workers.task.prompts import parse_prompt
 from workers.trainer.grpo_trainer import NO_REWARD, TrainConfig
 
 
@@ -208,10 +214,6 @@ def model_fields_for(preset: str, model: str, **given) -> dict:
     checked here (UnsupportedModelError / ValueError), before any weights load."""
     from pathlib import Path
 
-    from workers.model.families.identify import detect_family
-    from workers.model.families.model_spec import ModelSpec
-    from workers.model.families.registry import family_for
-
     fields = {**MODEL_DEFAULTS.get(preset, {}), **{k: v for k, v in given.items() if v is not None}}
     path = Path(model).expanduser().resolve()
     family = detect_family(path)
@@ -225,12 +227,8 @@ def training_prompts(path: str, heldout_fraction: float, model: str | None, mode
     family's text encoder takes, are refused with their line number (ValueError)."""
     from pathlib import Path
 
-    from workers.task.prompt_file import PromptSource
-
     source = PromptSource.from_file(path, heldout_fraction)
     if model is None:
-        from workers.task.prompts import parse_prompt
-
         for row in source.table().rows:
             try:
                 parse_prompt(row.text)
@@ -241,9 +239,6 @@ def training_prompts(path: str, heldout_fraction: float, model: str | None, mode
                     "on free text"
                 ) from None
         return source
-    from workers.model.families.identify import detect_family
-    from workers.model.families.model_spec import ModelSpec
-    from workers.model.families.prompt_limits import check_prompts_fit
 
     folder = Path(model).expanduser().resolve()
     check_prompts_fit(source, ModelSpec(path=str(folder), family=detect_family(folder), **(model_fields or {})))

@@ -28,6 +28,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from workers.trainer.fsdp import init_distributed
+
 ORDER_TIMEOUT = datetime.timedelta(hours=24)
 """The longest a rank waits for rank 0's next order (rank 0 samples, validates and syncs meanwhile). A rank 0 that
 dies ends the others at once (the launcher stops them); this bounds only a rank 0 that hangs."""
@@ -91,8 +93,6 @@ def trainer_setup(setup: TrainerSetup) -> Iterator[TrainerSetup]:
 def join_ranks(device: str) -> Ranks:
     """Join the ranks the launcher started (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment):
     NCCL on "cuda" (rank r on GPU r), gloo on "cpu" (each rank gets its share of the CPU threads)."""
-    from workers.trainer.fsdp import init_distributed
-
     mesh = init_distributed("cuda" if device.startswith("cuda") else "cpu")
     world_size = dist.get_world_size()
     if mesh.device_type == "cpu":

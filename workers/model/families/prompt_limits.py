@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+from workers.model.families.family import quiet_loading
 from workers.model.families.model_spec import ModelSpec
 from workers.model.families.registry import family_for
 
@@ -27,8 +28,6 @@ def prompt_token_limit(spec: ModelSpec) -> tuple[str, int, bool]:
 def check_prompts_fit(source, spec: ModelSpec) -> None:
     """ValueError naming the first prompt (with its line) longer than the family's text encoder takes."""
     from transformers import AutoTokenizer
-
-    from workers.model.families.family import quiet_loading
 
     subfolder, limit, special = prompt_token_limit(spec)
     quiet_loading()

@@ -23,6 +23,8 @@ import torch
 
 from resources.keys import prompt_embeddings_key
 from resources.store.base import TensorStore
+from resources.store.chain import StoreChain
+from workers.model.families.diffusers_policy import shared_frozen_parts
 from workers.model.families.model_spec import ModelSpec
 from workers.model.families.registry import family_for
 
@@ -57,8 +59,6 @@ def publish_prompt_embeddings(
     store: TensorStore, run: str, spec: ModelSpec, prompts: Iterable[str]
 ) -> PromptCacheOutcome:
     """Encode every prompt the store lacks (text encoders load only if one is missing) and commit each."""
-    from workers.model.families.diffusers_policy import shared_frozen_parts
-
     wanted = prompts_to_cache(spec, prompts)
     source = StorePromptSource(store, run)
     missing = [p for p in wanted if not source.has(p, spec)]
@@ -83,8 +83,6 @@ def publish_prompt_embeddings(
 def publish_run_prompt_embeddings(store: TensorStore, run: str, prompts: Iterable[str]) -> PromptCacheOutcome | None:
     """`publish_prompt_embeddings` with the ModelSpec the run's first anchor records; None for a run of the pixel
     policy (its prompts are token ids, nothing to cache) or a run with no anchor yet."""
-    from resources.store.chain import StoreChain
-
     chain = StoreChain(store, run)
     anchors = chain.anchor_versions()
     config = chain.anchor_metadata(anchors[0]).get("policy_config") if anchors else None

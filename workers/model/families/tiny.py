@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from workers.model.families.family import quiet_loading
 from workers.task.prompts import VOCAB
 
 PUBLISHED_SCHEDULERS = {
@@ -357,7 +358,6 @@ def build_tiny_pipeline(
         raise ValueError("widths='real' exists for qwen-image only; use widths='tiny'")
     if num_heads != 3 and (family != "qwen-image" or widths != "tiny"):
         raise ValueError("num_heads applies to the tiny-widths qwen-image only")
-    from workers.model.families.family import quiet_loading
 
     quiet_loading()
     torch.manual_seed(seed)

@@ -20,7 +20,13 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from workers.model.tiny_policy import SHIPPED_BASE, load_policy
 from workers.pulse.loco.tiny_lm import TinyLM, lm_50m, lm_tiny, markov_batch
+from workers.task.detector import score_images
+from workers.task.evaluate import evaluate
+from workers.task.prompts import split_prompts
+from workers.trainer.grpo_trainer import GRPOTrainer
+from workers.trainer.presets import PRESETS, get_preset
 
 TASKS = ("lm", "dit")
 ADAM_PREFIX = "adam."
@@ -69,8 +75,6 @@ class TaskConfig:
         if self.batch_size < 1 or self.eval_batches < 1 or self.group_size < 2:
             raise ValueError("TaskConfig.batch_size and eval_batches must be >= 1, group_size >= 2")
         if self.name == "dit":
-            from workers.trainer.presets import PRESETS
-
             if self.dit_preset not in PRESETS:
                 raise ValueError(f"TaskConfig.dit_preset must be one of {sorted(PRESETS)}, got {self.dit_preset!r}")
 
@@ -189,11 +193,6 @@ class DiTTask:
     """GRPO on the shipped tiny DiT; replica r samples iterations r, r + R, r + 2R, ... of the prompt schedule."""
 
     def __init__(self, config: TaskConfig, replica: int, num_replicas: int) -> None:
-        from workers.model.tiny_policy import SHIPPED_BASE, load_policy
-        from workers.task.prompts import split_prompts
-        from workers.trainer.grpo_trainer import GRPOTrainer
-        from workers.trainer.presets import get_preset
-
         base = get_preset(config.dit_preset)
         train_config = dataclasses.replace(
             base,
@@ -220,9 +219,6 @@ class DiTTask:
         return float(batch.rewards.mean())
 
     def evaluate(self) -> dict:
-        from workers.task.detector import score_images
-        from workers.task.evaluate import evaluate
-
         result = evaluate(self.policy, self.heldout, seeds_per_prompt=2, keep_images=True)
         return _mean_and_stderr([s.partial for s in score_images(result.images, result.prompts)])
 

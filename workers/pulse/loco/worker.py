@@ -17,6 +17,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from resources.store import open_store
+from workers.pulse.loco.launch import LocoRunConfig
+from workers.pulse.loco.replica import Replica
+from workers.pulse.loco.tasks import build_task, evaluate_bf16_view
+from workers.pulse.loco.transport import GlooExchange, ReplicaExcludedError, RoundTimeoutError, StoreExchange
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,8 +54,6 @@ class _Deaths:
 
 def run_replica(spec: dict, replica: int, out: Path, deaths: _Deaths = _Deaths()) -> None:
     """Every mode of the spec, one after the other, reporting each round to `out`."""
-    from workers.pulse.loco.launch import LocoRunConfig
-
     config = LocoRunConfig.from_json(spec["config"])
     exchanges = _Exchanges(spec, config, replica)
     try:
@@ -61,10 +65,6 @@ def run_replica(spec: dict, replica: int, out: Path, deaths: _Deaths = _Deaths()
 
 
 def _run_mode(spec: dict, config, mode: str, replica: int, exchanges: "_Exchanges", report, deaths: _Deaths) -> None:
-    from workers.pulse.loco.replica import Replica
-    from workers.pulse.loco.tasks import build_task
-    from workers.pulse.loco.transport import ReplicaExcludedError, RoundTimeoutError
-
     start = _load_start(spec.get("start_path"))
     task = build_task(config.task, replica, config.num_replicas, start)
     exchange = exchanges.for_mode(mode, deaths)
@@ -99,8 +99,6 @@ def _run_mode(spec: dict, config, mode: str, replica: int, exchanges: "_Exchange
 def _eval(task, config, rounds_done: int, replica: int) -> dict:
     """Held-out metric of the FP32 weights and of their BF16 view, every eval_every rounds and after
     the last, on replica 0 only: every replica holds the same global weights (hash-checked)."""
-    from workers.pulse.loco.tasks import evaluate_bf16_view
-
     if replica != 0 or (rounds_done % config.eval_every and rounds_done != config.rounds):
         return {"eval_metric": None, "eval_stderr": None}
     fp32, bf16 = task.evaluate(), evaluate_bf16_view(task)
@@ -117,8 +115,6 @@ class _Exchanges:
     """One transport for the whole process (a gloo group is set up once), one namespace per mode."""
 
     def __init__(self, spec: dict, config, replica: int) -> None:
-        from workers.pulse.loco.transport import GlooExchange
-
         self.spec, self.config, self.replica = spec, config, replica
         self.gloo = None
         if config.transport == "gloo":
@@ -130,9 +126,6 @@ class _Exchanges:
         if self.gloo is not None:
             exchange = self.gloo.exchange
         else:
-            from resources.store import open_store
-            from workers.pulse.loco.transport import StoreExchange
-
             store = open_store(self.spec["store_url"])
             exchange = StoreExchange(
                 store,
