@@ -234,12 +234,13 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
 def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] = None) -> dict:
     """Walk every iteration not yet done; returns the summary (rows, report path, run cost). With `max_usd`, stops
     (BudgetReachedError) after the iteration during which the spend reached it."""
-    import dagster as dg
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pipelines.run_walk import walk_iterations
+    from pipelines.run_walk import dagster_home, dagster_ui_command, run_instance, walk_iterations
     from workers.coordinator import books
+
+    home = dagster_home(Path(spec.run_dir))  # a relative DAGSTER_HOME fails here, before any compute
 
     threads = trainer_threads(spec)
     if threads is not None:
@@ -263,9 +264,13 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     )
     try:
         check_budget(ledger, max_usd, -1)  # a resumed run may already be past it
-        with run_cluster(spec, resources, max_usd), Progress(*columns, console=console, transient=True) as progress:
+        with (
+            run_instance(Path(spec.run_dir)) as instance,
+            run_cluster(spec, resources, max_usd),
+            Progress(*columns, console=console, transient=True) as progress,
+        ):
             task = progress.add_task("iterations", total=total)
-            for outcome in walk_iterations(dg.DagsterInstance.ephemeral(), resources):
+            for outcome in walk_iterations(instance, resources):
                 progress.update(task, advance=1, description=f"iteration {outcome.iteration + 1}/{total - 1}")
                 if on_iteration is not None:
                     on_iteration(outcome)
@@ -274,7 +279,9 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
     except BaseException:
         books.interrupt_run(ledger, resources["run_config"].run)
         raise
-    return summary(resources)
+    console.print("Dagster UI (this run's materializations and checks):")
+    console.print(dagster_ui_command(home), soft_wrap=True, markup=False, highlight=False)  # one line, to copy
+    return {**summary(resources), "dagster_home": str(home)}
 
 
 def summary(resources: dict) -> dict:

@@ -55,7 +55,7 @@ def explored_run(tmp_path, tiny_policy):
     results = {}
     with open_queue(ctx.queue_url) as queue:
         loop, _ = _worker_loop(queue, ctx.store)
-        loop.args.max_idle_s = None
+        loop.config = dataclasses.replace(loop.config, max_idle_s=None)
         worker = threading.Thread(target=loop.run, daemon=True)
         worker.start()
         try:

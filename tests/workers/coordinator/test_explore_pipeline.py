@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -180,7 +181,7 @@ def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path
     )
     with open_queue(resources["queue"].url) as worker_queue:
         loop, _ = _worker_loop(worker_queue, resources["store"].get_store())
-        loop.args.max_idle_s = None
+        loop.config = dataclasses.replace(loop.config, max_idle_s=None)
         worker = threading.Thread(target=loop.run, daemon=True)
         worker.start()
         try:
