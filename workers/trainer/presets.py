@@ -22,7 +22,7 @@ from workers.trainer.grpo_trainer import NO_REWARD, TrainConfig
 
 
 def cpu_tiny() -> TrainConfig:
-    """The pipeline's default until 2026-12-02 (now cpu_tiny_spot): the shipped 2.5M-parameter base on 2 CPU cores,
+    """The pipeline's former default (cpu_tiny_spot is now): the shipped 2.5M-parameter base on 2 CPU cores,
     20 iterations.
 
     The NFT objective (advantage-weighted flow matching, DiffusionNFT's adaptive x0-space
@@ -144,7 +144,7 @@ def checkpointing_by_default(preset: str) -> bool:
 
 
 def sd35m_lora() -> TrainConfig:
-    """Flow-GRPO's SD3.5-M recipe (../shared/REFERENCES.md): 10 SDE steps at noise level 0.7, groups of 24, clip
+    """Flow-GRPO's SD3.5-M recipe (the Flow-GRPO paper's): 10 SDE steps at noise level 0.7, groups of 24, clip
     1e-4, advantage clip 5, KL beta 0.04, LoRA r=32 at lr 3e-4, CFG 4.5 (MODEL_DEFAULTS). For a GPU, on the user's
     prompts (--prompts) and reward (--reward: the preset names none)."""
     return TrainConfig(
@@ -165,7 +165,7 @@ def sd35m_lora() -> TrainConfig:
 
 
 def qwen_image_lora() -> TrainConfig:
-    """Flow-GRPO's Qwen-Image recipe (../shared/REFERENCES.md): 10 steps, noise level 1.2 on a 2-step SDE window,
+    """Flow-GRPO's Qwen-Image recipe (the Flow-GRPO paper's): 10 steps, noise level 1.2 on a 2-step SDE window,
     groups of 16, clip 1e-4, KL beta 0.04, LoRA at lr 3e-4, true CFG 4.5 (MODEL_DEFAULTS). For a GPU."""
     base = sd35m_lora()
     return dataclasses.replace(
@@ -177,7 +177,7 @@ def qwen_image_lora() -> TrainConfig:
 
 def flux1_lora() -> TrainConfig:
     """FLUX.1-dev: the SD3.5-M recipe with FLUX.1-dev's guidance embedding at 3.5 instead of true CFG (no FLUX
-    figures are cited in ../shared/REFERENCES.md; these are SD3.5-M's, unverified on FLUX). For a GPU."""
+    figures in the Flow-GRPO paper; these are SD3.5-M's, unverified on FLUX). For a GPU."""
     return sd35m_lora()
 
 
