@@ -22,6 +22,7 @@ from resources.settings.base import (
     LEGACY_RUN_ROLLOUTS,
     ROLLOUT_MODES,
     RUN_ROLLOUTS,
+    Advantage,
     Deployment,
     OnHacking,
     RunRollouts,
@@ -33,6 +34,7 @@ from resources.settings.deployment import DEPLOYMENT
 from resources.settings.training import TRAINING
 
 __all__ = [
+    "Advantage",
     "COMMANDS",
     "DEPLOYMENTS",
     "LEGACY_RUN_ROLLOUTS",
@@ -45,6 +47,7 @@ __all__ = [
     "SamplingMode",
     "Setting",
     "SyncMode",
+    "check_bounds",
     "env_settings",
     "resource_settings",
     "run_rollouts",
