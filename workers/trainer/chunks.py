@@ -69,11 +69,22 @@ def join_trajectories(parts: list[Trajectory]) -> Trajectory:
     )
 
 
-def micro_parts(part: slice, minibatch_size: int, micro_batch: int | None) -> list[tuple[slice, float]]:
+def micro_parts(
+    part: slice, minibatch_size: int, micro_batch: int | None, count: int | None = None
+) -> list[tuple[slice, float]]:
     """`part` (this rank's positions in a minibatch of `minibatch_size`) cut into micro-batches of at most
-    `micro_batch` positions, each with its share of the whole minibatch (the weight of its mean loss)."""
+    `micro_batch` positions, each with its share of the whole minibatch (the weight of its mean loss).
+
+    `count`: pad to this many micro-batches by repeating the last one with share 0. Under FSDP every forward and
+    backward is a collective, so every rank must run as many micro-batches as the rank with the largest part; a
+    zero-share repeat joins the collectives and adds nothing to the gradient or the stats."""
     start, stop, _ = part.indices(minibatch_size)
     size = micro_batch or max(stop - start, 1)
-    return [
+    parts = [
         (slice(a, min(a + size, stop)), (min(a + size, stop) - a) / minibatch_size) for a in range(start, stop, size)
     ]
+    if count is not None and count > len(parts):
+        if not parts:
+            raise ValueError(f"an empty part of a {minibatch_size}-sample minibatch cannot be padded")
+        parts += [(parts[-1][0], 0.0)] * (count - len(parts))
+    return parts

@@ -147,6 +147,11 @@ class DataShard:
         size = base + (self.rank < extra)
         return slice(start, start + size), size / minibatch_size
 
+    def micro_count(self, minibatch_size: int, micro_batch: int | None) -> int:
+        """Micro-batches of the largest rank part of a minibatch: the count every rank runs (see `micro_parts`)."""
+        largest = -(-minibatch_size // self.world_size)
+        return -(-largest // micro_batch) if micro_batch else 1
+
     def sum_over_ranks(self, stats: dict[str, float], share: float) -> dict[str, float]:
         """Each rank's minibatch means weighted by its share, summed over ranks: the whole minibatch's means."""
         keys = sorted(stats)

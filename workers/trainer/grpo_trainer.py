@@ -317,7 +317,7 @@ class GRPOTrainer:
         own = []
         for index in first_epoch_minibatches(gen, batch.rewards.shape[0], self.config.grpo.num_minibatches):
             part = slice(None) if self.data_shard is None else self.data_shard.part(len(index))[0]
-            own += [index[micro] for micro, _ in micro_parts(part, len(index), self.config.micro_batch)]
+            own += [index[micro] for micro, _ in self._micro_parts(part, len(index))]
         batch = with_policy_log_probs(self.policy, batch, self.config.sampler, own)
         if self.data_shard is None:
             return batch
@@ -334,7 +334,7 @@ class GRPOTrainer:
         g = self.config.grpo
         levels = self._noise_levels(batch, index, gen) if g.objective == "nft" else None
         total: dict[str, float] = {}
-        for micro, micro_share in micro_parts(part, len(index), self.config.micro_batch):
+        for micro, micro_share in self._micro_parts(part, len(index)):
             if g.objective == "nft":
                 stats = self._nft_minibatch_loss(batch, index, levels, micro, micro_share)
             else:
@@ -342,6 +342,14 @@ class GRPOTrainer:
             for k, v in stats.items():
                 total[k] = total.get(k, 0.0) + v * micro_share / share
         return total
+
+    def _micro_parts(self, part: slice, minibatch_size: int) -> list[tuple[slice, float]]:
+        """This process's micro-batches of a minibatch; under data parallelism padded to the count of the rank with
+        the largest part, so every rank joins the same number of FSDP collectives."""
+        count = (
+            None if self.data_shard is None else self.data_shard.micro_count(minibatch_size, self.config.micro_batch)
+        )
+        return micro_parts(part, minibatch_size, self.config.micro_batch, count)
 
     def _noise_levels(self, batch: Rollouts, index: torch.Tensor, gen: torch.Generator) -> list:
         """NFT's (sigma_N, eps) per noise level for the minibatch `index`, drawn from `gen` in level order."""

@@ -12,6 +12,7 @@ from workers.model.families.diffusers_policy import load_model_policy
 from workers.model.families.tiny import build_tiny_pipeline
 from workers.task.render import to_uint8
 from workers.trainer.chunks import micro_parts
+from workers.trainer.fsdp import DataShard
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 
 
@@ -73,6 +74,15 @@ def test_micro_parts_cover_the_part_once_with_shares_summing_to_its_share():
     parts = micro_parts(slice(2, 9), 10, 3)
     assert [p for p, _ in parts] == [slice(2, 5), slice(5, 8), slice(8, 9)]
     assert sum(s for _, s in parts) == pytest.approx(0.7)
+
+
+def test_micro_parts_pad_a_smaller_rank_part_with_zero_share_repeats():
+    """Parts 0:5 and 5:9 of 9 in micro-batches of 2: 3 and 2 micro-batches; the second rank pads to 3."""
+    padded = micro_parts(slice(5, 9), 9, 2, count=3)
+    assert padded == [(slice(5, 7), 2 / 9), (slice(7, 9), 2 / 9), (slice(7, 9), 0.0)]
+    assert micro_parts(slice(0, 5), 9, 2, count=3) == micro_parts(slice(0, 5), 9, 2)
+    shard = DataShard(rank=1, world_size=2, device=torch.device("cpu"))
+    assert shard.micro_count(9, 2) == 3 and shard.micro_count(9, None) == 1 and shard.micro_count(8, 2) == 2
 
 
 @pytest.mark.parametrize("objective", ["flow_grpo", "nft"])

@@ -36,12 +36,17 @@ class Case:
     kl_beta: float = 0.0
     checkpointing: bool = False
     """Gradient checkpointing on the ranks only (the single process runs without it)."""
+    micro_batch: int | None = None
 
 
 CASES = {
     "pixel_nft_with_kl": Case("pixel", "nft", kl_beta=0.1),
     # 6 samples in 2 minibatches of 3: rank 0 takes 2, rank 1 takes 1, so a wrong loss share shows.
     "pixel_flow_grpo_uneven_split": Case("pixel", "flow_grpo", prompts=3, group_size=2),
+    # Micro-batches of 1 on that split: rank 0 runs 2, rank 1 runs 1 and must join a second, zero-share one,
+    # or the ranks' FSDP collectives fall out of step and the run hangs.
+    "pixel_nft_uneven_micro_batches": Case("pixel", "nft", prompts=3, group_size=2, micro_batch=1),
+    "pixel_flow_grpo_uneven_micro_batches": Case("pixel", "flow_grpo", prompts=3, group_size=2, micro_batch=1),
     "qwen_lora_nft_checkpointed": Case("qwen-image", "nft", checkpointing=True),
     # Under LoRA, v_old (NFT) and the KL reference are adapter swaps on the sharded transformer.
     "qwen_lora_flow_grpo_with_kl": Case("qwen-image", "flow_grpo", kl_beta=0.1),
@@ -52,6 +57,7 @@ def _config(case: Case) -> TrainConfig:
     return TrainConfig(
         prompts_per_iteration=case.prompts,
         group_size=case.group_size,
+        micro_batch=case.micro_batch,
         reward="jpeg_compressibility",
         sampler=SamplerConfig(num_steps=3, forward_dtype="fp32"),
         grpo=GRPOConfig(objective=case.objective, lr=1e-3, clip_range=10.0, num_minibatches=2, kl_beta=case.kl_beta),
