@@ -110,11 +110,23 @@ def aws_identity(plan: LaunchPlan) -> Iterator[None]:
         yield
 
 
+_API_FAILURES = (
+    sky_exceptions.ApiServerConnectionError,
+    sky_exceptions.ApiServerAuthenticationError,
+    sky_exceptions.APIVersionMismatchError,
+    sky_exceptions.ServerTemporarilyUnavailableError,
+    sky_exceptions.NoCloudAccessError,
+    sky_exceptions.CloudUserIdentityError,
+)
+"""What SkyPilot raises when its API server cannot answer (down, needs a login, another version) or no cloud
+account can be read: nothing can be launched or found then."""
+
+
 def check_clouds(enabled: Callable[[], list[str]] | None = None) -> list[str]:
     """The clouds SkyPilot may launch on; CloudError naming `sky check` when there is none (or it cannot say)."""
     try:
         clouds = list((enabled or _enabled_clouds)())
-    except Exception as err:  # noqa: BLE001 (any failure of SkyPilot's API server means: nothing can be launched)
+    except _API_FAILURES as err:
         raise CloudError(
             f"SkyPilot could not list its enabled clouds ({type(err).__name__}: {err}); run `sky check` "
             "to set up cloud credentials; nothing was submitted"
@@ -251,7 +263,7 @@ def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:
     """host:port of the reserved node's Redis; CloudError when the cluster is not up."""
     try:
         endpoints = sky.get(sky.endpoints(cluster, REDIS_PORT))
-    except Exception as err:  # noqa: BLE001 (SkyPilot raises several types for a missing cluster)
+    except (sky_exceptions.ClusterNotUpError, sky_exceptions.ClusterDoesNotExist, *_API_FAILURES) as err:
         raise CloudError(f"cannot find the reserved node {cluster!r} ({err}); is it up? (`sky status`)") from None
     if not endpoints:
         raise CloudError(

@@ -143,6 +143,8 @@ class FakeSky:
         return [len(self.calls)], None
 
     def _endpoints(self, cluster, port):
+        if not self.cluster_exists:
+            raise sky_exceptions.ClusterDoesNotExist(f"Cluster {cluster!r} does not exist.")
         return {port: self.address}
 
     def _down(self, cluster_name, **options):

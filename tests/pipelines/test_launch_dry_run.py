@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from sky import exceptions as sky_exceptions
 from tests.paths import REPO_ROOT
 from tests.pipelines.sky_fakes import PASSWORD, SECRETS, served_task
 from tests.pipelines.sky_fakes import invoke as _invoke
@@ -278,7 +279,12 @@ def test_an_sp_degree_the_model_takes_launches_and_a_folder_only_on_the_nodes_is
 
 
 @pytest.mark.parametrize(
-    "clouds, message", [([], "no cloud is enabled"), (RuntimeError("API server down"), "could not list")]
+    "clouds, message",
+    [
+        ([], "no cloud is enabled"),
+        (sky_exceptions.ApiServerConnectionError("http://127.0.0.1:46580"), "could not list"),
+        (sky_exceptions.ApiServerAuthenticationError("https://sky.example.com"), "could not list"),
+    ],
 )
 def test_launch_without_an_enabled_cloud_submits_nothing_and_names_sky_check(fake_sky, clouds, message) -> None:
     fake_sky.clouds = clouds

@@ -94,3 +94,7 @@ def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_
     fake_sky.address = "127.0.0.1:1"  # the node is gone
     gone = _invoke("status")
     assert gone.exit_code == 1 and "cannot read the queue" in gone.output
+    fake_sky.cluster_exists = False  # taken down: SkyPilot no longer knows the cluster
+    down = _invoke("status")
+    assert down.exit_code == 1 and "cannot find the reserved node 'spotlight-reserved'" in down.output
+    assert "Traceback" not in down.output
