@@ -55,7 +55,7 @@ from resources.ledger.records import (
 from resources.ledger.schema import PHASES
 
 _RUN_STATUSES = ("running", "succeeded", "failed", "interrupted")
-_WORKER_COLUMNS = (
+WORKER_COLUMNS = (
     "worker_id",
     "role",
     "instance_type",
@@ -68,6 +68,7 @@ _WORKER_COLUMNS = (
     "ended_at",
     "end_reason",
 )
+"""The `workers` table's columns, in the order a bulk load writes them (the simulator's books too)."""
 
 
 class Ledger(LedgerFile, HackingRecords):
@@ -183,7 +184,7 @@ class Ledger(LedgerFile, HackingRecords):
             source = "given by the caller"
         self._record_rows(
             "workers",
-            _WORKER_COLUMNS,
+            WORKER_COLUMNS,
             [[worker_id, role, instance_type, gpu_type, num_gpus, spot, usd_per_hour, source, to_utc(at), None, None]],
         )
         return usd_per_hour

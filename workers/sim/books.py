@@ -20,22 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from resources.ledger import Ledger
+from resources.ledger import WORKER_COLUMNS, Ledger
 
 COLUMNS = {
-    "workers": (
-        "worker_id",
-        "role",
-        "instance_type",
-        "gpu_type",
-        "num_gpus",
-        "spot",
-        "usd_per_hour",
-        "price_source",
-        "started_at",
-        "ended_at",
-        "end_reason",
-    ),
+    "workers": WORKER_COLUMNS,
     "iterations": ("iteration", "weights_version", "started_at", "ended_at", "critical_path_s", "status"),
     "phases": ("iteration", "phase", "started_at", "ended_at"),
     "requests": (
