@@ -28,6 +28,7 @@ from typing import Iterator, Optional
 
 from resources.settings import check_bounds, resource_settings, run_rollouts, settings_class, settings_of
 from resources.urls import absolute_url
+from workers.task.prompt_file import file_digest
 
 SPEC_NAME = "run.json"
 RESUME_MAY_CHANGE = (
@@ -119,16 +120,35 @@ class RunSpec(_RunSettings):
                 "--resume continues the stored run; these flags differ from it: "
                 + ", ".join(f"--{k.replace('_', '-')} {a!r} (run has {b!r})" for k, (a, b) in clashes.items())
             )
-        return dataclasses.replace(stored, **{k: asked[k] for k in RESUME_MAY_CHANGE if asked.get(k) is not None})
+        resumed = dataclasses.replace(stored, **{k: asked[k] for k in RESUME_MAY_CHANGE if asked.get(k) is not None})
+        resumed.check_prompts_unchanged()
+        return resumed
 
     def save(self) -> None:
-        """run.json, readable by its owner only (0600): a queue URL given with its password keeps it here."""
+        """run.json, readable by its owner only (0600): a queue URL given with its password keeps it here. The
+        first save of a run with --prompts also records the file's digest (PROMPTS_DIGEST_NAME), for --resume."""
         Path(self.run_dir).mkdir(parents=True, exist_ok=True)
         path = Path(self.run_dir) / SPEC_NAME
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # a run.json written before (0644) is narrowed too
         with os.fdopen(fd, "w") as out:
             out.write(json.dumps(asdict(self), indent=2))
+        digest = Path(self.run_dir) / PROMPTS_DIGEST_NAME
+        if self.prompts is not None and not digest.exists():
+            digest.write_text(json.dumps({"path": self.prompts, "digest": file_digest(Path(self.prompts))}))
+
+    def check_prompts_unchanged(self) -> None:
+        """ValueError when the --prompts file differs from the one the run started on: a resumed run would draw
+        its prompts from the new file, so what was trained and what is trained next would be two tasks."""
+        recorded = Path(self.run_dir) / PROMPTS_DIGEST_NAME
+        if self.prompts is None or not recorded.is_file():
+            return
+        if file_digest(Path(self.prompts)) != json.loads(recorded.read_text())["digest"]:
+            raise ValueError(
+                f"--prompts {self.prompts} changed since the run started (its digest differs from the one in "
+                f"{recorded}); restore the file to continue this run, or start a new run (another --run-dir) "
+                "on the new file"
+            )
 
     def resources(self) -> dict:
         """The Dagster resources of this run: its settings that are RunConfigResource fields, the pool's workers
@@ -146,6 +166,8 @@ class RunSpec(_RunSettings):
 
 
 RUN_FIELDS = frozenset(s.name for s in settings_of("run"))
+PROMPTS_DIGEST_NAME = "prompts.digest.json"
+"""In the run folder: the --prompts file's path and blake2b digest when the run started."""
 
 
 class BudgetReachedError(RuntimeError):

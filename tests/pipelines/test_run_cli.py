@@ -58,6 +58,23 @@ def test_resume_refuses_flags_that_differ_from_the_stored_run(tmp_path):
     assert result.exit_code != 0 and "--iterations 5" in result.output
 
 
+def test_resume_refuses_a_prompts_file_that_changed_since_the_run_started(tmp_path):
+    from pipelines.run import RunSpec
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red square\na blue circle\n")
+    RunSpec(str(tmp_path / "run"), preset="cpu_smoke", prompts=str(prompts)).save()
+    spec = RunSpec.resolve(tmp_path / "run", resume=True)  # the same file: the run continues
+    assert spec.prompts == str(prompts)
+    prompts.write_text("a red square\na blue circle\ntwo green triangles\n")
+    result = _invoke("--run-dir", str(tmp_path / "run"), "--resume")
+    assert _refused(result, f"--prompts {prompts} changed since the run started")
+    assert _refused(result, "restore the file to continue this run, or start a new run")
+    assert not (tmp_path / "run" / "ledger.duckdb").exists()  # refused before anything ran
+    prompts.unlink()
+    assert _refused(_invoke("--run-dir", str(tmp_path / "run"), "--resume"), "no such file")
+
+
 @pytest.mark.parametrize(
     "flag, value, message",
     [
