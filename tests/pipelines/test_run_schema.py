@@ -153,3 +153,13 @@ def test_the_rollout_worker_gets_a_typed_config_of_its_flags():
         config.commit_every = 1  # type: ignore[misc]
     with pytest.raises(ValueError, match="--commit-every"):
         dataclasses.replace(config, commit_every=0)
+
+
+def test_the_rollout_worker_flags_default_to_its_configs_defaults():
+    """A worker started with no optional flag runs on WorkerConfig's defaults, whatever they are set to."""
+    from workers.rollout.config import WorkerConfig
+    from workers.rollout.worker import build_parser
+
+    args = build_parser().parse_args(["--queue", "q.db", "--store", "s", "--worker-id", "w"])
+    config = WorkerConfig.from_args(args)
+    assert config == WorkerConfig(worker_id="w")

@@ -16,6 +16,7 @@ local cluster reads to keep the ledger.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -36,6 +37,10 @@ from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
 EXIT_UNREACHABLE = 2
 
 
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
+"""The flags' defaults are WorkerConfig's: one place says what a worker does unless told."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workers.rollout", description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -44,10 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, help="Tensor store: a folder, file:///abs/path or s3://bucket/prefix.")
     p.add_argument("--worker-id", default=None, help="Unique worker name (default: HOST-PID).")
     p.add_argument(
-        "--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps (default 2)."
+        "--commit-every",
+        type=int,
+        default=_DEFAULTS["commit_every"],
+        help=f"Commit in-flight state every C denoising steps (default {_DEFAULTS['commit_every']}).",
     )
-    p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
-    p.add_argument("--device", default="cpu", help="torch device for sampling (cpu, cuda, cuda:1).")
+    p.add_argument(
+        "--lease-s",
+        type=float,
+        default=_DEFAULTS["lease_s"],
+        help="Queue lease length in seconds; heartbeats every third.",
+    )
+    p.add_argument("--device", default=_DEFAULTS["device"], help="torch device for sampling (cpu, cuda, cuda:1).")
     p.add_argument(
         "--model",
         default=None,
@@ -56,12 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
         "Default: whatever the anchor names.",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
-    p.add_argument("--poll-s", type=float, default=0.2, help="Wait between claims while the queue is empty.")
+    p.add_argument(
+        "--poll-s", type=float, default=_DEFAULTS["poll_s"], help="Wait between claims while the queue is empty."
+    )
     p.add_argument(
         "--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM)."
     )
     p.add_argument(
-        "--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device locally."
+        "--step-delay-s",
+        type=float,
+        default=_DEFAULTS["step_delay_s"],
+        help="Extra seconds per step: simulates a slower device locally.",
     )
     add_cloud_flags(p, priced="this worker")
     return p
