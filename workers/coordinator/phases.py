@@ -106,6 +106,8 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
         "changed_fraction": out.changed_fraction,
         "encode_s": out.encode_s,
         "apply_s": out.apply_s,
+        "receiver": out.receiver,
+        "replay_s": out.replay_s,
         "weights_hash": out.trainer_hash,
         "anchor_stored": out.anchored,
         **phase_cost(ctx, k, "sync"),

@@ -41,9 +41,8 @@ from workers.model.families.prompt_store import attach_prompt_store
 from workers.model.policy_loader import build_from_spec
 from workers.model.tiny_policy import Policy
 from workers.pulse import ChainConfig, ChainPublisher, sync_weights
+from workers.rollout.config import RESIDENT_DTYPES
 from workers.task.request_fields import check_policy_reads
-
-RESIDENT_DTYPES = ("auto", "bf16", "fp32")
 
 
 class ModelMismatchError(ValueError):

@@ -139,3 +139,21 @@ def test_a_merged_sync_bf16_receiver_builds_no_fp32_transformer(tmp_path):
         cond = fp32.encode_prompts(PROMPTS)
         v_bf16, v_fp32 = bf16.velocity(x, sigma, *cond).float(), fp32.velocity(x, sigma, *cond).float()
     assert float((v_bf16 - v_fp32).abs().max()) <= 0.02 * float(v_fp32.abs().max())
+
+
+def test_the_worker_flag_sets_how_its_holder_keeps_the_weights(tmp_path, tmp_store):
+    import dataclasses
+    import threading
+
+    from resources.queue import open_queue
+    from workers.rollout.config import WorkerConfig
+    from workers.rollout.loop import WorkerLoop
+    from workers.rollout.worker import build_parser
+
+    flags = ["--queue", str(tmp_path / "q.db"), "--store", str(tmp_path / "store"), "--worker-id", "w"]
+    assert WorkerConfig.from_args(build_parser().parse_args(flags)).resident_dtype == "auto"
+    config = WorkerConfig.from_args(build_parser().parse_args([*flags, "--resident-dtype", "bf16"]))
+    loop = WorkerLoop(open_queue(tmp_path / "q.db"), tmp_store, config, threading.Event(), lambda *a, **k: None)
+    assert loop.holder.resident_dtype == "bf16"
+    with pytest.raises(ValueError, match="--resident-dtype"):
+        dataclasses.replace(config, resident_dtype="fp16")
