@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import resource
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -156,11 +155,20 @@ def _merged_chain(bench: ReceiverBench, folder: Path) -> dict:
     return {"store": str(folder / "memory"), "transformer_params": numel}
 
 
+def _hwm_bytes() -> int:
+    """This process's peak resident set (Linux VmHWM). Not ru_maxrss: that survives exec, so a spawned child would
+    report its parent's peak at the fork whenever the parent's was higher."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status: the memory runs need Linux")
+
+
 def receiver_memory(store_root: str, version: int, resident_dtype: str, threads: int) -> dict:
     """In a fresh process: a rollout worker's PolicyHolder reaching `version`; RSS and the bytes it holds."""
     import torch
 
-    from workers.bench.memory import _peak_rss_bytes, _rss_bytes
+    from workers.bench.memory import _rss_bytes
     from workers.rollout.weights import PolicyHolder
 
     torch.set_num_threads(threads)
@@ -178,7 +186,7 @@ def receiver_memory(store_root: str, version: int, resident_dtype: str, threads:
         "held_GB": round(sum(held.values()) / 1e9, 3),
         "rss_before_GB": round(before / 1e9, 3),
         "rss_after_GB": round(_rss_bytes() / 1e9, 3),
-        "peak_rss_GB": round(_peak_rss_bytes() / 1e9, 3),
+        "peak_rss_GB": round(_hwm_bytes() / 1e9, 3),
         "reach_s": round(seconds, 2),
     }
 
@@ -202,7 +210,6 @@ def run_receiver_bench(bench: ReceiverBench, progress=lambda line: None) -> dict
                     runs.append(pool.submit(receiver_memory, *args).result())
                 progress(f"memory, {dtype}: peak RSS {runs[-1]['peak_rss_GB']} GB")
             figures["memory"] = {"transformer_params": chain["transformer_params"], "runs": runs}
-    figures["parent_peak_rss_GB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, 3)
     return figures
 
 
