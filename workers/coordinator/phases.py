@@ -64,7 +64,8 @@ class PhaseResult:
 
 
 def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
-    """Weights version k in the run's PULSE chain (the base's anchor for k = 0), checked by a fresh receiver."""
+    """Weights version k in the run's PULSE chain (the base's anchor for k = 0), checked by a receiver that applies
+    it to version k-1 as workers hold it (workers/coordinator/sync.py)."""
     books.begin_iteration(ctx.ledger, ctx, k)
     with books.phase(ctx.ledger, k, "sync"):
         publish_run_rewards(ctx)
