@@ -157,3 +157,29 @@ def test_the_worker_flag_sets_how_its_holder_keeps_the_weights(tmp_path, tmp_sto
     assert loop.holder.resident_dtype == "bf16"
     with pytest.raises(ValueError, match="--resident-dtype"):
         dataclasses.replace(config, resident_dtype="fp16")
+
+
+def test_a_lora_sync_bf16_receiver_holds_the_adapter_in_bf16_beside_its_base(tmp_path):
+    """Under sync_mode "lora" the adapter is what syncs: its BF16 tensors become the adapter's parameters (the FP32
+    ones built with it are dropped) and the base stays in its base_dtype; the hash and the velocity match."""
+    from workers.model.families.diffusers_policy import load_model_policy
+    from workers.model.families.lora import adapter_of
+    from workers.model.families.tiny import build_tiny_pipeline
+
+    policy = load_model_policy(build_tiny_pipeline("qwen-image", tmp_path / "qwen"), resolution=32, lora_rank=4)
+    with torch.no_grad():
+        for param in policy.trainable_parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())))
+    store = CountingStore(tmp_path / "store")
+    publisher = publish_policy(store, "lora", policy)
+    bf16 = PolicyHolder(store, resident_dtype="bf16").policy_at("lora", 0)
+    fp32 = PolicyHolder(store, resident_dtype="fp32").policy_at("lora", 0)
+    dtypes = {name: p.dtype for name, p in bf16.transformer.named_parameters()}
+    assert bf16.is_lora and {d for n, d in dtypes.items() if adapter_of(n)} == {torch.bfloat16}
+    assert {d for n, d in dtypes.items() if not adapter_of(n)} == {torch.float32}  # the base: base_dtype fp32
+    assert weights_hash(bf16.weights()) == weights_hash(publisher.last_state)
+    x, sigma = torch.randn(2, *bf16.latent_shape, generator=torch.Generator().manual_seed(0)), torch.tensor([0.4, 0.8])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cond = fp32.encode_prompts(PROMPTS)
+        v_bf16, v_fp32 = bf16.velocity(x, sigma, *cond).float(), fp32.velocity(x, sigma, *cond).float()
+    assert float((v_bf16 - v_fp32).abs().max()) <= 0.02 * float(v_fp32.abs().max())
