@@ -80,7 +80,13 @@ weight_patch = phase_asset(
     description="Sync: weights version k in the run's PULSE chain (the base's anchor for k = 0).",
     phase_tag="sync",
     kinds={"pytorch", "safetensors"},
-    checks=[(phases.PATCH_CHECK, "A fresh receiver (anchor + PULSE patches) reaches the trainer's weights hash.")],
+    checks=[
+        (
+            phases.PATCH_CHECK,
+            "A receiver at version k-1 (kept from the last sync, or replayed from the anchor) applies the PULSE patch "
+            "and reaches the trainer's weights hash.",
+        )
+    ],
 )
 rollouts = phase_asset(
     "rollouts",

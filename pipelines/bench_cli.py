@@ -190,6 +190,28 @@ def bench_pulse(
     show(figures, as_json, format_pulse_report)
 
 
+@bench_app.command("receiver")
+def bench_receiver(
+    versions: int = typer.Option(20, help="Sync versions published, with the receiver kept and replayed."),
+    anchor_every: int = typer.Option(10, help="A full anchor every this many versions."),
+    layers: int = typer.Option(1, help="Blocks of the real-widths Qwen-Image in the memory runs (0: skip them)."),
+    memory_version: int = typer.Option(3, help="The version a fresh worker reaches in the memory runs."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """PULSE receivers: the sync phase's seconds and store bytes per version (receiver kept vs replayed from the
+    anchor), and a fresh worker's peak RSS with FP32 vs BF16 resident weights."""
+    from workers.bench.receiver import ReceiverBench, format_receiver_report, run_receiver_bench
+
+    try:
+        bench = ReceiverBench(
+            versions=versions, anchor_every=anchor_every, layers=layers, memory_version=memory_version
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    figures = run_receiver_bench(bench, progress=lambda line: typer.echo(line, err=True))
+    show(figures, as_json, format_receiver_report)
+
+
 @bench_app.command("pulse-modes")
 def bench_pulse_modes(
     model: Optional[Path] = typer.Option(

@@ -60,6 +60,18 @@ class StoreChain:
         prefix = anchor_key(self.run, 0).rsplit("/", 1)[0] + "/"
         return sorted(int(key.rsplit("/v", 1)[1]) for key in self.store.list_commits(prefix))
 
+    def version_fingerprint(self, version: int) -> str | None:
+        """What defines `version` in the store, as a short string: the commit key and object checksums of its
+        patch (version >= 1), else of its anchor; None when neither is committed. Equal fingerprints name the same
+        bytes (objects are content-addressed), so a receiver kept in memory can check it still holds this chain's
+        version without reading any tensor."""
+        keys = [patch_key(self.run, version)] if version >= 1 else []
+        for key in (*keys, anchor_key(self.run, version)):
+            manifest = self.store.read_manifest(key)
+            if manifest is not None:
+                return key + ":" + ",".join(entry.xxh3_128 for _, entry in sorted(manifest.objects.items()))
+        return None
+
     def anchor_metadata(self, version: int) -> dict[str, Any]:
         """Manifest metadata of an anchor (policy_config, anchor_every); LookupError if absent."""
         manifest = self.store.read_manifest(anchor_key(self.run, version))

@@ -64,7 +64,8 @@ class PhaseResult:
 
 
 def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
-    """Weights version k in the run's PULSE chain (the base's anchor for k = 0), checked by a fresh receiver."""
+    """Weights version k in the run's PULSE chain (the base's anchor for k = 0), checked by a receiver that applies
+    it to version k-1 as workers hold it (workers/coordinator/sync.py)."""
     books.begin_iteration(ctx.ledger, ctx, k)
     with books.phase(ctx.ledger, k, "sync"):
         publish_run_rewards(ctx)
@@ -106,6 +107,8 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
         "changed_fraction": out.changed_fraction,
         "encode_s": out.encode_s,
         "apply_s": out.apply_s,
+        "receiver": out.receiver,
+        "replay_s": out.replay_s,
         "weights_hash": out.trainer_hash,
         "anchor_stored": out.anchored,
         **phase_cost(ctx, k, "sync"),

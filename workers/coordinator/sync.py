@@ -6,15 +6,19 @@ transformer's spec, so a rollout worker builds one with no adapter and loads the
 
 Version 0 is the base policy: its trainer checkpoint and a full BF16 anchor. Version k >= 1
 is the trainer's checkpoint after update k-1 -> k: a PULSE patch from version k-1 (plus an
-anchor every `anchor_every` versions). The chain is replayed once per version: the replay
-to version k-1 (nearest anchor, then patches, as a fresh rollout worker does) is both the
-base the patch is encoded against and the receiver that then applies the published patch
-and checks that it reaches the hash of the trainer's own BF16 weights. An anchored version
-also checks the stored anchor's hash (a fresh worker loads that instead).
+anchor every `anchor_every` versions). The receiver at version k-1 is both the base the
+patch is encoded against and the receiver that then applies the published patch and checks
+that it reaches the hash of the trainer's own BF16 weights. The process keeps that receiver
+(BF16 weights reached from the store, never from a checkpoint) from one version to the
+next, so a version costs one patch: encode, read back, apply, hash. Only when it holds no
+receiver at k-1 of this chain (a fresh coordinator, a failed check, another run) does it
+replay the chain from the nearest anchor, as a fresh rollout worker does. An anchored
+version also checks the stored anchor's hash (a fresh worker loads that instead).
 
 Example:
     outcome = publish_version(store, "demo", 3, anchor_every=10)
     assert outcome.reproduced                         # receiver hash == trainer hash
+    drop_sync_receiver()                              # free its BF16 weights (the next version replays)
 """
 
 from __future__ import annotations
@@ -55,13 +59,17 @@ class SyncOutcome:
     """Seconds a worker one version behind takes to apply the published patch and check the hash
     (version 0: a fresh worker loading the anchor)."""
     replay_s: float
-    """Seconds to replay the chain to version-1 from the store (anchor + patches + hash check)."""
+    """Seconds to reach version-1 as receivers hold it: checking the kept receiver (one manifest read), or
+    replaying the chain from the store (anchor + patches + hash check)."""
     trainer_hash: str
     """xxh3-128 of the trainer's BF16 weights at this version."""
     receiver_hash: str
     """xxh3-128 of what the receiver reached."""
     anchored: bool
     """True when an anchor was also stored at this version."""
+    receiver: str = "replayed"
+    """Where version-1 came from: "kept" (this process's receiver, one patch behind), "replayed" (from the
+    nearest anchor) or "none" (version 0)."""
 
     @property
     def reproduced(self) -> bool:
@@ -88,7 +96,7 @@ def publish_version(
         receiver_spec, current = checkpoint_form(store, run, version)
     chain = StoreChain(store, run, policy_config=receiver_spec, anchor_every=anchor_every)
     config = ChainConfig(anchor_every=anchor_every)
-    previous, replay_s = _replay_previous(chain, version, config)
+    previous, replay_s, source = _previous_version(chain, version, config)
     started = time.perf_counter()
     publisher = ChainPublisher(
         chain, config, last_version=None if previous is None else version - 1, last_state=previous
@@ -96,7 +104,9 @@ def publish_version(
     publisher.publish(version, current)
     encode_s = time.perf_counter() - started
     dense = sum(t.numel() * t.element_size() for t in current.values())
-    receiver_hash, apply_s, patch = _receive(chain, version, previous, anchored=version % anchor_every == 0)
+    receiver_hash, apply_s, patch, reached = _receive(chain, version, previous, anchored=version % anchor_every == 0)
+    trainer_hash = weights_hash(current)
+    _keep_receiver(chain, version, reached if receiver_hash == trainer_hash else None)
     if patch is None:
         sent, changed, kind = dense, 1.0, "anchor"
     else:
@@ -111,9 +121,10 @@ def publish_version(
         encode_s,
         apply_s,
         replay_s,
-        weights_hash(current),
+        trainer_hash,
         receiver_hash,
         version % anchor_every == 0,
+        source,
     )
 
 
@@ -139,27 +150,71 @@ def checkpoint_form(store: TensorStore, run: str, version: int) -> tuple[dict, d
     return spec, {k[len("policy.") :]: v.to(torch.bfloat16) for k, v in tensors.items() if k.startswith("policy.")}
 
 
-def _replay_previous(chain: StoreChain, version: int, config: ChainConfig) -> tuple[dict | None, float]:
-    """Version-1 as receivers hold it, from the chain (not an old checkpoint), and the seconds it took."""
+@dataclass
+class _Receiver:
+    """The BF16 weights receivers hold at `version` of a run's chain, kept in this process between versions."""
+
+    store_url: str
+    run: str
+    version: int
+    fingerprint: str
+    """`StoreChain.version_fingerprint(version)` when it was reached."""
+    weights: dict[str, torch.Tensor]
+
+
+_receiver: _Receiver | None = None
+
+
+def drop_sync_receiver() -> None:
+    """Forget the kept receiver and free its weights; the next version replays the chain from its anchor."""
+    global _receiver
+    _receiver = None
+
+
+def _previous_version(chain: StoreChain, version: int, config: ChainConfig) -> tuple[dict | None, float, str]:
+    """Version-1 as receivers hold it, from the chain (not an old checkpoint), the seconds it took, and where it
+    came from: the kept receiver when it holds version-1 of this very chain (checked by its fingerprint), else a
+    replay from the nearest anchor. The kept receiver is taken out of the process state while in use, so a
+    failure half-way never leaves a receiver that claims a version it no longer holds."""
+    global _receiver
     if version == 0:
-        return None, 0.0
+        return None, 0.0, "none"
     started = time.perf_counter()
+    kept, _receiver = _receiver, None
+    if (
+        kept is not None
+        and (kept.store_url, kept.run, kept.version) == (chain.store.url, chain.run, version - 1)
+        and chain.version_fingerprint(version - 1) == kept.fingerprint
+    ):
+        return kept.weights, time.perf_counter() - started, "kept"
+    del kept  # freed before the replay: never two receivers at once
     previous: dict = {}
     sync_weights(previous, None, version - 1, chain, config)
-    return previous, time.perf_counter() - started
+    return previous, time.perf_counter() - started, "replayed"
+
+
+def _keep_receiver(chain: StoreChain, version: int, reached: dict[str, torch.Tensor] | None) -> None:
+    """Keep `reached` as the receiver at `version` (None: it failed its check; keep nothing)."""
+    global _receiver
+    fingerprint = None if reached is None else chain.version_fingerprint(version)
+    if fingerprint is not None:
+        _receiver = _Receiver(chain.store.url, chain.run, version, fingerprint, reached)
 
 
 def _receive(
     chain: StoreChain, version: int, previous: dict | None, *, anchored: bool
-) -> tuple[str, float, bytes | None]:
-    """Reach `version` as a receiver would, from what the store now holds: (hash reached, seconds, the patch).
+) -> tuple[str, float, bytes | None, dict[str, torch.Tensor]]:
+    """Reach `version` as a receiver would, from what the store now holds: (hash reached, seconds, the patch, the
+    weights reached).
 
-    `previous` (version-1, already replayed) takes the published patch in place; an anchored
-    version's stored anchor must hash the same, else its hash is the one reported.
+    `previous` (version-1) takes the published patch in place; version 0 loads the anchor (into tensors that own
+    their memory, so later patches can write them). An anchored version's stored anchor must hash the same, else
+    its hash is the one reported.
     """
     started = time.perf_counter()
     if previous is None:
-        reached, patch = chain.get_anchor(version), None
+        anchor, patch = chain.get_anchor(version), None
+        reached = {name: anchor.pop(name).clone() for name in list(anchor)}
     else:
         patch = chain.get_patch(version)
         apply_patch(previous, patch, base_version=version - 1)
@@ -169,4 +224,4 @@ def _receive(
     if anchored and previous is not None:
         anchor_hash = weights_hash(chain.get_anchor(version))
         receiver_hash = receiver_hash if anchor_hash == receiver_hash else anchor_hash
-    return receiver_hash, apply_s, patch
+    return receiver_hash, apply_s, patch, reached

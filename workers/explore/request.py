@@ -248,6 +248,7 @@ def work_explore_request(
     if done is not None:
         return ExploreOutcome(request.request_id, "already_done", key, list(done.metadata.get("rewards", [])))
 
+    holder.check_forward(spec.cheap_sampler)  # BF16-resident weights run BF16 forwards only: refused before loading
     policy = holder.policy_at(spec.run, spec.weights_version)
     check_policy_reads(policy, spec.prompt)  # the pixel policy reads MiniGenEval's words only: refused before sampling
     report("claim", request_id=request.request_id, kind="explore", attempt=attempt, resumed_from_step=0)

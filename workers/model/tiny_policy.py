@@ -106,8 +106,9 @@ class Policy(nn.Module):
         """The weights that train, sync (PULSE) and checkpoint: all of them for this policy."""
         return self.state_dict()
 
-    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.load_state_dict(tensors)
+    def load_weights(self, tensors: dict[str, torch.Tensor], assign: bool = False) -> None:
+        """Copy `tensors` into the parameters; `assign`: make them the parameters (their dtype, their memory)."""
+        self.load_state_dict(tensors, assign=assign)
 
     def trainable_parameters(self):
         return self.parameters()

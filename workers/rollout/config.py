@@ -15,6 +15,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+RESIDENT_DTYPES = ("auto", "bf16", "fp32")
+"""Choices of WorkerConfig.resident_dtype (workers/rollout/weights.py says what each holds)."""
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -30,6 +33,9 @@ class WorkerConfig:
     """torch device for sampling."""
     model: Optional[str] = None
     """The diffusers pipeline folder the run trains (absolute); None: whatever the anchor names."""
+    resident_dtype: str = "auto"
+    """How the policy's weights are held: bf16 (the parameters are the PULSE-patched BF16 weights; BF16 forwards
+    only), fp32 (FP32 parameters fed from a BF16 dict; any forward dtype), auto (bf16 on CUDA, else fp32)."""
     threads: Optional[int] = None
     """torch CPU threads; None: torch's choice."""
     poll_s: float = 0.2
@@ -52,6 +58,10 @@ class WorkerConfig:
             raise ValueError(f"commit_every (--commit-every) must be >= 1, got {self.commit_every}")
         if not (self.lease_s > 0 and self.poll_s > 0):
             raise ValueError(f"lease_s and poll_s (--lease-s, --poll-s) must be > 0, got {self.lease_s}, {self.poll_s}")
+        if self.resident_dtype not in RESIDENT_DTYPES:
+            raise ValueError(
+                f"resident_dtype (--resident-dtype) must be one of {RESIDENT_DTYPES}, got {self.resident_dtype!r}"
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "WorkerConfig":

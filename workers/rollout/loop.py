@@ -36,7 +36,9 @@ class WorkerLoop:
         from diffusers import QwenImageTransformer2DModel  # noqa: F401  (import now: "ready" means ready to sample)
 
         self.queue, self.store, self.config, self.stop, self.report = queue, store, config, stop, report
-        self.holder = PolicyHolder(store, device=config.device, model=config.model)
+        self.holder = PolicyHolder(
+            store, device=config.device, model=config.model, resident_dtype=config.resident_dtype
+        )
         self.misconfigured = False
         """Set when a run trains another model than --model: the worker stops (exit 2) instead of claiming on."""
         self.labels = {

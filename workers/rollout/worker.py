@@ -31,7 +31,7 @@ from resources.queue.base import QueueUnavailableError
 from resources.queue.records import check_worker_id
 from resources.store import open_store
 from resources.store.base import StoreError
-from workers.rollout.config import WorkerConfig
+from workers.rollout.config import RESIDENT_DTYPES, WorkerConfig
 from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
 
 EXIT_UNREACHABLE = 2
@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="The diffusers pipeline folder the run trains (absolute; its PULSE anchor names it): checked at "
         "start, so a node without the weights there stops at once; a run on another folder is refused. "
         "Default: whatever the anchor names.",
+    )
+    p.add_argument(
+        "--resident-dtype",
+        choices=RESIDENT_DTYPES,
+        default="auto",
+        help="How the worker holds the policy: bf16 (its parameters are the PULSE-patched BF16 weights: half the "
+        "memory of a BF16 dict beside FP32 parameters, BF16 forwards only), fp32 (FP32 parameters, any forward "
+        "dtype). Default auto: bf16 on CUDA, fp32 elsewhere.",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
     p.add_argument(

@@ -249,7 +249,8 @@ class DiffusersPolicy(nn.Module):
             return {k: v for k, v in state.items() if adapter_of(k) == TRAINED_ADAPTER}
         return state
 
-    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, tensors: dict[str, torch.Tensor], assign: bool = False) -> None:
+        """Copy `tensors` into the weights; `assign`: make them the parameters (their dtype, their memory)."""
         expected = set(self.weights())
         if set(tensors) != expected:
             missing, extra = sorted(expected - set(tensors))[:3], sorted(set(tensors) - expected)[:3]
@@ -257,7 +258,7 @@ class DiffusersPolicy(nn.Module):
                 f"weights do not match this {self.model_spec.family} policy "
                 f"(missing {missing}, unexpected {extra}): were they saved with another --lora-rank?"
             )
-        self.transformer.load_state_dict(tensors, strict=not self.is_lora)
+        self.transformer.load_state_dict(tensors, strict=not self.is_lora, assign=assign)
 
     def trainable_parameters(self):
         return [p for p in self.transformer.parameters() if p.requires_grad]
