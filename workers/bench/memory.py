@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import resource
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ class MemoryBench:
             raise ValueError(f"model {self.model} is not a diffusers pipeline folder (no model_index.json)")
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     """This process's resident set now (Linux /proc)."""
     import os
 
@@ -63,8 +62,13 @@ def _rss_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (Linux VmHWM). Not ru_maxrss: that survives exec, so a spawned child would
+    report its parent's resident set at the fork whenever that was higher than its own peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status: the memory runs need Linux")
 
 
 def measure_iteration(bench: MemoryBench, num_samples: int) -> dict:
@@ -92,7 +96,7 @@ def measure_iteration(bench: MemoryBench, num_samples: int) -> dict:
     )
     trainer = GRPOTrainer(policy, config)
     policy.encode_prompts(["warm up"])  # the text encoder loads here, not inside the measured iteration
-    loaded = _rss_bytes()
+    loaded = rss_bytes()
     t0 = time.perf_counter()
     batch = trainer.collect(0)
     t1 = time.perf_counter()
@@ -101,7 +105,7 @@ def measure_iteration(bench: MemoryBench, num_samples: int) -> dict:
     return {
         "samples": num_samples,
         "rss_after_load_GB": round(loaded / 1e9, 3),
-        "peak_rss_GB": round(_peak_rss_bytes() / 1e9, 3),
+        "peak_rss_GB": round(peak_rss_bytes() / 1e9, 3),
         "collect_s": round(t1 - t0, 1),
         "update_s": round(t2 - t1, 1),
         "optimizer_steps": stats["optimizer_steps"],

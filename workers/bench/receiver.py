@@ -155,24 +155,15 @@ def _merged_chain(bench: ReceiverBench, folder: Path) -> dict:
     return {"store": str(folder / "memory"), "transformer_params": numel}
 
 
-def _hwm_bytes() -> int:
-    """This process's peak resident set (Linux VmHWM). Not ru_maxrss: that survives exec, so a spawned child would
-    report its parent's peak at the fork whenever the parent's was higher."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status: the memory runs need Linux")
-
-
 def receiver_memory(store_root: str, version: int, resident_dtype: str, threads: int) -> dict:
     """In a fresh process: a rollout worker's PolicyHolder reaching `version`; RSS and the bytes it holds."""
     import torch
 
-    from workers.bench.memory import _rss_bytes
+    from workers.bench.memory import peak_rss_bytes, rss_bytes
     from workers.rollout.weights import PolicyHolder
 
     torch.set_num_threads(threads)
-    before = _rss_bytes()
+    before = rss_bytes()
     holder = PolicyHolder(LocalTensorStore(store_root), resident_dtype=resident_dtype)
     started = time.perf_counter()
     policy = holder.policy_at(RUN, version)
@@ -185,8 +176,8 @@ def receiver_memory(store_root: str, version: int, resident_dtype: str, threads:
         "param_dtypes": sorted({str(p.dtype) for p in policy.transformer.parameters()}),
         "held_GB": round(sum(held.values()) / 1e9, 3),
         "rss_before_GB": round(before / 1e9, 3),
-        "rss_after_GB": round(_rss_bytes() / 1e9, 3),
-        "peak_rss_GB": round(_hwm_bytes() / 1e9, 3),
+        "rss_after_GB": round(rss_bytes() / 1e9, 3),
+        "peak_rss_GB": round(peak_rss_bytes() / 1e9, 3),
         "reach_s": round(seconds, 2),
     }
 

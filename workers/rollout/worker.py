@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resident-dtype",
         choices=RESIDENT_DTYPES,
-        default="auto",
-        help="How the worker holds the policy: bf16 (its parameters are the PULSE-patched BF16 weights: half the "
-        "memory of a BF16 dict beside FP32 parameters, BF16 forwards only), fp32 (FP32 parameters, any forward "
+        default=_DEFAULTS["resident_dtype"],
+        help="How the worker holds the policy: bf16 (its parameters are the PULSE-patched BF16 weights: a third of "
+        "the memory of a BF16 dict beside FP32 parameters, BF16 forwards only), fp32 (FP32 parameters, any forward "
         "dtype). Default auto: bf16 on CUDA, fp32 elsewhere.",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
