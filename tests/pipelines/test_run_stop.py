@@ -230,7 +230,7 @@ def test_a_second_ctrl_c_while_the_run_stops_its_workers_ends_them_at_once(tmp_p
     run_dir = tmp_path / "twice"
     code, stderr = _signalled_run(
         "SIGINT",
-        "phase:train_phase:0,cluster-stop",
+        "phase:rollout_phase:0,cluster-stop",
         *("run", "--run-dir", str(run_dir), "--preset", "cpu_smoke", "--workers", "2"),
         *("--preemptions-per-hour", "0", "--validation-prompts", str(prompts)),
     )
