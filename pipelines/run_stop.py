@@ -5,8 +5,8 @@ Dagster's in-process execution replaces the handlers of both signals while a run
 (`dagster._utils.interrupts.capture_interrupts`, which maps SIGTERM to its SIGINT handler): inside a step's compute
 the signal raises `DagsterExecutionInterruptedError` (the step fails), anywhere else it only sets a flag for the
 next step to raise, and Dagster clears that flag when the run's execution ends. A signal that arrives after the last
-step's compute (while Dagster records the step's success or the run's) is therefore dropped, and the walk went on to
-the next iteration. `signal.set_wakeup_fd` makes the interpreter's C-level handler write the number of every signal
+step's compute (while Dagster records the step's success or the run's) is dropped, and the walk would go on to the
+next iteration. `signal.set_wakeup_fd` makes the interpreter's C-level handler write the number of every signal
 it catches to a socket, whichever Python handler then runs, so `StopSignals.check` sees those too.
 
 Example:
