@@ -24,7 +24,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from resources.settings import check_bounds, resource_settings, run_rollouts, settings_class, settings_of
 from resources.urls import absolute_url
@@ -253,9 +253,17 @@ def trainer_threads(spec: RunSpec) -> Optional[int]:
     return max(1, cores - spec.num_workers)
 
 
-def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] = None) -> dict:
+def execute(
+    spec: RunSpec,
+    console,
+    on_iteration=None,
+    max_usd: Optional[float] = None,
+    check_stop: Callable[[], None] = lambda: None,
+) -> dict:
     """Walk every iteration not yet done; returns the summary (rows, report path, run cost). With `max_usd`, stops
-    (BudgetReachedError) after the iteration during which the spend reached it."""
+    (BudgetReachedError) after the iteration during which the spend reached it. `check_stop` (a `StopSignals.check`,
+    pipelines/run_stop.py) runs after each iteration's Dagster execution and raises to stop the run; any exception
+    marks the run interrupted in the ledger."""
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -292,7 +300,7 @@ def execute(spec: RunSpec, console, on_iteration=None, max_usd: Optional[float] 
             Progress(*columns, console=console, transient=True) as progress,
         ):
             task = progress.add_task("iterations", total=total)
-            for outcome in walk_iterations(instance, resources):
+            for outcome in walk_iterations(instance, resources, check_stop):
                 progress.update(task, advance=1, description=f"iteration {outcome.iteration + 1}/{total - 1}")
                 if on_iteration is not None:
                     on_iteration(outcome)

@@ -4,7 +4,6 @@ resources/settings/. Only typer and stdlib modules at import time: `--help` stay
 from __future__ import annotations
 
 import contextlib
-import signal
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +11,7 @@ import typer
 
 from pipelines.config_file import config_option
 from pipelines.run import RESUME_MAY_CHANGE
+from pipelines.run_stop import StopSignals
 from pipelines.settings_cli import settings_options
 
 
@@ -52,15 +52,17 @@ def run_command(
         shutil.rmtree(run_dir)
     from pipelines.ranks_cli import in_ranks
 
-    # --nproc N: the launcher turns a signal into SignalException and stops every rank (pipelines/ranks_cli.py).
-    stop_on_sigterm = _sigterm_as_ctrl_c() if spec.nproc == 1 else contextlib.nullcontext()
-    with stop_on_sigterm:
+    # Ctrl-C and SIGTERM stop the walk alike, also where Dagster's execution holds the signal handlers
+    # (pipelines/run_stop.py). --nproc N: the launcher turns a signal into SignalException and stops every rank
+    # (pipelines/ranks_cli.py).
+    stop = StopSignals() if spec.nproc == 1 else None
+    with stop or contextlib.nullcontext():
         code = in_ranks(
             spec.nproc,
             spec.gradient_checkpointing,
             spec.device,
             _walk,
-            {"spec": spec, "max_usd": max_usd},
+            {"spec": spec, "max_usd": max_usd, "stop": stop},
             failed_hint=_resume_hint(spec),
         )
     if code:
@@ -78,9 +80,10 @@ def _asked(settings: dict, resume: bool) -> dict:
     return asked
 
 
-def _walk(spec, max_usd: Optional[float]) -> int:
+def _walk(spec, max_usd: Optional[float], stop: Optional[StopSignals] = None) -> int:
     """The whole run in this process (rank 0 of --nproc ranks): the walk, its local worker cluster, the lines and the
-    summary. Returns the command's exit code."""
+    summary; `stop`: the stop signals' record the walk checks after each iteration. Returns the command's exit
+    code."""
     import time
 
     from rich.console import Console
@@ -91,7 +94,13 @@ def _walk(spec, max_usd: Optional[float]) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
     try:
-        result = execute(spec, console, on_iteration=lambda o: console.print(_line(o)), max_usd=max_usd)
+        result = execute(
+            spec,
+            console,
+            on_iteration=lambda o: console.print(_line(o)),
+            max_usd=max_usd,
+            check_stop=stop.check if stop is not None else lambda: None,
+        )
     except BudgetReachedError as err:
         console.print(f"spotlight run stopped: {err}")
         return 0
@@ -105,22 +114,6 @@ def _walk(spec, max_usd: Optional[float]) -> int:
         return 1
     _print_summary(console, result, time.perf_counter() - started)
     return 0
-
-
-@contextlib.contextmanager
-def _sigterm_as_ctrl_c():
-    """While the run walks: SIGTERM (`kill`, a supervisor, a VM shutting down) stops it as Ctrl-C does, so the ledger
-    marks the run interrupted, local workers are stopped and the resume hint is printed (the default action would end
-    the process at once, between two of Dagster's own handlers, with none of that)."""
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _resume_hint(spec) -> str:

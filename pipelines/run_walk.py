@@ -25,7 +25,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import dagster as dg
 
@@ -129,8 +129,13 @@ def queue_url_hidden(resources: dict) -> Iterator[dict]:
             os.environ[QUEUE_VARIABLE] = before
 
 
-def walk_iterations(instance: dg.DagsterInstance, resources: dict) -> Iterator[IterationOutcome]:
-    """Iterations 0..N in order; yields after each (skipped ones included)."""
+def walk_iterations(
+    instance: dg.DagsterInstance, resources: dict, check_stop: Callable[[], None] = lambda: None
+) -> Iterator[IterationOutcome]:
+    """Iterations 0..N in order; yields after each (skipped ones included). `check_stop` runs after each
+    iteration's Dagster execution, before its outcome is judged: it raises to stop the walk when a stop signal
+    arrived while Dagster held the signal handlers (pipelines/run_stop.py), so an interrupted step reads as the
+    interruption it was, not as a failed iteration."""
     ledger = resources["ledger"].get_ledger()
     done = completed_iterations(ledger)
     for k in range(resources["run_config"].num_iterations + 1):
@@ -139,6 +144,7 @@ def walk_iterations(instance: dg.DagsterInstance, resources: dict) -> Iterator[I
             continue
         started = time.perf_counter()
         result = materialize_iteration(instance, resources, k)
+        check_stop()
         if not result.success:
             raise IterationFailedError(_failure_text(result, k))
         yield IterationOutcome(k, False, time.perf_counter() - started, _metadata(result))

@@ -85,5 +85,11 @@ def worker_pool(ctx: RunContext, num_workers: int, preemptions_per_hour: float, 
         yield
     finally:
         stop.set()
-        pump.join()
-        cluster.stop()
+        try:
+            pump.join()
+            cluster.stop()
+        except KeyboardInterrupt:
+            # Ctrl-C again while busy workers commit before they exit: end them now, then stop as asked.
+            pump.join()
+            cluster.stop(timeout_s=0.0)
+            raise
