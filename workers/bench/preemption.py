@@ -209,8 +209,11 @@ def throughput(tmp: Path, store_url: str, sampler: SamplerConfig, delays: list[f
     }
 
 
-def run_preemption_bench(quick: bool = False, with_throughput: bool = True) -> dict[str, Any]:
-    """All three measurements; `quick` uses a tiny random policy and fewer trials."""
+def run_preemption_bench(
+    quick: bool = False, with_throughput: bool = True, slow_step_delay_s: float | None = None
+) -> dict[str, Any]:
+    """All three measurements; `quick` uses a tiny random policy and fewer trials. `slow_step_delay_s`: the slow
+    worker's extra seconds per step in the throughput part (default: 3x the measured step time, at least 0.01 s)."""
     import torch
 
     torch.set_num_threads(1)  # like each local worker process
@@ -231,7 +234,8 @@ def run_preemption_bench(quick: bool = False, with_throughput: bool = True) -> d
         }
         if with_throughput:
             base = figures["commit_overhead"]["step_s_median"]
-            delays = [0.0, 0.0, 3 * max(base, 0.01)]  # the third worker is ~4x slower per step
+            slow = 3 * max(base, 0.01) if slow_step_delay_s is None else slow_step_delay_s
+            delays = [0.0, 0.0, slow]  # by default the third worker is ~4x slower per step
             figures["throughput"] = throughput(Path(tmp), str(store.root), sampler, delays, 12 if quick else 48)
     return figures
 

@@ -25,7 +25,9 @@ def test_state_commitment_cuts_the_work_a_preemption_loses_and_resumes_bit_ident
 
 @pytest.mark.slow
 def test_pulling_beats_static_assignment_when_one_worker_is_slow() -> None:
-    figures = run_preemption_bench(quick=True, with_throughput=True)
+    # The slow worker sleeps 0.1 s a step (1.6 s over its 4 static requests): a gap that CPU contention from other
+    # tests and the workers' 0.2 s queue polls cannot close (3x a tiny policy's step time could: 0.89 s vs 0.83 s).
+    figures = run_preemption_bench(quick=True, with_throughput=True, slow_step_delay_s=0.1)
     tp = figures["throughput"]
     assert tp["pull"]["completed"] and tp["static"]["completed"]
     assert tp["pull"]["wall_s"] < tp["static"]["wall_s"]
