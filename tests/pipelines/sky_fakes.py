@@ -143,8 +143,8 @@ class FakeSky:
         return [len(self.calls)], None
 
     def _endpoints(self, cluster, port):
-        if not self.cluster_exists:
-            raise sky_exceptions.ClusterDoesNotExist(f"Cluster {cluster!r} does not exist.")
+        if not self.cluster_exists:  # what sky.backends.backend_utils.get_endpoints raises for an unknown cluster
+            raise sky_exceptions.ClusterNotUpError(f"Cluster {cluster!r} not found.", cluster_status=None)
         return {port: self.address}
 
     def _down(self, cluster_name, **options):
