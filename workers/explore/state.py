@@ -111,11 +111,17 @@ class ExploreConfig:
         return UCBBandit(self.arms(group_size), self.bandit, weights)
 
 
+PRE_FILTER_PRESETS = ("cpu_tiny_spot", "cpu_tiny_hard")
+"""Presets whose pipeline explores as a pre-filter: the demo's and the hard task's."""
+
+
 def explore_config_for(preset: str) -> ExploreConfig:
-    """A training preset's exploration settings when the run gives none: `cpu_tiny_hard` explores as a pre-filter
-    (W = 1.5 G) with one control prompt per iteration; every other preset, the defaults (W = G, no control)."""
-    if preset == "cpu_tiny_hard":
-        return ExploreConfig(keep_factors=(1.5,), control_prompts=1)
+    """A training preset's exploration settings when the run gives none. `PRE_FILTER_PRESETS` explore as a
+    pre-filter (W = 1.5 G kept for the rollout to pick G from on the fresh weights), with one control prompt per
+    iteration and arms below Kendall tau 0.2 dropped: the settings `spotlight bench exploration` measured them with
+    (docs/BENCHMARKS.md). Every other preset: the defaults (W = G, no control, no fidelity floor)."""
+    if preset in PRE_FILTER_PRESETS:
+        return ExploreConfig(keep_factors=(1.5,), control_prompts=1, bandit=BanditConfig(min_arm_tau=0.2))
     return ExploreConfig()
 
 

@@ -69,7 +69,10 @@ def cpu_tiny_long() -> TrainConfig:
 def cpu_tiny_spot() -> TrainConfig:
     """`spotlight run`'s default (`make demo`): `spotlight train`'s recipe (cpu_tiny_long) with SPOTLIGHT's
     split of the work. The high-contrast seeds come from exploration on the stale weights beside training
-    (the bandit's seeds per prompt x cache level), not from a wider draw on the critical path; each rollout
+    (the bandit's seeds per prompt x cache level), not from a wider draw on the critical path. Its pipeline
+    explores as a pre-filter (the rollout samples 1.5 G explored seeds and trains the G of largest fresh-reward
+    variance) with one control prompt per iteration (`workers.explore.state.explore_config_for`): over seeds 0-2
+    of `make demo` that gained +0.14 held-out where exploration's final pick (W = G) gained +0.08. Each rollout
     request samples a prompt's whole group as one batch; the held-out split is scored every 10 iterations.
     How it learns and where its time goes: docs/BENCHMARKS.md ("make demo")."""
     base = cpu_tiny_long()
@@ -84,8 +87,8 @@ def cpu_tiny_hard() -> TrainConfig:
     """A task where seed choice matters: cpu_tiny_spot on the all-or-nothing reward (`minigeneval_strict`: 1 only
     when every criterion of the prompt holds) over counting, position and binding prompts. Random groups often
     all fail (or all pass) and teach nothing; a plan that finds a seed that passes gives the group its only
-    contrast. Its pipeline runs explore as a pre-filter with one control prompt per iteration
-    (`workers.explore.state.explore_config_for`). Its zero-variance share: `spotlight bench selection --preset
+    contrast. Its pipeline explores as cpu_tiny_spot's does (a pre-filter with one control prompt per
+    iteration). Its zero-variance share: `spotlight bench selection --preset
     cpu_tiny_hard` (docs/BENCHMARKS.md)."""
     return dataclasses.replace(cpu_tiny_spot(), reward="minigeneval_strict", train_categories=HARD_CATEGORIES)
 

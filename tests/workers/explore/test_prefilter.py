@@ -112,7 +112,7 @@ def test_a_pre_filter_plan_is_refused_by_a_config_whose_groups_it_cannot_fill() 
         plan.check_matches(dataclasses.replace(CONFIG, group_size=8))  # 6 seeds per prompt for groups of 8
 
 
-def test_the_hard_preset_explores_as_a_pre_filter_with_a_control_and_the_others_keep_the_defaults() -> None:
+def test_the_demo_and_hard_presets_explore_as_a_pre_filter_with_a_control_and_the_others_keep_the_defaults() -> None:
     from workers.explore.state import explore_config_for
 
     hard = get_preset("cpu_tiny_hard")
@@ -124,5 +124,6 @@ def test_the_hard_preset_explores_as_a_pre_filter_with_a_control_and_the_others_
     }
     config = explore_config_for("cpu_tiny_hard")
     assert [a.name for a in config.arms(hard.group_size)][:2] == ["m16-fbcache-w12", "m16-half_steps-w12"]
-    assert config.control_prompts == 1
-    assert explore_config_for("cpu_tiny_spot") == ExploreConfig()  # the demo explores as before
+    assert config.control_prompts == 1 and config.bandit.min_arm_tau == 0.2
+    assert explore_config_for("cpu_tiny_spot") == config  # the demo explores as the bench measured it
+    assert explore_config_for("cpu_smoke") == ExploreConfig()
