@@ -72,8 +72,9 @@ def cpu_tiny_spot() -> TrainConfig:
     (the bandit's seeds per prompt x cache level), not from a wider draw on the critical path. Its pipeline
     explores as a pre-filter (the rollout samples 1.5 G explored seeds and trains the G of largest fresh-reward
     variance) with one control prompt per iteration (`workers.explore.state.explore_config_for`): over seeds 0-2
-    of `make demo` that gained +0.14 held-out where exploration's final pick (W = G) gained +0.08. Each rollout
-    request samples a prompt's whole group as one batch; the held-out split is scored every 10 iterations.
+    of `make demo` that gained +0.13 held-out on average where exploration's final pick (W = G) gained +0.08.
+    Each rollout request samples a prompt's whole group as one batch; the held-out split is scored every 10
+    iterations.
     How it learns and where its time goes: docs/BENCHMARKS.md ("make demo")."""
     base = cpu_tiny_long()
     return dataclasses.replace(base, iterations=30, rollouts_per_prompt=None, seeds_per_request=8, validate_every=10)
