@@ -203,6 +203,7 @@ def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None)
             run_context(**resources),
             spec.num_workers,
             spec.preemptions_per_hour,
+            notice_share=spec.notice_share,
             log_dir=Path(spec.run_dir) / "worker_logs",
         ):
             yield
@@ -283,7 +284,8 @@ def execute(
     if spec.rollouts == "local_pool" and spec.num_workers:
         console.print(
             f"rollouts on {spec.num_workers} local spot workers (1 thread each, {spec.preemptions_per_hour:g} "
-            f"preemptions per worker-hour); trainer on {torch.get_num_threads()} thread(s)"
+            f"preemptions per worker-hour, {spec.notice_share:.0%} with notice); trainer on "
+            f"{torch.get_num_threads()} thread(s)"
         )
     total = resources["run_config"].num_iterations + 1
     columns = (

@@ -52,11 +52,22 @@ DEPLOYMENT = (
         "preemptions_per_hour",
         float,
         12.0,
-        "local_pool: preemptions per spot worker-hour, Poisson, half without notice (0 = none).",
+        "local_pool: preemptions per spot worker-hour, Poisson (0 = none); --notice-share of them with notice.",
         commands=("run",),
         env="",
         resource=False,
         bounds={"ge": 0},
+    ),
+    _s(
+        "notice_share",
+        float,
+        0.5,
+        "local_pool: share of the injected preemptions that come with a 2 s notice (SIGTERM: the worker commits "
+        "its request and hands it back); the rest are SIGKILLs, whose requests wait for their lease to expire.",
+        commands=("run",),
+        env="",
+        resource=False,
+        bounds={"ge": 0, "le": 1},
     ),
     # The Dagster deployment's own settings (pipelines/deploy.py), and RunConfigResource fields no command sets.
     _s(

@@ -119,16 +119,28 @@ def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
         if "rollout" in phases.get(k, {}) and any(a["kind"] == "rollout" for a in rows)
     ]
     enqueue_s = min(firsts) if firsts else None
+    # The hand-over out of the last result, also its least over the run: a phase whose last request completed
+    # from committed state when its lease expired (no attempt row) would count that wait here and in the lease.
+    collects = [
+        _s(max(a["ended_at"] for a in rows if a["kind"] == "rollout"), phases[k]["rollout"][1])
+        for k, rows in by_iteration.items()
+        if "rollout" in phases.get(k, {}) and any(a["kind"] == "rollout" for a in rows)
+    ]
+    collect_s = max(0.0, min(collects)) if collects else None
     out, previous_end = [], t0
     for k, it in sorted(its.items()):
         timeline = _timeline(it, phases[k], _s(previous_end, it["started_at"]))
         previous_end = it["ended_at"]
         rows = by_iteration.get(k, [])
         done = [a for a in rows if a["kind"] == "rollout" and a["outcome"] == "done" and a["steps_done"]]
+        # A claim's hand-over: one worker's consecutive attempts of one kind. Between its last rollout and its
+        # first exploration request a worker waits for the explore phase to enqueue: idle time, not a claim.
         gaps = [
             _s(a["ended_at"], b["started_at"])
             for a, b in zip(rows, rows[1:], strict=False)
-            if a["worker_id"] == b["worker_id"] and 0 <= _s(a["ended_at"], b["started_at"]) < 1.0
+            if a["worker_id"] == b["worker_id"]
+            and a["kind"] == b["kind"]
+            and 0 <= _s(a["ended_at"], b["started_at"]) < 1.0
         ]
         explore = [
             _s(a["started_at"], a["ended_at"]) for a in rows if a["kind"] == "explore" and a["outcome"] == "done"
@@ -138,15 +150,13 @@ def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
             if done
             else None
         )
-        last = max((a["ended_at"] for a in rows if a["kind"] == "rollout"), default=None)
-        collect_s = _s(last, phases[k]["rollout"][1]) if last is not None and "rollout" in phases[k] else None
         out.append(
             dataclasses.replace(
                 timeline,
                 step_s=step_s,
                 claim_s=_mean(gaps),
                 enqueue_s=enqueue_s,
-                collect_s=None if collect_s is None else max(0.0, collect_s),
+                collect_s=collect_s if "rollout" in phases[k] else None,
                 explore_request_s=_mean(explore),
             )
         )
@@ -255,12 +265,17 @@ def replay_inputs(path: str | Path) -> Replay:
 
 
 def per_iteration(path: Path) -> list[dict]:
-    """Each iteration's COMPARED figures and its rollout phase's seconds (the part the simulator predicts)."""
+    """Each iteration's COMPARED figures and its rollout phase's seconds (the part the simulator predicts).
+
+    An iteration's preemptions are those after the previous iteration ended, up to its own end: one that falls
+    between two iterations delays the next, and each preemption of the run counts once (a simulated boundary a
+    fraction of a second off the real one moves an event between iterations only if it falls in that fraction)."""
     return _rows(
         path,
         "SELECT c.iteration, c.wall_s, c.critical_path_s, c.usd_total, "
         "(SELECT count(*) FROM preemptions p, iterations i WHERE i.iteration = c.iteration "
-        " AND p.preempted_at >= i.started_at AND p.preempted_at < i.ended_at) AS preemptions, "
+        " AND p.preempted_at < i.ended_at AND NOT EXISTS (SELECT 1 FROM iterations j "
+        "  WHERE j.iteration = c.iteration - 1 AND p.preempted_at < j.ended_at)) AS preemptions, "
         "(SELECT coalesce(sum(date_diff('microsecond', f.started_at, f.ended_at)) / 1e6, 0) FROM phases f "
         " WHERE f.iteration = c.iteration AND f.phase = 'rollout') AS rollout_s "
         "FROM cost_per_iteration c ORDER BY 1",

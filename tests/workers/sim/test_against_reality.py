@@ -1,11 +1,15 @@
 """The simulator checked against a real `spotlight run`: same service times, workers and preemption trace,
 same ledger figures.
 
-One real run (module fixture, about 75 s on the 2 shared cores): `cpu_tiny` for 2 iterations
-on the tiny test policy, two worker processes preempted at 240 per worker-hour. Its rollout
-phases are about half of each iteration, so a wrong rollout service time shows in every
-compared figure (cpu_smoke's rollouts are under 10 % of an iteration: a 2x error there hid
-within 15 %).
+One real run (module fixture, about 45 s on the 2 shared cores): `cpu_tiny` for 2 iterations
+on the tiny test policy, two worker processes preempted at 240 per worker-hour, every
+preemption with its 2 s notice. Its rollout phases are about half of each iteration, so a
+wrong rollout service time shows in every compared figure (cpu_smoke's rollouts are under
+10 % of an iteration: a 2x error there hid within 15 %). With notice, a preempted worker hands
+its request back at once; a SIGKILL's request waits out its 10 s lease, and a rollout phase
+that ends on a lease expiry does not depend on the step time, so with SIGKILLs in the trace
+the 2x check below had nothing to detect in some runs (docs/SIMULATOR.md, "Checked against a
+real run").
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def real_run(tmp_path_factory) -> Path:
         str(root / "tiny"),
         "--preemptions-per-hour",
         "240",
+        "--notice-share",
+        "1",
     ]
     done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr
@@ -90,7 +96,7 @@ def test_the_reality_check_fails_when_the_rollout_step_time_is_off_by_2x(real_ru
     from workers.sim.measure import COMPARED
 
     errors, detail = replayed(real_run, tmp_path, slower_steps=slower_steps)
-    # On an idle machine the rollout is a small share of an iteration, so a wrong step time may move the
+    # Where the rollout is a small share of an iteration (an idle machine), a wrong step time may move the
     # iteration's totals by less than 15 %; the rollout phase itself is then off, which the check also compares.
     assert max(max(errors[name] for name in COMPARED), rollout_error(detail)) > 0.15, (errors, detail)
 
