@@ -25,7 +25,9 @@ def _ints(text: str, what: str, least: int = 1) -> list[int]:
     return values
 
 
-def _inputs(model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds, keep_factor=1.0):
+def _inputs(
+    model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds, keep_factor=1.0, target=None
+):
     """Parse every input before any simulation runs; a bad one is a one-line error."""
     from resources.prices import load_prices
     from workers.sim.config import POLICIES, SimConfig
@@ -41,7 +43,7 @@ def _inputs(model, resolution, market, prices, curve, policies, iterations, expl
     times = model_preset(model, resolution=resolution)
     table = load_prices(prices)
     table.price(times.gpu_type)
-    learning, measured = _curve(curve)
+    learning, measured = _curve(curve, target)
     if explore_speedup is None:
         explore_speedup = measured or 1.0
     base = SimConfig(
@@ -50,14 +52,15 @@ def _inputs(model, resolution, market, prices, curve, policies, iterations, expl
     return base, times, parse_market(market), table, learning, names, _ints(seeds, "--seeds", least=0)
 
 
-def _curve(path):
-    """The learning curve and, from an exploration bench record, its measured explore speedup (else None)."""
+def _curve(path, target=None):
+    """The learning curve and, from an exploration bench record, its explore speedup measured at the simulated
+    `target` where the bench has that target, else at its headline (else None)."""
     from workers.sim.inputs import LearningCurve, curve_from_bench, default_curve
 
     if path is None:
         return default_curve(), None
     if path.suffix == ".json":
-        return curve_from_bench(path)
+        return curve_from_bench(path, target=target)
     return LearningCurve.from_ledger(path), None
 
 
@@ -79,9 +82,9 @@ def simulate_command(
     ),
     explore_speedup: Optional[float] = typer.Option(
         None,
-        help="Progress of an iteration on explored seeds, in iterations "
-        "on random seeds (default: the bench record's measured "
-        "ratio with such a --curve, else 1: no gain).",
+        help="Progress of an iteration on explored seeds, in iterations on random seeds (default: with such a "
+        "--curve, the bench record's ratio measured at --target's gain over its base where it has that target, "
+        "else at its headline target; else 1: no gain).",
     ),
     keep_factor: float = typer.Option(
         1.0,
@@ -96,7 +99,7 @@ def simulate_command(
     try:
         counts = _ints(spot_gpus, "--spot-gpus")
         base, times, mk, table, lc, names, seed_list = _inputs(
-            model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds, keep_factor
+            model, resolution, market, prices, curve, policies, iterations, explore_speedup, seeds, keep_factor, target
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
@@ -161,7 +164,7 @@ def plan_command(
     try:
         counts = _ints(spot_gpus, "--spot-gpus")
         base, times, mk, table, lc, names, _ = _inputs(
-            model, resolution, market, prices, curve, policies, iterations, explore_speedup, "0"
+            model, resolution, market, prices, curve, policies, iterations, explore_speedup, "0", target=target
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None

@@ -102,8 +102,9 @@ def _mean(values: list[float]) -> float | None:
 
 def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
     """Each iteration's timeline, and its rollout service times: mean seconds per denoising step and per claim
-    (the load of that moment is in them), the hand-over into the first claim (its least over the run: a phase
-    that waited for a worker to come up would count that wait twice) and out of the last result."""
+    (the load of that moment is in them), the hand-overs into the first claim and out of the last result (each
+    its least over the run: a phase that waited for a worker to come up, or for a lease to expire, would count
+    that wait twice)."""
     its, phases = _phase_windows(path)
     attempts = _rows(
         path,

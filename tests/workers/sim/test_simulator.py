@@ -167,6 +167,38 @@ def test_a_bench_record_gives_the_learning_curve_and_the_measured_exploration_sp
     assert done.exit_code != 0 and "not a `spotlight bench exploration --json` record" in " ".join(done.output.split())
 
 
+def test_the_speedup_is_read_at_the_simulated_target_where_the_bench_measured_it(tmp_path):
+    """Explored runs reach +0.04 in half the iterations but +0.08 only 1.33x sooner: a simulation to +0.04 takes
+    2.0, one to +0.08 (the headline) 1.33, and one to a target the bench has no row for the headline's, saying so."""
+    import json
+
+    from workers.bench.exploration_summary import summarize_learning
+    from workers.sim.inputs import curve_from_bench
+
+    versions = [0, 5, 10, 15, 20]
+    curves = {"random": [0.3, 0.32, 0.34, 0.36, 0.38], "explore": [0.3, 0.34, 0.36, 0.38, 0.40]}
+    runs = [
+        {
+            "strategy": s,
+            "seed": seed,
+            "wall_s": 60.0,
+            "exploration": [],
+            "curve": [{"version": v, "score": x} for v, x in zip(versions, curve, strict=True)],
+            "iterations": [{"iteration": 1, "reward_std": 0.2, "zero_std_ratio": 0.0}],
+        }
+        for seed in range(3)
+        for s, curve in curves.items()
+    ]
+    path = tmp_path / "bench.json"
+    learning = summarize_learning(runs, 0.3, (0.04, 0.08), resamples=50)
+    path.write_text(json.dumps({"target_gain": 0.08, "learning": learning}))
+    assert curve_from_bench(path, target=0.34)[1] == pytest.approx(2.0)
+    assert curve_from_bench(path, target=0.38)[1] == pytest.approx(4 / 3, abs=1e-3)
+    assert curve_from_bench(path)[1] == pytest.approx(4 / 3, abs=1e-3)
+    curve, ratio = curve_from_bench(path, target=0.36)
+    assert ratio == pytest.approx(4 / 3, abs=1e-3) and "the bench's headline (it has no +0.06 target)" in curve.source
+
+
 def test_a_pre_filter_samples_w_seeds_per_explored_prompt_on_the_critical_path(tmp_path):
     """keep_factor 1.5: each prompt the plan explored is sampled with 6 seeds (W = 1.5 x G) instead of 4, so the
     pre-filter's wider rollout is charged where it runs; unexplored prompts keep G; iteration 0 explores nothing."""
