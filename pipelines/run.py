@@ -160,7 +160,8 @@ class RunSpec(_RunSettings):
             store=self.store,
             queue=self.queue,
             rollouts="workers" if self.rollouts == "local_pool" else self.rollouts,
-            workers=None if self.explore_samples is None else {"explore_samples": self.explore_samples},
+            workers={"notice_share": self.notice_share}
+            | ({} if self.explore_samples is None else {"explore_samples": self.explore_samples}),
             **{s.name: getattr(self, s.name) for s in resource_settings() if s.name in RUN_FIELDS},
         )
 
@@ -203,7 +204,6 @@ def run_cluster(spec: RunSpec, resources: dict, max_usd: Optional[float] = None)
             run_context(**resources),
             spec.num_workers,
             spec.preemptions_per_hour,
-            notice_share=spec.notice_share,
             log_dir=Path(spec.run_dir) / "worker_logs",
         ):
             yield

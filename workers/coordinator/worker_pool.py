@@ -46,15 +46,8 @@ def pool_session(ledger: Ledger) -> int:
 
 
 @contextlib.contextmanager
-def worker_pool(
-    ctx: RunContext,
-    num_workers: int,
-    preemptions_per_hour: float,
-    log_dir: Path | None,
-    notice_share: float | None = None,
-) -> Iterator[None]:
-    """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends.
-    `notice_share` of the preemptions come with a notice (None: the run's sampling settings say)."""
+def worker_pool(ctx: RunContext, num_workers: int, preemptions_per_hour: float, log_dir: Path | None) -> Iterator[None]:
+    """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends."""
     if ctx.queue_url is None:
         raise ValueError("a worker pool needs the run's queue: give the run a queue URL")
     sampling, session = ctx.sampling, pool_session(ctx.ledger)
@@ -75,7 +68,7 @@ def worker_pool(
         [s.name for s in slots],
         rate_per_hour=preemptions_per_hour,
         duration_s=POOL_LIFETIME_S,
-        notice_share=sampling.notice_share if notice_share is None else notice_share,
+        notice_share=sampling.notice_share,
         seed=session,
     )
     stop = threading.Event()

@@ -114,20 +114,17 @@ def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
     by_iteration: dict[int, list[dict]] = {}
     for a in attempts:
         by_iteration.setdefault(a["iteration"], []).append(a)
-    firsts = [
-        _s(phases[k]["rollout"][0], min(a["started_at"] for a in rows if a["kind"] == "rollout"))
+    rollouts = {
+        k: [a for a in rows if a["kind"] == "rollout"]
         for k, rows in by_iteration.items()
-        if "rollout" in phases.get(k, {}) and any(a["kind"] == "rollout" for a in rows)
-    ]
-    enqueue_s = min(firsts) if firsts else None
-    # The hand-over out of the last result, also its least over the run: a phase whose last request completed
-    # from committed state when its lease expired (no attempt row) would count that wait here and in the lease.
-    collects = [
-        _s(max(a["ended_at"] for a in rows if a["kind"] == "rollout"), phases[k]["rollout"][1])
-        for k, rows in by_iteration.items()
-        if "rollout" in phases.get(k, {}) and any(a["kind"] == "rollout" for a in rows)
-    ]
-    collect_s = max(0.0, min(collects)) if collects else None
+        if "rollout" in phases.get(k, {})
+    }
+    windows = [(phases[k]["rollout"], rows) for k, rows in rollouts.items() if rows]
+    enqueue_s = min((_s(w[0], min(a["started_at"] for a in rows)) for w, rows in windows), default=None)
+    # Out of the last result, also the least: a phase whose last request completed from its committed state when
+    # its lease expired (no attempt row) would count that wait here and again in the simulated lease.
+    collect = min((_s(max(a["ended_at"] for a in rows), w[1]) for w, rows in windows), default=None)
+    collect_s = None if collect is None else max(0.0, collect)
     out, previous_end = [], t0
     for k, it in sorted(its.items()):
         timeline = _timeline(it, phases[k], _s(previous_end, it["started_at"]))

@@ -51,7 +51,12 @@ def real_run(tmp_path_factory) -> Path:
     ]
     done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr
-    return root / "real" / "ledger.duckdb"
+    from resources.ledger.db import query_ledger
+
+    ledger = root / "real" / "ledger.duckdb"
+    notices = [n for (n,) in query_ledger(ledger, "SELECT notice_s FROM preemptions").rows]
+    assert notices and min(notices) > 0, f"--notice-share 1 gave preemptions without notice: {notices}"
+    return ledger
 
 
 def replayed(real: Path, out: Path, slower_steps: float = 1.0) -> tuple[dict, list]:
