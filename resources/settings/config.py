@@ -1,0 +1,358 @@
+"""The run's config tree: one pydantic model per section, written out, each field declared once with its type,
+default, bounds and help.
+
+Everything a user sets goes through this tree: the flags of `spotlight run`, `spotlight train` and `spotlight config`,
+the keys of a `--config run.yaml` (nested or dotted), the SPOTLIGHT_* variables, the Dagster launchpad's fields and the
+config a cloud node or a rollout worker receives are all derived from it (resources/settings/surface.py), and a
+preset is a whole `RunConfig` (workers/trainer/presets.py). A field's flag is `--<field name with dashes>` unless
+its `json_schema_extra` names another; field names are unique across sections, so a flag, a variable
+(`SPOTLIGHT_<NAME>`) and a flat file key each name one field.
+
+Example:
+    config = RunConfig(preset="cpu_smoke", train=TrainSection(iterations=2, group_size=4))
+    config.train.group_size, config.workers.lease_s
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from resources.settings.base import Advantage, OnHacking, SyncMode
+
+Objective = Literal["flow_grpo", "nft"]
+AdvNorm = Literal["group", "batch"]
+KlForm = Literal["step", "flow_grpo"]
+NftWeighting = Literal["velocity", "adaptive"]
+LrSchedule = Literal["constant", "cosine"]
+ForwardDtype = Literal["auto", "fp32", "bf16"]
+BaseDtype = Literal["fp32", "bf16"]
+ResidentDtype = Literal["auto", "bf16", "fp32"]
+Rollouts = Literal["local_pool", "inprocess", "local_cluster", "remote"]
+"""Who samples each rollout phase: local_pool (worker processes this command starts for the whole run, preempted on a
+Poisson trace: `spotlight run`'s default), inprocess (the trainer itself, batched), local_cluster (worker processes
+started for each phase: the Dagster UI's), remote (workers that already pull from the queue: the cloud's spot jobs,
+or `python -m workers.rollout` started by hand)."""
+DeploymentKind = Literal["local", "cloud"]
+
+
+def _path(help_: str) -> dict:
+    return {"description": help_, "json_schema_extra": {"path": True}}
+
+
+class Section(BaseModel):
+    """A section of the tree: unknown keys and wrong types are refused, and a value is checked when set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_assignment=True, use_attribute_docstrings=True)
+
+
+class ModelSection(Section):
+    """What is trained: the shipped pixel policy (or a policy folder), or a diffusers pipeline folder."""
+
+    model: Optional[str] = Field(
+        None,
+        **_path(
+            "A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer and "
+            "every worker; nothing is downloaded (docs/MODELS.md). Unset: the pixel policy."
+        ),
+    )
+    checkpoint: Optional[str] = Field(
+        None, **_path("A spotlight policy folder to start from (default: the shipped base); not with model.")
+    )
+    lora_rank: int = Field(0, ge=0, description="With model: LoRA rank (0 = full fine-tuning).")
+    lora_alpha: Optional[float] = Field(None, gt=0, description="With model: LoRA alpha (unset: the rank).")
+    resolution: int = Field(512, ge=16, description="With model: image side in pixels.")
+    guidance: float = Field(1.0, ge=0, description="With model: true-CFG scale, or FLUX.1-dev's guidance.")
+    negative_prompt: Optional[str] = Field(None, description="With model: the negative prompt of true CFG.")
+    max_sequence_length: int = Field(512, ge=1, description="With model: text encoder tokens per prompt.")
+    base_dtype: BaseDtype = Field("fp32", description="With model: dtype of the frozen base weights.")
+    sync_mode: SyncMode = Field(
+        "lora",
+        description="With model and a LoRA: what PULSE ships to the rollout workers, lora (the adapter) or merged "
+        "(BF16 base + LoRA delta of every weight: workers need no adapter).",
+    )
+
+
+MODEL_ONLY_FIELDS = (
+    "lora_rank",
+    "lora_alpha",
+    "resolution",
+    "guidance",
+    "negative_prompt",
+    "max_sequence_length",
+    "base_dtype",
+    "sync_mode",
+)
+"""The model fields that apply to a diffusers pipeline only: set by a user without `model`, they are refused."""
+
+
+class TrainSection(Section):
+    """What the update trains on and how: the task, the batch shape and the GRPO / NFT recipe."""
+
+    iterations: int = Field(40, ge=1, description="Training iterations.")
+    seed: int = Field(0, ge=0, description="Run seed: the prompt schedule and every request's seed.")
+    reward: str = Field(
+        "minigeneval",
+        description="Reward: a name (minigeneval, minigeneval_strict, jpeg_compressibility), clip:PATH, "
+        'multi:a=1,b=0.1, or a reward server\'s http:// URL (docs/MODELS.md); "" = none chosen (a GPU preset).',
+    )
+    prompts: Optional[str] = Field(
+        None,
+        **_path(
+            'Training prompts from a file: text (one a line, # comments), JSON Lines ({"prompt": ...} plus fields '
+            "handed to the reward), Parquet or a Hugging Face datasets folder (default: MiniGenEval's grammar)."
+        ),
+    )
+    prompts_heldout: float = Field(
+        0.0, ge=0, lt=1, description="With prompts: share of its prompts held out (by a fixed hash) to validate on."
+    )
+    train_categories: Optional[tuple[str, ...]] = Field(
+        None, description="MiniGenEval only: train on prompts of these categories (unset: all)."
+    )
+    prompts_per_iteration: int = Field(8, ge=1, description="Prompts sampled per iteration.")
+    group_size: int = Field(8, ge=2, description="Samples per prompt the update compares (GRPO's group).")
+    rollouts_per_prompt: Optional[int] = Field(
+        None,
+        ge=2,
+        description="Samples drawn per prompt; the update keeps the group_size of largest reward variance "
+        "(unset: group_size).",
+    )
+    minibatches: int = Field(2, ge=1, description="Optimizer steps per epoch: the iteration's samples in this many.")
+    epochs: int = Field(1, ge=1, description="Passes over each iteration's rollouts.")
+    micro_batch: Optional[int] = Field(
+        None,
+        ge=1,
+        description="Samples per forward and backward in the update (gradients accumulate; unset: the minibatch).",
+    )
+    objective: Objective = Field(
+        "flow_grpo", description="flow_grpo (PPO-clip on SDE log-probs) or nft (advantage-weighted flow matching)."
+    )
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear learning-rate warm-up.")
+    lr_schedule: LrSchedule = Field("constant", description="After the warm-up: constant or cosine.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    clip_range: float = Field(1e-4, gt=0, description="flow_grpo: PPO ratio clip.")
+    adv_clip: float = Field(5.0, gt=0, description="Advantages are clipped to [-adv_clip, adv_clip].")
+    adv_norm: AdvNorm = Field(
+        "group", description="What divides the deviation from the group mean: group (its std) or batch (global std)."
+    )
+    advantage: Advantage = Field(
+        "total",
+        description="What the advantages normalise within each group: total (the reward) or per-component (each "
+        "component of a multi: reward, then weighted; docs/REWARD_HACKING.md).",
+    )
+    kl_beta: float = Field(0.0, ge=0, description="Weight of the KL to the base policy (beta; 0 skips it).")
+    kl_form: KlForm = Field("step", description="flow_grpo: the KL's form, step or flow_grpo (flow_grpo's code).")
+    nft_beta: float = Field(1.0, gt=0, le=10, description="nft: step of the implicit policies.")
+    nft_timesteps: int = Field(2, ge=1, description="nft: noise levels per sample and update.")
+    nft_adv_scale: float = Field(2.0, gt=0, description="nft: advantage that maps to optimality 1 / 0.")
+    nft_weighting: NftWeighting = Field("velocity", description="nft: velocity or adaptive (DiffusionNFT's).")
+    device: str = Field("cpu", description="Where the trainer, in-process sampling and validation run: cpu, cuda:N.")
+    nproc: int = Field(1, ge=1, description="Trainer processes; each update is sharded over them with FSDP2.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each transformer block in backward: less memory, one more forward."
+    )
+
+
+class SamplingSection(Section):
+    """How rollouts are sampled: the sampler and the chunks a process samples in."""
+
+    num_steps: int = Field(8, ge=1, description="Denoising steps.")
+    noise_level: float = Field(0.7, ge=0, description="SDE noise level (0: the deterministic ODE).")
+    shift: float = Field(1.0, gt=0, description="Timestep shift of the flow schedule.")
+    sde_window: Optional[tuple[int, int]] = Field(
+        None, description="Steps [start, end) that are SDE steps (unset: every step)."
+    )
+    forward_dtype: ForwardDtype = Field("auto", description="Dtype of the transformer's forward: auto, fp32, bf16.")
+    rollout_batch: Optional[int] = Field(
+        None,
+        ge=1,
+        description="Samples sampled and VAE-decoded together where this process samples; memory follows this "
+        "chunk (unset: all at once).",
+    )
+    seeds_per_request: int = Field(
+        1, ge=1, le=256, description="Queue workers: samples of one prompt per rollout request, sampled as a batch."
+    )
+
+    @model_validator(mode="after")
+    def _window_in_steps(self) -> "SamplingSection":
+        if self.sde_window is not None and not 0 <= self.sde_window[0] < self.sde_window[1] <= self.num_steps:
+            raise ValueError(f"sde_window {self.sde_window} must satisfy 0 <= start < end <= num_steps")
+        return self
+
+
+class ExploreSection(Section):
+    """SPOTLIGHT's seed exploration on the stale weights, beside training (docs/EXPLORATION.md)."""
+
+    explore: bool = Field(True, description="Queue workers explore the next iteration's seeds beside training.")
+    explore_samples: Optional[float] = Field(
+        None,
+        gt=0,
+        description="rollouts inprocess: explore in this process within this many full-sampler samples per "
+        "iteration (unset: in-process runs do not explore).",
+    )
+    keep_factor: float = Field(
+        1.0, ge=1, description="Explored seeds kept per group, as a multiple of group_size (> 1: a pre-filter)."
+    )
+    control_prompts: int = Field(0, ge=0, description="Prompts per iteration kept on their default seeds.")
+    min_arm_tau: Optional[float] = Field(
+        None, description="Drop a bandit arm whose stale-vs-fresh Kendall tau falls below this (unset: never)."
+    )
+
+
+class ValidationSection(Section):
+    """Held-out validation and the report."""
+
+    validate_every: int = Field(5, ge=1, description="Score the held-out split every this many iterations.")
+    validation_seeds: int = Field(2, ge=1, description="Fixed seeds per held-out prompt.")
+    validation_reward: Optional[str] = Field(
+        None,
+        description="Reward that scores held-out images (unset: MiniGenEval's detector for the pixel policy; with "
+        "model the run's reward).",
+    )
+    validation_prompts: Optional[str] = Field(
+        None, **_path("A text file of held-out prompts, one a line (default: MiniGenEval's held-out split).")
+    )
+    max_validation_drop: float = Field(
+        0.25, ge=0, description="The validation check fails when the held-out score falls this far below the base's."
+    )
+    report_every: Optional[int] = Field(
+        None, ge=1, description="Rewrite the report every this many iterations (unset: validate_every, at most 5)."
+    )
+
+
+class GuardSection(Section):
+    """The reward-hacking guard (docs/REWARD_HACKING.md)."""
+
+    on_hacking: OnHacking = Field(
+        "warn", description="When the guard flags a validation: warn, stop (resumable) or rollback."
+    )
+    hacking_window: int = Field(2, ge=1, description="Validations back the proxy/gold comparison reaches.")
+    hacking_z: float = Field(2.0, ge=0, description="Standard errors the proxy's rise and gold's fall must exceed.")
+    hacking_max_drop: float = Field(
+        0.5, ge=0, lt=1, description="Largest relative fall of a held-out image statistic (0 = off)."
+    )
+    hacking_max_rise: Optional[float] = Field(
+        None, gt=0, description="Largest relative rise of a held-out image statistic (unset: never fires)."
+    )
+    rollback_lr_scale: float = Field(0.5, gt=0, le=1, description="rollback: learning-rate factor per rollback.")
+    rollback_kl_beta: Optional[float] = Field(
+        None, ge=0, description="rollback: train on with at least this KL coefficient (unset: the run's)."
+    )
+
+
+class WorkersSection(Section):
+    """Every rollout worker's knobs, in one place: local pools, per-phase clusters, the cloud's spot jobs and
+    `python -m workers.rollout` all read them from here."""
+
+    local_workers: int = Field(
+        2,
+        ge=0,
+        description="rollouts local_pool / local_cluster: rollout worker processes on this machine, one torch thread "
+        "each (0 only on a Redis queue: remote workers sample everything).",
+    )
+    num_reserved: int = Field(0, ge=0, description="local_cluster: how many of them are reserved (never preempted).")
+    preemptions_per_hour: float = Field(
+        12.0, ge=0, description="Local workers: injected preemptions per spot worker-hour, Poisson (0 = none)."
+    )
+    notice_share: float = Field(
+        0.5, ge=0, le=1, description="Share of injected preemptions that come with a 2 s notice (the rest: SIGKILL)."
+    )
+    commit_every: int = Field(2, ge=1, description="Denoising steps between in-flight state commits.")
+    lease_s: float = Field(
+        10.0, gt=0, description="Queue lease in seconds: how long a silently killed worker's request waits."
+    )
+    restart_delay_s: float = Field(3.0, ge=0, description="Local workers: seconds until a preempted slot restarts.")
+    rollout_timeout_s: float = Field(1800.0, gt=0, description="Longest wait for an iteration's rollouts.")
+    resident_dtype: ResidentDtype = Field(
+        "auto", description="Worker weights: bf16, fp32, or auto (bf16 on CUDA, fp32 elsewhere)."
+    )
+    worker_threads: int = Field(1, ge=1, description="torch CPU threads per local worker.")
+    poll_s: float = Field(0.2, gt=0, description="A worker's wait between claims while the queue is empty.")
+    ready_timeout_s: float = Field(180.0, gt=0, description="How long a local worker may take to start.")
+    spot_usd_per_hour: float = Field(0.03, ge=0, description="Price of a spot worker (local: a notional spot VM).")
+
+
+class DeploymentSection(Section):
+    """Where the run's state lives and what the trainer's node costs: local files, or S3 + Redis in a cloud."""
+
+    deployment: DeploymentKind = Field("local", description="local (files here) or cloud (S3, Redis, SkyPilot).")
+    run_dir: str = Field(
+        "runs/run", **_path("Run folder: config.yaml, ledger.duckdb, report/, and the store and queue by default.")
+    )
+    run: Optional[str] = Field(None, description="Run name: the store prefix and ledger run id (unset: the folder's).")
+    store: Optional[str] = Field(None, description="Tensor store: a folder or s3://bucket/prefix (unset: RUN_DIR/store).")
+    queue: Optional[str] = Field(
+        None, description="Request queue: a SQLite file or redis(s)://host:port/db (unset: RUN_DIR/queue.db)."
+    )
+    ledger: Optional[str] = Field(None, description="The ledger's DuckDB file (unset: RUN_DIR/ledger.duckdb).")
+    rollouts: Rollouts = Field(
+        "local_pool",
+        description="Who samples: local_pool (workers for the whole run), inprocess (the trainer), local_cluster "
+        "(workers per phase) or remote (workers already pulling from the queue).",
+    )
+    anchor_every: int = Field(10, ge=1, description="A full BF16 anchor every this many weight versions.")
+    reserved_usd_per_hour: float = Field(
+        0.10, ge=0, description="The trainer node's price in USD per hour, for the ledger and the spend cap."
+    )
+
+
+class RunConfig(BaseModel):
+    """A whole run: the preset it started from and every section, resolved."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    preset: str = Field("cpu_tiny_spot", description="The preset this config starts from (spotlight config --list).")
+    model: ModelSection = Field(default_factory=ModelSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    explore: ExploreSection = Field(default_factory=ExploreSection)
+    validation: ValidationSection = Field(default_factory=ValidationSection)
+    guard: GuardSection = Field(default_factory=GuardSection)
+    workers: WorkersSection = Field(default_factory=WorkersSection)
+    deployment: DeploymentSection = Field(default_factory=DeploymentSection)
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "RunConfig":
+        """Combinations of fields from different sections that cannot run together."""
+        train, sampling = self.train, self.sampling
+        if train.rollouts_per_prompt is not None and train.rollouts_per_prompt < train.group_size:
+            raise ValueError(
+                f"train.rollouts_per_prompt={train.rollouts_per_prompt} must be >= train.group_size={train.group_size}"
+            )
+        if train.minibatches > train.prompts_per_iteration * train.group_size:
+            raise ValueError(f"train.minibatches={train.minibatches} exceeds the samples per iteration")
+        if train.objective == "flow_grpo" and sampling.noise_level == 0:
+            raise ValueError(
+                "train.objective flow_grpo needs sampling.noise_level > 0 (the ODE has no log-probs); use "
+                "train.objective nft to train on ODE rollouts"
+            )
+        if self.model.model is not None and self.model.checkpoint is not None:
+            raise ValueError("model.model (a diffusers pipeline) and model.checkpoint (a spotlight policy): set one")
+        if train.prompts is not None and train.train_categories is not None:
+            raise ValueError("train.train_categories picks MiniGenEval categories: leave it unset with train.prompts")
+        if self.explore.explore_samples is not None and self.deployment.rollouts != "inprocess":
+            raise ValueError(
+                f"explore.explore_samples (a budget in samples) is for deployment.rollouts inprocess, not "
+                f"{self.deployment.rollouts!r}: queue workers explore on their own time"
+            )
+        workers = self.workers
+        if workers.local_workers == 0 and self.deployment.rollouts in ("local_pool", "local_cluster"):
+            if not (self.deployment.queue or "").startswith(("redis://", "rediss://")):
+                raise ValueError(
+                    "workers.local_workers must be >= 1 (0 only on a Redis deployment.queue, whose remote workers "
+                    "then sample everything)"
+                )
+        if workers.num_reserved > workers.local_workers:
+            raise ValueError("workers.num_reserved cannot exceed workers.local_workers")
+        return self
+
+
+SECTIONS: dict[str, type[Section]] = {
+    name: info.annotation  # type: ignore[misc]
+    for name, info in RunConfig.model_fields.items()
+    if isinstance(info.annotation, type) and issubclass(info.annotation, Section)
+}
+"""Section name -> its model, in the tree's order."""
