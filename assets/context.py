@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from assets.run_config import RunConfigResource
-from resources.dagster_resources import LedgerResource, QueueResource, RolloutWorkersResource, TensorStoreResource
+from resources.dagster_resources import LedgerResource, QueueResource, TensorStoreResource
 from resources.queue.base import QueueConfig
-from workers.coordinator.context import RunContext, Sampling
+from workers.coordinator.context import RunContext
 
 
 def run_context(
@@ -16,29 +15,31 @@ def run_context(
     store: TensorStoreResource,
     ledger: LedgerResource,
     queue: QueueResource,
-    rollout_workers: RolloutWorkersResource,
 ) -> RunContext:
     """The run as the phases see it; the report folder lies next to the ledger (`<run-dir>/report`)."""
-    sampling = Sampling(**{f.name: getattr(rollout_workers, f.name) for f in dataclasses.fields(Sampling)})
-    train = run_config.train_config()
+    settings, config = run_config.settings, run_config.config
+    config_path = Path(config.deployment.run_dir) / "config.yaml"
     return RunContext(
-        run=run_config.run,
-        preset=run_config.preset,
-        train=train,
+        run=settings.run_name,
+        preset=config.preset,
+        train=settings.train,
         store=store.get_store(),
-        report_every=run_config.report_every or min(train.validate_every, 5),
+        report_every=settings.report_every,
         ledger=ledger.get_ledger(),
         report_dir=Path(ledger.path).parent / "report",
         store_url=store.url,
         queue_url=queue.url,
         queue_config=QueueConfig(queue.max_deliveries, queue.connect_timeout_s),
-        sampling=sampling,
-        checkpoint=run_config.model or run_config.checkpoint,
-        model=run_config.model_spec_fields(),
-        device=run_config.device,
-        validation=run_config.validation_config(),
-        hacking=run_config.hacking_config(),
-        anchor_every=run_config.anchor_every,
-        max_validation_drop=run_config.max_validation_drop,
-        reserved_usd_per_hour=run_config.reserved_usd_per_hour,
+        sampling=run_config.sampling,
+        checkpoint=settings.checkpoint,
+        model=settings.model_fields,
+        device=config.train.device,
+        validation=settings.validation,
+        hacking=settings.hacking,
+        explore_config=settings.explore,
+        anchor_every=config.deployment.anchor_every,
+        max_validation_drop=config.validation.max_validation_drop,
+        reserved_usd_per_hour=config.deployment.reserved_usd_per_hour,
+        config=config,
+        config_path=config_path if config_path.is_file() else None,
     )

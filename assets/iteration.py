@@ -9,7 +9,7 @@ scores version k, `report` closes the iteration. Partition it-{N} is the final o
 `weight_patch`, `validation` and `report` run there, on the trained weights.
 
 Every asset is in the `iteration` group (one iteration's lineage reads as one graph), owned by
-OWNER, tagged with its phase, and needs the same five resources (RUN_RESOURCES), from which
+OWNER, tagged with its phase, and needs the same four resources (RUN_RESOURCES), from which
 `run_context` builds what the phase sees. Assets pass nothing through Dagster's IO managers:
 each phase reads its inputs from the tensor store under explicit keys, so any asset can run in
 a fresh process.
@@ -30,7 +30,7 @@ from workers.coordinator.phases import PhaseResult
 
 GROUP = "iteration"
 OWNER = "team:spotlight"
-RUN_RESOURCES = frozenset({"run_config", "store", "ledger", "queue", "rollout_workers"})
+RUN_RESOURCES = frozenset({"run_config", "store", "ledger", "queue"})
 """The resource keys every phase needs (assets/context.py turns them into a RunContext)."""
 
 Phase = Callable[[RunContext, int], PhaseResult]

@@ -140,6 +140,11 @@ from pipelines.run_cli import run_command  # noqa: E402
 
 app.command("run")(run_command)
 
+# `spotlight config`: the resolved config tree a run would run with (pipelines/config_cli.py).
+from pipelines.config_cli import config_command  # noqa: E402
+
+app.command("config")(config_command)
+
 # `spotlight bench ...`: benchmarks (pipelines/bench_cli.py imports only typer).
 from pipelines.bench_cli import bench_app  # noqa: E402
 

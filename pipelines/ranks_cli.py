@@ -18,38 +18,6 @@ from typing import Any, Callable
 import typer
 
 
-def with_batch_options(
-    config,
-    rollout_batch=None,
-    micro_batch=None,
-    group_size=None,
-    prompts_per_iteration=None,
-    minibatches=None,
-    advantage=None,
-):
-    """`config` (a TrainConfig) with the batch-shape and advantage options given on the command line (None = the
-    preset's); typer.BadParameter for a combination the config refuses."""
-    import dataclasses
-
-    fields = {
-        k: v
-        for k, v in {
-            "rollout_batch": rollout_batch,
-            "micro_batch": micro_batch,
-            "group_size": group_size,
-            "prompts_per_iteration": prompts_per_iteration,
-        }.items()
-        if v is not None
-    }
-    try:
-        grpo = {"num_minibatches": minibatches, "advantage": advantage}
-        if any(v is not None for v in grpo.values()):
-            fields["grpo"] = dataclasses.replace(config.grpo, **{k: v for k, v in grpo.items() if v is not None})
-        return dataclasses.replace(config, **fields) if fields else config
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-
-
 def check_ranks(nproc: int, device: str, config) -> None:
     """typer.BadParameter (on --nproc) unless `nproc` ranks fit `device` and every rank gets a sample of each of
     `config`'s minibatches."""

@@ -9,23 +9,20 @@ from typing import Optional
 
 import typer
 
-from pipelines.config_file import config_option
+from pipelines.config_cli import config_option
 from pipelines.run import RESUME_MAY_CHANGE
 from pipelines.run_stop import StopSignals
-from pipelines.settings_cli import settings_options
+from pipelines.settings_cli import COMMAND_KEYS, settings_options
 
 
-@settings_options(
-    "run", unset=True, notes={name: "--resume keeps the run's unless given." for name in RESUME_MAY_CHANGE}
-)
+@settings_options(COMMAND_KEYS["run"])
 def run_command(
-    run_dir: Path = typer.Option(
-        Path("runs/run"),
-        "--run-dir",
-        help="Run folder: run.json, ledger.duckdb, report/, and the store and queue by default.",
-    ),
     resume: bool = typer.Option(
-        False, "--resume", help="Continue the run in --run-dir from its first unfinished iteration."
+        False,
+        "--resume",
+        help="Continue the run in --run-dir from its first unfinished iteration, with its config.yaml; only "
+        + ", ".join(k for k in RESUME_MAY_CHANGE if not k.startswith("workers."))
+        + " and the workers section may be given anew.",
     ),
     overwrite: bool = typer.Option(
         False,
@@ -38,14 +35,14 @@ def run_command(
         help="Stop after the iteration during which the ledger's spend (run_cost) reaches this many dollars; on a "
         "Redis queue, spot workers that start after that end at once. Not stored: give it again with --resume.",
     ),
-    config_file: Optional[Path] = config_option(),
+    config_files: Optional[list[Path]] = config_option(),
     **settings,
 ) -> None:
     """Post-train with the Dagster pipeline's assets in this process (with --nproc N: on rank 0 of N trainer
     processes): sync -> rollout -> train (+ explore) -> validate, per iteration."""
-    asked = _asked(settings, resume)
-    spec = _resolve_spec(run_dir, resume, overwrite, max_usd, asked)
-    _check_reachable(spec)
+    config = _resolve_config(settings, config_files, resume, overwrite, max_usd)
+    _check_reachable(config)
+    run_dir = Path(config.deployment.run_dir)
     if overwrite and run_dir.exists():
         import shutil
 
@@ -55,32 +52,22 @@ def run_command(
     # Ctrl-C and SIGTERM stop the walk alike, also where Dagster's execution holds the signal handlers
     # (pipelines/run_stop.py). --nproc N: the launcher turns a signal into SignalException and stops every rank
     # (pipelines/ranks_cli.py).
-    stop = StopSignals() if spec.nproc == 1 else None
+    train = config.train
+    stop = StopSignals() if train.nproc == 1 else None
     with stop or contextlib.nullcontext():
         code = in_ranks(
-            spec.nproc,
-            spec.gradient_checkpointing,
-            spec.device,
+            train.nproc,
+            train.gradient_checkpointing,
+            train.device,
             _walk,
-            {"spec": spec, "max_usd": max_usd, "stop": stop},
-            failed_hint=_resume_hint(spec),
+            {"config": config, "max_usd": max_usd, "stop": stop},
+            failed_hint=_resume_hint(config),
         )
     if code:
         raise typer.Exit(code)
 
 
-def _asked(settings: dict, resume: bool) -> dict:
-    """The RunSpec fields run_command was given (None: not given), paths as strings; a new run of a GPU preset
-    checkpoints gradients unless told not to."""
-    asked = {name: (str(value) if isinstance(value, Path) else value) for name, value in settings.items()}
-    if asked["gradient_checkpointing"] is None and not resume:
-        from workers.trainer.presets import checkpointing_by_default
-
-        asked["gradient_checkpointing"] = checkpointing_by_default(asked["preset"] or "cpu_tiny_spot") or None
-    return asked
-
-
-def _walk(spec, max_usd: Optional[float], stop: Optional[StopSignals] = None) -> int:
+def _walk(config, max_usd: Optional[float], stop: Optional[StopSignals] = None) -> int:
     """The whole run in this process (rank 0 of --nproc ranks): the walk, its local worker cluster, the lines and the
     summary; `stop`: the stop signals' record the walk checks after each iteration. Returns the command's exit
     code."""
@@ -95,7 +82,7 @@ def _walk(spec, max_usd: Optional[float], stop: Optional[StopSignals] = None) ->
     started = time.perf_counter()
     try:
         result = execute(
-            spec,
+            config,
             console,
             on_iteration=lambda o: console.print(_line(o)),
             max_usd=max_usd,
@@ -106,40 +93,50 @@ def _walk(spec, max_usd: Optional[float], stop: Optional[StopSignals] = None) ->
         return 0
     except HackingStoppedError as err:
         console.print(f"spotlight run stopped: {err}")
-        console.print(_resume_hint(spec) + " (with --on-hacking warn or rollback to train on past the flag)")
+        console.print(_resume_hint(config) + " (with --on-hacking warn or rollback to train on past the flag)")
         return 3
     except (IterationFailedError, KeyboardInterrupt) as err:
         console.print(f"spotlight run stopped: {str(err) or 'interrupted'}")
-        console.print(_resume_hint(spec))
+        console.print(_resume_hint(config))
         return 1
     _print_summary(console, result, time.perf_counter() - started)
     return 0
 
 
-def _resume_hint(spec) -> str:
-    return f"continue it with: spotlight run --run-dir {spec.run_dir} --resume"
+def _resume_hint(config) -> str:
+    return f"continue it with: spotlight run --run-dir {config.deployment.run_dir} --resume"
 
 
-def _resolve_spec(run_dir: Path, resume: bool, overwrite: bool, max_usd: Optional[float], asked: dict):
-    """The run's RunSpec with every name and URL checked, before any compute (and before --overwrite deletes)."""
-    from pipelines.run import RunSpec
+def _resolve_config(settings: dict, config_files, resume: bool, overwrite: bool, max_usd: Optional[float]):
+    """The run's resolved config with every name, path and combination checked, and the run's resources built once
+    to check them, before any compute (and before --overwrite deletes)."""
+    from pipelines.deploy import DeploymentError, build_resources
+    from pipelines.run import resolve_run
+    from resources.settings.resolve import ConfigError
 
+    run_dir = settings.pop("run_dir", None)
     try:
         if max_usd is not None and not max_usd > 0:
-            raise ValueError(f"--max-usd must be a positive number of dollars, got {max_usd:g}")
+            raise ConfigError(f"--max-usd must be a positive number of dollars, got {max_usd:g}")
+        if overwrite and resume:
+            raise ConfigError("--overwrite starts afresh and --resume continues: pass one of them")
+        config = resolve_run(
+            run_dir, resume=resume, flags=settings, config_files=config_files, replace=overwrite
+        ).config
         if overwrite:
-            _check_overwrite(run_dir, resume=resume, store=asked["store"], queue=asked["queue"])
-        spec = RunSpec.resolve(run_dir, resume=resume, replace=overwrite, **asked)
-        config = spec.resources()["run_config"].train_config()
-    except ValueError as err:
+            _check_overwrite(
+                Path(config.deployment.run_dir), store=config.deployment.store, queue=config.deployment.queue
+            )
+        train = build_resources(config)["run_config"].train
+    except (ConfigError, DeploymentError) as err:
         raise typer.BadParameter(str(err)) from None
     from pipelines.ranks_cli import check_ranks
 
-    check_ranks(spec.nproc, spec.device, config)
-    return spec
+    check_ranks(config.train.nproc, config.train.device, train)
+    return config
 
 
-def _check_reachable(spec) -> None:
+def _check_reachable(config) -> None:
     """A remote queue or store that cannot be reached stops the run here, in one line naming its address,
     before any compute and before anything is written (a worker would otherwise find it, minutes later)."""
     from resources.queue import check_queue_reachable
@@ -148,29 +145,28 @@ def _check_reachable(spec) -> None:
     from resources.store.base import StoreError
 
     try:
-        if spec.queue is not None:
-            check_queue_reachable(spec.queue)
-        if spec.store is not None:
-            check_store_reachable(spec.store)
+        d = config.deployment
+        if d.queue is not None:
+            check_queue_reachable(d.queue)
+        if d.store is not None:
+            check_store_reachable(d.store)
     except (QueueError, StoreError) as err:
         typer.echo(f"spotlight run: {' '.join(str(err).split())}", err=True)
         raise typer.Exit(2) from None
 
 
-def _check_overwrite(run_dir: Path, *, resume: bool, store: Optional[str], queue: Optional[str]) -> None:
+def _check_overwrite(run_dir: Path, *, store: Optional[str], queue: Optional[str]) -> None:
     """--overwrite deletes a previous run's folder: only when everything that run wrote lives inside it."""
-    from pipelines.run import SPEC_NAME
+    from pipelines.run import holds_run
+    from resources.settings.resolve import ConfigError
 
-    if resume:
-        raise ValueError("--overwrite starts afresh and --resume continues: pass one of them")
     if store is not None or queue is not None:
-        raise ValueError(
+        raise ConfigError(
             "--overwrite only clears a run whose store and queue live in --run-dir; with --store or "
             "--queue, choose a new --run-dir instead (the run name is the folder's name)"
         )
-    holds_run = (run_dir / SPEC_NAME).is_file() or (run_dir / "ledger.duckdb").is_file()
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not holds_run:
-        raise ValueError(f"--overwrite refuses to delete {run_dir}: it holds no spotlight run (no {SPEC_NAME})")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not holds_run(run_dir):
+        raise ConfigError(f"--overwrite refuses to delete {run_dir}: it holds no spotlight run (no config.yaml)")
 
 
 def _line(outcome) -> str:

@@ -45,7 +45,7 @@ def next_iteration_request(run_name: str, finished_key: str, target: int) -> tup
     minimum_interval_seconds=5,
     description="Starts iteration k+1 when iteration k succeeds.",
 )
-def next_iteration(context: RunStatusSensorContext, run_config: RunConfigResource):
+def next_iteration(context: RunStatusSensorContext, run_config: dg.ResourceParam[RunConfigResource]):
     finished = context.dagster_run
     key = finished.tags.get("dagster/partition")
     if key is None:

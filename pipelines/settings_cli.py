@@ -1,14 +1,15 @@
-"""Typer options derived from the run settings (resources/settings/): a command declares none of them itself.
+"""Typer options derived from the config tree (resources/settings/): a command declares none of them itself.
 
-`settings_options("run")` gives a command function that takes `**settings` every setting of `spotlight run` as a
-typer option: the flag, type, default and help come from the setting, so `spotlight run` and `spotlight train`
-cannot drift apart, and their `--config run.yaml` keys (pipelines/config_file.py, read from the options) follow.
-Only typer and the standard library at import time: `--help` stays instant.
+`settings_options(COMMAND_KEYS["run"])` gives a command function one option per leaf of the tree it takes, each
+defaulting to None (not given), so that the flags layer holds only what was typed; the help says the tree's default.
+The command receives them as `**settings` and hands them to `resolve_command` (pipelines/config_cli.py), which
+layers them over the preset, `--config` files and SPOTLIGHT_* variables. Flags of renamed settings are kept hidden,
+only to refuse them with the new name.
 
 Example:
-    @settings_options("train", defaults={"preset": "cpu_tiny_long"})
-    def train_command(out: Optional[Path] = typer.Option(None, help="..."), **settings) -> None:
-        settings["preset"], settings["lora_rank"]
+    @settings_options(COMMAND_KEYS["train"])
+    def train_command(out: Optional[Path] = typer.Option(None), **settings) -> None:
+        resolved = resolve_command(settings, config_files, default_preset="cpu_tiny_long")
 """
 
 from __future__ import annotations
@@ -17,55 +18,74 @@ import functools
 import inspect
 import typing
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import typer
 
-from resources.settings import Setting, settings_of
+from resources.settings.fields import BY_NAME, LEAVES, Leaf
+from resources.settings.resolve import RENAMED
+
+ALL_KEYS = tuple(LEAVES)
+TRAIN_KEYS = tuple(
+    k for k in LEAVES if LEAVES[k].section not in ("workers", "deployment") or k == "deployment.reserved_usd_per_hour"
+)
+"""`spotlight train` runs in one process on this machine: no worker pool, no deployment but its price."""
+COMMAND_KEYS = {"run": ALL_KEYS, "config": ALL_KEYS, "train": TRAIN_KEYS}
+"""The leaves each command takes as flags (dotted keys)."""
 
 
-def cli_type(setting: Setting, default: Any) -> Any:
-    """The option's type: a path setting is a Path; None as the default makes it Optional."""
-    base = setting.type
-    if typing.get_origin(base) is typing.Union:
-        base = next(a for a in typing.get_args(base) if a is not type(None))
-    if setting.path:
-        base = Path
-    return Optional[base] if default is None else base
+def cli_type(leaf: Leaf) -> Any:
+    """The option's type: Optional (None = not given); a path is a Path; a tuple of names a repeated option."""
+    inner = leaf.inner
+    if leaf.is_path:
+        inner = Path
+    elif typing.get_origin(inner) is tuple and typing.get_args(inner)[-1] is Ellipsis:
+        inner = list[typing.get_args(inner)[0]]
+    return Optional[inner]
 
 
-def cli_help(setting: Setting, default: Any, note: str = "") -> str:
-    """The setting's help; when the command leaves it unset (None), the value that applies then."""
-    text = setting.help
-    if default is None and setting.default is not None:
-        text += f" Default {setting.default}."
-    return f"{text} {note}".strip()
+def cli_help(leaf: Leaf) -> str:
+    default = leaf.default
+    shown = "unset" if default is None else default
+    return f"{leaf.help} [{leaf.key}; default {shown}, or the preset's]"
 
 
-def option_parameter(setting: Setting, default: Any, note: str = "") -> inspect.Parameter:
-    """The keyword parameter typer reads as the setting's option."""
-    option = typer.Option(
-        default,
-        setting.cli_flag,
-        help=cli_help(setting, default, note),
-        show_default="/" not in setting.cli_flag,
-    )
-    return inspect.Parameter(
-        setting.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=cli_type(setting, default)
-    )
+def option_parameter(leaf: Leaf) -> inspect.Parameter:
+    """The keyword parameter typer reads as the leaf's option."""
+    flag = leaf.flag
+    if leaf.inner is bool:
+        flag = f"{flag}/--no-{flag[2:]}"
+    option = typer.Option(None, flag, help=cli_help(leaf), show_default=False)
+    return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=cli_type(leaf))
 
 
-def settings_options(
-    command: str,
-    *,
-    defaults: Optional[Mapping[str, Any]] = None,
-    unset: bool = False,
-    notes: Optional[Mapping[str, str]] = None,
-) -> Callable:
-    """Decorator: the command function's own parameters plus one option per setting of `command`, handed to it as
-    `**settings`. `defaults`: the command's own defaults; `unset`: every setting defaults to None (not given, e.g.
-    so that `--resume` can tell what was asked); `notes`: a sentence added to a setting's help."""
-    defaults, notes = dict(defaults or {}), dict(notes or {})
+def _refuse_renamed(old: str, new: str) -> Callable:
+    def callback(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        if value is not None:
+            raise typer.BadParameter(f"{old} was renamed {new}; pass that instead", ctx=ctx, param=param)
+        return value
+
+    return callback
+
+
+def renamed_parameters(keys: Iterable[str]) -> list[inspect.Parameter]:
+    """Hidden options under the old names of renamed settings the command takes: each refuses itself."""
+    names = {LEAVES[k].name for k in keys}
+    params = []
+    for old, new in RENAMED.items():
+        if new in names and old != new:
+            old_flag = "--" + old.replace("_", "-")
+            option = typer.Option(None, old_flag, hidden=True, callback=_refuse_renamed(old_flag, BY_NAME[new].flag))
+            params.append(
+                inspect.Parameter(f"renamed_{old}", inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str)
+            )
+    return params
+
+
+def settings_options(keys: Iterable[str]) -> Callable:
+    """Decorator: the command function's own parameters plus one option per leaf in `keys`, handed to it as
+    `**settings` by field name (None: not given)."""
+    keys = tuple(keys)
 
     def wrap(func: Callable) -> Callable:
         hints = typing.get_type_hints(func)
@@ -74,18 +94,18 @@ def settings_options(
             for p in inspect.signature(func).parameters.values()
             if p.kind is not inspect.Parameter.VAR_KEYWORD
         ]
-        taken = settings_of(command)
-        options = [
-            option_parameter(s, None if unset else defaults.get(s.name, s.default), notes.get(s.name, ""))
-            for s in taken
-        ]
+        options = [option_parameter(LEAVES[k]) for k in keys]
+        renamed = renamed_parameters(keys)
 
         @functools.wraps(func)
         def command_function(**kwargs):
+            for p in renamed:
+                kwargs.pop(p.name, None)
             return func(**kwargs)
 
-        command_function.__signature__ = inspect.Signature(options + own)
-        command_function.__annotations__ = {p.name: p.annotation for p in options + own}
+        params = options + renamed + own
+        command_function.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command_function.__annotations__ = {p.name: p.annotation for p in params}
         del command_function.__wrapped__  # typer must read the signature above, not the function's own
         return command_function
 

@@ -18,15 +18,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dagster import ConfigurableResource, EnvVar
+from dagster import Any as Any_
+from dagster import Array, Bool, ConfigurableResource, EnvVar, Float, Int, Noneable, Shape, String
+from dagster import Field as Field_
 from pydantic import ConfigDict, Field, field_validator
 
 from resources.ledger import Ledger
 from resources.queue import open_queue
 from resources.queue.base import QueueConfig, RequestQueue, parse_queue_url
-from resources.settings import ROLLOUT_MODES
 from resources.store import open_store, parse_store_url
 from resources.store.base import TensorStore
+
+
+_SCALARS = {int: Int, float: Float, str: String, bool: Bool}
 
 
 def with_env_var(resource: ConfigurableResource, field: str, variable: str) -> ConfigurableResource:
@@ -94,70 +98,37 @@ class QueueResource(ConfigurableResource):
         return open_queue(self.url, QueueConfig(self.max_deliveries, self.connect_timeout_s))
 
 
-class RolloutWorkersResource(ConfigurableResource):
-    """Who samples an iteration's rollout requests.
+def tree_schema(values: dict) -> dict:
+    """The Dagster config schema of the run's config tree (resources/settings/config.py): one Shape per section,
+    each field with its type, its description and the value in `values` (a resolved config's `model_dump`) as its
+    default, so the launchpad shows the tree's sections with the run's values. pydantic checks the result."""
+    from resources.settings.fields import LEAVES
 
-    - `inprocess`: the trainer itself, batched (no queue; the quickest on one small machine).
-    - `local_cluster`: rollout worker processes on this machine for the phase, pulling from the
-      queue, with preemptions injected at `preemptions_per_hour` per spot worker.
-    - `workers`: workers that already pull from the queue (started by `spotlight run`, by hand
-      with `python -m workers.rollout`, or as SkyPilot spot jobs); the phase enqueues and waits.
-    """
+    sections: dict[str, dict] = {}
+    top: dict = {}
+    for leaf in LEAVES.values():
+        value = values[leaf.section][leaf.name] if leaf.section else values[leaf.name]
+        field = Field_(_dagster_type(leaf), default_value=_plain(value), is_required=False, description=leaf.help)
+        (sections.setdefault(leaf.section, {}) if leaf.section else top)[leaf.name] = field
+    for name, fields in sections.items():
+        top[name] = Field_(Shape(fields), is_required=False)
+    return top
 
-    mode: str = Field(default="inprocess", description=f"One of {ROLLOUT_MODES}.")
-    timeout_s: float = Field(
-        default=1800.0, gt=0, description="Longest wait for an iteration's rollouts before the phase fails."
-    )
-    num_workers: int = Field(default=2, ge=1, description="local_cluster: worker processes.")
-    num_reserved: int = Field(
-        default=0, ge=0, description="local_cluster: how many of them are reserved (never preempted)."
-    )
-    preemptions_per_hour: float = Field(
-        default=60.0, ge=0, description="local_cluster: preemption rate per spot worker."
-    )
-    notice_share: float = Field(
-        default=0.5, ge=0, le=1, description="local_cluster: share of preemptions that come with a notice."
-    )
-    commit_every: int = Field(default=2, ge=1, description="Denoising steps between in-flight state commits.")
-    lease_s: float = Field(
-        default=10.0, gt=0, description="Queue lease: how long a silently killed worker's request waits."
-    )
-    restart_delay_s: float = Field(
-        default=3.0, ge=0, description="local_cluster: seconds until a preempted slot gets a new worker."
-    )
-    spot_usd_per_hour: float = Field(
-        default=0.03, ge=0, description="Price of a spot worker (local: a notional 2-vCPU spot VM)."
-    )
-    reserved_usd_per_hour: float = Field(default=0.10, ge=0, description="Price of a reserved worker.")
-    log_dir: Optional[str] = Field(default=None, description="local_cluster: folder for each worker's stderr.")
-    explore: bool = Field(default=True, description="workers: explore the next iteration's seeds beside training.")
-    explore_samples: Optional[float] = Field(
-        default=None,
-        gt=0,
-        description="inprocess: explore the next iteration's seeds in process on the stale weights, within this many "
-        "full-sampler samples per iteration (a spot pool's budget, made deterministic); unset: no exploration.",
-    )
 
-    @field_validator("mode")
-    @classmethod
-    def _known_mode(cls, mode: str) -> str:
-        if mode not in ROLLOUT_MODES:
-            raise ValueError(f"unknown rollout mode {mode!r}; choose one of {ROLLOUT_MODES}")
-        return mode
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
-    @field_validator("explore_samples")
-    @classmethod
-    def _inprocess_only(cls, explore_samples: Optional[float], info) -> Optional[float]:
-        if explore_samples is not None and info.data.get("mode") != "inprocess":
-            raise ValueError(
-                f"explore_samples is for mode inprocess, not {info.data.get('mode')!r}: queue workers "
-                "explore on their own time (set explore instead)"
-            )
-        return explore_samples
 
-    @field_validator("num_reserved")
-    @classmethod
-    def _reserved_fits(cls, num_reserved: int, info) -> int:
-        if num_reserved > info.data.get("num_workers", num_reserved):
-            raise ValueError(f"num_reserved={num_reserved} exceeds num_workers={info.data.get('num_workers')}")
-        return num_reserved
+def _dagster_type(leaf):
+    import typing
+
+    inner = leaf.inner
+    origin = typing.get_origin(inner)
+    if origin is tuple:
+        args = [a for a in typing.get_args(inner) if a is not Ellipsis]
+        kind = Array(_SCALARS.get(args[0], Any_))
+    elif origin is typing.Literal:
+        kind = String
+    else:
+        kind = _SCALARS.get(inner, Any_)
+    return Noneable(kind) if leaf.optional else kind

@@ -44,7 +44,7 @@ def _path(help_: str) -> dict:
 class Section(BaseModel):
     """A section of the tree: unknown keys and wrong types are refused, and a value is checked when set."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_assignment=True)
 
 
 class ModelSection(Section):
@@ -283,11 +283,15 @@ class DeploymentSection(Section):
         "runs/run", **_path("Run folder: config.yaml, ledger.duckdb, report/, and the store and queue by default.")
     )
     run: Optional[str] = Field(None, description="Run name: the store prefix and ledger run id (unset: the folder's).")
-    store: Optional[str] = Field(None, description="Tensor store: a folder or s3://bucket/prefix (unset: RUN_DIR/store).")
+    store: Optional[str] = Field(None, **_path("Tensor store: a folder or s3://bucket/prefix (unset: RUN_DIR/store)."))
     queue: Optional[str] = Field(
-        None, description="Request queue: a SQLite file or redis(s)://host:port/db (unset: RUN_DIR/queue.db)."
+        None,
+        **_path(
+            "Request queue: a SQLite file or redis(s)://host:port/db (unset: RUN_DIR/queue.db); the Redis password "
+            "in SPOTLIGHT_REDIS_PASSWORD(_FILE), not here."
+        ),
     )
-    ledger: Optional[str] = Field(None, description="The ledger's DuckDB file (unset: RUN_DIR/ledger.duckdb).")
+    ledger: Optional[str] = Field(None, **_path("The ledger's DuckDB file (unset: RUN_DIR/ledger.duckdb)."))
     rollouts: Rollouts = Field(
         "local_pool",
         description="Who samples: local_pool (workers for the whole run), inprocess (the trainer), local_cluster "
@@ -302,7 +306,7 @@ class DeploymentSection(Section):
 class RunConfig(BaseModel):
     """A whole run: the preset it started from and every section, resolved."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     preset: str = Field("cpu_tiny_spot", description="The preset this config starts from (spotlight config --list).")
     model: ModelSection = Field(default_factory=ModelSection)

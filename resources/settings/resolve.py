@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 
 from resources.settings.config import MODEL_ONLY_FIELDS, SECTIONS, RunConfig
 from resources.settings.fields import BY_NAME, LEAVES, Leaf
+from resources.urls import absolute_url
 
 PRESET_ORIGIN = "preset"
 DEFAULT_ORIGIN = "default"
@@ -32,7 +34,6 @@ RENAMED = {
     "workers": "local_workers",
     "num_workers": "local_workers",
     "usd_per_hour": "reserved_usd_per_hour",
-    "sampling_mode": "rollouts",
     "num_minibatches": "minibatches",
     "num_epochs": "epochs",
 }
@@ -68,7 +69,7 @@ class Resolved:
 
     def given(self) -> dict[str, Any]:
         """The values set by a layer (not the preset's, not defaults), by dotted key."""
-        return {k: get_value(self.config, k) for k, o in self.origins.items() if o not in (PRESET_ORIGIN,)}
+        return {k: get_value(self.config, k) for k, o in self.origins.items() if o != PRESET_ORIGIN}
 
     def explain(self) -> list[tuple[str, Any, str]]:
         """(key, value, origin) of every value that differs from the tree's default or was set by a layer."""
@@ -77,7 +78,7 @@ class Resolved:
             value = get_value(self.config, key)
             origin = self.origin(key)
             if origin != DEFAULT_ORIGIN or _plain(value) != _plain(leaf.default):
-                rows.append((key, _plain(value), origin if origin != DEFAULT_ORIGIN else PRESET_ORIGIN))
+                rows.append((key, _plain(value), origin))  # a default made absolute (a path) stays "default"
         return rows
 
 
@@ -104,6 +105,30 @@ def derive(base: RunConfig, preset: str, **sections: Mapping[str, Any]) -> RunCo
 def to_yaml(config: RunConfig) -> str:
     """The whole tree as YAML, section by section (what `spotlight config` prints and config.yaml holds)."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, default_flow_style=False, width=100)
+
+
+CONFIG_NAME = "config.yaml"
+"""In the run folder: the run's resolved config, what `--resume` continues and every worker reads."""
+
+
+def save_config(config: RunConfig) -> Path:
+    """`<run-dir>/config.yaml`, readable by its owner only (0600: a queue URL given with its password keeps it)."""
+    run_dir = Path(config.deployment.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CONFIG_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(to_yaml(config))
+    return path
+
+
+def load_config(path: Path) -> RunConfig:
+    """A saved config.yaml (the whole tree); ConfigError naming the file when it is not one."""
+    try:
+        return RunConfig.model_validate(yaml.safe_load(Path(path).read_text()))
+    except (OSError, yaml.YAMLError, ValidationError) as err:
+        raise ConfigError(f"{path}: not a spotlight run config ({' '.join(str(err).split())[:300]})") from None
 
 
 def leaf_for(key: str, where: str) -> Leaf:
@@ -211,9 +236,10 @@ def resolve(
     default_preset: str = "cpu_tiny_spot",
     base: Optional[RunConfig] = None,
     check_paths: bool = True,
+    base_origin: str = PRESET_ORIGIN,
 ) -> Resolved:
-    """The preset's config (or `base`, a run's stored config) with every layer applied in order, validated once;
-    ConfigError naming the key, its origin and what is allowed."""
+    """The preset's config (or `base`, a run's stored config, whose values' origin is `base_origin`) with every layer
+    applied in order, validated once; ConfigError naming the key, its origin and what is allowed."""
     layers = list(layers)
     if base is None:
         name = preset_name(layers, default_preset)
@@ -234,7 +260,7 @@ def resolve(
             origins[key] = layer.where[key]
     for key in LEAVES:
         if key not in origins and get_value(base, key) != LEAVES[key].default:
-            origins[key] = PRESET_ORIGIN
+            origins[key] = base_origin
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as err:
@@ -272,8 +298,8 @@ def _absolute_paths(config: RunConfig, origins: Mapping[str, str]) -> RunConfig:
     changed = False
     for key, leaf in LEAVES.items():
         value = get_value(config, key)
-        if leaf.is_path and isinstance(value, str) and "://" not in value:
-            absolute = str(Path(value).expanduser().resolve())
+        if leaf.is_path and isinstance(value, str):
+            absolute = absolute_url(value)
             if absolute != value:
                 data[leaf.section][leaf.name] = absolute  # type: ignore[index]
                 changed = True

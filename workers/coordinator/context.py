@@ -19,6 +19,7 @@ from typing import Any
 from resources.ledger import Ledger
 from resources.queue.base import QueueConfig
 from resources.settings import ROLLOUT_MODES
+from resources.settings.config import DeploymentSection, ExploreSection, RunConfig, WorkersSection
 from resources.store import open_store
 from resources.store.base import TensorStore
 from workers.trainer.grpo_trainer import TrainConfig
@@ -30,30 +31,55 @@ def run_name_for(run_dir: Path) -> str:
     return "".join(c if c.isalnum() or c in "._=+-" else "-" for c in name).lstrip(".-") or "run"
 
 
+_WORKERS = WorkersSection()
+"""The worker knobs' defaults: Sampling's fields take theirs from the config tree, never a number of their own."""
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """Who samples an iteration's rollout requests (resources.dagster_resources.RolloutWorkersResource's fields)."""
+    """Who samples an iteration's rollout requests, with the run's worker knobs (`Sampling.of` a RunConfig)."""
 
     mode: str = "inprocess"
     """inprocess (the trainer, batched), local_cluster (worker processes for the phase) or workers (already pulling)."""
-    timeout_s: float = 1800.0
+    timeout_s: float = _WORKERS.rollout_timeout_s
     """Longest wait for an iteration's rollouts."""
-    num_workers: int = 2
-    num_reserved: int = 0
-    preemptions_per_hour: float = 60.0
-    notice_share: float = 0.5
-    commit_every: int = 2
-    lease_s: float = 10.0
-    restart_delay_s: float = 3.0
-    spot_usd_per_hour: float = 0.03
-    reserved_usd_per_hour: float = 0.10
+    num_workers: int = _WORKERS.local_workers
+    num_reserved: int = _WORKERS.num_reserved
+    preemptions_per_hour: float = _WORKERS.preemptions_per_hour
+    notice_share: float = _WORKERS.notice_share
+    commit_every: int = _WORKERS.commit_every
+    lease_s: float = _WORKERS.lease_s
+    restart_delay_s: float = _WORKERS.restart_delay_s
+    spot_usd_per_hour: float = _WORKERS.spot_usd_per_hour
+    reserved_usd_per_hour: float = DeploymentSection().reserved_usd_per_hour
     log_dir: str | None = None
-    explore: bool = True
+    explore: bool = ExploreSection().explore
     """workers: explore the next iteration's seeds beside training (False: every plan is the default one)."""
     explore_samples: float | None = None
     """inprocess: explore the next iteration's seeds in this process, on the stale weights, with a budget of this
     many full-sampler samples per iteration: what a spot pool would sample while the trainer trains, made
     deterministic (workers/explore/inprocess.py). None: in-process runs do not explore."""
+
+    @classmethod
+    def of(cls, config: RunConfig, mode: str, log_dir: str | None = None) -> "Sampling":
+        """The sampling of `config` in `mode` (SAMPLING_MODES: what its deployment.rollouts means where it runs)."""
+        w = config.workers
+        return cls(
+            mode=mode,
+            timeout_s=w.rollout_timeout_s,
+            num_workers=w.local_workers,
+            num_reserved=w.num_reserved,
+            preemptions_per_hour=w.preemptions_per_hour,
+            notice_share=w.notice_share,
+            commit_every=w.commit_every,
+            lease_s=w.lease_s,
+            restart_delay_s=w.restart_delay_s,
+            spot_usd_per_hour=w.spot_usd_per_hour,
+            reserved_usd_per_hour=config.deployment.reserved_usd_per_hour,
+            log_dir=log_dir,
+            explore=config.explore.explore,
+            explore_samples=config.explore.explore_samples,
+        )
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_MODES:
@@ -118,6 +144,11 @@ class RunContext:
     hacking: Any = None
     """workers.coordinator.hacking_guard.HackingGuardConfig: the reward-hacking rule and what a flag does (None:
     its defaults, warn)."""
+    config: RunConfig | None = None
+    """The run's whole resolved config (None: a context built in code, e.g. a bench's); what worker processes are
+    handed."""
+    config_path: Path | None = None
+    """The run's saved config.yaml, which local worker processes read (None: none saved)."""
 
     @property
     def num_iterations(self) -> int:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from resources.settings.config import ExploreSection
 from workers.algo.bandit import Arm, BanditConfig, UCBBandit, predict_budget_s
 from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, pairwise_concordance, spearman_rho
 from workers.algo.selection import select_max_variance
@@ -111,18 +112,23 @@ class ExploreConfig:
         return UCBBandit(self.arms(group_size), self.bandit, weights)
 
 
-PRE_FILTER_PRESETS = ("cpu_tiny_spot", "cpu_tiny_hard")
-"""Presets whose pipeline explores as a pre-filter: the demo's and the hard task's."""
+def explore_config_of(section: ExploreSection) -> ExploreConfig:
+    """The exploration settings of a run's `explore` section: a keep factor above 1 explores as a pre-filter (W =
+    keep_factor x G kept for the rollout to pick G from on the fresh weights); control prompts stay on their default
+    seeds; arms whose stale-vs-fresh Kendall tau falls below min_arm_tau are dropped. The bandit's other settings
+    are ExploreConfig's."""
+    return ExploreConfig(
+        keep_factors=(section.keep_factor,),
+        control_prompts=section.control_prompts,
+        bandit=BanditConfig(min_arm_tau=section.min_arm_tau),
+    )
 
 
 def explore_config_for(preset: str) -> ExploreConfig:
-    """A training preset's exploration settings when the run gives none. `PRE_FILTER_PRESETS` explore as a
-    pre-filter (W = 1.5 G kept for the rollout to pick G from on the fresh weights), with one control prompt per
-    iteration and arms below Kendall tau 0.2 dropped: the settings `spotlight bench exploration` measured them with
-    (docs/BENCHMARKS.md). Every other preset: the defaults (W = G, no control, no fidelity floor)."""
-    if preset in PRE_FILTER_PRESETS:
-        return ExploreConfig(keep_factors=(1.5,), control_prompts=1, bandit=BanditConfig(min_arm_tau=0.2))
-    return ExploreConfig()
+    """Preset `preset`'s exploration settings (its `explore` section)."""
+    from workers.trainer.presets import preset_config
+
+    return explore_config_of(preset_config(preset).explore)
 
 
 @dataclass

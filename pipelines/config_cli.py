@@ -1,0 +1,89 @@
+"""`--config FILE` and the resolution every command that runs shares; `spotlight config`, which prints the tree.
+
+Order (later wins, key by key): the preset, then each `--config FILE` in the order given, then SPOTLIGHT_* variables,
+then flags. `resolve_command` does it once and turns a bad value into a usage error that names the key, where it was
+set and what is allowed, before any compute.
+
+Example:
+    spotlight config --preset cpu_smoke --group-size 4            # the resolved tree as YAML
+    spotlight config --config run.yaml --explain                  # each value that is not the tree's default, and
+                                                                  # where it came from
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import typer
+
+from pipelines.settings_cli import COMMAND_KEYS, settings_options
+
+CONFIG_HELP = (
+    "A YAML file of run settings: sections (train: {group_size: 8}), dotted keys (train.group_size: 8) or field names "
+    "(group-size: 8), as `spotlight config` prints them. Repeatable; later files, SPOTLIGHT_* variables and flags win."
+)
+
+
+def config_option():
+    """The `--config` option (repeatable)."""
+    return typer.Option(None, "--config", help=CONFIG_HELP, dir_okay=False)
+
+
+def resolve_command(
+    flags: Mapping[str, Any],
+    config_files: Optional[Sequence[Path]],
+    *,
+    default_preset: str = "cpu_tiny_spot",
+    env: Mapping[str, str] = os.environ,
+    base=None,
+    check_paths: bool = True,
+    base_origin: str = "preset",
+):
+    """The command's `Resolved` config (resources/settings/resolve.py); typer.BadParameter with the message of a
+    ConfigError. `base`: a run's stored config to resolve over instead of the preset (--resume)."""
+    from resources.settings.resolve import ConfigError, env_layer, file_layer, flag_layer, resolve
+    from workers.trainer.presets import PRESETS
+
+    try:
+        layers = [file_layer(Path(f)) for f in (config_files or ())]
+        layers += [env_layer(env), flag_layer(flags)]
+        return resolve(layers, PRESETS, default_preset, base=base, check_paths=check_paths, base_origin=base_origin)
+    except ConfigError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+@settings_options(COMMAND_KEYS["config"])
+def config_command(
+    config_files: Optional[list[Path]] = config_option(),
+    explain: bool = typer.Option(
+        False, "--explain", help="List each value that is not the tree's default and where it was set, not the YAML."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the tree as JSON."),
+    list_presets: bool = typer.Option(False, "--list", help="List the presets, with the first line of each's doc."),
+    **settings,
+) -> None:
+    """Print the run config that `spotlight run` (or train, or launch) would run with these settings: the preset,
+    then --config files, then SPOTLIGHT_* variables, then flags."""
+    if list_presets:
+        from workers.trainer.presets import PRESETS
+
+        for name, make in PRESETS.items():
+            typer.echo(f"{name:<20} {(make.__doc__ or '').strip().splitlines()[0]}")
+        return
+    resolved = resolve_command(settings, config_files, check_paths=False)
+    if explain:
+        rows = resolved.explain()
+        width = max(len(k) for k, _, _ in rows)
+        for key, value, origin in rows:
+            typer.echo(f"{key:<{width}}  {value!r:<24}  {origin}")
+        return
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(resolved.config.model_dump(mode="json"), indent=2))
+        return
+    from resources.settings.resolve import to_yaml
+
+    typer.echo(to_yaml(resolved.config), nl=False)
