@@ -29,7 +29,6 @@ from resources.queue.base import QueueConfig, RequestQueue, parse_queue_url
 from resources.store import open_store, parse_store_url
 from resources.store.base import TensorStore
 
-
 _SCALARS = {int: Int, float: Float, str: String, bool: Bool}
 
 
@@ -111,7 +110,8 @@ def tree_schema(values: dict) -> dict:
         field = Field_(_dagster_type(leaf), default_value=_plain(value), is_required=False, description=leaf.help)
         (sections.setdefault(leaf.section, {}) if leaf.section else top)[leaf.name] = field
     for name, fields in sections.items():
-        top[name] = Field_(Shape(fields), is_required=False)
+        shown = {k: _plain(v) for k, v in values[name].items()}
+        top[name] = Field_(Shape(fields), is_required=False, default_value=shown)
     return top
 
 

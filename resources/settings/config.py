@@ -28,7 +28,7 @@ NftWeighting = Literal["velocity", "adaptive"]
 LrSchedule = Literal["constant", "cosine"]
 ForwardDtype = Literal["auto", "fp32", "bf16"]
 BaseDtype = Literal["fp32", "bf16"]
-ResidentDtype = Literal["auto", "bf16", "fp32"]
+ResidentDtype = Literal["auto", "fp32", "bf16"]
 Rollouts = Literal["local_pool", "inprocess", "local_cluster", "remote"]
 """Who samples each rollout phase: local_pool (worker processes this command starts for the whole run, preempted on a
 Poisson trace: `spotlight run`'s default), inprocess (the trainer itself, batched), local_cluster (worker processes
@@ -53,8 +53,8 @@ class ModelSection(Section):
     model: Optional[str] = Field(
         None,
         **_path(
-            "A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer and "
-            "every worker; nothing is downloaded (docs/MODELS.md). Unset: the pixel policy."
+            "A diffusers pipeline folder to post-train (Qwen-Image, SD3/3.5, FLUX.1), loaded locally by the trainer "
+            "and every worker; nothing is downloaded (docs/MODELS.md). Unset: the pixel policy."
         ),
     )
     checkpoint: Optional[str] = Field(

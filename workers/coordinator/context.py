@@ -19,7 +19,7 @@ from typing import Any
 from resources.ledger import Ledger
 from resources.queue.base import QueueConfig
 from resources.settings import ROLLOUT_MODES
-from resources.settings.config import DeploymentSection, ExploreSection, RunConfig, WorkersSection
+from resources.settings.config import DeploymentSection, ExploreSection, RunConfig, ValidationSection, WorkersSection
 from resources.store import open_store
 from resources.store.base import TensorStore
 from workers.trainer.grpo_trainer import TrainConfig
@@ -126,9 +126,9 @@ class RunContext:
     model: dict | None = None
     """ModelSpec fields for a diffusers pipeline folder (lora_rank, resolution, guidance, ...); None for the pixel
     policy. Checkpoints and anchors record the whole spec, so later phases rebuild the model from those."""
-    anchor_every: int = 10
-    max_validation_drop: float = 0.25
-    reserved_usd_per_hour: float = 0.10
+    anchor_every: int = DeploymentSection().anchor_every
+    max_validation_drop: float = ValidationSection().max_validation_drop
+    reserved_usd_per_hour: float = DeploymentSection().reserved_usd_per_hour
     report_every: int = 1
     """Rewrite the report folder (and draw the phases' pictures) every this many iterations and on the final
     one: the Dagster UI shows every iteration's; `spotlight train` draws on its validated ones."""
@@ -176,7 +176,7 @@ class RunContext:
         train: TrainConfig,
         *,
         checkpoint: str | None = None,
-        reserved_usd_per_hour: float = 0.10,
+        reserved_usd_per_hour: float = DeploymentSection().reserved_usd_per_hour,
         report: bool = True,
         model: dict | None = None,
         device: str = "cpu",

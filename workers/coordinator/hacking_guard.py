@@ -25,10 +25,14 @@ import numpy as np
 
 from resources.keys import run_prefix, weights_key
 from resources.ledger.records import HACKING_ACTIONS, HackingRollbackRecord, HackingSignalsRecord
+from resources.settings.config import GuardSection
 from workers.algo.hacking import HackingRule, Signals, Verdict, judge, standard_error
 from workers.coordinator.context import RunContext
 from workers.task.image_stats import image_statistics
 from workers.task.rewards import get_reward, score_with_components
+
+_GUARD = GuardSection()
+"""The guard's defaults are the run config tree's."""
 
 HACKING_CHECK = "no_reward_hacking"
 STAT_COLUMNS = ("edge_density", "colour_entropy", "saturation", "compressed_bytes", "diversity")
@@ -38,10 +42,10 @@ STAT_COLUMNS = ("edge_density", "colour_entropy", "saturation", "compressed_byte
 class HackingGuardConfig:
     """What the guard watches and what the run does when it fires (`--on-hacking` and its companions)."""
 
-    on_hacking: str = "warn"
+    on_hacking: str = _GUARD.on_hacking
     """warn (record, fail the Dagster check), stop (end the run after this iteration, resumable) or rollback."""
     rule: HackingRule = field(default_factory=HackingRule)
-    rollback_lr_scale: float = 0.5
+    rollback_lr_scale: float = _GUARD.rollback_lr_scale
     """After each rollback the learning rate is multiplied by this (1 keeps it)."""
     rollback_kl_beta: float | None = None
     """After a rollback, train with at least this KL coefficient to the base (None keeps the preset's)."""

@@ -23,7 +23,11 @@ import threading
 import time
 
 from resources.queue.base import QueueUnavailableError
+from resources.settings.config import TrainSection, WorkersSection
 from workers.rollout.worker import EventLog, add_cloud_flags, check_model_folder, run_process
+
+_WORKERS = WorkersSection()
+"""The worker knobs' defaults (the run config tree's): a node is a rollout worker too."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers", type=int, default=2, help="Device workers on this node (one per GPU with --device cuda)."
     )
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="Where the workers run the model.")
+    p.add_argument(
+        "--device", default=TrainSection().device, choices=("cpu", "cuda"), help="Where the workers run the model."
+    )
     p.add_argument(
         "--degree",
         type=_degree,
@@ -50,9 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
         "checked at start, and a run on another folder stops the node (exit 2).",
     )
     p.add_argument("--node-id", default=None, help="This node's name in events and records (default: HOST-PID).")
-    p.add_argument("--commit-every", type=int, default=2, help="Commit in-flight state every C denoising steps.")
-    p.add_argument("--lease-s", type=float, default=60.0, help="Queue lease length in seconds; heartbeats every third.")
-    p.add_argument("--poll-s", type=float, default=0.5, help="Wait between claims while the queue is empty.")
+    p.add_argument(
+        "--commit-every",
+        type=int,
+        default=_WORKERS.commit_every,
+        help="Commit in-flight state every C denoising steps.",
+    )
+    p.add_argument(
+        "--lease-s", type=float, default=_WORKERS.lease_s, help="Queue lease length in seconds; heartbeats every third."
+    )
+    p.add_argument(
+        "--poll-s", type=float, default=_WORKERS.poll_s, help="Wait between claims while the queue is empty."
+    )
     p.add_argument(
         "--max-idle-s", type=float, default=None, help="Exit after this long without work (default: until SIGTERM)."
     )
@@ -63,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="Longest wait for a worker's answer (a first model load included); a silent worker is killed.",
     )
-    p.add_argument("--threads-per-worker", type=int, default=1, help="torch CPU threads of each device worker.")
+    p.add_argument(
+        "--threads-per-worker",
+        type=int,
+        default=_WORKERS.worker_threads,
+        help="torch CPU threads of each device worker.",
+    )
     p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device.")
     add_cloud_flags(p, priced="the whole node (all its GPUs)")
     return p
