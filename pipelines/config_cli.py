@@ -31,7 +31,7 @@ def config_option():
     return typer.Option(None, "--config", help=CONFIG_HELP, dir_okay=False)
 
 
-def resolve_command(
+def resolve_settings(
     flags: Mapping[str, Any],
     config_files: Optional[Sequence[Path]],
     *,
@@ -41,15 +41,23 @@ def resolve_command(
     check_paths: bool = True,
     base_origin: str = "preset",
 ):
-    """The command's `Resolved` config (resources/settings/resolve.py); typer.BadParameter with the message of a
-    ConfigError. `base`: a run's stored config to resolve over instead of the preset (--resume)."""
-    from resources.settings.resolve import ConfigError, env_layer, file_layer, flag_layer, resolve
+    """The `Resolved` config (resources/settings/resolve.py) of a command's flags (by field name, None: not given)
+    over its `--config` files, the SPOTLIGHT_* variables in `env` and the preset (or `base`, a run's stored config,
+    for --resume); ConfigError saying what to change."""
+    from resources.settings.resolve import env_layer, file_layer, flag_layer, resolve
     from workers.trainer.presets import PRESETS
 
+    layers = [file_layer(Path(f)) for f in (config_files or ())]
+    layers += [env_layer(env), flag_layer(flags)]
+    return resolve(layers, PRESETS, default_preset, base=base, check_paths=check_paths, base_origin=base_origin)
+
+
+def resolve_command(flags: Mapping[str, Any], config_files: Optional[Sequence[Path]], **kw):
+    """resolve_settings, with a ConfigError turned into the command's usage error."""
+    from resources.settings.resolve import ConfigError
+
     try:
-        layers = [file_layer(Path(f)) for f in (config_files or ())]
-        layers += [env_layer(env), flag_layer(flags)]
-        return resolve(layers, PRESETS, default_preset, base=base, check_paths=check_paths, base_origin=base_origin)
+        return resolve_settings(flags, config_files, **kw)
     except ConfigError as err:
         raise typer.BadParameter(str(err)) from None
 

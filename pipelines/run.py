@@ -67,10 +67,10 @@ def resolve_run(
 ) -> Resolved:
     """A new run's config, or on --resume the stored one with what is given again (settings outside
     RESUME_MAY_CHANGE must agree with it); --resume on a folder without a run starts one. `replace`: a new run that
-    will replace the one in its folder (the caller deletes it). `resolve`: pipelines.config_cli.resolve_command.
+    will replace the one in its folder (the caller deletes it). `resolve`: pipelines.config_cli.resolve_settings.
     ConfigError (a ValueError) saying what to change."""
     if resolve is None:
-        from pipelines.config_cli import resolve_command as resolve
+        from pipelines.config_cli import resolve_settings as resolve
     if run_dir is not None:
         flags = {**flags, "run_dir": str(run_dir)}
     resolved = resolve(flags, config_files)

@@ -227,7 +227,8 @@ def test_the_three_views_of_one_run_file_agree_config_saved_and_dagster(tmp_path
     save_policy(tiny_policy, tmp_path / "ckpt")
     run = tmp_path / "run.yaml"
     run.write_text(
-        f"preset: cpu_smoke\ntrain:\n  iterations: 1\n  group_size: 4\n  seed: 3\nmodel.checkpoint: {tmp_path / 'ckpt'}\n"
+        f"preset: cpu_smoke\ntrain:\n  iterations: 1\n  group_size: 4\n  seed: 3\n"
+        f"model.checkpoint: {tmp_path / 'ckpt'}\n"
         "validation.validate_every: 1\n"
     )
     shown = RUNNER.invoke(app, ["config", "--config", str(run)], env={"COLUMNS": "300"})

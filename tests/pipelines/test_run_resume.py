@@ -2,30 +2,31 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.run import SPEC_NAME, BudgetReachedError, RunSpec, check_budget
+from pipelines.run import BudgetReachedError, check_budget, resolve_run, save_run_config
+from resources.settings.resolve import CONFIG_NAME
 
 
 def test_resume_on_a_fresh_folder_starts_the_run_and_later_continues_it(tmp_path) -> None:
-    spec = RunSpec.resolve(tmp_path / "cloud", resume=True, preset="cpu_smoke", iterations=2)
-    assert (spec.preset, spec.iterations) == ("cpu_smoke", 2)
-    spec.save()
-    again = RunSpec.resolve(tmp_path / "cloud", resume=True, preset="cpu_smoke")  # the node restarted
-    assert again == spec
-    with pytest.raises(ValueError, match="--iterations 5 .*run has 2"):
-        RunSpec.resolve(tmp_path / "cloud", resume=True, iterations=5)
+    config = resolve_run(tmp_path / "cloud", resume=True, flags={"preset": "cpu_smoke", "iterations": 2}).config
+    assert (config.preset, config.train.iterations) == ("cpu_smoke", 2)
+    save_run_config(config)
+    again = resolve_run(tmp_path / "cloud", resume=True, flags={"preset": "cpu_smoke"}).config  # the node restarted
+    assert again == config
+    with pytest.raises(ValueError, match=r"train.iterations 5 \(--iterations; the run has 2\)"):
+        resolve_run(tmp_path / "cloud", resume=True, flags={"iterations": 5})
 
 
-def test_resume_refuses_a_folder_with_a_ledger_but_no_run_spec(tmp_path) -> None:
+def test_resume_refuses_a_folder_with_a_ledger_but_no_run_config(tmp_path) -> None:
     (tmp_path / "ledger.duckdb").write_bytes(b"")
-    with pytest.raises(ValueError, match=f"holds a ledger but no {SPEC_NAME}"):
-        RunSpec.resolve(tmp_path, resume=True)
+    with pytest.raises(ValueError, match=f"holds a ledger but no {CONFIG_NAME}"):
+        resolve_run(tmp_path, resume=True, flags={})
 
 
 def test_the_spend_cap_stops_the_run_once_the_ledger_spent_it(mem_ledger) -> None:
@@ -43,9 +44,9 @@ def test_run_refuses_a_non_positive_max_usd_before_any_compute(tmp_path) -> None
         app, ["run", "--run-dir", str(tmp_path / "r"), "--max-usd", "0"], env={"COLUMNS": "300"}
     )
     assert result.exit_code == 2 and "--max-usd must be a positive" in result.output
-    assert not (tmp_path / "r" / SPEC_NAME).exists()
+    assert not (tmp_path / "r").exists()
 
 
 def test_max_usd_is_not_stored_so_a_resume_may_raise_it(tmp_path) -> None:
-    RunSpec.resolve(tmp_path, resume=True, preset="cpu_smoke").save()
-    assert "max_usd" not in json.loads((tmp_path / SPEC_NAME).read_text())
+    save_run_config(resolve_run(tmp_path, resume=True, flags={"preset": "cpu_smoke"}).config)
+    assert "max_usd" not in yaml.safe_load((tmp_path / CONFIG_NAME).read_text())

@@ -20,7 +20,9 @@ from workers.coordinator.phases import report_phase, sync_phase, validate_phase
 from workers.model.families.tiny import build_tiny_pipeline
 from workers.task.rewards import get_reward
 from workers.task.validation import validation_from_options
-from workers.trainer.presets import get_preset, model_fields_for
+from resources.settings.resolve import flag_layer, resolve
+from workers.trainer.from_config import model_spec_fields
+from workers.trainer.presets import PRESETS, get_preset
 
 PROMPTS = ("a red circle on the left", "two blue squares", "the yellow triangle")
 
@@ -35,6 +37,12 @@ def clip_spec(tmp_path_factory) -> str:
     return f"clip:{save_tiny_clip(tmp_path_factory.mktemp('clip') / 'clip')}"
 
 
+def _model_fields(qwen) -> dict:
+    """The ModelSpec fields of a cpu_smoke run on the tiny Qwen-Image folder at 32 px with a rank-4 LoRA."""
+    flags = {"preset": "cpu_smoke", "model": str(qwen), "resolution": 32, "lora_rank": 4}
+    return model_spec_fields(resolve([flag_layer(flags)], PRESETS).config)
+
+
 def _prompts_file(tmp_path):
     path = tmp_path / "heldout.txt"
     path.write_text("# held-out prompts\n" + "\n".join(PROMPTS) + "\n")
@@ -43,7 +51,7 @@ def _prompts_file(tmp_path):
 
 def test_a_model_run_validates_with_the_named_reward_on_the_given_prompts_and_says_so(qwen, clip_spec, tmp_path):
     config = dataclasses.replace(get_preset("cpu_smoke"), reward="jpeg_compressibility")
-    fields = model_fields_for("cpu_smoke", str(qwen), resolution=32, lora_rank=4)
+    fields = _model_fields(qwen)
     validation = validation_from_options(clip_spec, _prompts_file(tmp_path), config.reward, model=True)
     ctx = RunContext.local(
         tmp_path / "run", "demo", "cpu_smoke", config, checkpoint=str(qwen), model=fields, validation=validation
@@ -70,7 +78,7 @@ def test_a_model_run_validates_with_the_named_reward_on_the_given_prompts_and_sa
 
 def test_a_model_run_validates_with_its_own_reward_by_default(qwen, tmp_path):
     config = dataclasses.replace(get_preset("cpu_smoke"), reward="jpeg_compressibility")
-    fields = model_fields_for("cpu_smoke", str(qwen), resolution=32, lora_rank=4)
+    fields = _model_fields(qwen)
     validation = validation_from_options(None, _prompts_file(tmp_path), config.reward, model=True)
     ctx = RunContext.local(
         tmp_path / "run",

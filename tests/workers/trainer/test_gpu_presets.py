@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
+from resources.settings.resolve import flag_layer, resolve
 from workers.trainer.grpo_trainer import NO_REWARD
-from workers.trainer.presets import MODEL_DEFAULTS, checkpointing_by_default, get_preset
+from workers.trainer.presets import PRESETS, get_preset, preset_config
 
 GPU_PRESETS = {"sd35m_lora": "sd3", "qwen_image_lora": "qwen-image", "flux1_lora": "flux"}
 
@@ -38,7 +39,7 @@ def test_gpu_presets_carry_flow_grpos_published_settings(name):
     )
     assert grpo.kl_form == "flow_grpo"  # beta 0.04 weighs what it weighed in flow_grpo (docs/MODELS.md, the KL term)
     assert config.reward == NO_REWARD and config.prompts_per_iteration == 16  # a run names its own (--reward)
-    assert (config.rollout_batch, config.micro_batch, checkpointing_by_default(name)) == (8, 8, True)  # memory
+    assert (config.rollout_batch, config.micro_batch, preset_config(name).train.gradient_checkpointing) == (8, 8, True)
     if name == "qwen_image_lora":  # groups of 16, noise level 1.2 on a 2-step SDE window
         assert (config.group_size, config.sampler.noise_level, config.sampler.sde_window) == (16, 1.2, (0, 2))
         assert len(config.sampler.sde_steps) == 2
@@ -47,7 +48,8 @@ def test_gpu_presets_carry_flow_grpos_published_settings(name):
         assert len(config.sampler.sde_steps) == 10
     # Each preset's own model defaults: 512 px, bf16 base, its LoRA rank and guidance.
     rank, guidance = {"sd35m_lora": (32, 4.5), "qwen_image_lora": (64, 4.5), "flux1_lora": (32, 3.5)}[name]
-    assert MODEL_DEFAULTS[name] == {"resolution": 512, "lora_rank": rank, "guidance": guidance, "base_dtype": "bf16"}
+    model = preset_config(name).model
+    assert (model.resolution, model.lora_rank, model.guidance, model.base_dtype) == (512, rank, guidance, "bf16")
 
 
 @pytest.mark.parametrize("name", sorted(GPU_PRESETS))
@@ -59,27 +61,34 @@ def test_gpu_preset_batches_split_over_the_eight_gpus_the_docs_launch(name):
     check_batch_split(config.prompts_per_iteration * config.group_size, config.grpo.num_minibatches, 8)
 
 
-@pytest.mark.parametrize("name", sorted(GPU_PRESETS))
-def test_a_run_on_a_pipeline_of_the_presets_family_loads_with_its_model_defaults(pipelines, name):
+def _run(**flags):
     from assets.run_config import RunConfigResource
 
+    return RunConfigResource.of(resolve([flag_layer(flags)], PRESETS).config)
+
+
+@pytest.mark.parametrize("name", sorted(GPU_PRESETS))
+def test_a_run_on_a_pipeline_of_the_presets_family_loads_with_its_model_defaults(pipelines, name):
     folder = str(pipelines[GPU_PRESETS[name]])
     with pytest.raises(ValueError, match="names no reward: pass --reward"):
-        RunConfigResource(run="gpu", preset=name, model=folder).train_config()
+        _run(preset=name, model=folder)
     reward = "jpeg_compressibility"
-    resource = RunConfigResource(run="gpu", preset=name, model=folder, reward=reward)  # validates folder and geometry
-    assert resource.model_spec_fields() == MODEL_DEFAULTS[name]
-    assert resource.train_config() == dataclasses.replace(get_preset(name), reward=reward)
-    overridden = RunConfigResource(
-        run="gpu", preset=name, model=folder, reward=reward, lora_rank=8, resolution=256, guidance=2.0
+    resource = _run(preset=name, model=folder, reward=reward)  # validates folder and geometry
+    model = preset_config(name).model
+    fields = resource.settings.model_fields
+    assert (fields["resolution"], fields["lora_rank"], fields["guidance"], fields["base_dtype"]) == (
+        model.resolution,
+        model.lora_rank,
+        model.guidance,
+        "bf16",
     )
-    assert overridden.model_spec_fields() == {
-        **MODEL_DEFAULTS[name],
+    assert resource.train == dataclasses.replace(get_preset(name), reward=reward)
+    overridden = _run(preset=name, model=folder, reward=reward, lora_rank=8, resolution=256, guidance=2.0)
+    assert {k: overridden.settings.model_fields[k] for k in ("lora_rank", "resolution", "guidance", "base_dtype")} == {
         "lora_rank": 8,
         "resolution": 256,
         "guidance": 2.0,
+        "base_dtype": "bf16",
     }
     with pytest.raises(ValueError, match="resolution 513 must be a multiple of"):
-        RunConfigResource(
-            run="gpu", preset=name, model=folder, reward=reward, resolution=513
-        )  # not a multiple of the VAE x packing stride
+        _run(preset=name, model=folder, reward=reward, resolution=513)  # not a multiple of the VAE x packing stride
