@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from resources.settings.config import RunConfig
 from workers.coordinator.context import Sampling
@@ -26,6 +27,8 @@ SAMPLING_MODES = {
 }
 """deployment.rollouts -> how the rollout phase gets its samples where a command keeps a pool for the run (`spotlight
 run`): its pool's workers, like remote ones, already pull from the queue."""
+WORKER_LOGS = "worker_logs"
+"""In the run folder: each local worker process's stderr."""
 DAGSTER_SAMPLING_MODES = {**SAMPLING_MODES, "local_pool": "local_cluster"}
 """The same in `dagster dev`, where no command outlives a run to keep a pool: local workers start per phase."""
 
@@ -42,7 +45,8 @@ class RunConfigResource:
         """`config` checked and derived once; `sampling_mode` (inprocess, local_cluster, workers) defaults to what
         deployment.rollouts means in `spotlight run` (SAMPLING_MODES)."""
         mode = sampling_mode or SAMPLING_MODES[config.deployment.rollouts]
-        return cls(RunSettings.of(config), Sampling.of(config, mode))
+        log_dir = str(Path(config.deployment.run_dir) / WORKER_LOGS)
+        return cls(RunSettings.of(config), Sampling.of(config, mode, log_dir=log_dir))
 
     @property
     def config(self) -> RunConfig:

@@ -40,15 +40,20 @@ def resolve_settings(
     base=None,
     check_paths: bool = True,
     base_origin: str = "preset",
+    command: Optional[tuple[str, Mapping[str, Any]]] = None,
 ):
     """The `Resolved` config (resources/settings/resolve.py) of a command's flags (by field name, None: not given)
     over its `--config` files, the SPOTLIGHT_* variables in `env` and the preset (or `base`, a run's stored config,
-    for --resume); ConfigError saying what to change."""
-    from resources.settings.resolve import env_layer, file_layer, flag_layer, resolve
+    for --resume); `command`: (its name, dotted key -> value) for what the command itself fixes, applied last.
+    ConfigError saying what to change."""
+    from resources.settings.resolve import Layer, env_layer, file_layer, flag_layer, resolve
     from workers.trainer.presets import PRESETS
 
     layers = [file_layer(Path(f)) for f in (config_files or ())]
     layers += [env_layer(env), flag_layer(flags)]
+    if command is not None:
+        name, fixed = command
+        layers.append(Layer(name, dict(fixed), {key: name for key in fixed}))
     return resolve(layers, PRESETS, default_preset, base=base, check_paths=check_paths, base_origin=base_origin)
 
 

@@ -174,13 +174,14 @@ def run_cluster(config: RunConfig, resources: dict, max_usd: Optional[float] = N
             yield
             return
         from assets.context import run_context
+        from assets.run_config import WORKER_LOGS
         from workers.coordinator.worker_pool import worker_pool
 
         with worker_pool(
             run_context(**resources),
             workers.local_workers,
             workers.preemptions_per_hour,
-            log_dir=Path(config.deployment.run_dir) / "worker_logs",
+            log_dir=Path(config.deployment.run_dir) / WORKER_LOGS,
         ):
             yield
 

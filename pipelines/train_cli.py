@@ -18,6 +18,8 @@ from pipelines.settings_cli import COMMAND_KEYS, settings_options
 
 TRAIN_PRESET = "cpu_tiny_long"
 """`spotlight train`'s preset when none is named: the recipe (docs/RECIPE.md)."""
+TRAIN_FIXES = ("spotlight train", {"deployment.rollouts": "inprocess"})
+"""What `spotlight train` is, whatever a file or variable says: the trainer samples in this process."""
 RUN_FILES = ("metrics.jsonl", "ledger.duckdb", "store", "report", "policy", "config.yaml")
 """What `--out` holds after a run (`--overwrite` removes them first)."""
 
@@ -33,7 +35,7 @@ def train_command(
     **settings,
 ) -> None:
     """Synchronous GRPO post-training in this process: MiniGenEval, or --model DIR on --prompts FILE with --reward."""
-    config = resolve_command(settings, config_files, default_preset=TRAIN_PRESET).config
+    config = resolve_command(settings, config_files, default_preset=TRAIN_PRESET, command=TRAIN_FIXES).config
     from workers.coordinator.run_settings import RunSettings
 
     try:

@@ -97,3 +97,15 @@ SMOKE_CLUSTER_ARGS = (
 )
 """The default rollouts (a local cluster of spot worker processes) under preemptions: at 120 per worker-hour the
 seeded trace kills a worker within a second of the cluster being ready, then about every 30 s."""
+
+
+def run_resources(run_dir: Path, mode: str | None = None, **settings) -> dict:
+    """The Dagster resources of a run in `run_dir` with these settings (field names, as flags give them) over the
+    preset; `mode`: how rollout phases sample (inprocess, local_cluster, workers; default: what
+    deployment.rollouts means in `spotlight run`)."""
+    from pipelines.deploy import build_resources
+    from resources.settings.resolve import flag_layer, resolve
+    from workers.trainer.presets import PRESETS
+
+    config = resolve([flag_layer({"run_dir": str(run_dir), **settings})], PRESETS).config
+    return build_resources(config, mode)

@@ -9,7 +9,7 @@ from assets import ITERATION_ASSETS
 from assets.iteration import GROUP, OWNER, RUN_RESOURCES
 from assets.metadata import materialize
 from pipelines.definitions import with_env_vars
-from pipelines.deploy import build_resources
+from tests.runs import run_resources
 from workers.coordinator.explore_phases import plan_table
 from workers.coordinator.phases import PhaseResult
 from workers.explore.seed_plan import SeedPlan
@@ -40,7 +40,7 @@ def test_a_seed_plan_shows_as_a_table_with_typed_columns_not_markdown() -> None:
 def test_deployment_variables_reach_dagster_as_env_vars_resolved_at_launch(tmp_path, monkeypatch) -> None:
     queue = "redis://:s3cret@127.0.0.1:6390/0"
     env = {"SPOTLIGHT_QUEUE": queue, "SPOTLIGHT_STORE": str(tmp_path / "store")}
-    checked = build_resources(run_dir=tmp_path, queue=queue, store=env["SPOTLIGHT_STORE"], preset="cpu_smoke")
+    checked = run_resources(tmp_path, queue=queue, store=env["SPOTLIGHT_STORE"], preset="cpu_smoke")
     resources = with_env_vars(checked, env)
     assert resources["queue"].url == dg.EnvVar("SPOTLIGHT_QUEUE") and "s3cret" not in repr(resources["queue"])
     assert resources["store"].url == dg.EnvVar("SPOTLIGHT_STORE")

@@ -12,15 +12,18 @@ def touchy_run(tmp_path):
     first update of the shipped base changes the images' compressed size) and stops on a flag."""
     import torch
 
-    from pipelines.deploy import build_resources
+    from tests.runs import run_resources
 
     torch.set_num_threads(1)
-    return build_resources(
-        run_dir=tmp_path / "run",
+    return run_resources(
+        tmp_path / "run",
+        "inprocess",
         run="t",
         preset="cpu_smoke",
         iterations=2,
-        validation={"on_hacking": "stop", "hacking_max_drop": 1e-9, "hacking_max_rise": 1e-9},
+        on_hacking="stop",
+        hacking_max_drop=1e-9,
+        hacking_max_rise=1e-9,
     )
 
 

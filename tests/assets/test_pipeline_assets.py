@@ -12,13 +12,13 @@ def tiny_run(tmp_path, tiny_policy):
     """Resources of a 2-iteration cpu_smoke run on the tiny policy, in a fresh run folder."""
     import torch
 
-    from pipelines.deploy import build_resources
+    from tests.runs import run_resources
     from workers.model.tiny_policy import save_policy
 
     torch.set_num_threads(1)
     save_policy(tiny_policy, tmp_path / "tiny")
-    return build_resources(
-        run_dir=tmp_path / "run", run="t", preset="cpu_smoke", iterations=2, checkpoint=str(tmp_path / "tiny")
+    return run_resources(
+        tmp_path / "run", "inprocess", run="t", preset="cpu_smoke", iterations=2, checkpoint=str(tmp_path / "tiny")
     )
 
 
@@ -108,15 +108,15 @@ def test_a_later_iteration_without_its_predecessor_fails_with_what_to_run(tiny_r
         ("reward", "aesthetics", "unknown reward 'aesthetics'"),
         ("store", "ftp://host/x", "unsupported store URL scheme 'ftp'"),
         ("queue", "amqp://host", "unsupported queue URL scheme 'amqp'"),
-        ("rollouts", "magic", "unknown rollout mode 'magic'"),
-        ("deployment", "mars", "unknown deployment 'mars'"),
+        ("rollouts", "magic", "deployment.rollouts: Input should be 'local_pool', 'inprocess'"),
+        ("deployment", "mars", "deployment.deployment: Input should be 'local' or 'cloud'"),
     ],
 )
 def test_bad_configuration_fails_at_load_with_the_allowed_values(tmp_path, field, value, message):
-    from pipelines.deploy import DeploymentError, build_resources
+    from tests.runs import run_resources
 
-    with pytest.raises(DeploymentError, match=message):
-        build_resources(run_dir=tmp_path, **{field: value})
+    with pytest.raises(ValueError, match=message):
+        run_resources(tmp_path, **{field: value})
 
 
 def test_definitions_load_from_the_environment_and_refuse_a_bad_one(tmp_path):
@@ -144,9 +144,9 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
     import torch
 
     import resources.cluster
-    from pipelines.deploy import build_resources
     from pipelines.run_walk import materialize_iteration, run_instance
     from resources.queue.base import PASSWORD_ENV
+    from tests.runs import run_resources
     from workers.model.tiny_policy import save_policy
 
     monkeypatch.delenv(PASSWORD_ENV, raising=False)  # the URL is the only place the password is given
@@ -164,15 +164,16 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
     save_policy(tiny_policy, tmp_path / "tiny")
     run_dir = tmp_path / "run"
     secret = redis_server.password
-    run = build_resources(
-        run_dir=run_dir,
+    run = run_resources(
+        run_dir,
+        "local_cluster",
         run="t",
         preset="cpu_smoke",
         iterations=1,
         checkpoint=str(tmp_path / "tiny"),
         queue=redis_server.url(secret),
-        rollouts="local_cluster",
-        workers={"num_workers": 1, "preemptions_per_hour": 0.0, "log_dir": str(run_dir / "logs")},
+        local_workers=1,
+        preemptions_per_hour=0.0,
     )
     instance = run_instance(run_dir)  # what `spotlight run` records on (the run folder's own, on disk)
     result = materialize_iteration(instance, run, 0)
@@ -186,7 +187,7 @@ def test_a_queue_password_in_the_url_reaches_no_ledger_store_log_or_worker_comma
 
     assert commands and all(secret not in " ".join(map(str, c)) for c in commands), commands
     files = [p for p in run_dir.rglob("*") if p.is_file()]
-    assert {p.name for p in files} >= {"ledger.duckdb"} and any(p.parent.name == "logs" for p in files)
+    assert {p.name for p in files} >= {"ledger.duckdb"} and any(p.parent.name == "worker_logs" for p in files)
     assert [p for p in files if secret.encode() in p.read_bytes()] == []
     assert [r for r in instance.all_logs(result.run_id) if secret in str(r)] == []
     out, err = capfd.readouterr()
@@ -208,12 +209,11 @@ def test_sensor_requests_the_next_iteration_then_the_final_one_then_stops():
     assert next_iteration_request("demo", "it-000002", target=2) is None
 
 
-def test_the_rollout_workers_resource_carries_every_sampling_field_the_phases_read():
-    """assets/context.py builds the coordinator's Sampling from the resource by field name."""
-    import dataclasses
+def test_the_phases_sample_with_the_worker_knobs_of_the_run_config(tmp_path):
+    """The rollout phases read Sampling, made from the run's workers section: a knob set once reaches it."""
+    from tests.runs import run_resources
 
-    from resources.dagster_resources import RolloutWorkersResource
-    from workers.coordinator.context import Sampling
-
-    missing = {f.name for f in dataclasses.fields(Sampling)} - set(RolloutWorkersResource.model_fields)
-    assert not missing, f"RolloutWorkersResource lacks {sorted(missing)}"
+    run_config = run_resources(tmp_path, "local_cluster", preset="cpu_smoke", lease_s=7.0, commit_every=3)["run_config"]
+    sampling = run_config.sampling
+    assert (sampling.mode, sampling.lease_s, sampling.commit_every) == ("local_cluster", 7.0, 3)
+    assert sampling.log_dir == str(tmp_path / "worker_logs")

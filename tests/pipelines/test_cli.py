@@ -16,14 +16,14 @@ runner = CliRunner()
         (["--lr", "-0.001"], "lr"),
         (["--preset", "gpu_huge"], "unknown preset"),
         (["--iterations", "0"], "iterations"),
-        (["--rollouts-per-prompt", "4"], "rollouts_per_prompt=4 must be >= group_size=8"),
-        (["--explore-samples", "0"], "--explore-samples must be > 0"),
+        (["--rollouts-per-prompt", "4"], "train.rollouts_per_prompt=4 must be >= train.group_size=8"),
+        (["--explore-samples", "0"], "--explore-samples: explore.explore_samples: Input should be greater than 0"),
     ],
 )
 def test_train_rejects_bad_input_with_a_clear_message(args, message):
-    result = runner.invoke(app, ["train", *args])
+    result = runner.invoke(app, ["train", *args], env={"COLUMNS": "300"})
     assert result.exit_code != 0
-    assert message in result.output
+    assert message in " ".join(result.output.replace("│", " ").split())
 
 
 def test_train_refuses_to_overwrite_an_existing_run_folder(tmp_path):
@@ -88,7 +88,7 @@ def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy
             str(tmp_path / "ckpt"),
             "--out",
             str(run),
-            "--usd-per-hour",
+            "--reserved-usd-per-hour",
             "3.6",
         ],
     )

@@ -4,14 +4,13 @@ record it all."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from pipelines.cli import app
 from resources.ledger.db import query_ledger
+from resources.settings.resolve import derive
 from workers.trainer import presets
 
 
@@ -36,7 +35,8 @@ def test_the_demo_preset_runs_an_iteration_on_local_spot_workers_and_records_it(
     # code path (whole-group requests, exploration beside training, NFT update, validation, report) in a
     # fraction of the time.
     demo = presets.cpu_tiny_spot()
-    monkeypatch.setitem(presets.PRESETS, "cpu_tiny_spot", lambda: dataclasses.replace(demo, prompts_per_iteration=2))
+    two_prompts = derive(demo, "cpu_tiny_spot", train={"prompts_per_iteration": 2})
+    monkeypatch.setitem(presets.PRESETS, "cpu_tiny_spot", lambda: two_prompts)
     prompts = tmp_path / "heldout.txt"
     prompts.write_text("three red circles\ntwo purple squares\n")
     run_dir = tmp_path / "demo"

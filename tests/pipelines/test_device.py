@@ -31,11 +31,11 @@ def test_a_cuda_device_on_a_machine_without_one_is_refused_before_anything_is_wr
 
 
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:0"])
-def test_a_device_name_that_is_not_cpu_or_cuda_is_refused_at_load(device):
-    from assets.run_config import RunConfigResource
+def test_a_device_name_that_is_not_cpu_or_cuda_is_refused_at_load(device, tmp_path):
+    from tests.runs import run_resources
 
     with pytest.raises(ValueError, match="device must be cpu, cuda or cuda:N"):
-        RunConfigResource(run="demo", preset="cpu_smoke", device=device)
+        run_resources(tmp_path, preset="cpu_smoke", device=device)
 
 
 def test_the_trainer_device_reaches_the_run_context_from_the_deployment(monkeypatch, tmp_path):

@@ -36,14 +36,19 @@ def test_a_bad_guard_flag_is_refused_before_any_compute(tmp_path, command, flag,
 
 
 def test_a_resumed_run_may_change_on_hacking_and_keeps_the_other_guard_settings(tmp_path):
-    from pipelines.run import RunSpec
+    from pipelines.deploy import build_resources
+    from pipelines.run import resolve_run, save_run_config
 
-    RunSpec(str(tmp_path), preset="cpu_smoke", on_hacking="stop", hacking_z=3.0).save()
-    spec = RunSpec.resolve(tmp_path, resume=True, on_hacking="rollback", hacking_z=None)
-    guard = spec.resources()["run_config"].hacking_config()
+    save_run_config(
+        resolve_run(
+            tmp_path, resume=False, flags={"preset": "cpu_smoke", "on_hacking": "stop", "hacking_z": 3.0}
+        ).config
+    )
+    config = resolve_run(tmp_path, resume=True, flags={"on_hacking": "rollback", "hacking_z": None}).config
+    guard = build_resources(config)["run_config"].settings.hacking
     assert (guard.on_hacking, guard.rule.z) == ("rollback", 3.0)
-    with pytest.raises(ValueError, match="--hacking-z 2.0"):
-        RunSpec.resolve(tmp_path, resume=True, hacking_z=2.0)
+    with pytest.raises(ValueError, match="guard.hacking_z 2.0 "):
+        resolve_run(tmp_path, resume=True, flags={"hacking_z": 2.0})
 
 
 @pytest.mark.slow

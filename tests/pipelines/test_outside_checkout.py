@@ -117,17 +117,19 @@ def test_the_cluster_hands_its_workers_absolute_paths_and_leaves_urls_alone(else
 
 
 def test_a_relative_run_folder_means_relative_to_where_the_run_was_started(elsewhere, monkeypatch):
-    from pipelines.run import RunSpec
+    from pipelines.run import resolve_run, save_run_config
 
     monkeypatch.chdir(elsewhere)
-    spec = RunSpec.resolve(Path("rel/run"), resume=False, store="rel/store", queue="redis://host:6379/0")
-    assert (spec.run_dir, spec.store, spec.queue) == (
+    flags = {"store": "rel/store", "queue": "redis://host:6379/0"}
+    config = resolve_run(Path("rel/run"), resume=False, flags=flags).config
+    d = config.deployment
+    assert (d.run_dir, d.store, d.queue) == (
         str(elsewhere.resolve() / "rel" / "run"),
         str(elsewhere.resolve() / "rel" / "store"),
         "redis://host:6379/0",
     )
-    spec.save()
+    save_run_config(config)
     # Resumed from inside the run's parent with the same flags written relative to there: the same run.
     monkeypatch.chdir(elsewhere / "rel")
-    resumed = RunSpec.resolve(Path("run"), resume=True, store="store")
-    assert resumed == spec
+    resumed = resolve_run(Path("run"), resume=True, flags={"store": "store"}).config
+    assert resumed == config

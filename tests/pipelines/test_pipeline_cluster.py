@@ -9,20 +9,22 @@ import pytest
 def test_rollouts_through_a_local_cluster_land_in_store_and_ledger(tmp_path, tiny_policy):
     import dagster as dg
 
-    from pipelines.deploy import build_resources
     from pipelines.run_walk import materialize_iteration
     from resources.keys import rollouts_prefix
+    from tests.runs import run_resources
     from workers.model.tiny_policy import save_policy
 
     save_policy(tiny_policy, tmp_path / "tiny")
-    resources = build_resources(
-        run_dir=tmp_path / "run",
+    resources = run_resources(
+        tmp_path / "run",
+        "local_cluster",
         run="c",
         preset="cpu_smoke",
         iterations=1,
         checkpoint=str(tmp_path / "tiny"),
-        rollouts="local_cluster",
-        workers={"num_workers": 2, "num_reserved": 1, "preemptions_per_hour": 0.0, "log_dir": str(tmp_path / "logs")},
+        local_workers=2,
+        num_reserved=1,
+        preemptions_per_hour=0.0,
     )
     result = materialize_iteration(dg.DagsterInstance.ephemeral(), resources, 0)
     assert result.success

@@ -46,30 +46,37 @@ def _refused(result, message: str) -> bool:
 
 
 def test_run_refuses_a_folder_that_holds_a_run_unless_resumed(tmp_path):
-    (tmp_path / "run.json").write_text('{"run_dir": "x"}')
+    (tmp_path / "config.yaml").write_text('{"run_dir": "x"}')
     result = _invoke("--run-dir", str(tmp_path), "--preset", "cpu_smoke")
     assert result.exit_code != 0 and "--resume" in result.output
 
 
-def test_resume_refuses_flags_that_differ_from_the_stored_run(tmp_path):
-    from pipelines.run import RunSpec
+def _saved(run_dir, **flags):
+    """A run's config.yaml in `run_dir`, as `spotlight run` saves it when it starts."""
+    from pipelines.run import resolve_run, save_run_config
 
-    RunSpec(str(tmp_path), preset="cpu_smoke", iterations=2).save()
+    config = resolve_run(run_dir, resume=False, flags=flags).config
+    save_run_config(config)
+    return config
+
+
+def test_resume_refuses_flags_that_differ_from_the_stored_run(tmp_path):
+    _saved(tmp_path, preset="cpu_smoke", iterations=2)
     result = _invoke("--run-dir", str(tmp_path), "--resume", "--iterations", "5")
-    assert result.exit_code != 0 and "--iterations 5" in result.output
+    assert _refused(result, "train.iterations 5 (--iterations; the run has 2)")
 
 
 def test_resume_refuses_a_prompts_file_that_changed_since_the_run_started(tmp_path):
-    from pipelines.run import RunSpec
+    from pipelines.run import resolve_run
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red square\na blue circle\n")
-    RunSpec(str(tmp_path / "run"), preset="cpu_smoke", prompts=str(prompts)).save()
-    spec = RunSpec.resolve(tmp_path / "run", resume=True)  # the same file: the run continues
-    assert spec.prompts == str(prompts)
+    _saved(tmp_path / "run", preset="cpu_smoke", prompts=str(prompts))
+    config = resolve_run(tmp_path / "run", resume=True, flags={}).config  # the same file: the run continues
+    assert config.train.prompts == str(prompts)
     prompts.write_text("a red square\na blue circle\ntwo green triangles\n")
     with pytest.raises(ValueError, match=f"--prompts {re.escape(str(prompts))} changed since the run started"):
-        RunSpec.resolve(tmp_path / "run", resume=True)
+        resolve_run(tmp_path / "run", resume=True, flags={})
     result = _invoke("--run-dir", str(tmp_path / "run"), "--resume")  # rich wraps the long path: words only
     assert _refused(result, "changed since the run started") and _refused(result, "restore the file to continue")
     assert not (tmp_path / "run" / "ledger.duckdb").exists()  # refused before anything ran
@@ -85,9 +92,9 @@ def test_resume_refuses_a_prompts_file_that_changed_since_the_run_started(tmp_pa
         ("--store", "ftp://h/x", "store URL scheme"),
         ("--queue", "amqp://h", "queue URL scheme"),
         ("--rollouts", "magic", "--rollouts"),
-        ("--workers", "0", "--workers"),
-        ("--preemptions-per-hour", "-1", "--preemptions-per-hour"),
-        ("--explore-samples", "64", "--explore-samples (> 0, a budget in samples) is for --rollouts inprocess"),
+        ("--local-workers", "0", "workers.local_workers must be >= 1 (0 only on a Redis deployment.queue"),
+        ("--preemptions-per-hour", "-1", "--preemptions-per-hour: workers.preemptions_per_hour: Input should be"),
+        ("--explore-samples", "64", "explore.explore_samples (a budget in samples) is for deployment.rollouts inproc"),
     ],
 )
 def test_bad_flags_fail_before_any_compute(tmp_path, flag, value, message):
@@ -97,36 +104,36 @@ def test_bad_flags_fail_before_any_compute(tmp_path, flag, value, message):
 
 
 def test_the_default_run_samples_on_a_preempted_local_pool(tmp_path):
-    from pipelines.run import RunSpec
+    from pipelines.deploy import build_resources
+    from pipelines.run import resolve_run
 
-    spec = RunSpec.resolve(tmp_path / "r", resume=False)
-    assert (spec.rollouts, spec.preset) == ("local_pool", "cpu_tiny_spot")
-    config = spec.resources()["run_config"].train_config()
-    assert (
-        config.seeds_per_request == config.group_size and config.rollouts_per_prompt is None
-    )  # whole groups, explored seeds
-    assert spec.num_workers >= 2 and spec.preemptions_per_hour > 0
-    assert spec.resources()["rollout_workers"].mode == "workers"  # the run-long cluster pulls from the queue
+    config = resolve_run(tmp_path / "r", resume=False, flags={}).config
+    assert (config.deployment.rollouts, config.preset) == ("local_pool", "cpu_tiny_spot")
+    run_config = build_resources(config)["run_config"]
+    train = run_config.train
+    assert train.seeds_per_request == train.group_size and train.rollouts_per_prompt is None  # whole groups, explored
+    assert config.workers.local_workers >= 2 and config.workers.preemptions_per_hour > 0
+    assert run_config.sampling.mode == "workers"  # the run-long cluster pulls from the queue
 
 
 def test_the_run_seed_reaches_the_prompt_schedule_and_is_kept_for_resume(tmp_path):
-    from pipelines.run import RunSpec
+    from pipelines.deploy import build_resources
+    from pipelines.run import resolve_run
 
-    spec = RunSpec.resolve(tmp_path / "r", resume=False, seed=3)
-    assert spec.resources()["run_config"].train_config().seed == 3
-    spec.save()
-    assert RunSpec.resolve(tmp_path / "r", resume=True).seed == 3
-    with pytest.raises(ValueError, match="--seed 4"):
-        RunSpec.resolve(tmp_path / "r", resume=True, seed=4)
+    config = _saved(tmp_path / "r", seed=3)
+    assert build_resources(config)["run_config"].train.seed == 3
+    assert resolve_run(tmp_path / "r", resume=True, flags={}).config.train.seed == 3
+    with pytest.raises(ValueError, match="train.seed 4 "):
+        resolve_run(tmp_path / "r", resume=True, flags={"seed": 4})
 
 
 def test_overwrite_checks_every_flag_before_deleting_the_old_run(tmp_path):
     old = tmp_path / "r"
     old.mkdir()
-    (old / "run.json").write_text('{"run_dir": "x"}')
+    (old / "config.yaml").write_text('{"run_dir": "x"}')
     result = _invoke("--run-dir", str(old), "--overwrite", "--preset", "huge")
     assert _refused(result, "unknown preset")
-    assert (old / "run.json").is_file()
+    assert (old / "config.yaml").is_file()
 
 
 @pytest.mark.parametrize(
@@ -140,7 +147,7 @@ def test_overwrite_checks_every_flag_before_deleting_the_old_run(tmp_path):
 def test_overwrite_refuses_what_it_could_not_clear_cleanly(tmp_path, setup, extra, message):
     folder = tmp_path / "r"
     folder.mkdir()
-    marker = folder / ("notes.txt" if setup == "other files" else "run.json")
+    marker = folder / ("notes.txt" if setup == "other files" else "config.yaml")
     marker.write_text("{}")
     result = _invoke("--run-dir", str(folder), "--overwrite", *extra)
     assert _refused(result, message)

@@ -7,7 +7,6 @@ one backward, so weights agree to float rounding and the training stats to about
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from tests.paths import REPO_ROOT
@@ -100,8 +100,8 @@ def test_a_killed_two_rank_run_resumes_on_its_ranks_and_trains_what_one_process_
     )
     _kill_once_iteration_1_has_results(first, ranked)
     assert _ledger(ranked, "SELECT iteration, status FROM iterations ORDER BY 1")[-1] == (1, "running")
-    stored = json.loads((ranked / "run.json").read_text())
-    assert (stored["nproc"], stored["gradient_checkpointing"]) == (2, True)
+    stored = yaml.safe_load((ranked / "config.yaml").read_text())
+    assert (stored["train"]["nproc"], stored["train"]["gradient_checkpointing"]) == (2, True)
 
     resumed = _finish(_start(tmp_path, ranked, "--resume"))  # the stored --nproc 2
     assert "trainer rank 1: joined 1 update(s)" in resumed, resumed[-3000:]  # iteration 1's, redone on both ranks
@@ -171,16 +171,17 @@ def test_merged_sync_without_a_lora_fails_before_any_compute_or_file(tmp_path):
 
 
 def test_resume_keeps_the_stored_ranks_unless_given_and_the_sync_mode_always(tmp_path):
-    from pipelines.run import RunSpec
+    from pipelines.run import resolve_run, save_run_config
 
-    RunSpec.resolve(tmp_path, resume=False, preset="cpu_smoke", nproc=2, gradient_checkpointing=True).save()
-    again = RunSpec.resolve(tmp_path, resume=True)  # the node restarted with no flags
+    flags = {"preset": "cpu_smoke", "nproc": 2, "gradient_checkpointing": True}
+    save_run_config(resolve_run(tmp_path, resume=False, flags=flags).config)
+    again = resolve_run(tmp_path, resume=True, flags={}).config.train  # the node restarted with no flags
     assert (again.nproc, again.gradient_checkpointing) == (2, True)
     # Another node may have another number of GPUs: how each update is computed may change, what it computes not.
-    moved = RunSpec.resolve(tmp_path, resume=True, nproc=4, gradient_checkpointing=False)
-    assert (moved.nproc, moved.gradient_checkpointing, moved.preset) == (4, False, "cpu_smoke")
-    with pytest.raises(ValueError, match="--sync-mode 'merged' \\(run has None\\)"):
-        RunSpec.resolve(tmp_path, resume=True, sync_mode="merged")
+    moved = resolve_run(tmp_path, resume=True, flags={"nproc": 4, "gradient_checkpointing": False}).config
+    assert (moved.train.nproc, moved.train.gradient_checkpointing, moved.preset) == (4, False, "cpu_smoke")
+    with pytest.raises(ValueError, match="model.sync_mode \\(--sync-mode\\): only for a diffusers pipeline"):
+        resolve_run(tmp_path, resume=True, flags={"sync_mode": "merged"})
 
 
 @dataclass(frozen=True)
@@ -201,11 +202,11 @@ def test_the_walk_samples_in_this_process_under_its_trainer_setup(tmp_path):
     asset's step orders them to join its update: the killed run above shows rank 1 joining it.)"""
     import dagster as dg
 
-    from pipelines.run import RunSpec
     from pipelines.run_walk import _failure_text, materialize_iteration
+    from tests.runs import run_resources
     from workers.trainer.ranks import TrainerSetup, trainer_setup
 
-    resources = RunSpec.resolve(tmp_path / "r", resume=False, preset="cpu_smoke", rollouts="inprocess").resources()
+    resources = run_resources(tmp_path / "r", preset="cpu_smoke", rollouts="inprocess")
     with trainer_setup(TrainerSetup(ranks=_OrderingRanks())):
         result = materialize_iteration(dg.DagsterInstance.ephemeral(), resources, 0)
     failed = {event.step_key for event in result.all_events if event.is_step_failure}

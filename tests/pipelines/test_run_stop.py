@@ -3,7 +3,6 @@ says why and how to continue, marks the run interrupted in the ledger, and `--re
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from dagster._utils.interrupts import capture_interrupts
 from typer.testing import CliRunner
 
@@ -231,7 +231,7 @@ def test_a_second_ctrl_c_while_the_run_stops_its_workers_ends_them_at_once(tmp_p
     code, stderr = _signalled_run(
         "SIGINT",
         "phase:rollout_phase:0,cluster-stop",
-        *("run", "--run-dir", str(run_dir), "--preset", "cpu_smoke", "--workers", "2"),
+        *("run", "--run-dir", str(run_dir), "--preset", "cpu_smoke", "--local-workers", "2"),
         *("--preemptions-per-hour", "0", "--validation-prompts", str(prompts)),
     )
     outlived = _processes_naming(str(run_dir))
@@ -253,7 +253,7 @@ def test_sigterm_while_local_workers_start_stops_the_run_and_its_workers_with_a_
         str(run_dir),
         "--preset",
         "cpu_smoke",
-        "--workers",
+        "--local-workers",
         "1",
         "--preemptions-per-hour",
         "0",
@@ -269,8 +269,12 @@ def test_sigterm_while_local_workers_start_stops_the_run_and_its_workers_with_a_
     while _processes_naming(str(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _processes_naming(str(run_dir)), "a worker process outlived the stopped run"
-    stored = json.loads((run_dir / "run.json").read_text())  # what --resume continues
-    assert (stored["preset"], stored["rollouts"], stored["num_workers"]) == ("cpu_smoke", "local_pool", 1)
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())  # what --resume continues
+    assert (stored["preset"], stored["deployment"]["rollouts"], stored["workers"]["local_workers"]) == (
+        "cpu_smoke",
+        "local_pool",
+        1,
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda sig: sig.name)

@@ -4,12 +4,12 @@ reserved node's shape too: two trainer ranks, and a local worker that rank 0 alo
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 import torch
+import yaml
 
 from workers.model.families.tiny import build_tiny_pipeline
 
@@ -30,7 +30,7 @@ MERGED_RUN_ARGS = (
     "merged",
     "--reward",
     "jpeg_compressibility",
-    "--workers",
+    "--local-workers",
     "1",
     "--preemptions-per-hour",
     "0",
@@ -78,7 +78,7 @@ def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path)
     done = _run_merged(tmp_path, build_tiny_pipeline("qwen-image", tmp_path / "qwen"))
     run = tmp_path / "run"
     assert "trainer rank 1: joined 1 update(s)" in done.stderr, done.stderr[-3000:]
-    assert json.loads((run / "run.json").read_text())["sync_mode"] == "merged"
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["sync_mode"] == "merged"
 
     store = open_store(str(run / "store"))
     trained, _ = load_checkpoint(store, "run", 1)
@@ -96,11 +96,11 @@ def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path)
 
 
 def test_the_sync_mode_reaches_the_run_context_from_the_deployment_and_the_run_spec(tmp_path):
-    """SPOTLIGHT_SYNC_MODE (`dagster dev`) and --sync-mode (`spotlight run`, run.json) -> RunConfigResource ->
+    """SPOTLIGHT_SYNC_MODE (`dagster dev`) and --sync-mode (`spotlight run`, config.yaml) -> RunConfigResource ->
     RunContext.model, the ModelSpec fields every sync phase publishes with; merged without a LoRA is refused."""
     from assets.context import run_context
-    from pipelines.deploy import DeploymentError, resources_from_env
-    from pipelines.run import RunSpec
+    from pipelines.deploy import resources_from_env
+    from tests.runs import run_resources
 
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
     env = {
@@ -111,7 +111,8 @@ def test_the_sync_mode_reaches_the_run_context_from_the_deployment_and_the_run_s
         "SPOTLIGHT_SYNC_MODE": "merged",
     }
     assert run_context(**resources_from_env(env)).model["sync_mode"] == "merged"
-    spec = RunSpec(str(tmp_path / "cli"), preset="cpu_smoke", model=str(model), lora_rank=4, sync_mode="merged")
-    assert run_context(**spec.resources()).model["sync_mode"] == "merged"
-    with pytest.raises(DeploymentError, match="lora_rank > 0"):
+    flags = {"preset": "cpu_smoke", "model": str(model), "lora_rank": 4, "sync_mode": "merged"}
+    resources = run_resources(tmp_path / "cli", **flags)
+    assert run_context(**{k: v for k, v in resources.items()}).model["sync_mode"] == "merged"
+    with pytest.raises(ValueError, match="lora_rank > 0"):
         resources_from_env({**env, "SPOTLIGHT_LORA_RANK": "0"})

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from workers.model.families.tiny import build_tiny_pipeline
@@ -201,7 +202,7 @@ def test_run_samples_a_local_pipeline_on_queue_workers_through_preemptions(tmp_p
             "jpeg_compressibility",
             "--prompts",
             "prompts.jsonl",
-            "--workers",
+            "--local-workers",
             "2",
             "--preemptions-per-hour",
             "120",
@@ -229,8 +230,8 @@ def test_run_samples_a_local_pipeline_on_queue_workers_through_preemptions(tmp_p
     assert preemptions >= 1, "120 preemptions per worker-hour over the run gave none: the trace is not applied"
     assert workers >= 1 and len(set(rewards)) > 1, "every sample scored alike: the VAE decode or the seeds are wrong"
     assert len(prompts) == 2 and prompts <= {r["prompt"] for r in FREE_TEXT}
-    report = json.loads((run / "run.json").read_text())
-    assert report["model"] == str(model.resolve()) and report["lora_rank"] == 4
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["model"]["model"] == str(model.resolve()) and saved["model"]["lora_rank"] == 4
 
 
 @pytest.mark.slow

@@ -163,21 +163,22 @@ def test_a_run_on_queue_workers_explores_beside_training_and_records_it(tmp_path
     import dagster as dg
     import torch
 
-    from pipelines.deploy import build_resources
     from pipelines.run_walk import walk_iterations
+    from tests.runs import run_resources
     from workers.model.tiny_policy import PolicyConfig, build_policy, save_policy
 
     torch.set_num_threads(1)
     two_blocks = PolicyConfig(image_size=16, num_layers=2, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     save_policy(build_policy(two_blocks).eval(), tmp_path / "tiny")
-    resources = build_resources(
-        run_dir=tmp_path / "run",
+    resources = run_resources(
+        tmp_path / "run",
+        "workers",
         run="x",
         preset="cpu_smoke",
         iterations=2,
         checkpoint=str(tmp_path / "tiny"),
-        rollouts="workers",
-        workers={"num_workers": 1, "timeout_s": 300},
+        local_workers=1,
+        rollout_timeout_s=300,
     )
     with open_queue(resources["queue"].url) as worker_queue:
         loop, _ = _worker_loop(worker_queue, resources["store"].get_store())

@@ -14,13 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
+from resources.settings.resolve import flag_layer, resolve
 from tests.workers.task.test_rewards_clip import save_tiny_clip
 from workers.coordinator.context import RunContext
 from workers.coordinator.phases import report_phase, sync_phase, validate_phase
 from workers.model.families.tiny import build_tiny_pipeline
 from workers.task.rewards import get_reward
 from workers.task.validation import validation_from_options
-from resources.settings.resolve import flag_layer, resolve
 from workers.trainer.from_config import model_spec_fields
 from workers.trainer.presets import PRESETS, get_preset
 

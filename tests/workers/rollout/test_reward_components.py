@@ -153,10 +153,11 @@ def test_a_queue_worker_refuses_a_zscored_multi_reward_before_sampling(rollout_s
 
 
 def test_a_run_on_queue_workers_refuses_a_zscored_reward_before_any_compute(tmp_path) -> None:
-    from pipelines.deploy import DeploymentError, build_resources
+    from pipelines.deploy import DeploymentError
+    from tests.runs import run_resources
 
     for mode in ("workers", "local_cluster"):
         with pytest.raises(DeploymentError, match="normalize=zscore.*normalize=none with queue workers"):
-            build_resources(run_dir=tmp_path / mode, preset="cpu_smoke", reward=ZSCORED, rollouts=mode)
+            run_resources(tmp_path / mode, mode, preset="cpu_smoke", reward=ZSCORED)
     # In-process rollouts are scored by the trainer over the whole iteration: z-scoring means what it says there.
-    build_resources(run_dir=tmp_path / "inprocess", preset="cpu_smoke", reward=ZSCORED, rollouts="inprocess")
+    run_resources(tmp_path / "inprocess", "inprocess", preset="cpu_smoke", reward=ZSCORED)

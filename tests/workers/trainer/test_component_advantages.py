@@ -48,12 +48,14 @@ def test_both_commands_refuse_per_component_advantages_of_a_single_reward(tmp_pa
     assert not (tmp_path / "r" / "ledger.duckdb").exists()
 
 
-def test_spotlight_run_keeps_the_advantage_in_its_spec_and_its_train_config(tmp_path):
-    from pipelines.run import RunSpec
+def test_spotlight_run_keeps_the_advantage_in_its_config_and_its_train_config(tmp_path):
+    from pipelines.deploy import build_resources
+    from pipelines.run import resolve_run, save_run_config
 
-    RunSpec(str(tmp_path), preset="cpu_smoke", reward=MULTI, advantage="per-component").save()
-    spec = RunSpec.resolve(tmp_path, resume=True)
-    assert spec.resources()["run_config"].train_config().grpo.advantage == "per-component"
+    flags = {"preset": "cpu_smoke", "reward": MULTI, "advantage": "per-component"}
+    save_run_config(resolve_run(tmp_path, resume=False, flags=flags).config)
+    config = resolve_run(tmp_path, resume=True, flags={}).config
+    assert build_resources(config)["run_config"].train.grpo.advantage == "per-component"
 
 
 def test_the_trainer_normalises_each_component_within_its_group_and_trains_on_it(tiny_policy):
