@@ -29,6 +29,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # Two test processes (pytest-xdist): a test file, and every reader of the session's shared runs, stay in one
 # (tests/conftest.py's scheduler).

@@ -18,7 +18,7 @@ from typing import Mapping
 import dagster as dg
 
 from assets import ITERATION_ASSETS
-from pipelines.deploy import resources_from_env
+from pipelines.deploy import definitions_resources
 from pipelines.sensors import iteration_job, next_iteration
 from resources.dagster_resources import with_env_var
 
@@ -45,5 +45,5 @@ defs = dg.Definitions(
     assets=ITERATION_ASSETS,
     jobs=[iteration_job],
     sensors=[next_iteration],
-    resources=with_env_vars(resources_from_env()),
+    resources=with_env_vars(definitions_resources()),
 )

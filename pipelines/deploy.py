@@ -93,9 +93,15 @@ def dagster_mode(config: RunConfig) -> str:
 
 
 def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:
-    """What `dagster dev` loads: the resolved deployment's resources (checked now), with `run_config` the
-    launchpad's: its schema is the tree's sections, its defaults the resolved values; a launched run's config is
-    checked again and saved as `<run-dir>/config.yaml`."""
+    """The resources of the run `dagster dev` would run (checked now), as `build_resources` makes them."""
+    config = resolve_env(env).config
+    return build_resources(config, dagster_mode(config))
+
+
+def definitions_resources(env: Mapping[str, str] = os.environ) -> dict:
+    """What `dagster dev` loads: `resources_from_env`, with `run_config` the launchpad's: its schema is the tree's
+    sections, its defaults the resolved values; a launched run's config is checked again and saved as
+    `<run-dir>/config.yaml`."""
     import dagster as dg
 
     from resources.dagster_resources import tree_schema

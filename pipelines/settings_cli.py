@@ -40,7 +40,7 @@ def cli_type(leaf: Leaf) -> Any:
     if leaf.is_path:
         inner = Path
     elif typing.get_origin(inner) is tuple and typing.get_args(inner)[-1] is Ellipsis:
-        inner = list[typing.get_args(inner)[0]]
+        inner = list.__class_getitem__(typing.get_args(inner)[0])
     return Optional[inner]
 
 
@@ -62,7 +62,7 @@ def option_parameter(leaf: Leaf) -> inspect.Parameter:
 def _refuse_renamed(old: str, new: str) -> Callable:
     def callback(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
         if value is not None:
-            raise typer.BadParameter(f"{old} was renamed {new}; pass that instead", ctx=ctx, param=param)
+            raise typer.BadParameter(f"{old} was renamed {new}; pass that instead")  # click names the option
         return value
 
     return callback

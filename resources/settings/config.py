@@ -38,7 +38,13 @@ DeploymentKind = Literal["local", "cloud"]
 
 
 def _path(help_: str) -> dict:
+    """A local file or folder: made absolute when resolved (workers and a --resume elsewhere find the same one)."""
     return {"description": help_, "json_schema_extra": {"path": True}}
+
+
+def _url(help_: str) -> dict:
+    """A URL or a local path: a path is made absolute when resolved, a URL kept as it is."""
+    return {"description": help_, "json_schema_extra": {"url": True}}
 
 
 class Section(BaseModel):
@@ -283,10 +289,10 @@ class DeploymentSection(Section):
         "runs/run", **_path("Run folder: config.yaml, ledger.duckdb, report/, and the store and queue by default.")
     )
     run: Optional[str] = Field(None, description="Run name: the store prefix and ledger run id (unset: the folder's).")
-    store: Optional[str] = Field(None, **_path("Tensor store: a folder or s3://bucket/prefix (unset: RUN_DIR/store)."))
+    store: Optional[str] = Field(None, **_url("Tensor store: a folder or s3://bucket/prefix (unset: RUN_DIR/store)."))
     queue: Optional[str] = Field(
         None,
-        **_path(
+        **_url(
             "Request queue: a SQLite file or redis(s)://host:port/db (unset: RUN_DIR/queue.db); the Redis password "
             "in SPOTLIGHT_REDIS_PASSWORD(_FILE), not here."
         ),
@@ -355,7 +361,7 @@ class RunConfig(BaseModel):
 
 
 SECTIONS: dict[str, type[Section]] = {
-    name: info.annotation  # type: ignore[misc]
+    name: info.annotation
     for name, info in RunConfig.model_fields.items()
     if isinstance(info.annotation, type) and issubclass(info.annotation, Section)
 }

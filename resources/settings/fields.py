@@ -62,6 +62,11 @@ class Leaf:
         return isinstance(extra, dict) and bool(extra.get("path"))
 
     @property
+    def is_url(self) -> bool:
+        extra = self.info.json_schema_extra
+        return isinstance(extra, dict) and bool(extra.get("url"))
+
+    @property
     def inner(self) -> Any:
         """The type without Optional."""
         annotation = self.annotation

@@ -298,7 +298,7 @@ def _absolute_paths(config: RunConfig, origins: Mapping[str, str]) -> RunConfig:
     changed = False
     for key, leaf in LEAVES.items():
         value = get_value(config, key)
-        if leaf.is_path and isinstance(value, str):
+        if (leaf.is_path or leaf.is_url) and isinstance(value, str):
             absolute = absolute_url(value)
             if absolute != value:
                 data[leaf.section][leaf.name] = absolute  # type: ignore[index]
@@ -307,10 +307,15 @@ def _absolute_paths(config: RunConfig, origins: Mapping[str, str]) -> RunConfig:
 
 
 def _check_applies(config: RunConfig, origins: Mapping[str, str]) -> None:
-    """A model-only field set by a file, variable or flag is refused when no diffusers pipeline is trained."""
+    """A model-only field given a value of its own by a file, variable or flag is refused when no diffusers pipeline
+    is trained."""
     if config.model.model is not None:
         return
-    given = [k for k in (f"model.{n}" for n in MODEL_ONLY_FIELDS) if origins.get(k, PRESET_ORIGIN) != PRESET_ORIGIN]
+    given = [
+        k
+        for k in (f"model.{n}" for n in MODEL_ONLY_FIELDS)
+        if origins.get(k, PRESET_ORIGIN) != PRESET_ORIGIN and get_value(config, k) != LEAVES[k].default
+    ]  # a whole saved tree (config.yaml) names every field, at its default where it does not apply
     if given:
         where = ", ".join(f"{k} ({origins[k]})" for k in given)
         raise ConfigError(

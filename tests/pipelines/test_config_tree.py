@@ -229,7 +229,7 @@ def test_the_three_views_of_one_run_file_agree_config_saved_and_dagster(tmp_path
     run.write_text(
         f"preset: cpu_smoke\ntrain:\n  iterations: 1\n  group_size: 4\n  seed: 3\n"
         f"model.checkpoint: {tmp_path / 'ckpt'}\n"
-        "validation.validate_every: 1\n"
+        "validation.validate_every: 1\ndeployment.rollouts: inprocess  # what spotlight train does\n"
     )
     shown = RUNNER.invoke(app, ["config", "--config", str(run)], env={"COLUMNS": "300"})
     assert shown.exit_code == 0, shown.output
@@ -242,9 +242,9 @@ def test_the_three_views_of_one_run_file_agree_config_saved_and_dagster(tmp_path
     assert saved == printed
     assert oct((out / "config.yaml").stat().st_mode & 0o777) == "0o600"
 
-    from pipelines.deploy import resources_from_env
+    from pipelines.deploy import definitions_resources
 
-    definition = resources_from_env({"SPOTLIGHT_CONFIG": str(run)})["run_config"]
+    definition = definitions_resources({"SPOTLIGHT_CONFIG": str(run)})["run_config"]
     defaults = {
         name: field.default_value for name, field in definition.config_schema.as_field().config_type.fields.items()
     }  # noqa: E501
@@ -254,10 +254,10 @@ def test_the_three_views_of_one_run_file_agree_config_saved_and_dagster(tmp_path
 def test_the_launchpad_shows_the_trees_sections_and_a_launched_config_is_checked(tmp_path):
     import dagster as dg
 
-    from pipelines.deploy import resources_from_env
+    from pipelines.deploy import definitions_resources
 
     env = {"SPOTLIGHT_PRESET": "cpu_smoke", "SPOTLIGHT_RUN_DIR": str(tmp_path), "SPOTLIGHT_ROLLOUTS": "inprocess"}
-    definition = resources_from_env(env)["run_config"]
+    definition = definitions_resources(env)["run_config"]
     fields = definition.config_schema.as_field().config_type.fields
     assert list(fields) == ["preset", "model", "train", "sampling", "explore", "validation", "guard", "workers",
                             "deployment"]  # fmt: skip

@@ -57,6 +57,7 @@ def dagster_dev(tmp_path_factory):
         "SPOTLIGHT_RUN": "ui",
         "SPOTLIGHT_PRESET": "cpu_smoke",
         "SPOTLIGHT_ITERATIONS": "1",
+        "SPOTLIGHT_ROLLOUTS": "inprocess",
         "SPOTLIGHT_CHECKPOINT": str(tmp_path / "tiny"),
         "OMP_NUM_THREADS": "1",
         # On a saturated CPU the code server needs more than the default 60 s to launch a run.

@@ -25,7 +25,11 @@ def _said(result, message: str) -> bool:
     [
         ("--on-hacking", "ignore", "'ignore' is not one of 'warn', 'stop', 'rollback'"),
         ("--hacking-window", "0", "window"),
-        ("--rollback-lr-scale", "2", "--rollback-lr-scale must be <= 1, got 2"),
+        (
+            "--rollback-lr-scale",
+            "2",
+            "--rollback-lr-scale: guard.rollback_lr_scale: Input should be less than or equal to 1",
+        ),
     ],
 )
 def test_a_bad_guard_flag_is_refused_before_any_compute(tmp_path, command, flag, value, message):

@@ -134,9 +134,9 @@ def _invoke(*args: str):
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["--nproc", "0"], "--nproc must be >= 1"),
+        (["--nproc", "0"], "--nproc: train.nproc: Input should be greater than or equal to 1"),
         (["--preset", "cpu_smoke", "--nproc", "16"], "cannot be split over 16 ranks"),  # 8 samples per minibatch
-        (["--sync-mode", "merged"], "sync_mode: only for a diffusers pipeline"),
+        (["--sync-mode", "merged"], "model.sync_mode (--sync-mode): only for a diffusers pipeline"),
     ],
 )
 def test_bad_ranks_or_sync_mode_fail_before_any_compute_or_file(tmp_path, args, says):

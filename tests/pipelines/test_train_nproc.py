@@ -122,7 +122,7 @@ def test_two_trainer_processes_train_the_run_one_process_trains(tmp_path, smoke_
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["--nproc", "0"], "--nproc must be >= 1"),
+        (["--nproc", "0"], "--nproc: train.nproc: Input should be greater than or equal to 1"),
         (["--nproc", "16"], "cannot be split over 16 ranks"),  # cpu_smoke trains 8 samples per minibatch
     ],
 )

@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from resources.settings.config import RunConfig
 from workers.algo.grpo import GRPOConfig
@@ -92,7 +92,7 @@ def model_spec_fields(config: RunConfig) -> Optional[dict]:
     m = config.model
     if m.model is None:
         return None
-    fields = {
+    fields: dict[str, Any] = {
         "resolution": m.resolution,
         "lora_rank": m.lora_rank,
         "lora_alpha": m.lora_alpha,
