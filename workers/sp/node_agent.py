@@ -36,6 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from workers.rollout.config import KNOBS
 from workers.sp.node_groups import GroupRunner, SPRequest, state_from_wire
 from workers.sp.node_worker import worker_main
 from workers.sp.shared_weights import unlink_segment
@@ -55,7 +56,7 @@ class AgentConfig:
     """Commit key of the pixel policy's weights (a tensor dict of its state_dict); None on the product path."""
     device: str = "cpu"
     """Product path: "cpu", or "cuda" (worker k of the node gets a GPU of its own, the lowest index free)."""
-    commit_every: int = 2
+    commit_every: int = KNOBS.commit_every
     """Denoising steps between committed states of an in-flight request."""
     threads_per_worker: int = 1
     join_timeout_s: float = 120.0
