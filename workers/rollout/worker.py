@@ -8,9 +8,9 @@ PULSE, samples with per-step log-probs, commits the in-flight state every
 `commit_every` steps (the run's config.yaml, `--config`, or `--commit-every`), and on
 completion commits the result and acks. SIGTERM (or a cloud preemption notice, see
 `--preemption-notice`) commits the state at once, gives the request back to the queue and
-exits 0; after a SIGKILL the lease expires and another worker resumes from the last commit. Progress goes to stdout as JSON Lines (one event
-per line: ready, claim, step, commit, done, preempted, lost, failed, exit), which the
-local cluster reads to keep the ledger.
+exits 0; after a SIGKILL the lease expires and another worker resumes from the last commit.
+Progress goes to stdout as JSON Lines (one event per line: ready, claim, step, commit,
+done, preempted, lost, failed, exit), which the local cluster reads to keep the ledger.
 """
 
 from __future__ import annotations
