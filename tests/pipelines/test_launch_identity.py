@@ -33,9 +33,9 @@ def test_launch_with_a_role_needs_no_aws_keys_and_every_request_carries_the_remo
 ) -> None:
     for key in AWS_KEYS:
         monkeypatch.delenv(key)
-    refused = _invoke("launch", "--workers", "2", "--store", "s3://b/p")  # the default ships keys: they are needed
+    refused = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")  # the default ships keys: they are needed
     assert refused.exit_code == 1 and "AWS_ACCESS_KEY_ID" in refused.output and "--aws-identity" in refused.output
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--aws-identity", "role:spotlight-nodes")
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p", "--aws-identity", "role:spotlight-nodes")
     assert result.exit_code == 0, result.output
     assert fake_sky.submitted == ["launch", "jobs.launch", "jobs.launch"]
     assert fake_sky.identities == [
@@ -48,7 +48,7 @@ def test_launch_with_a_role_needs_no_aws_keys_and_every_request_carries_the_remo
 
 
 def test_the_default_ships_the_keys_and_leaves_skypilots_identity_alone(fake_sky, reserved_redis) -> None:
-    assert _invoke("launch", "--workers", "1", "--store", "s3://b/p").exit_code == 0
+    assert _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p").exit_code == 0
     assert [identity for _, identity in fake_sky.identities] == [None, None]
     for _, (task, _), _ in fake_sky.calls:
         assert {k: task.secrets[k].get_secret_value() for k in AWS_KEYS} == {k: SECRETS[k] for k in AWS_KEYS}
@@ -56,5 +56,5 @@ def test_the_default_ships_the_keys_and_leaves_skypilots_identity_alone(fake_sky
 
 @pytest.mark.parametrize("identity", ["role:", "role:bad name", "iam", "keys:x"])
 def test_an_identity_it_cannot_use_is_refused_before_anything_is_submitted(fake_sky, identity) -> None:
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--aws-identity", identity)
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--aws-identity", identity)
     assert result.exit_code == 2 and "--aws-identity must be one of" in result.output and not fake_sky.calls

@@ -29,12 +29,12 @@ def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the
             offer("GCP", "a3-highgpu-1g", "H100", 1, 5.38, 2.53),
         ],
     }
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
     (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
     assert float(task.envs["USD_PER_HOUR"]) == 2.53 and "a3-highgpu-1g on GCP" in result.output
     fake_sky.catalog, fake_sky.calls = None, []
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--gpu", "L4,A10G")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--gpu", "L4,A10G")
     (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
     assert "priced from the price table" in result.output
     assert float(task.envs["USD_PER_HOUR"]) == pytest.approx(
@@ -94,12 +94,12 @@ def test_the_reserved_node_is_priced_as_launched_with_the_jobs_controller_and_ha
     from tests.pipelines.sky_blocks import stub_run
 
     fake_sky.clouds, fake_sky.catalog, fake_sky.controller = ["AWS", "GCP"], CATALOG, CONTROLLER
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
     assert float(_reserved(fake_sky).envs["RESERVED_USD_PER_HOUR"]) == pytest.approx(0.71 + 0.192)
     assert "g2-standard-4 on GCP" in result.output and "jobs controller m6i.xlarge on aws" in result.output
     fake_sky.calls.clear()
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--reserved-gpus", "H100:8")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--reserved-gpus", "H100:8")
     assert result.exit_code == 0, result.output
     reserved = _reserved(fake_sky)
     ((resources),) = reserved.resources
@@ -116,7 +116,7 @@ def test_without_the_catalog_the_reserved_node_is_priced_from_the_table_and_a_st
     from resources.cloud.tasks import CONTROLLER_FALLBACK
     from resources.prices import PriceTable
 
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--reserved-gpus", "A100:2")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--reserved-gpus", "A100:2")
     assert result.exit_code == 0, result.output
     expected = PriceTable().usd_per_hour("A100", spot=False, num_gpus=2)[0] + CONTROLLER_FALLBACK[0]
     assert float(_reserved(fake_sky).envs["RESERVED_USD_PER_HOUR"]) == pytest.approx(expected)
