@@ -8,20 +8,20 @@ import json
 
 import pytest
 
-from tests.pipelines.sky_fakes import PASSWORD, SECRETS, served_task
+from tests.pipelines.sky_fakes import PASSWORD, SECRETS, launch_plan, served_task
 from tests.pipelines.sky_fakes import invoke as _invoke
 
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
 @pytest.mark.parametrize("identity", ["role:spotlight-nodes", "service-account"])
-def test_with_an_instance_role_no_task_declares_or_carries_the_aws_keys(identity) -> None:
-    from resources.cloud import LaunchPlan, plan_tasks, with_run_tls
+def test_with_an_instance_role_no_task_declares_or_carries_the_aws_keys(identity, tmp_path) -> None:
+    from resources.cloud import plan_tasks, ship_run_config, with_run_tls
     from resources.queue.redis_tls import make_run_tls
 
-    plan = LaunchPlan(workers=2, store="s3://b/p", aws_identity=identity)
+    plan = launch_plan(spot_workers=2, aws_identity=identity)
     secrets = with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": PASSWORD}, make_run_tls())
-    for task in plan_tasks(plan, secrets, "rediss://w@10.0.0.7:6379/0"):
+    for task in plan_tasks(plan, secrets, ship_run_config(plan, tmp_path), "rediss://w@10.0.0.7:6379/0"):
         served = served_task(task)  # SkyPilot's round trip and secret resolution accept it: nothing left unresolved
         assert not set(AWS_KEYS) & (set(served.secrets) | set(served.envs)) and not served.managed_secret_refs
         assert "SPOTLIGHT_REDIS_PASSWORD" in served.secrets
