@@ -37,3 +37,23 @@ def test_a_launch_submits_the_same_run_config_file_to_the_reserved_node_and_ever
     assert not {"PRESET", "ITERATIONS", "MODEL", "LEASE_S", "COMMIT_EVERY", "DEVICE"} & {
         name for task in tasks for name in task.envs
     }
+
+
+def test_launch_reads_every_run_settings_flag_against_the_tree_as_spotlight_run_does() -> None:
+    """Flags launch does not declare: a value after the flag or after `=`, a switch and its `--no-` form, a pair;
+    each remembered as its flag (what `spotlight config` would say set it)."""
+    from pipelines.launch_cli import resolve_launch_run, run_settings
+
+    args = ["--lease-s=7", "--group-size", "4", "--no-explore", "--gradient-checkpointing", "--sde-window", "0,2"]
+    layer = run_settings(args)
+    assert layer.where == {
+        "workers.lease_s": "--lease-s",
+        "train.group_size": "--group-size",
+        "explore.explore": "--explore",
+        "train.gradient_checkpointing": "--gradient-checkpointing",
+        "sampling.sde_window": "--sde-window",
+    }
+    run = resolve_launch_run(None, ["--store", "s3://b/p", *args], {})
+    assert (run.workers.lease_s, run.train.group_size, run.explore.explore) == (7.0, 4, False)
+    assert run.train.gradient_checkpointing and run.sampling.sde_window == (0, 2) and run.train.device == "cuda"
+    assert resolve_launch_run(None, ["--store", "s3://b/p", "--device", "cpu"], {}).train.device == "cpu"
