@@ -155,6 +155,7 @@ def launch_command(
             aws_identity=aws_identity,
             env_cache=env_cache,
         )
+        placed_run_config(plan)  # what the cloud decides must hold with the run's other settings
         _check_sp_against_model(plan)
         _check_reward_chosen(plan)
     except (ConfigError, ValueError) as err:
@@ -245,13 +246,17 @@ def _bool_names() -> set[str]:
 
 
 def _check_node_paths(layers) -> None:
-    """ConfigError naming a relative path setting: a node reads it at that same path, so it must be absolute."""
+    """ConfigError naming a relative path setting: a node reads it at that same path, so it must be absolute (the
+    run folder excepted: the launch places the node's own)."""
+    from resources.cloud.tasks import CLOUD_PLACED
     from resources.settings.fields import LEAVES
     from resources.settings.resolve import ConfigError
 
     for layer in layers:
         for key, value in layer.values.items():
-            if LEAVES[key].is_path and isinstance(value, str) and "://" not in value and not value.startswith("/"):
+            if key in CLOUD_PLACED or not LEAVES[key].is_path:
+                continue
+            if isinstance(value, str) and "://" not in value and not value.startswith("/"):
                 raise ConfigError(
                     f"{layer.where[key]}: {key} {value!r} must be an absolute path: every node reads it at that "
                     "same path"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+from pydantic import ValidationError
 
 import sky
 from resources.cloud.plan import CloudError, LaunchPlan
@@ -31,6 +32,17 @@ SECRET_NAMES = (PASSWORD_ENV, *AWS_KEYS)
 CHECKOUT = Path(__file__).resolve().parents[2]
 """The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
 SKY_DIR = CHECKOUT / "sky"
+CLOUD_PLACED = (
+    "deployment.deployment",
+    "deployment.queue",
+    "deployment.run_dir",
+    "deployment.ledger",
+    "deployment.rollouts",
+    "deployment.reserved_usd_per_hour",
+    "workers.preemptions_per_hour",
+    "workers.local_workers",
+)
+"""The run settings a launch decides over the run's own (`placed_run_config`; local_workers only with a model)."""
 NODE_QUEUE = f"rediss://127.0.0.1:{REDIS_PORT}/0"
 """The coordinator's queue on the reserved node: the Redis its run line starts (password from the node's secret)."""
 RUN_CONFIG_ENV = "RUN_CONFIG"
@@ -132,7 +144,14 @@ def placed_run_config(plan: LaunchPlan, reserved_usd_per_hour: float | None = No
         "rollouts": "local_pool",
         "reserved_usd_per_hour": round(reserved_usd_per_hour, 6),
     }
-    return derive(run, run.preset, deployment=deployment, workers=workers)
+    try:
+        return derive(run, run.preset, deployment=deployment, workers=workers)
+    except ValidationError as err:
+        placed = ", ".join(f"deployment.{k} {v!r}" for k, v in deployment.items() if k != "reserved_usd_per_hour")
+        why = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+        raise ValueError(
+            f"a cloud run has {placed}, {', '.join(f'workers.{k} {v!r}' for k, v in workers.items())}: {why}"
+        ) from None
 
 
 def node_run_dir() -> str:

@@ -312,6 +312,10 @@ def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_expo
         (["--store", "s3://b/p", "--model", "models/qwen"], "model.model 'models/qwen' must be an absolute path"),
         (["--store", "s3://b/p", "--group-sise", "4"], "unknown key 'group-sise'; did you mean"),
         (["--store", "s3://b/p", "--group-size", "1"], "train.group_size: Input should be greater than or equal to 2"),
+        (
+            ["--store", "s3://b/p", "--rollouts", "inprocess", "--explore-samples", "8"],
+            "a cloud run has deployment.deployment 'cloud'",
+        ),
         (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
         (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
         (["--store", "s3://b/p", "--reserved-gpus", "H100:0"], "--reserved-gpus must be NAME[:COUNT]"),
@@ -338,6 +342,7 @@ train:
   iterations: 3
 workers.lease_s: 7
 workers.commit_every: 3
+deployment.run_dir: runs/mine
 """
 PLACED = {
     "deployment.deployment": "cloud",
