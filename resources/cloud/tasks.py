@@ -162,7 +162,8 @@ def node_run_dir() -> str:
 def ship_run_config(plan: LaunchPlan, folder: Path, reserved_usd_per_hour: float | None = None) -> Path:
     """Write the tree the nodes run (`placed_run_config`) to `folder`/run_config.yaml, readable by this user only;
     the file every task mounts."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for missing in reversed([f for f in (folder, *folder.parents) if not f.exists()]):
+        missing.mkdir(mode=0o700, exist_ok=True)  # every folder made here is this user's only, as the TLS files'
     path = folder / RUN_CONFIG_NAME
     text = to_yaml(placed_run_config(plan, reserved_usd_per_hour))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
