@@ -25,6 +25,7 @@ from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
 from resources.cluster.preemption import poisson_trace
 from resources.ledger import Ledger
 from workers.coordinator.context import RunContext
+from workers.rollout.config import load_run_config
 
 POOL_LIFETIME_S = 6 * 3600
 """Longest a pool runs (and the length of its preemption trace)."""
@@ -57,14 +58,15 @@ def worker_pool(
     run_config: Path | None = None,
 ) -> Iterator[None]:
     """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends. With
-    `run_config` (the run's saved config.yaml) the workers and the pool take their knobs from that file; without,
-    from the run's sampling settings."""
+    `run_config` (the run's saved config.yaml) the workers and the pool take their knobs (commit_every, lease_s,
+    restart_delay_s, notice_share, spot_usd_per_hour, ...) from that file's `workers` section; without, from the
+    run's sampling settings."""
     if ctx.queue_url is None:
         raise ValueError("a worker pool needs the run's queue: give the run a queue URL")
-    sampling, session = ctx.sampling, pool_session(ctx.ledger)
+    knobs = ctx.sampling if run_config is None else load_run_config(run_config).workers
+    session = pool_session(ctx.ledger)
     slots = [
-        WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=sampling.spot_usd_per_hour)
-        for i in range(num_workers)
+        WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=knobs.spot_usd_per_hour) for i in range(num_workers)
     ]
     where = {"log_dir": None if log_dir is None else str(log_dir), "nice": POOL_NICE}
     if run_config is not None:
@@ -73,16 +75,16 @@ def worker_pool(
         config = ClusterConfig(
             ctx.queue_url,
             ctx.store_url,
-            commit_every=sampling.commit_every,
-            lease_s=sampling.lease_s,
-            restart_delay_s=sampling.restart_delay_s,
+            commit_every=knobs.commit_every,
+            lease_s=knobs.lease_s,
+            restart_delay_s=knobs.restart_delay_s,
             **where,
         )
     trace = poisson_trace(
         [s.name for s in slots],
         rate_per_hour=preemptions_per_hour,
         duration_s=POOL_LIFETIME_S,
-        notice_share=sampling.notice_share,
+        notice_share=knobs.notice_share,
         seed=session,
     )
     stop = threading.Event()
