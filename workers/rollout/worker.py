@@ -147,7 +147,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--notice-exit-code must lie in 0-255, got {args.notice_exit_code}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    args.model = args.model or None  # MODEL="" in a SkyPilot task: the pixel policy
+    args.model = args.model or None  # --model "": the pixel policy
     if args.model is not None:
         check_model_folder(args.model)
 
@@ -165,9 +165,9 @@ def check_model_folder(model: str) -> None:
         )
     if not (Path(model) / "model_index.json").is_file():
         raise ValueError(
-            f"--model {model}: no diffusers pipeline on this node (no model_index.json there); mount the "
-            "weights at that path (SkyPilot file_mounts, e.g. spotlight launch --model-source "
-            "s3://bucket/path), or leave MODEL empty for the pixel policy"
+            f"--model {model} (or the run config's model.model): no diffusers pipeline on this node (no "
+            "model_index.json there); mount the weights at that path (SkyPilot file_mounts, e.g. spotlight launch "
+            "--model-source s3://bucket/path), or leave model.model unset for the pixel policy"
         )
 
 

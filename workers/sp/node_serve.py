@@ -104,7 +104,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--usd-per-hour must be >= 0, got {args.usd_per_hour}")
     if not args.notice_interval_s > 0 or not 0 <= args.notice_exit_code <= 255:
         raise ValueError("--notice-interval-s must be > 0 and --notice-exit-code in 0-255")
-    args.model = args.model or None  # MODEL="" in a SkyPilot task: the pixel policy
+    args.model = args.model or None  # --model "": the pixel policy
     if args.model is not None:
         check_model_folder(args.model)
 
