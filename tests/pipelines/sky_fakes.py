@@ -273,7 +273,7 @@ def node_queue(node: NodeRedis, monkeypatch):
 def launch_plan(*flags: str, spot_workers: int = 1, **cloud):
     """A LaunchPlan as `spotlight launch --spot-workers N --store s3://b/p FLAGS` makes it: the run settings' flags
     resolved against the config tree (the launch's defaults, no file, no variables), the cloud's options as given."""
-    from pipelines.launch_cli import resolve_launch_run
+    from pipelines.launch_config import resolve_launch_run
     from resources.cloud import LaunchPlan
 
     run = resolve_launch_run(None, ["--store", "s3://b/p", *flags], {})

@@ -396,7 +396,7 @@ def test_a_lease_set_once_in_run_yaml_reaches_the_spot_workers_command_through_t
     import os
     import shutil
 
-    from pipelines.launch_cli import resolve_launch_run
+    from pipelines.launch_config import resolve_launch_run
     from resources.cloud import LaunchPlan, plan_tasks, ship_run_config, with_run_tls
     from resources.queue.redis_tls import make_run_tls
     from tests.pipelines.sky_blocks import stub_run

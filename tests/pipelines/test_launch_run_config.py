@@ -42,7 +42,7 @@ def test_a_launch_submits_the_same_run_config_file_to_the_reserved_node_and_ever
 def test_launch_reads_every_run_settings_flag_against_the_tree_as_spotlight_run_does() -> None:
     """Flags launch does not declare: a value after the flag or after `=`, a switch and its `--no-` form, a pair;
     each remembered as its flag (what `spotlight config` would say set it)."""
-    from pipelines.launch_cli import resolve_launch_run, run_settings
+    from pipelines.launch_config import resolve_launch_run, run_settings
 
     args = ["--lease-s=7", "--group-size", "4", "--no-explore", "--gradient-checkpointing", "--sde-window", "0,2"]
     layer = run_settings(args)

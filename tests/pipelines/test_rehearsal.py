@@ -46,7 +46,7 @@ def _tasks(store: str, port: int, run_dir: Path, password: str, home: Path):
     """The reserved task and a spot worker's, as `spotlight launch` builds them (the run's TLS material, the workers'
     ACL user and password, the run's config file), with the envs that make them run here; the config file is put
     where SkyPilot puts a file mount, under the nodes' `home`, with this machine's port and run folder."""
-    from pipelines.launch_cli import resolve_launch_run
+    from pipelines.launch_config import resolve_launch_run
     from resources.cloud import LaunchPlan, placed_run_config, reserved_task, with_run_tls, worker_task
     from resources.queue.redis_tls import make_run_tls
     from resources.settings.resolve import derive, to_yaml
