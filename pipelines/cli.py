@@ -158,8 +158,9 @@ app.command("plan")(plan_command)
 
 # `spotlight launch` / `status` / `down`: the cloud path on SkyPilot (pipelines/launch_cli.py imports only typer).
 from pipelines.launch_cli import down_command, launch_command, status_command  # noqa: E402
+from pipelines.launch_config import LAUNCH_CONTEXT, RUN_SETTINGS_HELP  # noqa: E402
 
-app.command("launch")(launch_command)
+app.command("launch", context_settings=LAUNCH_CONTEXT, epilog=RUN_SETTINGS_HELP)(launch_command)
 app.command("status")(status_command)
 app.command("down")(down_command)
 

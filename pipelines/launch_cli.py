@@ -2,7 +2,9 @@
 pipelines/cli.py).
 
 Only typer at import time; SkyPilot (resources/cloud/__init__.py) loads inside the commands, so
-`--help` stays instant. Every flag and secret is checked before anything is submitted.
+`--help` stays instant. Every flag and secret is checked before anything is submitted. `launch` declares only the
+cloud's own options; the run's settings come from the config tree (`--config FILE`, SPOTLIGHT_* variables and every
+setting's flag), are resolved once here and shipped whole to every node.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Optional
 
 import typer
 
+from pipelines.launch_config import resolve_launch_run
+
 
 def _fail(command: str, err: Exception) -> None:
     typer.echo(f"spotlight {command}: {err}", err=True)
@@ -21,10 +25,18 @@ def _fail(command: str, err: Exception) -> None:
 
 
 def launch_command(
-    workers: int = typer.Option(
-        ..., "--workers", help="Spot rollout workers (SP nodes with --sp-degree), one SkyPilot managed job each."
+    ctx: typer.Context,
+    config: Optional[Path] = typer.Option(
+        None,
+        "--config",
+        help="The run's settings as YAML (nested or dotted keys, as spotlight run --config takes them): resolved here "
+        "and shipped whole to every node.",
     ),
-    store: str = typer.Option(..., "--store", help="Tensor store every node shares: s3://bucket/prefix."),
+    spot_workers: Optional[int] = typer.Option(
+        None,
+        "--spot-workers",
+        help="Spot rollout workers (SP nodes with --sp-degree), one SkyPilot managed job each (required).",
+    ),
     gpu: Optional[str] = typer.Option(
         None,
         "--gpu",
@@ -41,33 +53,7 @@ def launch_command(
             "reaches it."
         ),
     ),
-    preset: Optional[str] = typer.Option(None, help="Training preset (default: sky/reserved.yaml's)."),
-    iterations: Optional[int] = typer.Option(None, help="Training iterations (default: sky/reserved.yaml's)."),
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
-    model: Optional[str] = typer.Option(
-        None,
-        "--model",
-        help=(
-            "A diffusers pipeline folder to post-train (absolute; the same path on every node: MODEL in both tasks, "
-            "and no CPU workers on the reserved node). Default: the pixel policy."
-        ),
-    ),
-    reward: Optional[str] = typer.Option(
-        None,
-        "--reward",
-        help=(
-            "The run's reward spec (spotlight run --reward: a name, clip:PATH, http://HOST:PORT, multi:...); default:"
-            " the preset's. The GPU presets name none."
-        ),
-    ),
-    prompts: Optional[str] = typer.Option(
-        None,
-        "--prompts",
-        help=(
-            "A prompts file on the reserved node, absolute (spotlight run --prompts: text or JSON Lines); default: "
-            "the preset's task."
-        ),
-    ),
     model_source: Optional[str] = typer.Option(
         None,
         "--model-source",
@@ -113,35 +99,38 @@ def launch_command(
         ),
     ),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the tasks as JSON (secret values hidden) and submit nothing."
+        False,
+        "--dry-run",
+        help="Print the run's config tree (run_config) and the tasks as one JSON object (secret values hidden) and "
+        "submit nothing.",
     ),
 ) -> None:
-    """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs."""
+    """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs,
+    every node running the same resolved config file."""
     from resources.cloud import (
         CloudError,
         LaunchPlan,
         describe_task,
         launch,
         launch_secrets,
+        placed_run_config,
         plan_tasks,
+        run_config_folder,
+        ship_run_config,
         tls_folder,
         use_run_ca,
         with_run_tls,
     )
     from resources.queue.redis_tls import make_run_tls, run_tls
+    from resources.settings.resolve import ConfigError
 
     try:
         plan = LaunchPlan(
-            workers=workers,
-            store=store,
+            spot_workers=_spot_workers(spot_workers, ctx.args),
+            run=resolve_launch_run(config, ctx.args, os.environ),
             gpus=tuple(g.strip() for g in gpu.split(",")) if gpu else (),
             max_usd=max_usd,
-            preset=_checked_preset(preset),
-            iterations=iterations,
             cluster=cluster,
-            model=model,
-            reward=reward,
-            prompts=prompts,
             model_source=model_source,
             sp_degree=_sp_degree(sp_degree),
             gpus_per_node=gpus_per_node,
@@ -149,9 +138,10 @@ def launch_command(
             aws_identity=aws_identity,
             env_cache=env_cache,
         )
+        placed_run_config(plan)  # what the cloud decides must hold with the run's other settings
         _check_sp_against_model(plan)
         _check_reward_chosen(plan)
-    except ValueError as err:
+    except (ConfigError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
     try:
         secrets = launch_secrets(os.environ, aws_keys=plan.remote_identity is None)
@@ -163,8 +153,13 @@ def launch_command(
     if secrets:  # the run's CA and Redis certificate: kept on this machine (a relaunch reuses them); a dry run's are
         secrets = with_run_tls(secrets, make_run_tls() if dry_run else run_tls(tls_folder(cluster)))  # thrown away
     if dry_run:
-        for task in plan_tasks(plan, secrets):
-            typer.echo(json.dumps(describe_task(task), sort_keys=True))
+        folder = run_config_folder(cluster) / "dry-run"  # beside the live run's file, never over it
+        tasks = plan_tasks(plan, secrets, ship_run_config(plan, folder))
+        shown = {
+            "run_config": placed_run_config(plan).model_dump(mode="json"),
+            "tasks": list(map(describe_task, tasks)),
+        }
+        typer.echo(json.dumps(shown, sort_keys=True))
         return
     use_run_ca(cluster)
     try:
@@ -174,25 +169,27 @@ def launch_command(
     typer.echo(f"queue {queue_url}; follow the run with: spotlight status --queue {queue_url}")
 
 
+def _spot_workers(spot_workers: Optional[int], extra: list[str]) -> int:
+    if "--workers" in extra or any(a.startswith("--workers=") for a in extra):
+        raise ValueError(
+            "--workers was renamed --spot-workers (spot jobs); the reserved node's own worker processes are "
+            "--local-workers"
+        )
+    if spot_workers is None:
+        raise ValueError("--spot-workers N is required: the spot rollout workers, one managed job each")
+    return spot_workers
+
+
 def _check_reward_chosen(plan) -> None:
     """A preset that names no reward (the GPU presets) needs --reward: refused here, before any node bills, rather
     than by `spotlight run` on the reserved node."""
-    from resources.cloud import reserved_task
-    from workers.trainer.grpo_trainer import check_reward_chosen
-    from workers.trainer.presets import get_preset
+    from workers.trainer.train_config import NO_REWARD
 
-    if plan.reward is None:
-        preset = reserved_task(plan, {}).envs["PRESET"]
-        check_reward_chosen(get_preset(preset), preset)
-
-
-def _checked_preset(preset: Optional[str]) -> Optional[str]:
-    if preset is not None:
-        from workers.trainer.presets import PRESETS
-
-        if preset not in PRESETS:
-            raise ValueError(f"--preset {preset!r} is unknown; choose one of {sorted(PRESETS)}")
-    return preset
+    if plan.run.train.reward == NO_REWARD:
+        raise ValueError(
+            f"preset {plan.run.preset!r} names no reward: pass --reward SPEC (or train.reward in --config), e.g. "
+            "http://HOST:8200 (a spotlight reward-serve server); docs/MODELS.md, Rewards"
+        )
 
 
 def _sp_degree(text: Optional[str]):
@@ -217,11 +214,10 @@ def _check_sp_against_model(plan) -> None:
             err=True,
         )
         return
-    from resources.cloud import reserved_task
     from workers.sp.model_sp import check_folder_degree
-    from workers.trainer.presets import model_fields_for
+    from workers.trainer.from_config import model_spec_fields
 
-    fields = model_fields_for(reserved_task(plan, {}).envs["PRESET"], plan.model)  # the run's resolution
+    fields = model_spec_fields(plan.run)  # the run's resolution
     degrees = [plan.sp_degree] if plan.sp_degree != "auto" else range(2, plan.node_gpus + 1)
     errors = []
     for degree in degrees:

@@ -8,11 +8,14 @@ hand, and `launch` submits exactly what `--dry-run` prints. The reserved node go
 takes down one worker and SkyPilot's job recovery brings it back. Nothing is submitted
 before `check_clouds` has found an enabled cloud.
 
-With `model` (a diffusers pipeline folder), both tasks get `MODEL`: the reserved node's run
-line passes `--model`, every spot worker checks the folder at start, and the node's own
-CPU workers are dropped (`LOCAL_WORKERS=0`; they cannot sample a real model). The weights
-must sit at that absolute path on every node: `model_source` (a bucket URL) adds a SkyPilot
-file mount that copies them there.
+Every node runs the same file: the run's resolved config tree (`plan.run`), placed on the cloud
+(`placed_run_config`: the node's Redis, run folder and price) and written by `ship_run_config`, is a
+SkyPilot file mount of both tasks; the reserved node runs `spotlight run --config` on it, each spot
+worker `python -m workers.rollout --config` (its knobs, the model, the device). With a model (a
+diffusers pipeline folder, the tree's model.model) every spot worker checks the folder at start, and
+the node's own workers are dropped (they would share the trainer's GPU). The weights must sit at that
+absolute path on every node: `model_source` (a bucket URL) adds a SkyPilot file mount that copies them
+there.
 
 With `sp_degree` (2..8, or "auto"), each spot job is an SP node instead of one rollout worker:
 a node of `gpus_per_node` GPUs (of each type asked for) whose run line starts the elastic SP
@@ -28,9 +31,9 @@ a role, SkyPilot's `aws.remote_identity` gives the nodes an IAM role and no task
 built in resources/cloud/tasks.py.
 
 Example:
-    plan = LaunchPlan(workers=8, store="s3://bucket/spotlight", gpus=("A100",), max_usd=200)
+    plan = LaunchPlan(spot_workers=8, run=resolved.config, gpus=("A100",), max_usd=200)
     secrets = with_run_tls(launch_secrets(os.environ), run_tls(tls_folder(plan.cluster)))
-    tasks = plan_tasks(plan, secrets)                    # what --dry-run prints (describe_task)
+    tasks = plan_tasks(plan, secrets, ship_run_config(plan, folder))   # what --dry-run prints (describe_task)
     queue_url = launch(plan, secrets)                    # check_clouds, sky.launch, wait for Redis, sky.jobs.launch
     teardown(plan.cluster)                               # sky.jobs.cancel + sky.down
 """
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import sky
@@ -53,8 +57,12 @@ from resources.cloud.tasks import (
     WORKER_JOB_PREFIX,
     describe_task,
     launch_secrets,
+    placed_run_config,
     plan_tasks,
+    reserved_node,
     reserved_task,
+    run_config_folder,
+    ship_run_config,
     tls_folder,
     with_run_tls,
     worker_task,
@@ -77,9 +85,13 @@ __all__ = [
     "describe_task",
     "launch",
     "launch_secrets",
+    "placed_run_config",
     "plan_tasks",
     "reserved_address",
+    "reserved_node",
     "reserved_task",
+    "run_config_folder",
+    "ship_run_config",
     "teardown",
     "tls_folder",
     "use_run_ca",
@@ -159,8 +171,9 @@ def launch(
     `before_workers(queue_url)` may raise to stop before any worker is submitted (the spend cap)."""
     clouds = check_clouds()
     echo(f"enabled clouds: {', '.join(clouds)}; starting {plan.cluster}")
-    reserved = reserved_task(plan, secrets)
-    reserved.update_envs({"RESERVED_USD_PER_HOUR": repr(reserved_price(reserved, clouds, echo))})
+    usd_per_hour = reserved_price(reserved_node(plan), clouds, echo)
+    run_config = ship_run_config(plan, run_config_folder(plan.cluster), usd_per_hour)
+    reserved = reserved_task(plan, secrets, run_config)
     with aws_identity(plan):
         sky.stream_and_get(sky.launch(reserved, cluster_name=plan.cluster))
     address = reserved_address(plan.cluster)
@@ -168,17 +181,23 @@ def launch(
     wait_for_redis(queue_url, secrets, REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
     if before_workers is not None:
         before_workers(queue_url)
-    _submit_workers(plan, secrets, f"rediss://{WORKER_USER}@{address}/0", catalog_price(plan, clouds, echo), echo)
+    workers = catalog_price(plan, clouds, echo)
+    _submit_workers(plan, secrets, run_config, f"rediss://{WORKER_USER}@{address}/0", workers, echo)
     return queue_url
 
 
 def _submit_workers(
-    plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str, usd_per_hour: float | None, echo: Callable
+    plan: LaunchPlan,
+    secrets: Mapping[str, str],
+    run_config: Path,
+    queue_url: str,
+    usd_per_hour: float | None,
+    echo: Callable,
 ) -> None:
     """One managed job per spot worker, skipping those already unfinished (a relaunch resumes the run)."""
     running = {job["name"]: job for job in worker_jobs(echo)}
-    for index in range(1, plan.workers + 1):
-        task = worker_task(plan, secrets, index, queue_url, usd_per_hour)
+    for index in range(1, plan.spot_workers + 1):
+        task = worker_task(plan, secrets, index, run_config, queue_url, usd_per_hour)
         if task.name in running:
             echo(
                 f"{task.name} is already running (managed job {running[task.name]['job_id']}, "

@@ -1,12 +1,18 @@
 """What `spotlight launch` was asked for (`LaunchPlan`), checked before anything is submitted; resources/cloud/tasks.py
-turns a plan into SkyPilot tasks and resources/cloud/__init__.py submits them."""
+turns a plan into SkyPilot tasks and resources/cloud/__init__.py submits them.
+
+A plan is the run's resolved config tree (`run`: every run setting, resolved as `spotlight config` resolves it) and
+the cloud-only options of the launch (how many spot jobs, which accelerators, the spend cap, ...). No run setting is
+declared here: the store, the model, the preset and the rest are read from `run`.
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from resources.prices import PriceTable
+from resources.settings.config import RunConfig
 
 RESERVED_CLUSTER = "spotlight-reserved"
 """The reserved node's SkyPilot cluster (`spotlight launch --cluster`)."""
@@ -26,26 +32,15 @@ class CloudError(RuntimeError):
 class LaunchPlan:
     """What `spotlight launch` was asked for."""
 
-    workers: int
-    """Spot rollout workers, one managed job each."""
-    store: str
-    """The tensor store every node shares: s3://bucket/prefix."""
+    spot_workers: int
+    """Spot rollout workers (or SP nodes), one managed job each."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """The run's resolved config tree, before the cloud places it (resources/cloud/tasks.py, `placed_run_config`)."""
     gpus: tuple[str, ...] = ()
     """Accelerators a spot worker may get (any one of them); () = the YAML's any_of list."""
     max_usd: float = 100.0
     """Spend cap: the coordinator stops, and spot jobs stop recovering, once the ledger's spend reaches it."""
-    preset: str | None = None
-    """Training preset (workers/trainer/presets.py); None = the YAML's."""
-    iterations: int | None = None
     cluster: str = RESERVED_CLUSTER
-    model: str | None = None
-    """A diffusers pipeline folder to post-train, an absolute path that every node holds; None = the pixel policy."""
-    reward: str | None = None
-    """The run's reward spec (`spotlight run --reward`: a name, clip:PATH, http://HOST:PORT, multi:...); None = the
-    preset's. The GPU presets name none."""
-    prompts: str | None = None
-    """A prompts file for `spotlight run --prompts`, an absolute path that the reserved node holds; None = the
-    preset's task (MiniGenEval)."""
     model_source: str | None = None
     """A bucket URL holding that folder (s3://bucket/models/Qwen-Image): mounted (copied) at `model` on every node.
     None: the nodes hold it another way (an image, a file_mounts of your own)."""
@@ -66,14 +61,15 @@ class LaunchPlan:
         self._check_model()
         self._check_sp()
         self._check_reserved_and_identity()
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
-        if not self.store.startswith("s3://") or len(self.store) <= len("s3://"):
-            raise ValueError(f"--store must be s3://bucket/prefix (every node reads and writes it), got {self.store!r}")
+        if isinstance(self.spot_workers, bool) or not isinstance(self.spot_workers, int) or self.spot_workers < 1:
+            raise ValueError(f"--spot-workers must be an integer >= 1, got {self.spot_workers!r}")
+        store = self.run.deployment.store or ""
+        if not store.startswith("s3://") or len(store) <= len("s3://"):
+            raise ValueError(
+                f"--store (deployment.store) must be s3://bucket/prefix (every node reads and writes it), got {store!r}"
+            )
         if not self.max_usd > 0:
             raise ValueError(f"--max-usd must be a positive number of dollars, got {self.max_usd!r}")
-        if self.iterations is not None and self.iterations < 1:
-            raise ValueError(f"--iterations must be >= 1, got {self.iterations}")
         known = PriceTable().gpus
         unknown = [g for g in self.gpus if g not in known]
         if unknown or len(set(self.gpus)) != len(self.gpus):
@@ -81,6 +77,16 @@ class LaunchPlan:
                 f"--gpu {','.join(self.gpus)}: give distinct accelerator names from "
                 f"{', '.join(sorted(known))} (comma-separated; add others to a prices file)"
             )
+
+    @property
+    def store(self) -> str:
+        """The tensor store every node shares (the run's deployment.store): s3://bucket/prefix."""
+        return self.run.deployment.store or ""
+
+    @property
+    def model(self) -> str | None:
+        """The diffusers pipeline folder the run trains (model.model), an absolute path every node holds."""
+        return self.run.model.model
 
     @property
     def remote_identity(self) -> str | None:
@@ -132,7 +138,7 @@ class LaunchPlan:
             if gpus not in (None, 1):
                 raise ValueError(
                     f"--gpus-per-node {gpus} needs --sp-degree: a rollout worker samples on one GPU "
-                    "(launch more --workers instead, or SP nodes with --sp-degree 2..8 or auto)"
+                    "(launch more --spot-workers instead, or SP nodes with --sp-degree 2..8 or auto)"
                 )
         elif degree == "auto":
             if gpus is None or gpus < 2:
@@ -144,13 +150,8 @@ class LaunchPlan:
             )
 
     def _check_model(self) -> None:
-        if self.prompts is not None and not self.prompts.startswith("/"):
-            raise ValueError(f"--prompts {self.prompts!r} must be an absolute file path on the reserved node")
-        if self.model is not None and (not self.model.startswith("/") or self.model.rstrip("/") == ""):
-            raise ValueError(
-                f"--model {self.model!r} must be an absolute folder path: every node loads the weights "
-                "from that same path (the run's anchor names it)"
-            )
+        if self.model is not None and self.model.rstrip("/") == "":
+            raise ValueError(f"--model {self.model!r} must be a folder holding a diffusers pipeline")
         if self.model_source is None:
             return
         if self.model is None:

@@ -1,5 +1,11 @@
 """The SkyPilot tasks of a launch: sky/reserved.yaml and sky/spot_workers.yaml parsed by SkyPilot and adjusted (envs,
-secrets, accelerators, mounts), exactly what `spotlight launch` submits and `--dry-run` prints."""
+secrets, accelerators, mounts), exactly what `spotlight launch` submits and `--dry-run` prints.
+
+Every task mounts the run's config file (`ship_run_config`): the run's resolved tree placed on the cloud
+(`placed_run_config`: the node's queue, run folder and price), which the reserved node runs with
+`spotlight run --config` and every spot worker reads with `python -m workers.rollout --config` (or workers.sp). No run
+setting travels as an environment variable.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+from pydantic import ValidationError
 
 import sky
 from resources.cloud.plan import CloudError, LaunchPlan
 from resources.prices import PriceTable
 from resources.queue.redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
+from resources.settings.config import RunConfig
+from resources.settings.resolve import derive, to_yaml
 from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
 
 WORKER_JOB_PREFIX = "spotlight-rollout"
@@ -23,6 +32,23 @@ SECRET_NAMES = (PASSWORD_ENV, *AWS_KEYS)
 CHECKOUT = Path(__file__).resolve().parents[2]
 """The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
 SKY_DIR = CHECKOUT / "sky"
+CLOUD_PLACED = (
+    "deployment.deployment",
+    "deployment.queue",
+    "deployment.run_dir",
+    "deployment.ledger",
+    "deployment.rollouts",
+    "deployment.reserved_usd_per_hour",
+    "workers.preemptions_per_hour",
+    "workers.local_workers",
+)
+"""The run settings a launch decides over the run's own (`placed_run_config`; local_workers only with a model)."""
+NODE_QUEUE = f"rediss://127.0.0.1:{REDIS_PORT}/0"
+"""The coordinator's queue on the reserved node: the Redis its run line starts (password from the node's secret)."""
+RUN_CONFIG_ENV = "RUN_CONFIG"
+"""The YAMLs' variable naming where the run's config file lands on a node, under the home folder."""
+RUN_CONFIG_NAME = "run_config.yaml"
+"""The file `spotlight launch` writes (in the state folder) and mounts on every node."""
 PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
 """The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
 STATE_DIR_ENV = "SPOTLIGHT_STATE_DIR"
@@ -78,33 +104,85 @@ def tls_folder(cluster: str, env: Mapping[str, str] = os.environ) -> Path:
     return Path(env.get(STATE_DIR_ENV) or "~/.spotlight").expanduser() / cluster / "redis-tls"
 
 
+def run_config_folder(cluster: str, env: Mapping[str, str] = os.environ) -> Path:
+    """Where this machine keeps the config file a launch of `cluster` ships (0700): next to its TLS files."""
+    return tls_folder(cluster, env).parent
+
+
 def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
     """The launch secrets plus the run's TLS material: the CA for everyone, the server's certificate and key for the
     reserved node only (each task takes only the secrets its YAML declares)."""
     return {**secrets, RUN_CA_ENV: tls.b64("ca_pem"), CERT_ENV: tls.b64("cert_pem"), KEY_ENV: tls.b64("key_pem")}
 
 
-def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str], usd_per_hour: float | None = None) -> sky.Task:
-    """sky/reserved.yaml with the plan's store, preset, iterations, cap and accelerators, the run's TLS material, and
-    the node's price with the jobs controller's (`usd_per_hour`; None: from the price table)."""
-    task = yaml_task("reserved.yaml", secrets, aws_keys=plan.remote_identity is None)
+def reserved_node(plan: LaunchPlan, secrets: Mapping[str, str] | None = None) -> sky.Task:
+    """sky/reserved.yaml with the plan's accelerators (what the node is priced for)."""
+    task = yaml_task("reserved.yaml", secrets or {}, aws_keys=plan.remote_identity is None)
     if plan.reserved_accelerators is not None:
         template = next(iter(task.resources))  # keep the YAML's ports and autostop
         task.set_resources({template.copy(accelerators=dict([plan.reserved_accelerators]))})
-    if usd_per_hour is None:
-        usd_per_hour = reserved_table_usd_per_hour(task) + CONTROLLER_FALLBACK[0]
+    return task
+
+
+def placed_run_config(plan: LaunchPlan, reserved_usd_per_hour: float | None = None) -> RunConfig:
+    """The run's tree as the cloud runs it: `plan.run` with what the launch decides placed over it. The reserved
+    node is a cloud deployment whose coordinator uses the Redis its run line starts (NODE_QUEUE) and the run folder
+    its YAML names (RUN_DIR), samples with a run-long pool of its own workers (never preempted: reserved hardware;
+    none with a diffusers pipeline, which the node's trainer holds), and is priced at `reserved_usd_per_hour` (the
+    node's GPUs and the jobs controller; None: from the price table)."""
+    if reserved_usd_per_hour is None:
+        reserved_usd_per_hour = reserved_table_usd_per_hour(reserved_node(plan)) + CONTROLLER_FALLBACK[0]
+    run = plan.run
+    workers: dict[str, Any] = {"preemptions_per_hour": 0.0}
+    if run.model.model is not None:
+        workers["local_workers"] = 0
+    deployment = {
+        "deployment": "cloud",
+        "queue": NODE_QUEUE,
+        "run_dir": node_run_dir(),
+        "ledger": None,
+        "rollouts": "local_pool",
+        "reserved_usd_per_hour": round(reserved_usd_per_hour, 6),
+    }
+    try:
+        return derive(run, run.preset, deployment=deployment, workers=workers)
+    except ValidationError as err:
+        placed = ", ".join(f"deployment.{k} {v!r}" for k, v in deployment.items() if k != "reserved_usd_per_hour")
+        why = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+        raise ValueError(
+            f"a cloud run has {placed}, {', '.join(f'workers.{k} {v!r}' for k, v in workers.items())}: {why}"
+        ) from None
+
+
+def node_run_dir() -> str:
+    """The reserved node's run folder: sky/reserved.yaml's RUN_DIR (relative to the node's workdir)."""
+    return str(yaml.safe_load((SKY_DIR / "reserved.yaml").read_text())["envs"]["RUN_DIR"])
+
+
+def ship_run_config(plan: LaunchPlan, folder: Path, reserved_usd_per_hour: float | None = None) -> Path:
+    """Write the tree the nodes run (`placed_run_config`) to `folder`/run_config.yaml, readable by this user only;
+    the file every task mounts."""
+    for missing in reversed([f for f in (folder, *folder.parents) if not f.exists()]):
+        missing.mkdir(mode=0o700, exist_ok=True)  # every folder made here is this user's only, as the TLS files'
+    path = folder / RUN_CONFIG_NAME
+    text = to_yaml(placed_run_config(plan, reserved_usd_per_hour))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    return path
+
+
+def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str], run_config: Path) -> sky.Task:
+    """sky/reserved.yaml with the plan's accelerators, cap and store (for the archive line), the run's TLS material,
+    and the run's config file (`ship_run_config`) mounted where its run line reads it."""
+    task = reserved_node(plan, secrets)
     envs = {
         "SPOTLIGHT_STORE": plan.store,
         "MAX_USD": f"{plan.max_usd:g}",
         "REDIS_PORT": str(REDIS_PORT),
-        "RESERVED_USD_PER_HOUR": repr(round(usd_per_hour, 6)),
         **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
     }
-    envs.update({k: str(v) for k, v in (("PRESET", plan.preset), ("ITERATIONS", plan.iterations)) if v is not None})
-    if plan.model is not None:
-        envs.update(MODEL=plan.model, LOCAL_WORKERS="0")  # the node's CPU cannot sample a diffusers pipeline
-    envs.update({k: v for k, v in (("REWARD", plan.reward), ("PROMPTS", plan.prompts)) if v is not None})
-    return _finish(task, envs, plan)
+    return _finish(task, envs, plan, run_config)
 
 
 def reserved_accelerators(task: sky.Task) -> tuple[str, int]:
@@ -123,11 +201,13 @@ def worker_task(
     plan: LaunchPlan,
     secrets: Mapping[str, str],
     index: int,
+    run_config: Path,
     queue_url: str = PLACEHOLDER_QUEUE,
     usd_per_hour: float | None = None,
 ) -> sky.Task:
     """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue (as the workers' ACL user,
-    with their own password), the run's CA, the plan's GPUs."""
+    with their own password), the run's CA, the plan's GPUs, and the run's config file mounted where its run line
+    hands it to the worker (its knobs, model and device)."""
     if secrets.get(PASSWORD_ENV):
         secrets = {**secrets, PASSWORD_ENV: worker_password(secrets[PASSWORD_ENV])}
     task = yaml_task("spot_workers.yaml", secrets, aws_keys=plan.remote_identity is None)
@@ -144,11 +224,9 @@ def worker_task(
         # The node's spot price for the ledger and the cap, whatever types any_of allows (never the YAML's flat one).
         "USD_PER_HOUR": repr(usd_per_hour if usd_per_hour is not None else _node_usd_per_hour(names, count)),
     }
-    if plan.model is not None:
-        envs["MODEL"] = plan.model
     if plan.sp_degree not in (None, 1):
         envs["SP_DEGREE"] = str(plan.sp_degree)
-    return _finish(task, envs, plan)
+    return _finish(task, envs, plan, run_config)
 
 
 def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
@@ -159,8 +237,9 @@ def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
     return round(max(table.usd_per_hour(gpu, spot=True)[0] for gpu in gpus) * count, 6)
 
 
-def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan) -> sky.Task:
+def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan, run_config: Path) -> sky.Task:
     envs = dict(envs)
+    task.update_file_mounts({"~/" + task.envs[RUN_CONFIG_ENV]: str(run_config)})  # copied to every (new) node
     if plan.env_cache:  # sky/setup.sh restores the venv from the store instead of reinstalling on each start
         from sky.data import storage
 
@@ -175,11 +254,16 @@ def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan) -> sky.Ta
 
 
 def plan_tasks(
-    plan: LaunchPlan, secrets: Mapping[str, str], queue_url: str = PLACEHOLDER_QUEUE, usd_per_hour: float | None = None
+    plan: LaunchPlan,
+    secrets: Mapping[str, str],
+    run_config: Path,
+    queue_url: str = PLACEHOLDER_QUEUE,
+    usd_per_hour: float | None = None,
 ) -> list[sky.Task]:
-    """The reserved node's task, then one task per spot worker: everything `launch` submits."""
-    return [reserved_task(plan, secrets)] + [
-        worker_task(plan, secrets, i, queue_url, usd_per_hour) for i in range(1, plan.workers + 1)
+    """The reserved node's task, then one task per spot worker: everything `launch` submits, each mounting
+    `run_config` (`ship_run_config`)."""
+    return [reserved_task(plan, secrets, run_config)] + [
+        worker_task(plan, secrets, i, run_config, queue_url, usd_per_hour) for i in range(1, plan.spot_workers + 1)
     ]
 
 

@@ -10,9 +10,13 @@ the slot gets a fresh process with a new worker id, as spot capacity returns. Th
 process is the ledger's single writer: worker starts and ends, attempts and preemptions
 (with the denoising work each one cost) go there as they happen.
 
+A cluster of a run hands every worker the run's saved config (`ClusterConfig.for_run`: `--config
+<run-dir>/config.yaml`), so the workers and the cluster read their knobs from the one file; the knobs' defaults
+are the config tree's (`WorkersSection`).
+
 Example:
     slots = [WorkerSlot("w0"), WorkerSlot("w1", spot=False)]
-    cluster = LocalCluster(ClusterConfig(queue_url, store_url), slots, ledger)
+    cluster = LocalCluster(ClusterConfig.for_run(queue_url, store_url, run_dir / "config.yaml"), slots, ledger)
     with cluster:                                    # starts every slot, waits until they are ready
         summary = cluster.run_until(lambda: queue.stats().open == 0, trace=events, timeout_s=300)
 """
@@ -32,11 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from pydantic import ValidationError
+
 from resources.cluster.ledger import WorkTracker
 from resources.cluster.preemption import PreemptionEvent
 from resources.keys import check_name
 from resources.ledger import Ledger
 from resources.prices import load_prices
+from resources.settings.config import RunConfig, WorkersSection
 from resources.urls import PASSWORD_ENV, absolute_url, split_password
 
 
@@ -75,6 +82,10 @@ class WorkerSlot:
         return load_prices().usd_per_hour(self.gpu_type, spot=self.spot)[0]
 
 
+_KNOBS = WorkersSection()
+"""The worker knobs' defaults: the run config tree's, their one home."""
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """What every worker of the cluster shares. Relative paths are made absolute against the current directory."""
@@ -83,15 +94,18 @@ class ClusterConfig:
     """The shared queue: a SQLite file path, sqlite:///abs/path.db or redis://host:port/db."""
     store_url: str
     """The tensor store: a folder, file:///abs/path or s3://bucket/prefix."""
-    commit_every: int = 2
+    commit_every: int = _KNOBS.commit_every
     """Denoising steps between state commits."""
-    lease_s: float = 10.0
+    lease_s: float = _KNOBS.lease_s
     """Queue lease: how long a SIGKILLed worker's request waits before another worker resumes it."""
-    restart_delay_s: float = 5.0
+    restart_delay_s: float = _KNOBS.restart_delay_s
     """Seconds until a preempted slot gets a new worker (spot capacity coming back)."""
-    threads_per_worker: int = 1
-    ready_timeout_s: float = 180.0
+    threads_per_worker: int = _KNOBS.worker_threads
+    ready_timeout_s: float = _KNOBS.ready_timeout_s
     """How long to wait for workers to import torch and report ready."""
+    run_config: str | None = None
+    """The run's config.yaml (`for_run`): every worker gets `--config` it and takes its knobs (commit_every,
+    lease_s, ...), the model and the device from there, instead of one flag per knob."""
     log_dir: str | None = None
     """Folder for each worker's stderr (None: inherit this process's stderr)."""
     nice: int = 0
@@ -102,16 +116,40 @@ class ClusterConfig:
         if not 0 <= self.nice <= 19:
             raise ValueError(f"ClusterConfig.nice must be in [0, 19], got {self.nice}")
         # Workers are other processes: a relative path would be read against their working directory.
-        for name in ("queue_url", "store_url", "log_dir"):
+        for name in ("queue_url", "store_url", "log_dir", "run_config"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, absolute_url(getattr(self, name)))
-        if self.commit_every < 1:
-            raise ValueError(f"commit_every must be >= 1, got {self.commit_every}")
-        for name in ("lease_s", "ready_timeout_s", "threads_per_worker"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ClusterConfig.{name} must be > 0, got {getattr(self, name)}")
-        if not self.restart_delay_s >= 0:
-            raise ValueError(f"restart_delay_s must be >= 0, got {self.restart_delay_s}")
+        try:  # the bounds are the tree's
+            WorkersSection(**{field: getattr(self, name) for field, name in _CLUSTER_KNOBS.items()})
+        except ValidationError as err:
+            by_field = {field: name for field, name in _CLUSTER_KNOBS.items()}
+            raise ValueError(
+                "; ".join(f"ClusterConfig.{by_field[e['loc'][0]]} {e['input']!r}: {e['msg']}" for e in err.errors())
+            ) from None
+
+    @classmethod
+    def for_run(cls, queue_url: str, store_url: str, run_config: str | Path, **kwargs) -> "ClusterConfig":
+        """The cluster of a run whose resolved config is saved at `run_config` (its config.yaml): the cluster's
+        knobs come from that file's `workers` section, and each worker is handed the file (`--config`)."""
+        import yaml  # lazy: only a run's cluster reads a config file
+
+        path = Path(run_config)
+        try:
+            workers = RunConfig.model_validate(yaml.safe_load(path.read_text())).workers
+        except OSError as err:
+            raise ValueError(f"the run's config {path}: cannot read it ({err.strerror})") from None
+        knobs = {name: getattr(workers, field) for field, name in _CLUSTER_KNOBS.items()}
+        return cls(queue_url, store_url, run_config=str(path), **knobs, **kwargs)
+
+
+_CLUSTER_KNOBS = {
+    "commit_every": "commit_every",
+    "lease_s": "lease_s",
+    "restart_delay_s": "restart_delay_s",
+    "worker_threads": "threads_per_worker",
+    "ready_timeout_s": "ready_timeout_s",
+}
+"""WorkersSection field -> the ClusterConfig field that holds it."""
 
 
 @dataclass
@@ -263,10 +301,7 @@ class LocalCluster:
             cfg.store_url,
             "--worker-id",
             worker_id,
-            "--commit-every",
-            str(cfg.commit_every),
-            "--lease-s",
-            str(cfg.lease_s),
+            *(["--config", cfg.run_config] if cfg.run_config else knob_flags(cfg)),
             "--instance-type",
             slot.instance_type,
             "--spot" if slot.spot else "--reserved",
@@ -359,6 +394,11 @@ class LocalCluster:
         else:
             clean = proc.popen.returncode == 0
             self.tracker.worker_ended(proc.worker_id, "finished" if clean else "failed", at)
+
+
+def knob_flags(cfg: ClusterConfig) -> list[str]:
+    """A worker's knob flags when the cluster has no run config file to hand it."""
+    return ["--commit-every", str(cfg.commit_every), "--lease-s", str(cfg.lease_s)]
 
 
 def _read_events(worker_id: str, popen: subprocess.Popen, sink: queue_mod.Queue) -> None:

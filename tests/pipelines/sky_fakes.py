@@ -4,6 +4,7 @@ the `spotlight launch / status / down` tests (no cloud here)."""
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,3 +268,21 @@ def node_queue(node: NodeRedis, monkeypatch):
     monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
     assert use_run_ca("spotlight-reserved")
     return open_queue(node.url())
+
+
+def launch_plan(*flags: str, spot_workers: int = 1, **cloud):
+    """A LaunchPlan as `spotlight launch --spot-workers N --store s3://b/p FLAGS` makes it: the run settings' flags
+    resolved against the config tree (the launch's defaults, no file, no variables), the cloud's options as given."""
+    from pipelines.launch_config import resolve_launch_run
+    from resources.cloud import LaunchPlan
+
+    run = resolve_launch_run(None, ["--store", "s3://b/p", *flags], {})
+    return LaunchPlan(spot_workers=spot_workers, run=run, **cloud)
+
+
+def dry_run_output(output: str) -> tuple[dict, dict, list[dict]]:
+    """`spotlight launch --dry-run`'s JSON: the run's config tree, the reserved node's task, the spot workers'."""
+    (line,) = [line for line in output.splitlines() if line.startswith("{")]
+    shown = json.loads(line)
+    reserved, *workers = shown["tasks"]
+    return shown["run_config"], reserved, workers

@@ -19,7 +19,7 @@ def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fak
     from resources.queue.redis_tls import worker_password
 
     node = reserved_redis
-    result = _invoke("launch", "--workers", "2", "--gpu", "L4", "--store", "s3://b/p", "--max-usd", "50")
+    result = _invoke("launch", "--spot-workers", "2", "--gpu", "L4", "--store", "s3://b/p", "--max-usd", "50")
     assert result.exit_code == 0, result.output
     assert fake_sky.submitted == ["launch", "jobs.launch", "jobs.launch"]
     (reserved, cluster) = fake_sky.calls[0][1]
@@ -45,7 +45,7 @@ def test_the_reserved_node_goes_down_by_itself_once_its_run_block_has_ended(fake
     """The node's autostop (from sky/reserved.yaml, so a launch by hand has it too): down, not stop, a few idle
     minutes after the run line exits (last iteration done or the spend cap reached); open SSH sessions do not
     keep it billing."""
-    assert _invoke("launch", "--workers", "1", "--store", "s3://b/p").exit_code == 0
+    assert _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p").exit_code == 0
     (reserved, _), options = fake_sky.calls[0][1:]
     (resources,) = reserved.resources
     assert resources.autostop_config.enabled and resources.autostop_config.down
@@ -61,7 +61,7 @@ def test_launch_waits_for_redis_and_submits_no_worker_when_it_never_answers(fake
     monkeypatch.setattr(cloud, "REDIS_WAIT_S", 0.3)
     fake_sky.address = "127.0.0.1:1"  # the node's setup failed: nothing listens
     started = time.monotonic()
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")
     assert result.exit_code == 1 and "did not answer within 0.3 s" in result.output, result.output
     assert "no spot workers submitted" in result.output and "sky logs spotlight-reserved" in result.output
     assert fake_sky.submitted == ["launch"] and time.monotonic() - started < 15
@@ -75,21 +75,21 @@ def test_launch_refuses_to_go_on_when_redis_refuses_the_password_or_its_certific
     from resources.cloud import tls_folder
 
     shutil.rmtree(tls_folder("spotlight-reserved"))  # this machine lost the run's CA: a new one is made
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")
     assert result.exit_code == 1 and "presents a certificate the run's CA did not sign" in result.output
     assert fake_sky.submitted == ["launch"]
     fake_sky.calls.clear()
     (tls_folder("spotlight-reserved") / "ca.pem").write_bytes((reserved_redis.folder / "ca.pem").read_bytes())
     monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
     monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", "not-the-password")
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")
     assert result.exit_code == 1 and "refused the password" in result.output and fake_sky.submitted == ["launch"]
     assert "not-the-password" not in result.output
 
 
 def test_a_second_launch_resumes_the_run_and_submits_only_the_missing_workers(fake_sky, reserved_redis) -> None:
     fake_sky.jobs = [job("spotlight-rollout-1", 4, "RUNNING"), job("spotlight-rollout-2", 5, "FAILED")]
-    result = _invoke("launch", "--workers", "3", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "3", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
     assert [args[1] for name, args, _ in fake_sky.calls if name == "jobs.launch"] == [
         "spotlight-rollout-2",
@@ -101,7 +101,7 @@ def test_a_second_launch_resumes_the_run_and_submits_only_the_missing_workers(fa
 def test_a_relaunch_over_the_cap_starts_no_more_workers(fake_sky, reserved_redis, monkeypatch) -> None:
     with _node_queue(reserved_redis, monkeypatch) as queue:
         queue.publish_info({"usd_total": 51.5, "max_usd": 50.0})
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--max-usd", "50")
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p", "--max-usd", "50")
     assert result.exit_code == 1 and "already spent $51.50" in result.output
     assert fake_sky.submitted == ["launch"]
 

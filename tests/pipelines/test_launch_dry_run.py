@@ -6,13 +6,13 @@ real `sky.Task` objects parsed from sky/*.yaml, and the dry run is checked again
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 
 import pytest
 
 from sky import exceptions as sky_exceptions
 from tests.paths import REPO_ROOT
-from tests.pipelines.sky_fakes import PASSWORD, SECRETS, served_task
+from tests.pipelines.sky_fakes import PASSWORD, SECRETS, dry_run_output, launch_plan, served_task
 from tests.pipelines.sky_fakes import invoke as _invoke
 
 
@@ -30,29 +30,31 @@ def _yaml_secrets(name: str) -> list[str]:
 
 
 PLANS = {
-    "default": {},
-    "one_gpu": {"gpus": ("A100",)},
-    "sp_nodes": {"sp_degree": "auto", "gpus_per_node": 4},
-    "model": {
-        "model": "/models/Qwen-Image",
-        "model_source": "s3://weights/Qwen-Image",
-        "preset": "qwen_image_lora",
-        "reward": "http://rewards:8200",
-        "prompts": "/data/prompts.jsonl",
-    },
+    "default": ((), {}),
+    "one_gpu": ((), {"gpus": ("A100",)}),
+    "sp_nodes": ((), {"sp_degree": "auto", "gpus_per_node": 4}),
+    "model": (
+        ("--model", "/models/Qwen-Image", "--preset", "qwen_image_lora", "--reward", "http://rewards:8200")
+        + ("--prompts", "/data/prompts.jsonl"),
+        {"model_source": "s3://weights/Qwen-Image"},
+    ),
 }
 
 
 @pytest.mark.parametrize("plan", PLANS)
-def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_resolution(plan) -> None:
+def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_resolution(plan, tmp_path) -> None:
     """What SkyPilot's API server does with each task before provisioning: load the client's YAML dump, then
-    resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)")."""
-    from resources.cloud import LaunchPlan, plan_tasks, with_run_tls
+    resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)"). The
+    run's config file is a file mount of every task, at the path its run line reads."""
+    from resources.cloud import plan_tasks, ship_run_config, with_run_tls
     from resources.queue.redis_tls import make_run_tls, worker_password
 
     tls = make_run_tls()
     secrets = with_run_tls(SECRETS, tls)
-    tasks = plan_tasks(LaunchPlan(workers=2, store="s3://b/p", **PLANS[plan]), secrets, "rediss://w@10.0.0.7:6379/0")
+    flags, cloud = PLANS[plan]
+    launch = launch_plan(*flags, spot_workers=2, **cloud)
+    shipped = ship_run_config(launch, tmp_path)
+    tasks = plan_tasks(launch, secrets, shipped, "rediss://w@10.0.0.7:6379/0")
     assert len(tasks) == 3
     expected = [
         {**SECRETS, "SPOTLIGHT_REDIS_TLS_CERT": tls.b64("cert_pem"), "SPOTLIGHT_REDIS_TLS_KEY": tls.b64("key_pem")}
@@ -64,17 +66,19 @@ def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_r
         assert served.envs["SPOTLIGHT_REDIS_RUN_CA"] == tls.b64("ca_pem")
         assert not served.managed_secret_refs and served.envs == task.envs and served.name == task.name
         assert {str(r) for r in served.resources} == {str(r) for r in task.resources}
+        assert served.file_mounts["~/" + served.envs["RUN_CONFIG"]] == str(shipped)
+        assert '"$HOME/$RUN_CONFIG"' in served.run  # the run line hands that file to spotlight run / the worker
     with pytest.raises(RuntimeError, match="No value available for secret"):  # a dry run's tasks: nothing to resolve
-        served_task(plan_tasks(LaunchPlan(workers=1, store="s3://b/p", **PLANS[plan]), {})[0])
+        served_task(plan_tasks(launch_plan(*flags, **cloud), {}, shipped)[0])
 
 
 def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypilot_parses_them(fake_sky) -> None:
     from resources.cloud.tasks import CONTROLLER_FALLBACK
     from resources.prices import PriceTable
 
-    result = _invoke("launch", "--workers", "3", "--store", "s3://bucket/run", "--max-usd", "200", "--dry-run")
+    result = _invoke("launch", "--spot-workers", "3", "--store", "s3://bucket/run", "--max-usd", "200", "--dry-run")
     assert result.exit_code == 0, result.output
-    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    run_config, reserved, workers = dry_run_output(result.output)
     assert not fake_sky.calls and PASSWORD not in result.output and "s3cr3t" not in result.output
     yaml_reserved, yaml_spot = _yaml_task("reserved.yaml"), _yaml_task("spot_workers.yaml")
     (r,) = yaml_reserved.resources
@@ -96,8 +100,9 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
         "MAX_USD": "200",
         "SPOTLIGHT_REDIS_RUN_CA": ca,
         "ENV_CACHE_DIR": "/spotlight-env-cache",  # sky/setup.sh restores the venv from the store's env-cache/
-        "RESERVED_USD_PER_HOUR": repr(round(node_usd, 6)),  # the node's GPUs and the jobs controller, not $0.10
     }
+    # The node's price is the run's, in the file it runs: its GPUs and the jobs controller, not the tree's $0.10.
+    assert run_config["deployment"]["reserved_usd_per_hour"] == round(node_usd, 6)
     for task in (reserved, *workers):
         assert task["storage_mounts"] == {"/spotlight-env-cache": "s3://bucket/run/env-cache (MOUNT)"}
     assert all(w["envs"]["SPOTLIGHT_REDIS_RUN_CA"] == ca for w in workers)
@@ -120,60 +125,52 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
 def test_dry_run_with_one_gpu_pins_the_workers_to_it_and_prices_them_from_the_table(fake_sky) -> None:
     from resources.prices import PriceTable
 
-    result = _invoke("launch", "--workers", "1", "--gpu", "A100", "--store", "s3://b/p", "--dry-run")
-    worker = json.loads(result.output.splitlines()[-1])
+    result = _invoke("launch", "--spot-workers", "1", "--gpu", "A100", "--store", "s3://b/p", "--dry-run")
+    (worker,) = dry_run_output(result.output)[2]
     assert [r["accelerators"] for r in worker["resources"]] == [{"A100": 1}] and not worker["any_of"]
     assert worker["resources"][0]["job_recovery"]["recover_on_exit_codes"] == [75]
     assert float(worker["envs"]["USD_PER_HOUR"]) == pytest.approx(PriceTable().usd_per_hour("A100", spot=True)[0])
 
 
-def test_dry_run_with_a_model_hands_it_to_both_tasks_and_mounts_its_bucket_at_that_path(fake_sky) -> None:
+def test_dry_run_with_a_model_ships_it_in_the_run_config_and_mounts_its_bucket_at_that_path(fake_sky, tmp_path) -> None:
     import sky
-    from resources.cloud import LaunchPlan, plan_tasks
+    from resources.cloud import plan_tasks, ship_run_config
 
     model, source = "/models/Qwen-Image", "s3://weights/models/Qwen-Image"
     result = _invoke(
-        "launch",
-        "--workers",
-        "2",
-        "--store",
-        "s3://b/p",
-        "--preset",
-        "qwen_image_lora",
-        "--model",
-        model,
-        "--model-source",
-        source,
-        "--reward",
-        "http://rewards:8200",
-        "--prompts",
-        "/data/prompts.jsonl",
+        *("launch", "--spot-workers", "2", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", model),
+        *("--model-source", source, "--reward", "http://rewards:8200", "--prompts", "/data/prompts.jsonl"),
         "--dry-run",
     )
     assert result.exit_code == 0, result.output
-    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
-    assert reserved["envs"]["MODEL"] == model and reserved["envs"]["PRESET"] == "qwen_image_lora"
-    assert (reserved["envs"]["REWARD"], reserved["envs"]["PROMPTS"]) == ("http://rewards:8200", "/data/prompts.jsonl")
-    assert reserved["envs"]["LOCAL_WORKERS"] == "0"  # the node's CPU workers cannot sample a diffusers pipeline
-    assert all(w["envs"]["MODEL"] == model for w in workers)
-    assert all(t["file_mounts"] == {model: source} for t in (reserved, *workers)) and not fake_sky.calls
-    # What launch submits is a valid SkyPilot task: its YAML form parses back (offline) with the mount and MODEL.
-    plan = LaunchPlan(workers=1, store="s3://b/p", model=model, model_source=source)
-    for task in plan_tasks(plan, SECRETS):
+    run_config, reserved, workers = dry_run_output(result.output)
+    assert (run_config["preset"], run_config["model"]["model"]) == ("qwen_image_lora", model)
+    assert (run_config["train"]["reward"], run_config["train"]["prompts"]) == (
+        "http://rewards:8200",
+        "/data/prompts.jsonl",
+    )
+    assert run_config["workers"]["local_workers"] == 0  # the node's trainer holds the GPU: no workers beside it
+    for task in (reserved, *workers):  # the run's settings travel in the file, never as variables
+        assert not {"MODEL", "PRESET", "REWARD", "PROMPTS", "LOCAL_WORKERS"} & set(task["envs"])
+        assert task["file_mounts"][model] == source and not fake_sky.calls
+    # What launch submits is a valid SkyPilot task: its YAML form parses back (offline) with both mounts.
+    plan = launch_plan("--model", model, model_source=source)
+    shipped = ship_run_config(plan, tmp_path)
+    for task in plan_tasks(plan, SECRETS, shipped):
         again = sky.Task.from_yaml_config(task.to_yaml_config())
-        assert again.file_mounts == {model: source} and again.envs["MODEL"] == model
-    plain = json.loads(_invoke("launch", "--workers", "1", "--store", "s3://b/p", "--dry-run").output.splitlines()[-1])
-    assert plain["envs"]["MODEL"] == "" and plain["file_mounts"] == {}  # the pixel policy, nothing mounted
+        assert again.file_mounts == {model: source, "~/.spotlight/run_config.yaml": str(shipped)}
+    _, plain, _ = dry_run_output(_invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--dry-run").output)
+    assert list(plain["file_mounts"]) == ["~/.spotlight/run_config.yaml"]  # the pixel policy: only the run's file
 
 
 def test_a_gpu_preset_without_a_reward_or_a_relative_prompts_file_is_refused_before_anything_is_submitted(
     fake_sky,
 ) -> None:
-    base = ("launch", "--workers", "1", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", "/m/Qwen")
+    base = ("launch", "--spot-workers", "1", "--store", "s3://b/p", "--preset", "qwen_image_lora", "--model", "/m/Qwen")
     no_reward = _invoke(*base)
     assert no_reward.exit_code == 2 and "names no reward: pass --reward" in no_reward.output
     relative = _invoke(*base, "--reward", "minigeneval", "--prompts", "prompts.jsonl")
-    assert relative.exit_code == 2 and "must be an absolute file path" in relative.output
+    assert relative.exit_code == 2 and "train.prompts 'prompts.jsonl' must be an absolute path" in relative.output
     assert not fake_sky.calls
 
 
@@ -183,13 +180,13 @@ def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_t
     import os
 
     import sky
-    from resources.cloud import LaunchPlan, plan_tasks
+    from resources.cloud import plan_tasks, ship_run_config
     from resources.prices import PriceTable
     from tests.pipelines.sky_blocks import stub_run
 
     result = _invoke(
         "launch",
-        "--workers",
+        "--spot-workers",
         "2",
         "--store",
         "s3://b/p",
@@ -202,13 +199,13 @@ def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_t
         "--dry-run",
     )
     assert result.exit_code == 0, result.output
-    reserved, *workers = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    _, reserved, workers = dry_run_output(result.output)
     assert "SP_DEGREE" not in reserved["envs"] and not fake_sky.calls
     for w in workers:
         assert [r["accelerators"] for r in w["resources"]] == [{"H100": 8}] and w["envs"]["SP_DEGREE"] == "4"
         assert float(w["envs"]["USD_PER_HOUR"]) == pytest.approx(8 * PriceTable().usd_per_hour("H100", spot=True)[0])
-    any_of = LaunchPlan(workers=1, store="s3://b/p", sp_degree="auto", gpus_per_node=4)
-    (_, task) = plan_tasks(any_of, SECRETS)
+    any_of = launch_plan(sp_degree="auto", gpus_per_node=4)
+    (_, task) = plan_tasks(any_of, SECRETS, ship_run_config(any_of, tmp_path))
     again = sky.Task.from_yaml_config(task.to_yaml_config())  # what launch submits parses back (offline)
     assert {tuple(r.accelerators.items()) for r in again.resources} == {
         ((next(iter(r.accelerators)), 4),) for r in _yaml_task("spot_workers.yaml").resources
@@ -220,6 +217,7 @@ def test_dry_run_with_an_sp_degree_asks_for_nodes_of_that_many_gpus_that_start_t
     commands = {argv[2]: argv[3:] for argv in stub_run(again, tmp_path, os.environ) if argv[:2] == ["python", "-m"]}
     flags = commands["workers.sp"]
     assert flags[flags.index("--workers") + 1] == "4" and flags[flags.index("--degree") + 1] == "auto"
+    assert flags[flags.index("--config") + 1].endswith("/.spotlight/run_config.yaml")  # its knobs, model, device
 
 
 @pytest.fixture(scope="module")
@@ -245,14 +243,14 @@ def tiny_models(tmp_path_factory) -> dict:
 def test_an_sp_degree_the_models_transformer_cannot_take_is_refused_before_anything_is_submitted(
     fake_sky, tiny_models, model, args, message
 ) -> None:
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--model", str(tiny_models[model]), *args)
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--model", str(tiny_models[model]), *args)
     assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
 
 
 def test_an_sp_degree_the_model_takes_launches_and_a_folder_only_on_the_nodes_is_left_to_them(fake_sky, tiny_models):
     fits = _invoke(
         "launch",
-        "--workers",
+        "--spot-workers",
         "1",
         "--store",
         "s3://b/p",
@@ -265,7 +263,7 @@ def test_an_sp_degree_the_model_takes_launches_and_a_folder_only_on_the_nodes_is
     assert fits.exit_code == 0 and "not checked" not in fits.output, fits.output
     elsewhere = _invoke(
         "launch",
-        "--workers",
+        "--spot-workers",
         "1",
         "--store",
         "s3://b/p",
@@ -288,27 +286,36 @@ def test_an_sp_degree_the_model_takes_launches_and_a_folder_only_on_the_nodes_is
 )
 def test_launch_without_an_enabled_cloud_submits_nothing_and_names_sky_check(fake_sky, clouds, message) -> None:
     fake_sky.clouds = clouds
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")
     assert result.exit_code == 1 and message in result.output and "`sky check`" in result.output
     assert fake_sky.submitted == []
 
 
 def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_export(fake_sky, monkeypatch) -> None:
     monkeypatch.delenv("SPOTLIGHT_REDIS_PASSWORD")
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")
     assert result.exit_code == 1 and "export SPOTLIGHT_REDIS_PASSWORD" in result.output and fake_sky.calls == []
-    dry = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--dry-run")  # still shows what it would submit
-    assert dry.exit_code == 0 and json.loads(dry.output.splitlines()[-1])["secrets"]["SPOTLIGHT_REDIS_PASSWORD"] is None
+    dry = _invoke(
+        "launch", "--spot-workers", "1", "--store", "s3://b/p", "--dry-run"
+    )  # still shows what it would submit
+    assert dry.exit_code == 0 and dry_run_output(dry.output)[2][0]["secrets"]["SPOTLIGHT_REDIS_PASSWORD"] is None
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--store", "/data/store"], "--store must be s3://"),
+        (["--store", "/data/store"], "--store (deployment.store) must be s3://"),
+        ([], "--store (deployment.store) must be s3://"),
         (["--store", "s3://b/p", "--gpu", "B200"], "give distinct accelerator names from A100"),
         (["--store", "s3://b/p", "--max-usd", "0"], "--max-usd must be a positive"),
-        (["--store", "s3://b/p", "--preset", "gpu_huge"], "unknown; choose one of"),
-        (["--store", "s3://b/p", "--model", "models/qwen"], "must be an absolute folder path"),
+        (["--store", "s3://b/p", "--preset", "gpu_huge"], "unknown preset 'gpu_huge'; choose one of"),
+        (["--store", "s3://b/p", "--model", "models/qwen"], "model.model 'models/qwen' must be an absolute path"),
+        (["--store", "s3://b/p", "--group-sise", "4"], "unknown key 'group-sise'; did you mean"),
+        (["--store", "s3://b/p", "--group-size", "1"], "train.group_size: Input should be greater than or equal to 2"),
+        (
+            ["--store", "s3://b/p", "--rollouts", "inprocess", "--explore-samples", "8"],
+            "a cloud run has deployment.deployment 'cloud'",
+        ),
         (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
         (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
         (["--store", "s3://b/p", "--reserved-gpus", "H100:0"], "--reserved-gpus must be NAME[:COUNT]"),
@@ -324,5 +331,99 @@ def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_expo
     ],
 )
 def test_bad_launch_flags_are_refused_before_anything_is_submitted(fake_sky, args, message) -> None:
-    result = _invoke("launch", "--workers", "2", *args)
+    result = _invoke("launch", "--spot-workers", "2", *args)
     assert result.exit_code == 2 and message in result.output and fake_sky.calls == []
+
+
+RUN_YAML = """\
+preset: cpu_smoke
+train:
+  group_size: 4
+  iterations: 3
+workers.lease_s: 7
+workers.commit_every: 3
+deployment.run_dir: runs/mine
+"""
+PLACED = {
+    "deployment.deployment": "cloud",
+    "deployment.queue": "rediss://127.0.0.1:6379/0",
+    "deployment.run_dir": "runs/cloud",
+    "deployment.reserved_usd_per_hour": None,  # the node's price: checked in the default dry run's test
+    "workers.preemptions_per_hour": 0.0,
+    "train.device": "cuda",
+}
+"""What a launch decides for the run, over the user's file: everything else is the file's, resolved."""
+
+
+def test_dry_run_run_config_is_the_resolved_tree_of_the_users_file_with_only_the_clouds_placement(
+    fake_sky, tmp_path
+) -> None:
+    import yaml
+
+    from resources.settings.resolve import file_layer, flag_layer, resolve
+    from workers.trainer.presets import PRESETS
+
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text(RUN_YAML)
+    result = _invoke("launch", "--config", str(run_yaml), "--spot-workers", "1", "--store", "s3://b/p", "--dry-run")
+    assert result.exit_code == 0, result.output
+    run_config, reserved, (worker,) = dry_run_output(result.output)
+    # What `spotlight config --config run.yaml --store s3://b/p` resolves, here:
+    local = resolve([file_layer(run_yaml), flag_layer({"store": "s3://b/p"})], PRESETS).config.model_dump(mode="json")
+    differs = {
+        f"{section}.{key}"
+        for section, values in local.items()
+        if isinstance(values, dict)
+        for key in values
+        if values[key] != run_config[section][key]
+    }
+    assert differs == set(PLACED) and local["preset"] == run_config["preset"] == "cpu_smoke"
+    for key, value in PLACED.items():
+        section, name = key.split(".")
+        assert value is None or run_config[section][name] == value, key
+    assert (run_config["train"]["group_size"], run_config["workers"]["lease_s"]) == (4, 7.0)
+    # Both tasks mount the one file that holds that tree.
+    mount = "~/.spotlight/run_config.yaml"
+    (source,) = {reserved["file_mounts"][mount], worker["file_mounts"][mount]}
+    assert yaml.safe_load(Path(source).read_text()) == run_config
+
+
+def test_a_lease_set_once_in_run_yaml_reaches_the_spot_workers_command_through_the_shipped_file(
+    fake_sky, tmp_path
+) -> None:
+    """The spot task as SkyPilot serves it, its file mount put where SkyPilot puts it, its run block run with stubs:
+    the worker's own parser, on the command the block starts, reads the run.yaml's lease and commit interval."""
+    import os
+    import shutil
+
+    from pipelines.launch_config import resolve_launch_run
+    from resources.cloud import LaunchPlan, plan_tasks, ship_run_config, with_run_tls
+    from resources.queue.redis_tls import make_run_tls
+    from tests.pipelines.sky_blocks import stub_run
+    from workers.rollout.config import parse_worker_args
+    from workers.rollout.worker import build_parser
+
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text(RUN_YAML)
+    plan = LaunchPlan(spot_workers=1, run=resolve_launch_run(run_yaml, ["--store", "s3://b/p"], {}))
+    shipped = ship_run_config(plan, tmp_path / "state")
+    _, spot = plan_tasks(plan, with_run_tls(SECRETS, make_run_tls()), shipped, "rediss://w@10.0.0.7:6379/0")
+    served = served_task(spot)
+    home = tmp_path / "node-home"
+    for remote, local in served.file_mounts.items():  # what SkyPilot does on the node before the run block
+        target = home / remote.removeprefix("~/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(local, target)
+    commands = stub_run(served, tmp_path / "node", {**os.environ, "HOME": str(home)})
+    (argv,) = [a for a in commands if a[:3] == ["python", "-m", "workers.rollout"]]
+    assert argv[argv.index("--config") + 1] == str(home / ".spotlight" / "run_config.yaml")
+    assert "--lease-s" not in argv and "--commit-every" not in argv and "--device" not in argv
+    args = parse_worker_args(build_parser(), argv[3:])
+    assert (args.lease_s, args.commit_every, args.device, args.model) == (7.0, 3, "cuda", None)
+
+
+def test_launchs_old_workers_flag_is_refused_with_its_new_name(fake_sky) -> None:
+    """`--workers` is the reserved node's own processes in `spotlight run`; launch's spot jobs are --spot-workers."""
+    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--dry-run")
+    assert result.exit_code == 2 and "--workers was renamed --spot-workers" in result.output
+    assert "--local-workers" in result.output and not fake_sky.calls

@@ -8,20 +8,20 @@ import json
 
 import pytest
 
-from tests.pipelines.sky_fakes import PASSWORD, SECRETS, served_task
+from tests.pipelines.sky_fakes import PASSWORD, SECRETS, launch_plan, served_task
 from tests.pipelines.sky_fakes import invoke as _invoke
 
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
 @pytest.mark.parametrize("identity", ["role:spotlight-nodes", "service-account"])
-def test_with_an_instance_role_no_task_declares_or_carries_the_aws_keys(identity) -> None:
-    from resources.cloud import LaunchPlan, plan_tasks, with_run_tls
+def test_with_an_instance_role_no_task_declares_or_carries_the_aws_keys(identity, tmp_path) -> None:
+    from resources.cloud import plan_tasks, ship_run_config, with_run_tls
     from resources.queue.redis_tls import make_run_tls
 
-    plan = LaunchPlan(workers=2, store="s3://b/p", aws_identity=identity)
+    plan = launch_plan(spot_workers=2, aws_identity=identity)
     secrets = with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": PASSWORD}, make_run_tls())
-    for task in plan_tasks(plan, secrets, "rediss://w@10.0.0.7:6379/0"):
+    for task in plan_tasks(plan, secrets, ship_run_config(plan, tmp_path), "rediss://w@10.0.0.7:6379/0"):
         served = served_task(task)  # SkyPilot's round trip and secret resolution accept it: nothing left unresolved
         assert not set(AWS_KEYS) & (set(served.secrets) | set(served.envs)) and not served.managed_secret_refs
         assert "SPOTLIGHT_REDIS_PASSWORD" in served.secrets
@@ -33,9 +33,9 @@ def test_launch_with_a_role_needs_no_aws_keys_and_every_request_carries_the_remo
 ) -> None:
     for key in AWS_KEYS:
         monkeypatch.delenv(key)
-    refused = _invoke("launch", "--workers", "2", "--store", "s3://b/p")  # the default ships keys: they are needed
+    refused = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")  # the default ships keys: they are needed
     assert refused.exit_code == 1 and "AWS_ACCESS_KEY_ID" in refused.output and "--aws-identity" in refused.output
-    result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--aws-identity", "role:spotlight-nodes")
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p", "--aws-identity", "role:spotlight-nodes")
     assert result.exit_code == 0, result.output
     assert fake_sky.submitted == ["launch", "jobs.launch", "jobs.launch"]
     assert fake_sky.identities == [
@@ -48,7 +48,7 @@ def test_launch_with_a_role_needs_no_aws_keys_and_every_request_carries_the_remo
 
 
 def test_the_default_ships_the_keys_and_leaves_skypilots_identity_alone(fake_sky, reserved_redis) -> None:
-    assert _invoke("launch", "--workers", "1", "--store", "s3://b/p").exit_code == 0
+    assert _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p").exit_code == 0
     assert [identity for _, identity in fake_sky.identities] == [None, None]
     for _, (task, _), _ in fake_sky.calls:
         assert {k: task.secrets[k].get_secret_value() for k in AWS_KEYS} == {k: SECRETS[k] for k in AWS_KEYS}
@@ -56,5 +56,5 @@ def test_the_default_ships_the_keys_and_leaves_skypilots_identity_alone(fake_sky
 
 @pytest.mark.parametrize("identity", ["role:", "role:bad name", "iam", "keys:x"])
 def test_an_identity_it_cannot_use_is_refused_before_anything_is_submitted(fake_sky, identity) -> None:
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--aws-identity", identity)
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--aws-identity", identity)
     assert result.exit_code == 2 and "--aws-identity must be one of" in result.output and not fake_sky.calls

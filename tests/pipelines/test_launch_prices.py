@@ -4,6 +4,8 @@ tables) or, without it, the price table."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.pipelines.sky_fakes import invoke as _invoke
@@ -29,12 +31,12 @@ def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the
             offer("GCP", "a3-highgpu-1g", "H100", 1, 5.38, 2.53),
         ],
     }
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
     (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
     assert float(task.envs["USD_PER_HOUR"]) == 2.53 and "a3-highgpu-1g on GCP" in result.output
     fake_sky.catalog, fake_sky.calls = None, []
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--gpu", "L4,A10G")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--gpu", "L4,A10G")
     (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
     assert "priced from the price table" in result.output
     assert float(task.envs["USD_PER_HOUR"]) == pytest.approx(
@@ -84,6 +86,14 @@ def _reserved(fake_sky):
     return task
 
 
+def _node_price(task) -> float:
+    """The reserved node's price in the run's config file the task mounts (what its spotlight run reads)."""
+    import yaml
+
+    shipped = task.file_mounts["~/" + task.envs["RUN_CONFIG"]]
+    return yaml.safe_load(Path(shipped).read_text())["deployment"]["reserved_usd_per_hour"]
+
+
 def test_the_reserved_node_is_priced_as_launched_with_the_jobs_controller_and_handed_to_spotlight_run(
     fake_sky, reserved_redis, tmp_path
 ) -> None:
@@ -94,20 +104,21 @@ def test_the_reserved_node_is_priced_as_launched_with_the_jobs_controller_and_ha
     from tests.pipelines.sky_blocks import stub_run
 
     fake_sky.clouds, fake_sky.catalog, fake_sky.controller = ["AWS", "GCP"], CATALOG, CONTROLLER
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
-    assert float(_reserved(fake_sky).envs["RESERVED_USD_PER_HOUR"]) == pytest.approx(0.71 + 0.192)
+    assert _node_price(_reserved(fake_sky)) == pytest.approx(0.71 + 0.192)
     assert "g2-standard-4 on GCP" in result.output and "jobs controller m6i.xlarge on aws" in result.output
     fake_sky.calls.clear()
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--reserved-gpus", "H100:8")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--reserved-gpus", "H100:8")
     assert result.exit_code == 0, result.output
     reserved = _reserved(fake_sky)
     ((resources),) = reserved.resources
     assert resources.accelerators == {"H100": 8} and resources.autostop_config.down and resources.ports == ["6379"]
-    assert float(reserved.envs["RESERVED_USD_PER_HOUR"]) == pytest.approx(88.25 + 0.192)
+    assert _node_price(reserved) == pytest.approx(88.25 + 0.192)
     reserved.update_envs({"RUN_DIR": str(tmp_path / "run")})
-    (run,) = [argv for argv in stub_run(reserved, tmp_path, os.environ) if argv[2:4] == ["pipelines.cli", "run"]]
-    assert run[run.index("--reserved-usd-per-hour") + 1] == reserved.envs["RESERVED_USD_PER_HOUR"]
+    home = {**os.environ, "HOME": str(tmp_path)}
+    (run,) = [argv for argv in stub_run(reserved, tmp_path, home) if argv[2:4] == ["pipelines.cli", "run"]]
+    assert run[run.index("--config") + 1] == str(tmp_path / reserved.envs["RUN_CONFIG"])  # the mount's path
 
 
 def test_without_the_catalog_the_reserved_node_is_priced_from_the_table_and_a_stand_in_controller(
@@ -116,10 +127,10 @@ def test_without_the_catalog_the_reserved_node_is_priced_from_the_table_and_a_st
     from resources.cloud.tasks import CONTROLLER_FALLBACK
     from resources.prices import PriceTable
 
-    result = _invoke("launch", "--workers", "1", "--store", "s3://b/p", "--reserved-gpus", "A100:2")
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--reserved-gpus", "A100:2")
     assert result.exit_code == 0, result.output
     expected = PriceTable().usd_per_hour("A100", spot=False, num_gpus=2)[0] + CONTROLLER_FALLBACK[0]
-    assert float(_reserved(fake_sky).envs["RESERVED_USD_PER_HOUR"]) == pytest.approx(expected)
+    assert _node_price(_reserved(fake_sky)) == pytest.approx(expected)
     assert "the price table's A100:2 on-demand (catalog not read)" in result.output
 
 

@@ -42,28 +42,35 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _tasks(store: str, port: int, run_dir: Path, password: str):
+def _tasks(store: str, port: int, run_dir: Path, password: str, home: Path):
     """The reserved task and a spot worker's, as `spotlight launch` builds them (the run's TLS material, the workers'
-    ACL user and password), with the envs that make them run here."""
-    from resources.cloud import LaunchPlan, reserved_task, with_run_tls, worker_task
+    ACL user and password, the run's config file), with the envs that make them run here; the config file is put
+    where SkyPilot puts a file mount, under the nodes' `home`, with this machine's port and run folder."""
+    from pipelines.launch_config import resolve_launch_run
+    from resources.cloud import LaunchPlan, placed_run_config, reserved_task, with_run_tls, worker_task
     from resources.queue.redis_tls import make_run_tls
+    from resources.settings.resolve import derive, to_yaml
 
     secrets = with_run_tls(
         {"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
         make_run_tls(),
     )
-    plan = LaunchPlan(workers=1, store=store, preset="cpu_smoke", iterations=2)
-    reserved = reserved_task(plan, secrets)
-    reserved.update_envs(
-        {"RUN_DIR": str(run_dir), "LOCAL_WORKERS": "1", "REDIS_PORT": str(port), "TRAINER_DEVICE": "cpu"}
-    )  # what `sky launch --env` sets
+    flags = ["--store", store, "--preset", "cpu_smoke", "--iterations", "2", "--local-workers", "1", "--device", "cpu"]
+    plan = LaunchPlan(spot_workers=1, run=resolve_launch_run(None, flags, {}))
+    placed = placed_run_config(plan)
+    here = {"queue": f"rediss://127.0.0.1:{port}/0", "run_dir": str(run_dir)}  # what this machine's node differs in
+    shipped = home / ".spotlight" / "run_config.yaml"
+    shipped.parent.mkdir(parents=True, exist_ok=True)
+    shipped.write_text(to_yaml(derive(placed, placed.preset, deployment=here)))
+    reserved = reserved_task(plan, secrets, shipped)
+    reserved.update_envs({"RUN_DIR": str(run_dir), "REDIS_PORT": str(port)})  # what `sky launch --env` sets
     queue = f"rediss://spotlight-worker@127.0.0.1:{port}/0"
-    spot_envs = {"DEVICE": "cpu", "USD_PER_HOUR": "0.25", "END_CHECK_S": "1"}
-    spot = worker_task(plan, secrets, 1, queue)
+    spot_envs = {"USD_PER_HOUR": "0.25", "END_CHECK_S": "1"}
+    spot = worker_task(plan, secrets, 1, shipped, queue)
     spot.update_envs(spot_envs)
-    wrong_password = worker_task(plan, {**secrets, "SPOTLIGHT_REDIS_PASSWORD": "not-the-run's"}, 2, queue)
+    wrong_password = worker_task(plan, {**secrets, "SPOTLIGHT_REDIS_PASSWORD": "not-the-run's"}, 2, shipped, queue)
     wrong_password.update_envs(spot_envs)
-    no_ca = worker_task(plan, secrets, 3, queue)
+    no_ca = worker_task(plan, secrets, 3, shipped, queue)
     no_ca.update_envs({**spot_envs, "SPOTLIGHT_REDIS_RUN_CA": ""})
     return reserved, spot, {"wrong password": wrong_password, "no CA": no_ca}
 
@@ -103,7 +110,9 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     password = secrets.token_hex(16)
     port, run_dir, logs = _free_port(), tmp_path / "run", tmp_path / "logs"
-    reserved_task, spot_task, refused = _tasks(f"s3://{s3_server.bucket}/spotlight", port, run_dir, password)
+    home = tmp_path / "node-home"  # every node's home (sky/setup.sh's venv, the run's config file)
+    reserved_task, spot_task, refused = _tasks(f"s3://{s3_server.bucket}/spotlight", port, run_dir, password, home)
+    node_env = {**os.environ, "HOME": str(home)}
     recover_on = list(spot_task.resources)[0].job_recovery["recover_on_exit_codes"]
     setups = _set_up_nodes({"reserved": reserved_task, "spot": spot_task, **refused}, tmp_path)
     assert [r["path"] for r in setups.values()] == ["install"] + ["restore"] * (len(setups) - 1)
@@ -112,20 +121,20 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
     outsiders: dict[str, Block] = {}
     with ArgvWatch(password.encode()) as argv_watch:
         try:
-            blocks.append(reserved := start_block(reserved_task, "reserved", REPO_ROOT, logs, os.environ))
+            blocks.append(reserved := start_block(reserved_task, "reserved", REPO_ROOT, logs, node_env))
             wait_for(lambda: (run_dir / "redis" / "redis.pid").exists(), 30, "redis-server", blocks)
             wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 30, "redis-server's port", blocks)
             outsiders = {
-                why: start_block(task, why.replace(" ", "-"), REPO_ROOT, logs, os.environ)
+                why: start_block(task, why.replace(" ", "-"), REPO_ROOT, logs, node_env)
                 for why, task in refused.items()
             }
-            blocks += [start_block(spot_task, f"spot{i}", REPO_ROOT, logs, os.environ) for i in (1, 2)]
+            blocks += [start_block(spot_task, f"spot{i}", REPO_ROOT, logs, node_env) for i in (1, 2)]
             wait_for(lambda: any(_claimed(b) for b in blocks[1:]), RUN_TIMEOUT_S, "a spot worker's claim", blocks)
             victim = next(b for b in blocks[1:] if _claimed(b))
             victim.signal(signal.SIGTERM)  # the preemption notice (or SkyPilot stopping the job)
             exit_code = victim.wait(60)
             assert exit_code in recover_on, f"a preempted worker exits {exit_code}; job_recovery recovers {recover_on}"
-            blocks.append(start_block(spot_task, f"{victim.name}-recovered", REPO_ROOT, logs, os.environ))
+            blocks.append(start_block(spot_task, f"{victim.name}-recovered", REPO_ROOT, logs, node_env))
             assert reserved.wait(RUN_TIMEOUT_S) == 0, reserved.text()[-3000:]
             for block in blocks[1:]:  # the run has ended: every live spot job ends by itself, with 0 (not recovered)
                 if block is not victim:

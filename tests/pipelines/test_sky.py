@@ -19,9 +19,11 @@ def _raw(name: str) -> dict:
     return yaml.safe_load((SKY / name).read_text())
 
 
-def _python_commands(name: str, workdir: Path, envs: dict | None = None) -> list[list[str]]:
+def _python_commands(name: str, workdir: Path, envs: dict | None = None, run_config=None) -> list[list[str]]:
     """Each `python -m module args...` the task's run block starts, module first: the block run by bash with the
-    YAML's envs (and `envs`, as `--env` sets them) and its secrets, `python` and `redis-server` stubbed out."""
+    YAML's envs (and `envs`, as `--env` sets them) and its secrets, `python` and `redis-server` stubbed out, on a
+    node whose home (`workdir`/home) holds `run_config` (a RunConfig; default: the tree's defaults) where the task
+    mounts the run's config file."""
     import os
 
     from resources.cloud import yaml_task
@@ -29,7 +31,21 @@ def _python_commands(name: str, workdir: Path, envs: dict | None = None) -> list
 
     task = yaml_task(name, {k: "secret-value" for k in _raw(name).get("secrets") or {}})
     task.update_envs({"RUN_DIR": str(workdir / "run"), **(envs or {})})
-    return [argv[2:] for argv in stub_run(task, workdir, os.environ) if argv[:2] == ["python", "-m"]]
+    home = _node_home(workdir / "home", run_config)
+    return [
+        argv[2:] for argv in stub_run(task, workdir, {**os.environ, "HOME": str(home)}) if argv[:2] == ["python", "-m"]
+    ]
+
+
+def _node_home(home: Path, run_config=None) -> Path:
+    """A node's home folder holding the run's config file where the YAMLs' RUN_CONFIG says launch mounts it."""
+    from resources.settings.config import RunConfig
+    from resources.settings.resolve import to_yaml
+
+    (home / _raw("reserved.yaml")["envs"]["RUN_CONFIG"]).parent.mkdir(parents=True, exist_ok=True)
+    for name in YAMLS:
+        (home / _raw(name)["envs"]["RUN_CONFIG"]).write_text(to_yaml(run_config or RunConfig()))
+    return home
 
 
 def _by_module(commands: list[list[str]]) -> dict[str, list[str]]:
@@ -69,43 +85,56 @@ def test_spot_workers_are_spot_on_several_gpu_types_with_eager_recovery() -> Non
 
 
 def test_the_spot_worker_line_is_accepted_by_the_worker_and_recovers_on_its_notice_exit_code(tmp_path: Path) -> None:
+    from workers.rollout.config import parse_worker_args
     from workers.rollout.worker import build_parser, check_args
 
     commands = _by_module(_python_commands("spot_workers.yaml", tmp_path))
     assert sorted(commands) == ["resources.cluster.worker_events", "resources.run_status", "workers.rollout"]
     argv = commands["workers.rollout"]
-    args = build_parser().parse_args(argv[1:])
+    args = parse_worker_args(build_parser(), argv[1:])
     args.worker_id = "w"
     check_args(args)
     assert args.spot and args.preemption_notice == "auto"
     assert args.notice_exit_code in _raw("spot_workers.yaml")["resources"]["job_recovery"]["recover_on_exit_codes"]
 
 
-@pytest.mark.parametrize("degree", ["4", "auto"])
-def test_an_sp_degree_starts_the_node_agent_over_the_nodes_gpus_as_the_worker_is_started(degree, tmp_path) -> None:
-    """SP_DEGREE 2..8 or auto: `python -m workers.sp` over SkyPilot's GPUs of the node, with the rollout worker's
-    queue, store, model, price, notice and relay; secrets never on a command line. Empty or 1: the rollout worker."""
-    from workers.sp.node_serve import build_parser, check_args
+def _model_run(tmp_path: Path):
+    """A run on a diffusers pipeline folder (with a space in its path) on a GPU, as the tree the nodes receive."""
+    from resources.settings.config import RunConfig
 
     model = tmp_path / "models" / "Qwen Image"
     model.mkdir(parents=True)
     (model / "model_index.json").write_text('{"_class_name": "QwenImagePipeline"}')
-    envs = {"SP_DEGREE": degree, "SKYPILOT_NUM_GPUS_PER_NODE": "8", "MODEL": str(model)}
-    commands = _python_commands("spot_workers.yaml", tmp_path / "sp", envs)
+    return model, RunConfig(model={"model": str(model)}, train={"device": "cuda"}, workers={"lease_s": 7})
+
+
+@pytest.mark.parametrize("degree", ["4", "auto"])
+def test_an_sp_degree_starts_the_node_agent_over_the_nodes_gpus_as_the_worker_is_started(degree, tmp_path) -> None:
+    """SP_DEGREE 2..8 or auto: `python -m workers.sp` over SkyPilot's GPUs of the node, with the rollout worker's
+    queue, store, run config (its knobs, model and device), price, notice and relay; secrets never on a command
+    line. Empty or 1: the rollout worker."""
+    from workers.rollout.config import parse_worker_args
+    from workers.sp.node_serve import build_parser, check_args, node_defaults
+
+    model, run = _model_run(tmp_path)
+    envs = {"SP_DEGREE": degree, "SKYPILOT_NUM_GPUS_PER_NODE": "8"}
+    commands = _python_commands("spot_workers.yaml", tmp_path / "sp", envs, run)
     assert sorted(_by_module(commands)) == ["resources.cluster.worker_events", "resources.run_status", "workers.sp"]
     assert not any("secret-value" in arg for argv in commands for arg in argv)
     argv = _by_module(commands)["workers.sp"]
-    args = build_parser().parse_args(argv[1:])
+    args = parse_worker_args(build_parser(), argv[1:], node_defaults)
     args.node_id = "n"
     check_args(args)  # what the node agent refuses at start (exit 2) it refuses here
     assert args.workers == 8 and args.degree == (None if degree == "auto" else 4) and args.model == str(model)
-    assert args.spot and args.preemption_notice == "auto" and args.device == "cuda"
+    assert args.spot and args.preemption_notice == "auto" and args.device == "cuda" and args.lease_s == 7
     assert args.notice_exit_code in _raw("spot_workers.yaml")["resources"]["job_recovery"]["recover_on_exit_codes"]
-    rollout = _by_module(_python_commands("spot_workers.yaml", tmp_path / "one", {**envs, "SP_DEGREE": "1"}))
+    one = _python_commands("spot_workers.yaml", tmp_path / "one", {**envs, "SP_DEGREE": "1"}, run)
+    rollout = _by_module(one)
     assert sorted(rollout) == ["resources.cluster.worker_events", "resources.run_status", "workers.rollout"]
-    shared = ("--queue", "--store", "--commit-every", "--lease-s", "--usd-per-hour", "--max-idle-s", "--model")
+    shared = ("--queue", "--store", "--usd-per-hour", "--max-idle-s")
     for flag in shared:  # the same values as the rollout worker's line
         assert argv[argv.index(flag) + 1] == rollout["workers.rollout"][rollout["workers.rollout"].index(flag) + 1]
+    assert argv[argv.index("--config") + 1].endswith("/.spotlight/run_config.yaml")
     assert _by_module(commands)["resources.cluster.worker_events"] == rollout["resources.cluster.worker_events"]
 
 
@@ -154,13 +183,13 @@ def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(sp_deg
         {
             "SPOTLIGHT_QUEUE": str(tmp_path / "queue.db"),
             "SPOTLIGHT_STORE": str(tmp_path / "store"),
-            "DEVICE": "cpu",
             "SP_DEGREE": sp_degree,
             "SKYPILOT_NUM_GPUS_PER_NODE": "2",
         }
     )
     (tmp_path / "store").mkdir()
-    block = start_block(task, "spot", REPO, tmp_path / "logs", __import__("os").environ)
+    home = _node_home(tmp_path / "home")  # the tree's defaults: the CPU
+    block = start_block(task, "spot", REPO, tmp_path / "logs", {**__import__("os").environ, "HOME": str(home)})
     try:
         wait_for(lambda: '"event": "ready"' in block.text(), 120, "the worker's ready event", [block])
         block.signal(signal.SIGTERM)
@@ -171,67 +200,27 @@ def test_a_sigtermed_spot_job_exits_with_a_code_its_job_recovery_recovers(sp_deg
     assert '"event": "exit", "reason": "stopped"' in block.text()  # the relay passed the last event through
 
 
-def test_with_model_set_both_run_blocks_hand_the_folder_to_the_coordinator_and_every_worker(tmp_path: Path) -> None:
-    """MODEL (a diffusers pipeline folder, here with a space in its path) reaches `spotlight run --model` on the
-    reserved node and `python -m workers.rollout --model` on every spot worker, as one argument; empty, neither
-    gets --model (the pixel policy)."""
-    from pipelines.run import RunSpec
+def test_both_run_blocks_hand_the_mounted_run_config_to_the_coordinator_and_every_worker(tmp_path: Path) -> None:
+    """The run's settings reach the nodes in one file: `spotlight run --config` on the reserved node (its other
+    flags are the cap and --resume: no run setting), `python -m workers.rollout --config` on every spot worker,
+    which takes the model, its device and its knobs from it."""
+    from workers.rollout.config import parse_worker_args
     from workers.rollout.worker import build_parser, check_args
 
-    model = tmp_path / "models" / "Qwen Image"
-    model.mkdir(parents=True)
-    (model / "model_index.json").write_text('{"_class_name": "QwenImagePipeline"}')
-    for envs, expected in (({"MODEL": str(model)}, ["--model", str(model)]), ({}, [])):
-        run = _by_module(_python_commands("reserved.yaml", tmp_path / "reserved", envs))["pipelines.cli"]
-        worker = _by_module(_python_commands("spot_workers.yaml", tmp_path / "spot", envs))["workers.rollout"]
-        for argv in (run, worker):
-            at = argv.index("--model") if "--model" in argv else None
-            assert (argv[at : at + 2] if at is not None else []) == expected, argv
-        args = build_parser().parse_args(worker[1:])
-        args.worker_id = "w"
-        check_args(args)  # the worker takes the folder: it holds a pipeline
-        assert args.model == (str(model) if expected else None)
-        if expected:  # the coordinator's flags parse into a run on that folder
-            assert run[run.index("--run-dir") + 1] == str(tmp_path / "reserved" / "run")
-            assert RunSpec(str(tmp_path / "r"), model=run[run.index("--model") + 1]).model == str(model)
-
-
-def test_trainer_nproc_sync_mode_and_checkpointing_reach_spotlight_run_on_the_reserved_node(tmp_path: Path) -> None:
-    """TRAINER_NPROC (default 1) becomes `spotlight run --nproc`; SYNC_MODE and GRADIENT_CHECKPOINTING, empty by
-    default, add their flags only when set. The coordinator's argv parses into those values."""
-    from typer.main import get_command
-
-    from pipelines.cli import app
-
-    assert _raw("reserved.yaml")["envs"]["TRAINER_NPROC"] == 1
-    run = get_command(app).commands["run"]
-    for name, envs, expected in (
-        ("defaults", {}, (1, None, None)),
-        ("ranked", {"TRAINER_NPROC": "8", "SYNC_MODE": "merged", "GRADIENT_CHECKPOINTING": "1"}, (8, "merged", True)),
-    ):
-        argv = _by_module(_python_commands("reserved.yaml", tmp_path / name, envs))["pipelines.cli"]
-        assert argv[:2] == ["pipelines.cli", "run"] and "--resume" in argv
-        params = run.make_context("run", argv[2:]).params
-        assert (params["nproc"], params["sync_mode"], params["gradient_checkpointing"]) == expected, argv
-
-
-def test_reward_and_prompts_reach_spotlight_run_on_the_reserved_node_only_when_set(tmp_path: Path) -> None:
-    """REWARD and PROMPTS (spotlight launch --reward/--prompts), empty by default, become `spotlight run --reward
-    SPEC --prompts FILE`, each one argument whatever it holds; the coordinator's argv parses into those values."""
-    from typer.main import get_command
-
-    from pipelines.cli import app
-
-    run = get_command(app).commands["run"]
-    reward = "multi:clip:/models/Pick Score=1,jpeg_compressibility=0.1"
-    for name, envs, expected in (
-        ("defaults", {}, (None, None)),
-        ("set", {"REWARD": reward, "PROMPTS": "/data/my prompts.jsonl"}, (reward, "/data/my prompts.jsonl")),
-    ):
-        argv = _by_module(_python_commands("reserved.yaml", tmp_path / name, envs))["pipelines.cli"]
-        params = run.make_context("run", argv[2:]).params
-        prompts = params["prompts"] and str(params["prompts"])
-        assert (params["reward"], prompts) == expected, argv
+    model, tree = _model_run(tmp_path)
+    run = _by_module(_python_commands("reserved.yaml", tmp_path / "reserved", run_config=tree))["pipelines.cli"]
+    worker = _by_module(_python_commands("spot_workers.yaml", tmp_path / "spot", run_config=tree))["workers.rollout"]
+    assert run[:2] == ["pipelines.cli", "run"] and {a for a in run if a.startswith("--")} == {
+        "--config",
+        "--max-usd",
+        "--resume",
+    }
+    assert run[run.index("--config") + 1] == str(tmp_path / "reserved" / "home" / ".spotlight" / "run_config.yaml")
+    assert not {"--model", "--device", "--lease-s", "--commit-every"} & set(worker)
+    args = parse_worker_args(build_parser(), worker[1:])
+    args.worker_id = "w"
+    check_args(args)  # the worker takes the folder: it holds a pipeline
+    assert (args.model, args.device, args.lease_s) == (str(model), "cuda", 7)
 
 
 def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_line(tmp_path: Path) -> None:
@@ -246,8 +235,9 @@ def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_li
         "resources.run_archive",
         "resources.run_status",
     ]
-    queue = commands[2][commands[2].index("--queue") + 1]
-    assert queue.startswith("rediss://127.0.0.1:")  # the coordinator too talks TLS to its own Redis
+    from resources.cloud.tasks import NODE_QUEUE
+
+    queue = NODE_QUEUE  # the queue launch places in the run's tree: the coordinator's, TLS to its own Redis
     assert commands[1][1:] == ["--queue", queue, "--mark", "running"]
     assert commands[4][1:] == ["--queue", queue, "--mark", "ended"]
     assert commands[3][1:] == ["--run-dir", str(tmp_path / "run"), "--store", "s3://b/p"]

@@ -5,8 +5,11 @@ start one; the phases then enqueue (rollouts, exploration beside training) and t
 workers pull. Worker ids carry a session number, so a resumed run's new workers stay
 unique in the ledger.
 
+Where the run saved its resolved config (`<run-dir>/config.yaml`), the pool hands each worker that file
+(`--config`): the workers and the pool read the same knobs from it.
+
 Example:
-    with worker_pool(ctx, num_workers=2, preemptions_per_hour=12.0, log_dir=run_dir / "worker_logs"):
+    with worker_pool(ctx, 2, 12.0, run_dir / "worker_logs", run_config=run_dir / "config.yaml"):
         for k in range(ctx.num_iterations + 1):
             run_iteration(ctx, k)
 """
@@ -22,6 +25,7 @@ from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
 from resources.cluster.preemption import poisson_trace
 from resources.ledger import Ledger
 from workers.coordinator.context import RunContext
+from workers.rollout.config import load_run_config
 
 POOL_LIFETIME_S = 6 * 3600
 """Longest a pool runs (and the length of its preemption trace)."""
@@ -46,29 +50,41 @@ def pool_session(ledger: Ledger) -> int:
 
 
 @contextlib.contextmanager
-def worker_pool(ctx: RunContext, num_workers: int, preemptions_per_hour: float, log_dir: Path | None) -> Iterator[None]:
-    """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends."""
+def worker_pool(
+    ctx: RunContext,
+    num_workers: int,
+    preemptions_per_hour: float,
+    log_dir: Path | None,
+    run_config: Path | None = None,
+) -> Iterator[None]:
+    """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends. With
+    `run_config` (the run's saved config.yaml) the workers and the pool take their knobs (commit_every, lease_s,
+    restart_delay_s, notice_share, spot_usd_per_hour, ...) from that file's `workers` section; without, from the
+    run's sampling settings."""
     if ctx.queue_url is None:
         raise ValueError("a worker pool needs the run's queue: give the run a queue URL")
-    sampling, session = ctx.sampling, pool_session(ctx.ledger)
+    knobs = ctx.sampling if run_config is None else load_run_config(run_config).workers
+    session = pool_session(ctx.ledger)
     slots = [
-        WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=sampling.spot_usd_per_hour)
-        for i in range(num_workers)
+        WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=knobs.spot_usd_per_hour) for i in range(num_workers)
     ]
-    config = ClusterConfig(
-        ctx.queue_url,
-        ctx.store_url,
-        commit_every=sampling.commit_every,
-        lease_s=sampling.lease_s,
-        restart_delay_s=sampling.restart_delay_s,
-        log_dir=None if log_dir is None else str(log_dir),
-        nice=POOL_NICE,
-    )
+    where = {"log_dir": None if log_dir is None else str(log_dir), "nice": POOL_NICE}
+    if run_config is not None:
+        config = ClusterConfig.for_run(ctx.queue_url, ctx.store_url, run_config, **where)
+    else:
+        config = ClusterConfig(
+            ctx.queue_url,
+            ctx.store_url,
+            commit_every=knobs.commit_every,
+            lease_s=knobs.lease_s,
+            restart_delay_s=knobs.restart_delay_s,
+            **where,
+        )
     trace = poisson_trace(
         [s.name for s in slots],
         rate_per_hour=preemptions_per_hour,
         duration_s=POOL_LIFETIME_S,
-        notice_share=sampling.notice_share,
+        notice_share=knobs.notice_share,
         seed=session,
     )
     stop = threading.Event()

@@ -49,7 +49,9 @@ class WorkerLoop:
         }
 
     def run(self) -> str:
-        self.report("ready", pid=_pid(), commit_every=self.config.commit_every, **self.labels)
+        self.report(
+            "ready", pid=_pid(), commit_every=self.config.commit_every, lease_s=self.config.lease_s, **self.labels
+        )
         idle_since = time.monotonic()
         while not self.stop.is_set():
             lease = self._claim()

@@ -1,22 +1,21 @@
 """The rollout worker process: pull requests, sample them resumably, commit results, survive preemption.
 
-    python -m workers.rollout --queue runs/demo/queue.db --store runs/demo/store --commit-every 2
+    python -m workers.rollout --queue runs/demo/queue.db --store runs/demo/store --config runs/demo/config.yaml
 
 It claims one request at a time from the queue (a batch of one keeps results independent
 of what else a worker holds), brings its policy to the request's weights version through
 PULSE, samples with per-step log-probs, commits the in-flight state every
-`--commit-every` steps, and on completion commits the result and acks. SIGTERM (or a
-cloud preemption notice, see `--preemption-notice`) commits the state at once, gives the
-request back to the queue and exits 0; after a SIGKILL the lease expires and another
-worker resumes from the last commit. Progress goes to stdout as JSON Lines (one event
-per line: ready, claim, step, commit, done, preempted, lost, failed, exit), which the
-local cluster reads to keep the ledger.
+`commit_every` steps (the run's config.yaml, `--config`, or `--commit-every`), and on
+completion commits the result and acks. SIGTERM (or a cloud preemption notice, see
+`--preemption-notice`) commits the state at once, gives the request back to the queue and
+exits 0; after a SIGKILL the lease expires and another worker resumes from the last commit.
+Progress goes to stdout as JSON Lines (one event per line: ready, claim, step, commit,
+done, preempted, lost, failed, exit), which the local cluster reads to keep the ledger.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
@@ -31,14 +30,18 @@ from resources.queue.base import QueueUnavailableError
 from resources.queue.records import check_worker_id
 from resources.store import open_store
 from resources.store.base import StoreError
-from workers.rollout.config import RESIDENT_DTYPES, WorkerConfig
+from workers.rollout.config import (
+    KNOBS,
+    RESIDENT_DTYPES,
+    WORKER_KNOBS,
+    WorkerConfig,
+    add_config_flag,
+    check_knobs,
+    parse_worker_args,
+)
 from workers.rollout.preemption_notice import NoticeWatcher, notice_checker
 
 EXIT_UNREACHABLE = 2
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
-"""The flags' defaults are WorkerConfig's: one place says what a worker does unless told."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,19 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--store", required=True, help="Tensor store: a folder, file:///abs/path or s3://bucket/prefix.")
     p.add_argument("--worker-id", default=None, help="Unique worker name (default: HOST-PID).")
-    p.add_argument(
-        "--commit-every",
-        type=int,
-        default=_DEFAULTS["commit_every"],
-        help=f"Commit in-flight state every C denoising steps (default {_DEFAULTS['commit_every']}).",
-    )
-    p.add_argument(
-        "--lease-s",
-        type=float,
-        default=_DEFAULTS["lease_s"],
-        help="Queue lease length in seconds; heartbeats every third.",
-    )
-    p.add_argument("--device", default=_DEFAULTS["device"], help="torch device for sampling (cpu, cuda, cuda:1).")
+    add_config_flag(p)
+    add_knob_flags(p)
+    p.add_argument("--device", default=WorkerConfig.device, help="torch device for sampling (cpu, cuda, cuda:1).")
     p.add_argument(
         "--model",
         default=None,
@@ -71,26 +64,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resident-dtype",
         choices=RESIDENT_DTYPES,
-        default=_DEFAULTS["resident_dtype"],
+        default=KNOBS.resident_dtype,
         help="How the worker holds the policy: bf16 (its parameters are the PULSE-patched BF16 weights: a third of "
         "the memory of a BF16 dict beside FP32 parameters, BF16 forwards only), fp32 (FP32 parameters, any forward "
         "dtype). Default auto: bf16 on CUDA, fp32 elsewhere.",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
     p.add_argument(
-        "--poll-s", type=float, default=_DEFAULTS["poll_s"], help="Wait between claims while the queue is empty."
-    )
-    p.add_argument(
         "--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM)."
     )
     p.add_argument(
         "--step-delay-s",
         type=float,
-        default=_DEFAULTS["step_delay_s"],
+        default=WorkerConfig.step_delay_s,
         help="Extra seconds per step: simulates a slower device locally.",
     )
     add_cloud_flags(p, priced="this worker")
     return p
+
+
+def add_knob_flags(p: argparse.ArgumentParser) -> None:
+    """--commit-every, --lease-s and --poll-s: the numeric WorkersSection knobs, with the tree's default and help
+    (the SP node agent takes them too)."""
+    for name in ("commit_every", "lease_s", "poll_s"):
+        info = type(KNOBS).model_fields[name]
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(getattr(KNOBS, name)),
+            default=getattr(KNOBS, name),
+            help=f"{info.description} Default {getattr(KNOBS, name):g} (the run config's workers.{name}).",
+        )
 
 
 def add_cloud_flags(p: argparse.ArgumentParser, priced: str) -> None:
@@ -133,15 +136,9 @@ def add_cloud_flags(p: argparse.ArgumentParser, priced: str) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError naming the flag, before anything is opened or imported."""
-    if args.commit_every < 1:
-        raise ValueError(f"--commit-every must be >= 1, got {args.commit_every}")
-    for flag, value in (
-        ("--lease-s", args.lease_s),
-        ("--poll-s", args.poll_s),
-        ("--notice-interval-s", args.notice_interval_s),
-    ):
-        if not value > 0:
-            raise ValueError(f"{flag} must be > 0, got {value}")
+    check_knobs({name: getattr(args, name) for name in WORKER_KNOBS})
+    if not args.notice_interval_s > 0:
+        raise ValueError(f"--notice-interval-s must be > 0, got {args.notice_interval_s}")
     if args.usd_per_hour is not None and not args.usd_per_hour >= 0:
         raise ValueError(f"--usd-per-hour must be >= 0, got {args.usd_per_hour}")
     if args.step_delay_s < 0 or (args.max_idle_s is not None and args.max_idle_s < 0):
@@ -150,7 +147,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--notice-exit-code must lie in 0-255, got {args.notice_exit_code}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    args.model = args.model or None  # MODEL="" in a SkyPilot task: the pixel policy
+    args.model = args.model or None  # --model "": the pixel policy
     if args.model is not None:
         check_model_folder(args.model)
 
@@ -168,9 +165,9 @@ def check_model_folder(model: str) -> None:
         )
     if not (Path(model) / "model_index.json").is_file():
         raise ValueError(
-            f"--model {model}: no diffusers pipeline on this node (no model_index.json there); mount the "
-            "weights at that path (SkyPilot file_mounts, e.g. spotlight launch --model-source "
-            "s3://bucket/path), or leave MODEL empty for the pixel policy"
+            f"--model {model} (or the run config's model.model): no diffusers pipeline on this node (no "
+            "model_index.json there); mount the weights at that path (SkyPilot file_mounts, e.g. spotlight launch "
+            "--model-source s3://bucket/path), or leave model.model unset for the pixel policy"
         )
 
 
@@ -189,7 +186,7 @@ class EventLog:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_process(build_parser().parse_args(argv), "workers.rollout", "worker_id", check_args, _serve)
+    return run_process(parse_worker_args(build_parser(), argv), "workers.rollout", "worker_id", check_args, _serve)
 
 
 def _serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from resources.settings.config import WorkersSection
+
+_KNOBS = WorkersSection()
+"""The run's worker knobs' defaults (the config tree's), which the simulated run shares."""
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -61,9 +66,9 @@ class SimConfig:
     prompts_per_iteration: int = 32
     group_size: int = 16
     """Flow-GRPO's Qwen-Image group size (the Flow-GRPO paper's setting)."""
-    commit_every: int = 2
-    lease_s: float = 10.0
-    """Queue lease, renewed every lease_s / 2 while working (the real default, Sampling.lease_s)."""
+    commit_every: int = _KNOBS.commit_every
+    lease_s: float = _KNOBS.lease_s
+    """Queue lease, renewed every lease_s / 2 while working (the real default, the config tree's workers.lease_s)."""
     validate_every: int = 5
     explore_speedup: float = 1.0
     """Training progress of an iteration on explored seeds, in iterations on random seeds (1: no gain measured)."""

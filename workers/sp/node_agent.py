@@ -36,13 +36,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from resources.settings.config import WorkersSection
+from workers.rollout.config import KNOBS
 from workers.sp.node_groups import GroupRunner, SPRequest, state_from_wire
 from workers.sp.node_worker import worker_main
 from workers.sp.shared_weights import unlink_segment
 from workers.sp.ulysses import allowed_degrees
-
-_WORKERS = WorkersSection()
 
 __all__ = ["AgentConfig", "NodeAgent", "SPRequest"]
 
@@ -58,9 +56,9 @@ class AgentConfig:
     """Commit key of the pixel policy's weights (a tensor dict of its state_dict); None on the product path."""
     device: str = "cpu"
     """Product path: "cpu", or "cuda" (worker k of the node gets a GPU of its own, the lowest index free)."""
-    commit_every: int = _WORKERS.commit_every
+    commit_every: int = KNOBS.commit_every
     """Denoising steps between committed states of an in-flight request."""
-    threads_per_worker: int = _WORKERS.worker_threads
+    threads_per_worker: int = 1
     join_timeout_s: float = 120.0
     """Collective timeout of a group; a dead member is usually detected at once (connection reset)."""
     host: str = "127.0.0.1"

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from resources.queue.keepalive import LeaseKeeper
 from resources.queue.records import Lease
-from resources.settings.config import WorkersSection
 from resources.store.base import StoreError
+from workers.rollout.config import KNOBS
 from workers.rollout.request import StepHooks, work_request
 from workers.rollout.state import RolloutSpec
 from workers.rollout.weights import ModelMismatchError
@@ -45,7 +45,7 @@ REQUEST_ERRORS = (ValueError, LookupError, StoreError)
 class ServeConfig:
     node_id: str
     """This agent's name in the events and in the attempts' records."""
-    commit_every: int = WorkersSection().commit_every
+    commit_every: int = KNOBS.commit_every
     """Denoising steps between committed states of an in-flight request."""
     degree: int | None = None
     """Groups of this many workers (fewer once too few are left); None: per round, by the degree policy."""

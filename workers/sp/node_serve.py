@@ -23,11 +23,12 @@ import threading
 import time
 
 from resources.queue.base import QueueUnavailableError
-from resources.settings.config import TrainSection, WorkersSection
-from workers.rollout.worker import EventLog, add_cloud_flags, check_model_folder, run_process
+from resources.settings.config import RunConfig
+from workers.rollout.config import add_config_flag, check_knobs, parse_worker_args
+from workers.rollout.worker import EventLog, add_cloud_flags, add_knob_flags, check_model_folder, run_process
 
-_WORKERS = WorkersSection()
-"""The worker knobs' defaults (the run config tree's): a node is a rollout worker too."""
+NODE_KNOBS = ("commit_every", "lease_s", "poll_s")
+"""The WorkersSection knobs the node agent reads (its flags of the same name)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,9 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers", type=int, default=2, help="Device workers on this node (one per GPU with --device cuda)."
     )
-    p.add_argument(
-        "--device", default=TrainSection().device, choices=("cpu", "cuda"), help="Where the workers run the model."
-    )
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="Where the workers run the model.")
     p.add_argument(
         "--degree",
         type=_degree,
@@ -56,18 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         "checked at start, and a run on another folder stops the node (exit 2).",
     )
     p.add_argument("--node-id", default=None, help="This node's name in events and records (default: HOST-PID).")
-    p.add_argument(
-        "--commit-every",
-        type=int,
-        default=_WORKERS.commit_every,
-        help="Commit in-flight state every C denoising steps.",
-    )
-    p.add_argument(
-        "--lease-s", type=float, default=_WORKERS.lease_s, help="Queue lease length in seconds; heartbeats every third."
-    )
-    p.add_argument(
-        "--poll-s", type=float, default=_WORKERS.poll_s, help="Wait between claims while the queue is empty."
-    )
+    add_config_flag(p)
+    add_knob_flags(p)
     p.add_argument(
         "--max-idle-s", type=float, default=None, help="Exit after this long without work (default: until SIGTERM)."
     )
@@ -78,12 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="Longest wait for a worker's answer (a first model load included); a silent worker is killed.",
     )
-    p.add_argument(
-        "--threads-per-worker",
-        type=int,
-        default=_WORKERS.worker_threads,
-        help="torch CPU threads of each device worker.",
-    )
+    p.add_argument("--threads-per-worker", type=int, default=1, help="torch CPU threads of each device worker.")
     p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device.")
     add_cloud_flags(p, priced="the whole node (all its GPUs)")
     return p
@@ -101,22 +85,17 @@ def _degree(text: str) -> int | None:
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError naming the flag, before anything is opened or started."""
+    check_knobs({name: getattr(args, name) for name in NODE_KNOBS})
     for flag, value in (
         ("--workers", args.workers),
-        ("--commit-every", args.commit_every),
         ("--threads-per-worker", args.threads_per_worker),
     ):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.degree is not None and not 1 <= args.degree <= args.workers:
         raise ValueError(f"--degree must lie in 1..--workers ({args.workers}), got {args.degree}")
-    for flag, value in (
-        ("--lease-s", args.lease_s),
-        ("--poll-s", args.poll_s),
-        ("--reply-timeout-s", args.reply_timeout_s),
-    ):
-        if not value > 0:
-            raise ValueError(f"{flag} must be > 0, got {value}")
+    if not args.reply_timeout_s > 0:
+        raise ValueError(f"--reply-timeout-s must be > 0, got {args.reply_timeout_s}")
     if args.step_delay_s < 0 or (args.max_idle_s is not None and args.max_idle_s < 0):
         raise ValueError("--step-delay-s and --max-idle-s must be >= 0")
     if args.max_requests is not None and args.max_requests < 1:
@@ -125,13 +104,25 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--usd-per-hour must be >= 0, got {args.usd_per_hour}")
     if not args.notice_interval_s > 0 or not 0 <= args.notice_exit_code <= 255:
         raise ValueError("--notice-interval-s must be > 0 and --notice-exit-code in 0-255")
-    args.model = args.model or None  # MODEL="" in a SkyPilot task: the pixel policy
+    args.model = args.model or None  # --model "": the pixel policy
     if args.model is not None:
         check_model_folder(args.model)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_process(build_parser().parse_args(argv), "workers.sp", "node_id", check_args, serve)
+    return run_process(
+        parse_worker_args(build_parser(), argv, node_defaults), "workers.sp", "node_id", check_args, serve
+    )
+
+
+def node_defaults(config: RunConfig) -> dict:
+    """What the node agent takes from the run's config (`--config`): its knobs, the model, and its device kind."""
+    device = "cuda" if config.train.device.startswith("cuda") else "cpu"
+    return {
+        **{name: getattr(config.workers, name) for name in NODE_KNOBS},
+        "model": config.model.model,
+        "device": device,
+    }
 
 
 def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
