@@ -182,6 +182,7 @@ def run_cluster(config: RunConfig, resources: dict, max_usd: Optional[float] = N
             workers.local_workers,
             workers.preemptions_per_hour,
             log_dir=Path(config.deployment.run_dir) / WORKER_LOGS,
+            run_config=Path(config.deployment.run_dir) / CONFIG_NAME,  # saved by execute before the pool starts
         ):
             yield
 
