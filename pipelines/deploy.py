@@ -80,16 +80,23 @@ def _check_cloud(store: Optional[str], queue: Optional[str], rollouts: str) -> N
 
 def resolve_env(env: Mapping[str, str] = os.environ):
     """The `Resolved` config `dagster dev` runs: the preset, SPOTLIGHT_CONFIG's files, then SPOTLIGHT_* variables."""
-    from resources.settings.resolve import env_layer, file_layer, resolve
+    from resources.settings.resolve import ConfigError, env_layer, file_layer, resolve
     from workers.trainer.presets import PRESETS
 
     files = [Path(p) for p in (env.get(CONFIG_VARIABLE) or "").split(os.pathsep) if p]
-    return resolve([*(file_layer(f) for f in files), env_layer(env)], PRESETS)
+    try:
+        return resolve([*(file_layer(f) for f in files), env_layer(env)], PRESETS)
+    except ConfigError as err:
+        raise DeploymentError(str(err)) from None
 
 
 def dagster_mode(config: RunConfig) -> str:
-    """How a `dagster dev` run samples: what deployment.rollouts means there (DAGSTER_SAMPLING_MODES)."""
-    return DAGSTER_SAMPLING_MODES[config.deployment.rollouts]
+    """How a `dagster dev` run samples: what deployment.rollouts means there (DAGSTER_SAMPLING_MODES); in the cloud,
+    a pool is the spot workers, which already pull from the queue."""
+    d = config.deployment
+    if d.deployment == "cloud" and d.rollouts == "local_pool":
+        return "workers"
+    return DAGSTER_SAMPLING_MODES[d.rollouts]
 
 
 def resources_from_env(env: Mapping[str, str] = os.environ) -> dict:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import typing
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
+
+from resources.settings.base import OnHacking
 
 REQUEST_KINDS = ("rollout", "explore", "validate")
 REQUEST_STATUSES = ("done", "failed", "cancelled")
@@ -318,7 +321,8 @@ def reject_config_secrets(config: Mapping[str, Any], where: str) -> None:
             reject_config_secrets(value, f"{where}.{key}")
 
 
-HACKING_ACTIONS = ("warn", "stop", "rollback")
+HACKING_ACTIONS: tuple[str, ...] = typing.get_args(OnHacking)
+"""What a reward-hacking flag does: the run config's guard.on_hacking choices (resources/settings/base.py)."""
 
 
 @dataclass(frozen=True)

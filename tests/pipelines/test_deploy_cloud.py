@@ -56,10 +56,13 @@ def cloud_env(s3_server, redis_server, tmp_path) -> dict[str, str]:
 def test_cloud_definitions_wire_s3_redis_and_pulling_spot_workers(load_definitions, cloud_env, s3_server, redis_server):
     defs = load_definitions(cloud_env)
     resources = defs.resources
-    assert set(resources) == {"run_config", "store", "queue", "ledger", "rollout_workers"}
+    assert set(resources) == {"run_config", "store", "queue", "ledger"}
     # Spot workers launched by SkyPilot pull the rollouts; the coordinator enqueues and waits.
-    assert resources["rollout_workers"].mode == "workers"
-    assert resources["run_config"].run == "cloud-run" and resources["run_config"].preset == "cpu_smoke"
+    from pipelines.deploy import resources_from_env
+
+    run_config = resources_from_env(cloud_env)["run_config"]
+    assert run_config.sampling.mode == "workers"
+    assert run_config.run == "cloud-run" and run_config.preset == "cpu_smoke"
     assert resources["ledger"].path == f"{cloud_env['SPOTLIGHT_RUN_DIR']}/ledger.duckdb"  # on the reserved node
     assert defs.resolve_job_def("iteration") is not None and defs.resolve_sensor_def("next_iteration") is not None
 
@@ -101,7 +104,10 @@ def _check_store_and_queue(live, cloud_env, s3_server, redis_server) -> None:
         ({"SPOTLIGHT_STORE": "/data/store"}, "needs SPOTLIGHT_STORE=s3://bucket/prefix (got '/data/store')"),
         ({"SPOTLIGHT_QUEUE": None}, "the cloud deployment needs SPOTLIGHT_QUEUE=redis://host:port/db or rediss://"),
         ({"SPOTLIGHT_QUEUE": "/data/queue.db"}, "needs SPOTLIGHT_QUEUE=redis://host:port/db"),
-        ({"SPOTLIGHT_ROLLOUTS": "teleport"}, "SPOTLIGHT_ROLLOUTS='teleport': Input should be 'inprocess', 'local_cl"),
+        (
+            {"SPOTLIGHT_ROLLOUTS": "teleport"},
+            "SPOTLIGHT_ROLLOUTS: deployment.rollouts: Input should be 'local_pool', 'inprocess'",
+        ),
     ],
 )
 def test_cloud_definitions_refuse_to_load_without_an_s3_store_or_a_redis_queue(

@@ -106,11 +106,13 @@ def test_a_relaunch_over_the_cap_starts_no_more_workers(fake_sky, reserved_redis
     assert fake_sky.submitted == ["launch"]
 
 
-def test_run_json_which_keeps_a_queue_url_as_given_is_readable_by_its_owner_only(tmp_path) -> None:
-    from pipelines.run import SPEC_NAME, RunSpec
+def test_the_run_config_which_keeps_a_queue_url_as_given_is_readable_by_its_owner_only(tmp_path) -> None:
+    from pipelines.run import resolve_run, save_run_config
+    from resources.settings.resolve import CONFIG_NAME
 
-    (tmp_path / SPEC_NAME).write_text("{}")
-    (tmp_path / SPEC_NAME).chmod(0o644)  # written by an older spotlight
-    RunSpec(str(tmp_path), queue="redis://:pass-in-url-Q1@10.0.0.7:6379/0", num_workers=0).save()
-    assert (tmp_path / SPEC_NAME).stat().st_mode & 0o777 == 0o600
-    assert "pass-in-url-Q1" in (tmp_path / SPEC_NAME).read_text()  # kept for --resume, for its owner's eyes only
+    (tmp_path / CONFIG_NAME).write_text("{}")
+    (tmp_path / CONFIG_NAME).chmod(0o644)  # written by hand, or by an older spotlight
+    flags = {"queue": "redis://:pass-in-url-Q1@10.0.0.7:6379/0", "local_workers": 0}
+    save_run_config(resolve_run(tmp_path, resume=False, flags=flags, replace=True).config)
+    assert (tmp_path / CONFIG_NAME).stat().st_mode & 0o777 == 0o600
+    assert "pass-in-url-Q1" in (tmp_path / CONFIG_NAME).read_text()  # kept for --resume, for its owner's eyes only

@@ -162,10 +162,12 @@ def test_the_jobs_controller_is_priced_from_skypilots_config_when_it_names_its_r
 
 
 def test_spotlight_run_hands_the_reserved_price_it_is_given_to_the_runs_config_which_the_ledger_reads() -> None:
-    from pipelines.run import RunSpec
+    from assets.context import run_context
+    from tests.runs import run_resources
 
-    spec = RunSpec("/tmp/spotlight-price-check", reserved_usd_per_hour=12.5)
-    assert spec.resources()["run_config"].reserved_usd_per_hour == 12.5
-    assert RunSpec("/tmp/spotlight-price-check").resources()["run_config"].reserved_usd_per_hour == 0.10
-    with pytest.raises(ValueError, match="--reserved-usd-per-hour must be >= 0"):
-        RunSpec("/tmp/spotlight-price-check", reserved_usd_per_hour=-1.0)
+    priced = run_resources(Path("/tmp/spotlight-price-check"), "inprocess", reserved_usd_per_hour=12.5)
+    assert run_context(**priced).reserved_usd_per_hour == 12.5
+    default = run_resources(Path("/tmp/spotlight-price-check"), "inprocess")
+    assert run_context(**default).reserved_usd_per_hour == 0.10
+    with pytest.raises(ValueError, match="--reserved-usd-per-hour: deployment.reserved_usd_per_hour: Input should be"):
+        run_resources(Path("/tmp/spotlight-price-check"), reserved_usd_per_hour=-1.0)

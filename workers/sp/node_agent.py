@@ -58,7 +58,7 @@ class AgentConfig:
     """Product path: "cpu", or "cuda" (worker k of the node gets a GPU of its own, the lowest index free)."""
     commit_every: int = KNOBS.commit_every
     """Denoising steps between committed states of an in-flight request."""
-    threads_per_worker: int = 1
+    threads_per_worker: int = KNOBS.worker_threads
     join_timeout_s: float = 120.0
     """Collective timeout of a group; a dead member is usually detected at once (connection reset)."""
     host: str = "127.0.0.1"

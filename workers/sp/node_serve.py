@@ -23,8 +23,8 @@ import threading
 import time
 
 from resources.queue.base import QueueUnavailableError
-from resources.settings.config import RunConfig
-from workers.rollout.config import add_config_flag, check_knobs, parse_worker_args
+from resources.settings.config import RunConfig, TrainSection
+from workers.rollout.config import KNOBS, add_config_flag, check_knobs, parse_worker_args
 from workers.rollout.worker import EventLog, add_cloud_flags, add_knob_flags, check_model_folder, run_process
 
 NODE_KNOBS = ("commit_every", "lease_s", "poll_s")
@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers", type=int, default=2, help="Device workers on this node (one per GPU with --device cuda)."
     )
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="Where the workers run the model.")
+    p.add_argument(
+        "--device", default=TrainSection().device, choices=("cpu", "cuda"), help="Where the workers run the model."
+    )
     p.add_argument(
         "--degree",
         type=_degree,
@@ -67,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="Longest wait for a worker's answer (a first model load included); a silent worker is killed.",
     )
-    p.add_argument("--threads-per-worker", type=int, default=1, help="torch CPU threads of each device worker.")
+    p.add_argument(
+        "--threads-per-worker", type=int, default=KNOBS.worker_threads, help="torch CPU threads of each device worker."
+    )
     p.add_argument("--step-delay-s", type=float, default=0.0, help="Extra seconds per step: simulates a slower device.")
     add_cloud_flags(p, priced="the whole node (all its GPUs)")
     return p
