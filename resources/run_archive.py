@@ -1,4 +1,4 @@
-"""Copy a finished run's folder (ledger, run.json, report/) into the tensor store, before its node goes away.
+"""Copy a finished run's folder (ledger, config.yaml, report/) into the tensor store, before its node goes away.
 
 The reserved node keeps the ledger on its own disk, and SkyPilot's autostop takes that disk
 down with the node once the run line has exited; so the run block copies the run's record
@@ -19,7 +19,7 @@ from pathlib import Path
 from resources.store import open_store
 from resources.store.base import StoreError, TensorStore
 
-ARCHIVED = ("ledger.duckdb", "run.json", "metrics.jsonl", "report")
+ARCHIVED = ("ledger.duckdb", "config.yaml", "metrics.jsonl", "report")
 """What of a run folder is archived: the ledger, the run's spec, its metrics and report/ (files under it)."""
 PREFIX = "archive"
 

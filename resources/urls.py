@@ -28,7 +28,7 @@ def is_plain_path(text: str, scheme: str) -> bool:
 def absolute_url(url: str | Path) -> str:
     """A relative local path made absolute against this process's working directory; anything else unchanged.
 
-    Call it before a path crosses a process boundary (a command line, a spec file, run.json): a
+    Call it before a path crosses a process boundary (a command line, a config file): a
     child started in another directory would read a relative path against its own. URLs with a
     scheme (redis://, rediss://, s3://, and sqlite:/// or file:/// which must already be absolute)
     and Windows drive paths pass through as they are; bad ones are left for the parsers to refuse.

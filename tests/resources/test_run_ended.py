@@ -51,7 +51,7 @@ def test_the_gate_refuses_to_start_a_worker_once_the_reserved_node_marked_the_ru
 def test_the_run_folder_is_archived_into_the_store_byte_for_byte(tmp_path) -> None:
     run = tmp_path / "cloud"
     (run / "report").mkdir(parents=True)
-    files = {"ledger.duckdb": b"\x00duck" * 100, "run.json": b'{"preset": "cpu_tiny"}', "report/curve.csv": b"1,2\n"}
+    files = {"ledger.duckdb": b"\x00duck" * 100, "config.yaml": b"preset: cpu_tiny\n", "report/curve.csv": b"1,2\n"}
     for name, data in files.items():
         (run / name).write_bytes(data)
     (run / "queue.db").write_bytes(b"not archived")
@@ -65,6 +65,6 @@ def test_the_run_folder_is_archived_into_the_store_byte_for_byte(tmp_path) -> No
 def test_an_archive_the_store_refuses_exits_1_saying_so(store, tmp_path, capsys) -> None:
     from resources.run_archive import main as archive_main
 
-    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "config.yaml").write_text("{}")
     assert archive_main(["--run-dir", str(tmp_path), "--store", store]) == 1
     assert "was not archived" in capsys.readouterr().err
