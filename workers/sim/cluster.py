@@ -25,7 +25,7 @@ import simpy
 
 from resources.queue.records import Lease
 from workers.sim.books import SimBooks
-from workers.sim.config import Policy, SimConfig
+from workers.sim.config import SchedulingPolicy, SimConfig
 from workers.sim.inputs import ServiceTimes, WorkerTimes
 from workers.sp.degree import amdahl_latency_s, choose_sp_degree
 
@@ -82,7 +82,7 @@ class SimCluster:
     ) -> None:
         self.env, self.queues, self.books, self.times, self.config = env, queues, books, times, config
         self.worker_times = dict(worker_times or {})
-        self.policy: Policy = config.policy
+        self.policy: SchedulingPolicy = config.policy
         self.slots = {s.name: s for s in slots}
         self.usd, self.price_source = usd_per_gpu_hour, price_source
         self.wake = {key: env.event() for key in queues}

@@ -21,7 +21,7 @@ _KNOBS = WorkersSection()
 
 
 @dataclass(frozen=True)
-class Policy:
+class SchedulingPolicy:
     """How the coordinator schedules rollouts and survives preemptions."""
 
     name: str
@@ -38,10 +38,10 @@ class Policy:
 
 
 POLICIES = {
-    "roll": Policy("roll", spot=False, pull=True, commits=False, elastic_sp=False, explore=False),
-    "naive_spot": Policy("naive_spot", pull=False, commits=False, elastic_sp=False, explore=False),
-    "rlboost": Policy("rlboost", pull=True, commits=True, elastic_sp=False, explore=False),
-    "spotlight": Policy("spotlight"),
+    "roll": SchedulingPolicy("roll", spot=False, pull=True, commits=False, elastic_sp=False, explore=False),
+    "naive_spot": SchedulingPolicy("naive_spot", pull=False, commits=False, elastic_sp=False, explore=False),
+    "rlboost": SchedulingPolicy("rlboost", pull=True, commits=True, elastic_sp=False, explore=False),
+    "spotlight": SchedulingPolicy("spotlight"),
 }
 POLICY_LABELS = {
     "roll": "reserved-only sync (ROLL-like)",
@@ -55,7 +55,7 @@ POLICY_LABELS = {
 class SimConfig:
     """One simulated run."""
 
-    policy: Policy
+    policy: SchedulingPolicy
     num_spot_gpus: int = 8
     """Rollout GPUs (spot, or reserved for `roll`)."""
     num_trainer_gpus: int = 8
@@ -106,7 +106,7 @@ class SimConfig:
         return replace(self, policy=get_policy(name))
 
 
-def get_policy(name: str) -> Policy:
+def get_policy(name: str) -> SchedulingPolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {sorted(POLICIES)}")
     return POLICIES[name]
