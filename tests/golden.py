@@ -115,15 +115,19 @@ BIT_EXACT_COLUMNS = {_column("requests", "result_hash"), _column("syncs", "weigh
 float (measured: AVX2 against AVX512 kernels on one machine change every hash), so they are not compared."""
 PATCH_BYTES = _column("syncs", "patch_bytes")
 """A PULSE patch's size counts the BF16 values that changed: off by a few dozen of a million across kernels."""
-VALIDATION_TOL = 0.07
+VALIDATION_TOL = 0.13
 """Held-out scores are means of thresholded checks (a shape's colour, count, position) over 64 images, 16 per
-category: across kernels one image near a threshold flips (one of 16 is 0.0625; measured 0.0625 at most). The
-training numbers (rewards, losses, gradient norms) agree to 6 digits across kernels and are held to 1e-4."""
+category: across kernels an image near a threshold flips, and after two updates on other kernels two of one category
+can (0.125). Measured against the fixtures on an AMD EPYC under ATEN_CPU_CAPABILITY default, avx2 and avx512
+(docs/log/kernel-sets.md): 0.125 at most (DEFAULT's kernels, the NFT golden's iteration 2). The training numbers
+(rewards, losses, gradient norms) agree to 5 digits across kernels (1.4e-5 relative at most) and are held to 1e-4."""
 FLOAT_REL = 1e-4
 
 
 def _validation_path(path: tuple) -> bool:
-    return any(isinstance(p, str) and p.startswith("validation") for p in path)
+    """A held-out score: the validation figures, and the proxy and gold held-out means `spotlight train` prints
+    beside them (the same images scored: `proxy_heldout` is `validation_partial`, `gold_heldout` the strict score)."""
+    return any(isinstance(p, str) and (p.startswith("validation") or p.endswith("_heldout")) for p in path)
 
 
 def exact_mismatches(actual, expected) -> list[str]:

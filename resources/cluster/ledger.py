@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -97,6 +98,10 @@ class WorkTracker:
         elif kind in ("group_lost", "failed"):
             _forget_grouped(groups, group, event.get("request_id"))
             return
+        if kind == "ready" and "kernel_set" in event and self.ledger is not None:
+            self.ledger.record_worker_kernels(
+                event["worker_id"], device_type=event["device_type"], kernel_set=event["kernel_set"]
+            )
         p = groups.setdefault(group, WorkerProgress())
         if kind == "claim":
             p.request_id, p.attempt, p.started_at = event["request_id"], event["attempt"], t
@@ -216,6 +221,8 @@ def result_records(
                 reward=meta.get("reward"),
                 enqueued_at=enqueued_at,
                 finished_at=meta.get("finished_at"),
+                kernel_sets=json.dumps(meta["kernel_sets"]) if "kernel_sets" in meta else None,
+                mixed_kernels=bool(meta.get("mixed_kernels", False)),
             )
         )
     return records
