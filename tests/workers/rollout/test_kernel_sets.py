@@ -1,5 +1,6 @@
 """A request resumed on a worker of another kernel set (docs/SPOT_RUNTIME.md, "What bit-identical covers"): two rollout
-worker processes whose torch kernels are forced to different vector ISAs with ATEN_CPU_CAPABILITY, one queue."""
+worker processes whose torch kernels are forced to different vector ISAs with ATEN_CPU_CAPABILITY, one queue; and a
+duplicate result with another hash, checked against the contract of the kernel sets that computed it."""
 
 from __future__ import annotations
 
@@ -9,16 +10,21 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from resources.cluster.ledger import WorkTracker, result_records
 from resources.keys import rollout_key
 from resources.queue import open_queue
+from resources.queue.records import Request
+from resources.store.local import LocalTensorStore
 from tests.paths import REPO_ROOT
 from tests.procs import ProcessLines
 from workers.algo.sampler import SamplerConfig
 from workers.rollout.kernels import MIXED_KERNELS_ATOL, trajectory_drift
-from workers.rollout.state import RolloutSpec, rollout_request
+from workers.rollout.request import StepHooks, work_request
+from workers.rollout.state import RolloutSpec, rollout_request, trajectory_hash
+from workers.rollout.weights import PolicyHolder, publish_policy
 
 SPEC = RolloutSpec("demo", "two red circles", 11, 0, SamplerConfig(num_steps=8, sde_window=(0, 4)))
 
@@ -94,3 +100,55 @@ def test_a_request_resumed_on_another_kernel_set_is_recorded_as_mixed_and_held_t
         ("ref-avx2", False, 1),
         ("ref-default", False, 1),
     ]
+
+
+class RacingStore(LocalTensorStore):
+    """The same folder, but just before this worker commits a result, another worker commits that result as
+    `theirs(tensors, metadata)` makes it (two workers finishing one request, the other first)."""
+
+    def __init__(self, root, theirs) -> None:
+        super().__init__(root)
+        self.theirs = theirs
+
+    def publish_tensors(self, commit_key, tensors, metadata=None, *, exclusive=False):
+        if exclusive and self.theirs is not None:
+            theirs, self.theirs = self.theirs, None
+            super().publish_tensors(commit_key, *theirs(dict(tensors), dict(metadata)), exclusive=True)
+        return super().publish_tensors(commit_key, tensors, metadata, exclusive=exclusive)
+
+
+@pytest.mark.parametrize(
+    ("their_kernels", "shift", "reported"),
+    [
+        (None, 1e-6, "hash_mismatch"),  # one kernel set: any other bit breaks determinism
+        (["AVX2, 1 threads, torch 2.13.0+cpu"], 1e-3, "kernel_drift"),  # another kernel set, within the tolerance
+        (["AVX2, 1 threads, torch 2.13.0+cpu"], 0.1, "hash_mismatch"),  # another kernel set, beyond it
+    ],
+)
+def test_a_duplicate_result_with_another_hash_is_checked_against_the_contract_of_its_kernel_sets(
+    tmp_path, tiny_policy, their_kernels, shift, reported
+) -> None:
+    def theirs(tensors, meta):
+        latents = tensors["latents"] + shift
+        meta = {**meta, "result_hash": trajectory_hash(latents, tensors["log_probs"])}
+        if their_kernels is not None:
+            meta.update(kernel_sets=their_kernels, mixed_kernels=False)
+        return {**tensors, "latents": latents}, meta
+
+    store = RacingStore(tmp_path / "store", theirs)
+    publish_policy(store, "demo", tiny_policy)
+    events = []
+    out = work_request(
+        Request.from_dict(rollout_request("r0", 0, SPEC)),
+        2,
+        store,
+        PolicyHolder(store),
+        worker_id="w2",
+        commit_every=8,
+        hooks=StepHooks(report=lambda event, **fields: events.append({"event": event, **fields})),
+    )
+    assert out.status == "done" and not out.won
+    (checked,) = [e for e in events if e["event"] in ("kernel_drift", "hash_mismatch")]
+    assert checked["event"] == reported and checked["committed"] != checked["ours"]
+    if reported == "kernel_drift":
+        assert checked["drift"] == pytest.approx(shift, rel=1e-3)
