@@ -10,6 +10,8 @@ x86 CPU's float kernels change (`mismatches`): the presets run in FP32, so that 
 
 Regenerate the fixtures (only for a deliberate change of behaviour, said in the commit):
     python -m tests.golden --write
+Measure this machine's distance from them, to calibrate the tolerances (docs/log/kernel-sets.md):
+    ATEN_CPU_CAPABILITY=avx2 python -m tests.golden --spread
 """
 
 from __future__ import annotations
@@ -170,6 +172,35 @@ def mismatches(actual, expected, path: tuple = ()) -> list[str]:
     return [] if actual == expected else [f"{path}: {actual!r} != {expected!r}"]
 
 
+def spread(actual, expected) -> dict[str, float | int]:
+    """How far `actual` is from `expected`, by what the tolerances of `mismatches` hold: the largest relative
+    difference of a training number, the largest absolute one of a held-out score, the largest relative one of a
+    patch size, and how many float-bit hashes differ. (Structure differences are `mismatches`' business.)"""
+    out = {"training_rel": 0.0, "heldout_abs": 0.0, "patch_bytes_rel": 0.0, "hashes_differ": 0}
+
+    def walk(a, e, path: tuple) -> None:
+        if isinstance(e, dict) and isinstance(a, dict):
+            for k in e.keys() & a.keys():
+                walk(a[k], e[k], (*path, k))
+        elif isinstance(e, list) and isinstance(a, list):
+            table = path[0] if len(path) == 2 else None
+            for i, (x, y) in enumerate(zip(a, e, strict=False)):
+                if table is not None and (table, i) in BIT_EXACT_COLUMNS:
+                    out["hashes_differ"] += x != y
+                elif table is not None and (table, i) == PATCH_BYTES:
+                    out["patch_bytes_rel"] = max(out["patch_bytes_rel"], abs(x - y) / y)
+                else:
+                    walk(x, y, (*path, i))
+        elif isinstance(e, float) and isinstance(a, (int, float)) and not isinstance(a, bool):
+            if _validation_path(path):
+                out["heldout_abs"] = max(out["heldout_abs"], abs(a - e))
+            elif e:
+                out["training_rel"] = max(out["training_rel"], abs(a - e) / abs(e))
+
+    walk(json.loads(json.dumps(actual)), expected, ())
+    return out
+
+
 def dumps(digest) -> str:
     """One record or row per line, so a fixture's diff shows what changed."""
     if isinstance(digest, dict):
@@ -196,8 +227,19 @@ def compare(actual, kind: str) -> list[str]:
 if __name__ == "__main__":
     import tempfile
 
+    if sys.argv[1:] == ["--spread"]:  # calibrating the tolerances: run it under each ATEN_CPU_CAPABILITY
+        for kind in GOLDEN_ARGS:
+            with tempfile.TemporaryDirectory() as tmp:
+                digest = json.loads(json.dumps(produce(kind, Path(tmp))))
+            fixture = json.loads(fixture_path(kind).read_text())
+            found = {**spread(digest, fixture), "mismatches": mismatches(digest, fixture)}
+            print(json.dumps({"kind": kind, "cpu_capability": kernels()["cpu_capability"], **found}), flush=True)
+        sys.exit(0)
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python -m tests.golden --write   (rewrites tests/fixtures/golden_*.json)")
+        sys.exit(
+            "usage: python -m tests.golden --write   (rewrites tests/fixtures/golden_*.json)\n"
+            "       python -m tests.golden --spread  (this machine's distance from them, one JSON line a kind)"
+        )
     for kind in GOLDEN_ARGS:
         with tempfile.TemporaryDirectory() as tmp:
             fixture_path(kind).write_text(dumps(produce(kind, Path(tmp))))
