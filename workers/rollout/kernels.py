@@ -30,22 +30,23 @@ and avx512 (docs/log/kernel-sets.md); 1e-2 leaves room for the drift to grow ove
 steps may drift further: the figure holds for what was measured."""
 
 
-def kernel_set(device: torch.device | str) -> str:
+def kernel_set(device: torch.device | str, threads: int | None = None) -> str:
     """What decides the float bits of a forward on `device`, in words: e.g. "AVX512, 1 threads, torch 2.13.0+cpu",
-    or "NVIDIA H100 80GB HBM3 sm_90, torch 2.13.0"."""
+    or "NVIDIA H100 80GB HBM3 sm_90, torch 2.13.0". `threads`: the torch thread count of the process that computes
+    (default: this one's)."""
     device = torch.device(device)
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}, torch {torch.__version__}"
     if device.type == "cpu":
         capability = torch.backends.cpu.get_cpu_capability()
-        return f"{capability}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+        return f"{capability}, {threads or torch.get_num_threads()} threads, torch {torch.__version__}"
     return f"{device.type}, torch {torch.__version__}"
 
 
-def kernel_labels(device: torch.device | str) -> dict[str, str]:
+def kernel_labels(device: torch.device | str, threads: int | None = None) -> dict[str, str]:
     """The labels a worker reports (its `ready` event) and stamps on every attempt it commits."""
-    return {"device_type": torch.device(device).type, "kernel_set": kernel_set(device)}
+    return {"device_type": torch.device(device).type, "kernel_set": kernel_set(device, threads)}
 
 
 def kernel_sets_of(attempts: Iterable[dict[str, Any]]) -> list[str]:
