@@ -45,7 +45,7 @@ test: setup
 KERNEL_TESTS := tests/workers/coordinator/test_golden.py::test_cpu_smoke_train_equals_the_golden_fixture \
 	tests/workers/sp/test_node_serve.py::test_a_group_of_one_commits_what_the_rollout_worker_commits_bit_for_bit
 test-kernels: setup
-	native=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability())") && \
+	@native=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability())") && \
 	other=$$(if [ "$$native" = AVX2 ]; then echo default; else echo avx2; fi) && \
 	echo "the golden and bit-for-bit tests under ATEN_CPU_CAPABILITY=$$other (this CPU: $$native)" && \
 	ATEN_CPU_CAPABILITY=$$other $(BIN)/python -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)
