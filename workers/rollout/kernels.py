@@ -24,10 +24,10 @@ import torch
 
 MIXED_KERNELS_ATOL = 1e-2
 """Largest difference allowed between a trajectory (latents, log-probs) computed on one kernel set and the same
-request's computed partly or wholly on another. Measured on this project's tiny CPU policies (8-step SDE rollouts,
-latents of unit scale): 2.7e-3 on the latents and 1.2e-7 on the log-probs between ATEN_CPU_CAPABILITY default, avx2
-and avx512 (docs/log/kernel-sets.md); 1e-2 leaves room for the drift to grow over other seeds. A larger model or more
-steps may drift further: the figure holds for what was measured."""
+request's computed partly or wholly on another. Measured between ATEN_CPU_CAPABILITY default, avx2 and avx512 on an
+AMD EPYC (docs/log/kernel-sets.md), 8-step SDE rollouts: the tiny pixel policy 2.7e-3 on the latents (pixels in
+[-1, 1]) and 1.2e-7 on the log-probs; the tiny Qwen-Image 1.2e-6 and 2.4e-7. 1e-2 leaves room for the drift to grow
+over other seeds. A larger model, more steps or a GPU may drift further: the figure holds for what was measured."""
 
 
 def kernel_set(device: torch.device | str, threads: int | None = None) -> str:
