@@ -62,5 +62,11 @@ def kernel_sets_of(attempts: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def trajectory_drift(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """Largest absolute difference between two results' latents and log-probs (NaN where both are NaN counts as 0)."""
-    return max(float((a[name] - b[name]).nan_to_num(0.0).abs().max()) for name in ("latents", "log_probs"))
+    """Largest absolute difference between two results' latents and log-probs; NaN in both (an ODE step's log-prob)
+    counts as equal, NaN in one only makes the drift NaN (beyond any tolerance)."""
+    drifts = []
+    for name in ("latents", "log_probs"):
+        x, y = a[name], b[name]
+        both_nan = x.isnan() & y.isnan()
+        drifts.append(float(torch.where(both_nan, 0.0, x - y).abs().max()))
+    return float("nan") if any(d != d for d in drifts) else max(drifts)
