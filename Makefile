@@ -41,7 +41,7 @@ test: setup
 
 # The golden run and the bit-for-bit SP test again on another of torch's CPU kernel sets (ATEN_CPU_CAPABILITY: AVX2's,
 # or DEFAULT's where AVX2 is what the CPU has): the fixtures' tolerances and the equal hashes must hold on either
-# (docs/SPOT_RUNTIME.md, "What bit-identical covers"). About a minute and a half on 2 idle cores.
+# (docs/SPOT_RUNTIME.md, "What bit-identical covers"). It used 70 s of CPU here (docs/log/kernel-sets.md).
 KERNEL_TESTS := tests/workers/coordinator/test_golden.py::test_cpu_smoke_train_equals_the_golden_fixture \
 	tests/workers/sp/test_node_serve.py::test_a_group_of_one_commits_what_the_rollout_worker_commits_bit_for_bit
 test-kernels: setup
