@@ -53,6 +53,7 @@ test-kernels: setup
 # The nightly job: `make test` plus the long checks (learning runs, benches at full size).
 test-all: setup
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-kernels
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
