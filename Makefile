@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 BIN := $(VENV)/bin
 
-.PHONY: setup demo lint test test-all test-fast clean
+.PHONY: setup demo lint test test-kernels test-all test-fast clean
 
 setup: $(VENV)/.installed
 
@@ -38,10 +38,23 @@ XDIST := -n 2
 # What CI runs: every behaviour a user would notice, in under 25 minutes on 2 idle cores.
 test: setup
 	$(BIN)/python -m pytest $(XDIST) -m "not nightly" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-kernels
+
+# The golden run and the bit-for-bit SP test again on another of torch's CPU kernel sets (ATEN_CPU_CAPABILITY: AVX2's,
+# or DEFAULT's where AVX2 is what the CPU has): the fixtures' tolerances and the equal hashes must hold on either
+# (docs/SPOT_RUNTIME.md, "What bit-identical covers"). It used 70 s of CPU here (docs/log/kernel-sets.md).
+KERNEL_TESTS := tests/workers/coordinator/test_golden.py::test_cpu_smoke_train_equals_the_golden_fixture \
+	tests/workers/sp/test_node_serve.py::test_a_group_of_one_commits_what_the_rollout_worker_commits_bit_for_bit
+test-kernels: setup
+	@native=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability())") && \
+	other=$$(if [ "$$native" = AVX2 ]; then echo default; else echo avx2; fi) && \
+	echo "the golden and bit-for-bit tests under ATEN_CPU_CAPABILITY=$$other (this CPU: $$native)" && \
+	ATEN_CPU_CAPABILITY=$$other $(BIN)/python -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)
 
 # The nightly job: `make test` plus the long checks (learning runs, benches at full size).
 test-all: setup
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-kernels
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -53,6 +54,8 @@ class WorkTracker:
         Ulysses group (`w0+w1`) or the exploring member (`w2`) that runs the request, several at once."""
         self.events: list[dict] = []
         self.preemptions: list[PreemptionRecord] = []
+        self.started: set[str] = set()
+        """Workers whose `workers` row this tracker wrote (their `ready` adds the kernel set to it)."""
 
     def worker_started(
         self,
@@ -69,6 +72,7 @@ class WorkTracker:
         """`num_gpus`: the GPUs the worker holds (an SP node: one per device worker); None: 1 with a GPU type,
         else 0."""
         self.progress[worker_id] = {None: WorkerProgress()}
+        self.started.add(worker_id)
         if num_gpus is None:
             num_gpus = 1 if gpu_type else 0
         if self.ledger is not None:
@@ -97,6 +101,10 @@ class WorkTracker:
         elif kind in ("group_lost", "failed"):
             _forget_grouped(groups, group, event.get("request_id"))
             return
+        if kind == "ready" and "kernel_set" in event and event["worker_id"] in self.started and self.ledger is not None:
+            self.ledger.record_worker_kernels(
+                event["worker_id"], device_type=event["device_type"], kernel_set=event["kernel_set"]
+            )
         p = groups.setdefault(group, WorkerProgress())
         if kind == "claim":
             p.request_id, p.attempt, p.started_at = event["request_id"], event["attempt"], t
@@ -216,6 +224,8 @@ def result_records(
                 reward=meta.get("reward"),
                 enqueued_at=enqueued_at,
                 finished_at=meta.get("finished_at"),
+                kernel_sets=json.dumps(meta["kernel_sets"]) if "kernel_sets" in meta else None,
+                mixed_kernels=bool(meta.get("mixed_kernels", False)),
             )
         )
     return records

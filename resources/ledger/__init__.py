@@ -171,8 +171,11 @@ class Ledger(LedgerFile, HackingRecords):
         num_gpus: int = 1,
         usd_per_hour: float | None = None,
         at: Timestamp = None,
+        device_type: str | None = None,
+        kernel_set: str | None = None,
     ) -> float:
-        """Record a worker start with its price (from the price table unless given); return $/hour."""
+        """Record a worker start with its price (from the price table unless given); return $/hour. `device_type`
+        and `kernel_set` (workers/rollout/kernels.py) may come later, with its `ready` (`record_worker_kernels`)."""
         check_choice(role, WORKER_ROLES, "worker role")
         if usd_per_hour is None:
             if gpu_type is None:
@@ -182,12 +185,13 @@ class Ledger(LedgerFile, HackingRecords):
             if not usd_per_hour >= 0:
                 raise ValueError(f"worker {worker_id!r}: usd_per_hour must be >= 0, got {usd_per_hour}")
             source = "given by the caller"
-        self._record_rows(
-            "workers",
-            WORKER_COLUMNS,
-            [[worker_id, role, instance_type, gpu_type, num_gpus, spot, usd_per_hour, source, to_utc(at), None, None]],
-        )
+        row = [worker_id, role, instance_type, gpu_type, num_gpus, spot, usd_per_hour, source, to_utc(at), None, None]
+        self._record_rows("workers", (*WORKER_COLUMNS, "device_type", "kernel_set"), [[*row, device_type, kernel_set]])
         return usd_per_hour
+
+    def record_worker_kernels(self, worker_id: str, *, device_type: str, kernel_set: str) -> None:
+        """What decides a started worker's float bits, as its `ready` event reports it."""
+        self._update_one("workers", "worker_id", worker_id, device_type=device_type, kernel_set=kernel_set)
 
     def end_worker(self, worker_id: str, *, reason: str, at: Timestamp = None) -> None:
         """Record a worker's end: finished, preempted, failed, scaled_down or interrupted."""

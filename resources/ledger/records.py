@@ -92,6 +92,12 @@ class RequestRecord:
     reward_components: str | None = None
     """A multi-reward's raw value of each component, a JSON object {name: value} (`components_json`); None for
     a single reward."""
+    kernel_sets: str | None = None
+    """The kernel sets that computed the result's steps, a JSON list of names (workers/rollout/kernels.py); None
+    when the result does not say."""
+    mixed_kernels: bool = False
+    """Computed on more than one kernel set (resumed on another kind of worker): held to a tolerance, not to an
+    uninterrupted run's hash (docs/SPOT_RUNTIME.md)."""
 
     def __post_init__(self) -> None:
         check_choice(self.kind, REQUEST_KINDS, "RequestRecord.kind")

@@ -26,6 +26,10 @@ History:
         their standard errors, cheap image statistics, and whether the reward-hacking rule flagged it (and
         which test fired, and what the run did); `hacking_rollbacks`: each rollback to the best-gold weights.
         The view `reward_hacking` sets each signal against the base's.
+    v7  `workers.device_type` and `workers.kernel_set` (what decides a worker's float bits: its CPU capability and
+        thread count, or its GPU); `requests.kernel_sets` (JSON list of the kernel sets that computed the result's
+        steps) and `requests.mixed_kernels` (more than one: resumed on another kind of worker, so it is held to a
+        tolerance, not to an uninterrupted run's hash). NULL / false on rows written before.
 Views are derived data: they are dropped and re-created by every upgrade.
 """
 
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import duckdb
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 PHASES = ("sync", "rollout", "train", "explore", "validate")
 
 
@@ -154,6 +158,15 @@ CREATE TABLE hacking_rollbacks (
     recorded_at TIMESTAMP NOT NULL);
 """
 
+# What decides a worker's float bits (workers/rollout/kernels.py), and which of them computed each result: results
+# resumed across kernel sets are held to a tolerance, not to equal hashes (docs/SPOT_RUNTIME.md).
+_V7_CHANGES = """
+ALTER TABLE workers ADD COLUMN device_type VARCHAR;
+ALTER TABLE workers ADD COLUMN kernel_set VARCHAR;
+ALTER TABLE requests ADD COLUMN kernel_sets JSON;
+ALTER TABLE requests ADD COLUMN mixed_kernels BOOLEAN DEFAULT false;
+"""
+
 # Version -> SQL that upgrades a ledger from version-1 (or from empty for 0).
 MIGRATIONS: dict[int, str] = {
     0: _V0_TABLES,
@@ -163,6 +176,7 @@ MIGRATIONS: dict[int, str] = {
     4: _V4_CHANGES,
     5: _V5_CHANGES,
     6: _V6_CHANGES,
+    7: _V7_CHANGES,
 }
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION + 1))
 

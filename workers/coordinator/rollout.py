@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from dataclasses import dataclass
 
@@ -257,6 +258,8 @@ def request_records(
                 enqueued_at=enqueued_at,
                 finished_at=meta.get("finished_at"),
                 reward_components=components_json(meta.get("reward_components")),
+                kernel_sets=json.dumps(meta["kernel_sets"]) if "kernel_sets" in meta else None,
+                mixed_kernels=bool(meta.get("mixed_kernels", False)),
             )
         )
     return rows

@@ -19,6 +19,7 @@ from resources.queue.records import Lease
 from resources.store.base import StoreError, TensorStore
 from workers.explore.request import work_explore_request
 from workers.rollout.config import WorkerConfig
+from workers.rollout.kernels import kernel_labels
 from workers.rollout.request import StepHooks, check_run_reward, work_request
 from workers.rollout.weights import ModelMismatchError, PolicyHolder
 
@@ -46,6 +47,7 @@ class WorkerLoop:
             "gpu_type": config.gpu_type,
             "spot": config.spot,
             "usd_per_hour": config.usd_per_hour,
+            **kernel_labels(config.device),  # after set_num_threads: the thread count is part of a CPU's kernel set
         }
 
     def run(self) -> str:

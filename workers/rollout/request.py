@@ -24,6 +24,7 @@ from resources.keys import rollout_key, rollout_state_key, run_rewards_key
 from resources.queue.records import Request
 from resources.store.base import ObjectNotFoundError, TensorStore
 from workers.algo.sampler import denoise_step, sample_shape, sampler_sigmas
+from workers.rollout.kernels import MIXED_KERNELS_ATOL, kernel_labels, kernel_sets_of, trajectory_drift
 from workers.rollout.resume import attempt_state_key, committed_states, resume_or_start
 from workers.rollout.state import InFlight, RolloutSpec, result_commit
 from workers.rollout.weights import PolicyHolder
@@ -136,7 +137,7 @@ def work_request(
     flight = resume_or_start(store, spec, rid, sample_shape(policy), hooks.report)
     step = _Stepper(policy, spec)
     state_key = attempt_state_key(spec.run, rid, attempt)
-    me = {"worker_id": worker_id, "attempt": attempt, "resumed_from_step": flight.step}
+    me = {"worker_id": worker_id, "attempt": attempt, "resumed_from_step": flight.step, **_labels(policy, step)}
     outcome = RequestOutcome(rid, "running", flight.step, flight.step, flight.step, result_key)
     hooks.report("claim", request_id=rid, attempt=attempt, resumed_from_step=flight.step)
     while not flight.done:
@@ -158,6 +159,13 @@ def work_request(
             _commit(store, state_key, flight, me, outcome, hooks)
     _publish_result(store, policy, flight, me, outcome, spec, result_keys, hooks)
     return outcome
+
+
+def _labels(policy, step: "_Stepper") -> dict[str, str]:
+    """The device type and kernel set this attempt computes with: an SP group's (its members', who run the
+    forwards), else this process's on the policy's device."""
+    own = getattr(policy, "kernel_labels", None)
+    return dict(own) if own is not None else kernel_labels(step.device)
 
 
 class _Stepper:
@@ -226,12 +234,16 @@ def _publish_result(
     rewards = [float(r) for r in totals]
     import torch
 
+    attempts = flight.attempts + [{**me, "committed_step": flight.step}]
+    kernel_sets = kernel_sets_of(attempts)
     info = {
         **me,
         "steps_done": flight.step - outcome.resumed_from_step,
         "compute_s": outcome.compute_s / batch,
-        "attempts": flight.attempts + [{**me, "committed_step": flight.step}],
+        "attempts": attempts,
         "finished_at": time.time(),
+        "kernel_sets": kernel_sets,
+        "mixed_kernels": len(kernel_sets) > 1,
     }
     hashes, won = [], []
     for n, key in enumerate(result_keys):
@@ -248,14 +260,7 @@ def _publish_result(
         hashes.append(committed)
         won.append(published.won)
         if not published.won and committed != meta["result_hash"]:
-            # Determinism is what resumption relies on: say loudly when it breaks.
-            hooks.report(
-                "hash_mismatch",
-                request_id=outcome.request_id,
-                result_key=key,
-                committed=committed,
-                ours=meta["result_hash"],
-            )
+            _check_duplicate(store, key, published.manifest.metadata, tensors, meta, outcome, hooks)
     store.delete_commit(rollout_state_key(spec.run, outcome.request_id))  # every attempt's state
     outcome.status, outcome.committed_step = "done", flight.step
     outcome.won = won[0]
@@ -274,3 +279,22 @@ def _publish_result(
         compute_s=outcome.compute_s,
         **fields,
     )
+
+
+def _check_duplicate(
+    store: TensorStore, key: str, theirs: dict, tensors: dict, ours: dict, outcome: RequestOutcome, hooks: StepHooks
+) -> None:
+    """Another attempt committed this result with another hash: check it against the contract that applies
+    (docs/SPOT_RUNTIME.md). On one kernel set the bits must be equal, so any difference breaks determinism
+    (`hash_mismatch`); across kernel sets the trajectories must agree within MIXED_KERNELS_ATOL (`kernel_drift`,
+    or `hash_mismatch` beyond it)."""
+    fields = {"request_id": outcome.request_id, "result_key": key, "committed": theirs.get("result_hash")}
+    sets = (theirs.get("kernel_sets"), ours["kernel_sets"])
+    if sets[0] is not None and (len(sets[0]) != 1 or sets[0] != sets[1]):
+        drift = trajectory_drift(store.load_tensors(key), tensors)
+        if drift <= MIXED_KERNELS_ATOL:
+            hooks.report("kernel_drift", **fields, ours=ours["result_hash"], drift=drift, kernel_sets=list(sets))
+            return
+        fields["drift"] = drift
+    # Determinism is what resumption relies on: say loudly when it breaks.
+    hooks.report("hash_mismatch", **fields, ours=ours["result_hash"])

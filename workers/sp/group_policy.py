@@ -127,7 +127,8 @@ class GroupHolder:
 
     def policy_for(self, spec) -> "GroupPolicy":
         reply = self.channel.call({"op": "prepare", "payload": spec.to_payload()})
-        return GroupPolicy(self.channel, tuple(reply["shape"]))
+        labels = {"device_type": reply["device_type"], "kernel_set": reply["kernel_set"]}
+        return GroupPolicy(self.channel, tuple(reply["shape"]), labels)
 
 
 class _Prompts(tuple):
@@ -137,9 +138,11 @@ class _Prompts(tuple):
 class GroupPolicy:
     """The policy the request code samples with; the group computes, the agent walks the SDE on the CPU."""
 
-    def __init__(self, channel: GroupChannel, latent_shape: tuple[int, ...]):
+    def __init__(self, channel: GroupChannel, latent_shape: tuple[int, ...], kernel_labels: dict[str, str]):
         self.channel = channel
         self.latent_shape = latent_shape
+        self.kernel_labels = kernel_labels
+        """The members' device type and kernel set: the request code stamps them on each attempt, not the agent's."""
         self._device_marker = torch.zeros(())
 
     def parameters(self):

@@ -59,6 +59,8 @@ class AgentConfig:
     commit_every: int = KNOBS.commit_every
     """Denoising steps between committed states of an in-flight request."""
     threads_per_worker: int = KNOBS.worker_threads
+    """torch CPU threads of each device worker: part of a CPU member's kernel set (a group of one computes the bits of
+    a rollout worker started with `--threads` of this count: docs/SPOT_RUNTIME.md)."""
     join_timeout_s: float = 120.0
     """Collective timeout of a group; a dead member is usually detected at once (connection reset)."""
     host: str = "127.0.0.1"

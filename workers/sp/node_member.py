@@ -7,7 +7,8 @@ prompt cache (a member fed from the cache never loads a text encoder). Ops, each
 
 - `probe`: policy_for(request), then which SP degrees up to max_degree split it -> degrees
 - `join`: leaves its group, forms group `prefix` as rank/world (Ulysses turns on at the next prepare) -> leave_s, init_s
-- `prepare`: policy_for(request) at the group's degree (ValueError when it does not fit), Ulysses on -> shape
+- `prepare`: policy_for(request) at the group's degree (ValueError when it does not fit), Ulysses on -> shape,
+  device_type, kernel_set (what the group's forwards compute with: workers/rollout/kernels.py)
 - `sigmas`: the policy's noise levels for num_steps -> sigmas
 - `encode`: the conditioning of the prompts, text padded for the degree (kept for velocity) -> (no fields)
 - `velocity`: one forward of the group under the request sampler's autocast -> rank 0: v (fp32)
@@ -33,6 +34,7 @@ from resources.store import open_store
 from resources.store.base import StoreError
 from workers.algo.sampler import SamplerConfig, autocast_for, sample_shape, sampler_sigmas
 from workers.explore.request import work_explore_request
+from workers.rollout.kernels import kernel_labels
 from workers.rollout.state import RolloutSpec
 from workers.rollout.weights import ModelMismatchError, PolicyHolder
 from workers.sp.model_sp import sp_degrees, sp_view
@@ -98,7 +100,10 @@ class RequestMember:
         sp = sp_view(view, self.degree)  # ValueError when the group's degree cannot split this policy
         self._hook(view)
         self.spec, self.view, self.sp, self.cond = spec, view, sp, None
-        return {"shape": list(sample_shape(view))}
+        labels = kernel_labels(self.device)
+        if self.degree > 1:  # Ulysses' all-to-all sums in another order than one member (tests/workers/sp)
+            labels["kernel_set"] += f", SP degree {self.degree}"
+        return {"shape": list(sample_shape(view)), **labels}
 
     def _hook(self, view) -> None:
         """Ulysses on the view's transformer at the group's degree (views of one policy share the transformer)."""

@@ -131,6 +131,7 @@ def node_defaults(config: RunConfig) -> dict:
 
 def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report: EventLog) -> str:
     """Run the node until stopped, idle, done or misconfigured; returns why it ended."""
+    from workers.rollout.kernels import kernel_labels  # lazy: pulls torch
     from workers.sp.node_agent import AgentConfig, NodeAgent  # lazy: pulls torch
     from workers.sp.node_requests import RequestServer, ServeConfig  # lazy: pulls torch
 
@@ -157,6 +158,8 @@ def serve(args: argparse.Namespace, queue, store, stop: threading.Event, report:
             workers={w: agent.workers[w].proc.pid for w in ids},
             devices={w: agent.workers[w].device for w in ids},
             num_gpus=sum(agent.workers[w].device.startswith("cuda") for w in ids),
+            # The members' (their environment is this process's); a group above one adds its degree to each result's.
+            **kernel_labels(args.device, threads=args.threads_per_worker),
         )
         server = RequestServer(
             agent,

@@ -22,8 +22,8 @@ def test_cpu_smoke_pipeline_ledger_equals_the_golden_fixture(smoke_run):
 
 
 def test_the_golden_comparison_allows_only_what_another_cpus_kernels_change():
-    """A training number off by 0.1 %, a reward or a prompt is a change of behaviour; a flipped held-out image
-    (1 of 16 in a category) or another rollout hash is what another CPU's float kernels give (tests/golden.py)."""
+    """A training number off by 0.1 %, a reward or a prompt is a change of behaviour; flipped held-out images
+    (2 of 16 in a category) or another rollout hash is what another CPU's float kernels give (tests/golden.py)."""
     train = json.loads(fixture_path("train").read_text())
     run = json.loads(fixture_path("run").read_text())
 
@@ -36,8 +36,9 @@ def test_the_golden_comparison_allows_only_what_another_cpus_kernels_change():
     assert edited(train, lambda d: d[1].update(reward_mean=d[1]["reward_mean"] + 1 / 8))
     assert edited(train, lambda d: d.pop())
     counting = train[1]["validation_per_category"]["counting"]
-    assert not edited(train, lambda d: d[1]["validation_per_category"].update(counting=counting + 1 / 16))
-    assert edited(train, lambda d: d[1]["validation_per_category"].update(counting=counting + 2 / 16))
+    assert not edited(train, lambda d: d[1]["validation_per_category"].update(counting=counting + 2 / 16))
+    assert edited(train, lambda d: d[1]["validation_per_category"].update(counting=counting + 3 / 16))
+    assert not edited(train, lambda d: d[0].update(proxy_heldout=d[0]["proxy_heldout"] + 1 / 64))  # a held-out mean
     assert not edited(run, lambda d: d["requests"][0].__setitem__(7, "0" * 32))
     assert edited(run, lambda d: d["requests"][0].__setitem__(8, 0.25))  # the request's reward
     assert edited(run, lambda d: d["requests"][0].__setitem__(3, "a red circle"))  # the request's prompt

@@ -2,7 +2,8 @@
 own request code (workers/sp/node_serve.py, node_requests.py, group_policy.py, node_member.py).
 
 The reference is the rollout worker's `work_request` in this process, on a second store holding the same run.
-Tolerances: a group of one computes the rollout worker's bits (equal result hashes); a group of two matches to
+Tolerances: a group of one computes the bits of a rollout worker with its members' thread count (equal result hashes,
+under every CPU capability: tiny_run.py); a group of two matches to
 SP_ATOL = 1e-5 (fp32 forwards; measured 1.2e-6 on the latents): Ulysses' all-to-all and the padded negative prompt
 change the order of floating-point sums, never the noise.
 """

@@ -41,15 +41,26 @@ def tiny_run(model: Path, stores: list, num_requests: int) -> TinyRun:
 
 
 def rollout_worker_results(store, requests: list[dict]) -> dict[str, str]:
-    """Request id -> result key, each sampled by the rollout worker's own code in this process."""
+    """Request id -> result key, each sampled by the rollout worker's own code in this process, with the torch
+    thread count of a node's device workers (a rollout worker started with `--threads` of that count).
+
+    The thread count is part of the kernel set (docs/SPOT_RUNTIME.md): BLAS splits a matrix product by it, and on
+    some CPUs (measured: AMD EPYC, MKL sgemm of 5 to 9 rows, such as the CFG pass's text tokens) two counts round
+    differently, so a reference with the session's threads would not be the worker a group of one must equal."""
     from resources.queue.records import Request
     from workers.rollout.request import work_request
     from workers.rollout.weights import PolicyHolder
+    from workers.sp.node_agent import AgentConfig
 
     holder = PolicyHolder(store)
     keys = {}
-    for body in requests:
-        outcome = work_request(Request.from_dict(body), 1, store, holder, worker_id="plain", commit_every=2)
-        assert outcome.status == "done"
-        keys[body["request_id"]] = outcome.result_key
+    threads = torch.get_num_threads()
+    torch.set_num_threads(AgentConfig(store_url=store.url).threads_per_worker)
+    try:
+        for body in requests:
+            outcome = work_request(Request.from_dict(body), 1, store, holder, worker_id="plain", commit_every=2)
+            assert outcome.status == "done"
+            keys[body["request_id"]] = outcome.result_key
+    finally:
+        torch.set_num_threads(threads)
     return keys
