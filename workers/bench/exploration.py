@@ -34,7 +34,13 @@ from typing import Callable
 import torch
 
 from workers.bench.exploration_learning import STRATEGIES, LearningRun, learning_run
-from workers.bench.exploration_summary import summarize_learning, summarize_timing, time_to_target
+from workers.bench.exploration_summary import (
+    per_seed_to_target,
+    summarize_learning,
+    summarize_timing,
+    time_to_target,
+    timing_from_learning,
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ class ExplorationBench:
     jobs: int = 1
     """Learning runs at once, one process and one torch thread each."""
     static_iterations: int = 1
-    """Iterations of prompts in the static part (each: P prompts x 2G candidates x every level)."""
+    """Iterations of prompts in the static part (each: P prompts x 2G candidates x every level; 0: no static part)."""
     audit_prompts: int = 1
     """Timing runs: prompts per iteration whose every candidate is also scored on fresh weights."""
     resamples: int = 2000
@@ -87,7 +93,9 @@ class ExplorationBench:
 
         if len(self.seeds) < 1 or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
-        for name in ("validate_every", "num_workers", "jobs", "static_iterations", "resamples"):
+        if self.static_iterations < 0:
+            raise ValueError(f"static_iterations must be >= 0, got {self.static_iterations}")
+        for name in ("validate_every", "num_workers", "jobs", "resamples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.iterations is not None and self.iterations < 1:
@@ -170,20 +178,25 @@ def run_exploration_bench(
     torch.set_num_threads(1)
     say = progress or (lambda record: None)
     config = bench.train_config()
-    static = static_selection(
-        load_policy(checkpoint or SHIPPED_BASE),
-        config,
-        bench.static_iterations,
-        bench.seed_multipliers[0] * config.group_size,
-        bench.cache_levels,
-        progress=lambda text: say({"stage": text}),
+    static = (
+        static_selection(
+            load_policy(checkpoint or SHIPPED_BASE),
+            config,
+            bench.static_iterations,
+            bench.seed_multipliers[0] * config.group_size,
+            bench.cache_levels,
+            progress=lambda text: say({"stage": text}),
+        )
+        if bench.static_iterations
+        else {"levels": {}}
     )
     specs = bench.learning_runs(None if checkpoint is None else str(checkpoint))
     records = run_learning(specs, bench.jobs, out, say, verbose)
     timing = run_timing(bench, checkpoint, say) if bench.timing_iterations else []
     base_score = records[0]["curve"][0]["score"]  # every run validates the same weights version 0 first
     learning = summarize_learning(records, base_score, (bench.target_gain, *bench.other_target_gains), bench.resamples)
-    seconds = summarize_timing(timing)
+    ledger_seconds = timing_from_learning(records)
+    seconds = summarize_timing(timing) if timing else ledger_seconds  # without pipeline runs: the runs' own ledgers
     return {
         "preset": bench.preset,
         "num_seeds": len(bench.seeds),
@@ -198,6 +211,8 @@ def run_exploration_bench(
         **time_to_target(learning, seconds, bench.target_gain),
         "learning": learning,
         "timing": seconds,
+        "learning_timing": ledger_seconds,
+        "per_seed_to_target": per_seed_to_target(learning, seconds),
         "static": static,
         "arms": [a.name for a in bench.explore_config().arms(config.group_size)],
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),

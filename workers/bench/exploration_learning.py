@@ -15,7 +15,9 @@ the same preset and prompt schedule for all:
   variance are trained on;
 - `wider_draw`: the same contrast on the critical path: each prompt draws `wider_draw` x G
   seeds at full quality on the current weights and the update keeps the G of largest
-  reward variance (`TrainConfig.rollouts_per_prompt`, spotlight train's recipe).
+  reward variance (`TrainConfig.rollouts_per_prompt`, spotlight train's recipe);
+- `random_wide` (R_2G at `wider_draw` = 2): random seeds in groups of `wider_draw` x G, every sample trained
+  on: the reference at `wider_draw` times the rollout and the update of `random`.
 
 Every run is a function of its seed (one torch thread, budgets in samples, not seconds), so
 runs go in parallel processes and a record once written is reused: `out/<strategy>-s<seed>.json`.
@@ -39,7 +41,9 @@ from pathlib import Path
 
 from workers.trainer.grpo_trainer import TrainConfig
 
-STRATEGIES = ("random", "explore", "wider_draw")
+STRATEGIES = ("random", "explore", "wider_draw", "random_wide")
+ARM_NAMES = {"random": "R_G", "explore": "E_G", "random_wide": "R_2G", "wider_draw": "wider draw"}
+"""The headline's names of the strategies (docs/EXPLORATION.md, "The headline, pre-registered")."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class LearningRun:
     checkpoint: str | None
     """Policy folder of version 0 (None: the shipped base)."""
     wider_draw: int = 2
-    """wider_draw: seeds drawn per prompt, as a multiple of the group size."""
+    """wider_draw: seeds drawn per prompt, and random_wide: its group size, as a multiple of the group size."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -68,8 +72,14 @@ class LearningRun:
             )
 
     def train_config(self) -> TrainConfig:
-        wide = self.wider_draw * self.config.group_size if self.strategy == "wider_draw" else None
-        return dataclasses.replace(self.config, seed=self.seed, rollouts_per_prompt=wide)
+        wide = self.wider_draw * self.config.group_size
+        if self.strategy == "random_wide":
+            per_request = self.config.seeds_per_request and wide  # one request per prompt stays one
+            return dataclasses.replace(
+                self.config, seed=self.seed, group_size=wide, seeds_per_request=per_request, rollouts_per_prompt=None
+            )
+        draw = wide if self.strategy == "wider_draw" else None
+        return dataclasses.replace(self.config, seed=self.seed, rollouts_per_prompt=draw)
 
     @property
     def name(self) -> str:
@@ -159,11 +169,55 @@ def _walk(spec: LearningRun, run_dir: Path, verbose: bool) -> tuple[list[dict], 
             "variance_gain, fallback_random FROM exploration ORDER BY iteration"
         ).as_dicts()
         payoff = {r["iteration"]: r for r in ctx.ledger.query("SELECT * FROM exploration_payoff").as_dicts()}
+        seconds = _phase_seconds(ctx.ledger)
+        rewards = ctx.ledger.query(
+            "SELECT iteration, request_id, reward FROM requests WHERE kind = 'rollout' AND reward IS NOT NULL"
+        ).rows
     finally:
         ctx.ledger.close()
+    mass = _update_mass(rewards, config)
     for row in rows:
         row.update(_payoff_fields(payoff.get(row["iteration"])))
+        row.update(seconds.get(row["iteration"], {}))
+        row.update(mass.get(row["iteration"], {}))
     return rows, curve, exploration
+
+
+def _phase_seconds(ledger) -> dict[int, dict]:
+    """Per iteration, the wall seconds of its critical-path phases (sync, rollout, train) as the ledger timed them."""
+    out: dict[int, dict] = {}
+    for k, phase, seconds in ledger.query(
+        "SELECT iteration, phase, epoch(ended_at) - epoch(started_at) FROM phases "
+        "WHERE phase IN ('sync', 'rollout', 'train') AND ended_at IS NOT NULL"
+    ).rows:
+        out.setdefault(k, {})[f"{phase}_s"] = round(float(seconds), 4)
+    return out
+
+
+def _update_mass(rows: list, config: TrainConfig) -> dict[int, dict]:
+    """Per iteration: the update's mass, the sum of |advantage| over the trained samples per prompt (the
+    trainer's group normalisation and clip: a dead group adds 0, a live group of G about G x 0.8), and the
+    rollout's samples."""
+    import torch
+
+    from workers.algo.grpo import group_advantages
+
+    by_iteration: dict[int, tuple[list[float], list[int]]] = {}
+    for k, request, reward in rows:
+        prompt = int(str(request).split("-")[1][1:])  # it3-p12-s7 (resources.keys.request_id)
+        rewards, groups = by_iteration.setdefault(int(k), ([], []))
+        rewards.append(float(reward))
+        groups.append(prompt)
+    out = {}
+    for k, (rewards, groups) in by_iteration.items():
+        adv = group_advantages(
+            torch.tensor(rewards), torch.tensor(groups), clip=config.grpo.adv_clip, norm=config.grpo.adv_norm
+        )
+        out[k] = {
+            "update_mass": round(float(adv.abs().sum()) / len(set(groups)), 4),
+            "rollout_samples": len(rewards),
+        }
+    return out
 
 
 def _payoff_fields(payoff: dict | None) -> dict:

@@ -23,6 +23,9 @@ import numpy as np
 from workers.bench.curves import crossing, mean_curve, paired_difference, paired_ratio_interval
 from workers.bench.exploration_learning import STRATEGIES
 
+SLOWER = ("random", "wider_draw", "random_wide")
+"""The strategies explore is compared with (each ratio is theirs over explore's)."""
+
 
 def _by_strategy(records: list[dict]) -> tuple[list[int], list[int], dict[str, list[dict]]]:
     """Validated versions, run seeds every strategy has, and each strategy's records in seed order."""
@@ -50,7 +53,7 @@ def summarize_learning(records: list[dict], base_score: float, target_gains: tup
             "target_score": round(target, 6),
             "iterations": {s: _round(crossing(versions, mean_curve(v), target)) for s, v in scores.items()},
         }
-        for slow in ("random", "wider_draw"):
+        for slow in SLOWER:
             if slow in scores and "explore" in scores:
                 row[f"{slow}_over_explore"] = paired_ratio_interval(
                     versions, scores, slow, "explore", target, resamples, seed=i
@@ -63,7 +66,7 @@ def summarize_learning(records: list[dict], base_score: float, target_gains: tup
             "final": paired_difference(finals, "explore", other, resamples),
             "mean_after_base": paired_difference(means, "explore", other, resamples),
         }
-        for other in ("random", "wider_draw")
+        for other in SLOWER
         if other in scores and "explore" in scores
     }
     return {
@@ -92,6 +95,8 @@ def _strategy_figures(versions: list[int], scores: list[list[float]], runs: list
         "reward_std": _mean([row["reward_std"] for row in rows]),
         "zero_std_ratio": _mean([row["zero_std_ratio"] for row in rows]),
         "trained_variance_ratio": _mean([_variance_ratio(row) for row in rows]),
+        "update_mass": _mean([row.get("update_mass") for row in rows]),
+        "rollout_samples": _mean([row.get("rollout_samples") for row in rows]),
         "wall_min_per_run": _mean([r["wall_s"] / 60 for r in runs]),
     }
 
@@ -116,6 +121,40 @@ def _exploration_figures(runs: list[dict]) -> dict:
         "variance_gain": _distribution([row["variance_gain"] for row in rows]),
         "fallback_iterations": sum(bool(row["fallback_random"]) for row in rows),
     }
+
+
+def timing_from_learning(records: list[dict]) -> dict:
+    """Per strategy, seconds per iteration as its learning runs' ledgers timed them (every iteration after the first
+    of every seed): the critical path (sync + rollout + train, the median), and exploration's compute in
+    the same seconds (its samples x the rollout's seconds per sample: what the pool spends beside training).
+    The shape of `summarize_timing`'s, so `time_to_target` reads either."""
+    out = {}
+    for strategy in [s for s in STRATEGIES if any(r["strategy"] == s for r in records)]:
+        rows = [
+            row
+            for r in records
+            if r["strategy"] == strategy
+            for row in r["iterations"]
+            if row["iteration"] >= 1 and row.get("train_s") is not None
+        ]
+        if not rows:
+            continue
+        critical = [row.get("sync_s", 0.0) + row["rollout_s"] + row["train_s"] for row in rows]
+        per_sample = statistics.median(row["rollout_s"] / row["rollout_samples"] for row in rows)
+        explored = [
+            e["samples_used"] or 0.0 for r in records if r["strategy"] == strategy for e in r.get("exploration", [])
+        ]
+        explore_s = per_sample * statistics.mean(explored) if explored else 0.0
+        out[strategy] = {
+            "critical_s_per_iteration": round(statistics.median(critical), 4),
+            "critical_s_spread": _spread(critical),
+            "phases_s": {name: _mean([row.get(f"{name}_s") for row in rows]) for name in ("sync", "rollout", "train")},
+            "explore_s_per_iteration": round(explore_s, 4),
+            "total_s_per_iteration": round(statistics.median(critical) + explore_s, 4),
+            "iterations": len(rows),
+            "source": "learning runs' ledgers (median over iterations and seeds)",
+        }
+    return out
 
 
 def summarize_timing(runs: list[dict]) -> dict:
@@ -143,11 +182,17 @@ def time_to_target(learning: dict, timing: dict, target_gain: float) -> dict:
     iterations' bootstrap interval scaled by the measured seconds-per-iteration ratio."""
     row = learning["targets"].get(f"{target_gain:+.2f}", {})
     out = {}
-    for slow, name in (("random", "time_to_target_speedup"), ("wider_draw", "time_to_target_speedup_vs_wider_draw")):
+    for slow, name, per in (
+        ("random", "time_to_target_speedup", "critical_s_per_iteration"),
+        ("wider_draw", "time_to_target_speedup_vs_wider_draw", "critical_s_per_iteration"),
+        ("random_wide", "time_to_target_speedup_vs_random_wide", "critical_s_per_iteration"),
+        ("random", "cost_to_target_ratio", "total_s_per_iteration"),
+        ("random_wide", "cost_to_target_ratio_vs_random_wide", "total_s_per_iteration"),
+    ):
         ratio = row.get(f"{slow}_over_explore")
         seconds = _ratio(
-            timing.get(slow, {}).get("critical_s_per_iteration"),
-            timing.get("explore", {}).get("critical_s_per_iteration"),
+            timing.get(slow, {}).get(per, timing.get(slow, {}).get("critical_s_per_iteration")),
+            timing.get("explore", {}).get(per),
         )
         if ratio is None or seconds is None:
             out[name], out[f"{name}_interval"] = None, None
@@ -160,6 +205,23 @@ def time_to_target(learning: dict, timing: dict, target_gain: float) -> dict:
             "undefined_share": ratio["undefined_share"],
             "iterations_ratio": ratio["ratio"],
             "seconds_ratio": round(seconds, 4),
+        }
+    return out
+
+
+def per_seed_to_target(learning: dict, timing: dict) -> dict:
+    """Per strategy and run seed, the headline target's crossing in iterations, critical-path seconds and total
+    seconds (exploration's compute included): each seed's own curve times its strategy's seconds per iteration."""
+    out = {}
+    for name, figures in learning["strategies"].items():
+        t = timing.get(name, {})
+        critical, total = t.get("critical_s_per_iteration"), t.get("total_s_per_iteration")
+        its = figures["per_seed_iterations_to_target"]
+        out[name] = {
+            "seeds": learning["seeds"],
+            "iterations": its,
+            "critical_s": [None if i is None or critical is None else round(i * critical, 1) for i in its],
+            "total_s": [None if i is None or total is None else round(i * total, 1) for i in its],
         }
     return out
 
@@ -228,9 +290,19 @@ def format_exploration_report(figures: dict) -> str:
         )
         lines.append(f"target {gain}: iterations {its}; {ratios}")
     for name, t in figures["timing"].items():
-        lines.append(f"{name:>10} critical {t['critical_s_per_iteration']:.2f} s/iteration, phases {t['phases_s']}")
-    for key in ("time_to_target_speedup", "time_to_target_speedup_vs_wider_draw"):
-        lines.append(f"{key}: {figures[key]} {figures[f'{key}_interval']}")
+        lines.append(
+            f"{name:>10} critical {t['critical_s_per_iteration']:.2f} s/iteration, total "
+            f"{_fmt(t.get('total_s_per_iteration'))}, phases {t['phases_s']}"
+        )
+    for key in (
+        "time_to_target_speedup",
+        "time_to_target_speedup_vs_wider_draw",
+        "time_to_target_speedup_vs_random_wide",
+        "cost_to_target_ratio",
+        "cost_to_target_ratio_vs_random_wide",
+    ):
+        if figures.get(key) is not None:
+            lines.append(f"{key}: {figures[key]} {figures[f'{key}_interval']}")
     for key, value in learning["differences"].items():
         lines.append(f"{key}: {value}")
     lines.append(f"exploration: {learning['exploration']}")

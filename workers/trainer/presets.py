@@ -19,6 +19,7 @@ from workers.model.families.registry import family_for
 from workers.task.prompt_file import PromptSource
 from workers.task.prompts import parse_prompt
 from workers.trainer.grpo_trainer import NO_REWARD, TrainConfig
+from workers.trainer.presets_lowpass import cpu_tiny_lowpass
 
 
 def cpu_tiny() -> TrainConfig:
@@ -190,6 +191,7 @@ PRESETS: dict[str, Callable[[], TrainConfig]] = {
     "cpu_tiny_long": cpu_tiny_long,
     "cpu_tiny_spot": cpu_tiny_spot,
     "cpu_tiny_hard": cpu_tiny_hard,
+    "cpu_tiny_lowpass": cpu_tiny_lowpass,
     "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
     "cpu_smoke": cpu_smoke,
     "cpu_smoke_nft": cpu_smoke_nft,

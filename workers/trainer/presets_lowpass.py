@@ -1,0 +1,43 @@
+"""The low-pass task of SPOTLIGHT's headline test (docs/EXPLORATION.md, "The headline, pre-registered"): the strict
+all-or-nothing reward on the three categories the shipped base passes least, with groups of 4, where random groups
+are often dead (every sample fails) and a seed plan that finds the one that passes gives a group its only contrast.
+
+Example:
+    config = cpu_tiny_lowpass()
+    config.train_categories, config.group_size   # ('position', 'counting_binding', 'color_binding'), 4
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from workers.trainer.grpo_trainer import TrainConfig
+
+LOWPASS_CATEGORIES = ("position", "counting_binding", "color_binding")
+"""The training categories whose strict pass rate on the shipped base is lowest (0.19, 0.20, 0.38 over 8 prompts x
+32 seeds, /work/shared/REFERENCES.md "where seed choice can matter")."""
+
+LOWPASS_GROUP_SIZE = 4
+"""G: samples per prompt of R_G and E_G (R_2G draws twice as many)."""
+
+LOWPASS_VALIDATION_SEEDS = 8
+"""8 seeds x the 64 held-out prompts = 512 images per reading (SE of a strict pass rate near 0.3: about 0.02)."""
+
+
+def cpu_tiny_lowpass() -> TrainConfig:
+    """cpu_tiny_spot's NFT recipe on the low-pass task: `minigeneval_strict` over position, counting_binding and
+    color_binding, 8 prompts x G = 4 samples per iteration, 512 held-out images every 5 iterations, 15 iterations
+    (what a 4-seed pilot of three arms fits in on a shared 2-core machine). Exploration's settings for it:
+    `workers.explore.state.explore_config_for` (M = 16 candidates on the full sampler, the plan keeps G)."""
+    from workers.trainer.presets import cpu_tiny_spot  # here, not at the top: presets.py registers this function
+
+    return dataclasses.replace(
+        cpu_tiny_spot(),
+        reward="minigeneval_strict",
+        train_categories=LOWPASS_CATEGORIES,
+        group_size=LOWPASS_GROUP_SIZE,
+        seeds_per_request=LOWPASS_GROUP_SIZE,
+        validation_seeds=LOWPASS_VALIDATION_SEEDS,
+        iterations=15,
+        validate_every=5,
+    )
