@@ -164,6 +164,9 @@ def bench_exploration(
     static_iterations: Optional[int] = typer.Option(
         None, help="Iterations of prompts in the static cache-level part (default 1; 0: skip it)."
     ),
+    shared_base_reading: bool = typer.Option(
+        False, "--shared-base-reading", help="Only the first run reads version 0; the others reuse its reading."
+    ),
     out: Optional[Path] = typer.Option(
         None, help="Folder for the learning runs' records; a rerun reuses the ones it holds."
     ),
@@ -197,6 +200,7 @@ def bench_exploration(
             "cache_levels": tuple(level) if level else None,
             "other_target_gains": tuple(other_target) if other_target else None,
             "static_iterations": static_iterations,
+            "shared_base_reading": shared_base_reading or None,
         }.items()
         if v is not None
     }

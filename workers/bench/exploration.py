@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from workers.bench.exploration_learning import STRATEGIES, LearningRun, learning_run
+from workers.bench.exploration_learning import STRATEGIES, LearningRun, learning_run, with_base_reading
 from workers.bench.exploration_summary import (
     per_seed_to_target,
     summarize_learning,
@@ -87,6 +87,9 @@ class ExplorationBench:
     train_overrides: dict = field(default_factory=dict)
     """TrainConfig fields replaced after the preset (quick mode shrinks the batch)."""
     strategies: tuple[str, ...] = STRATEGIES
+    shared_base_reading: bool = False
+    """Only the first run scores weights version 0, the others reuse its reading (every run reads the same base):
+    saves a held-out reading per run where readings are large (512 images)."""
 
     def __post_init__(self) -> None:
         from workers.trainer.presets import get_preset
@@ -156,11 +159,17 @@ class ExplorationBench:
 
     def learning_runs(self, checkpoint: str | None) -> list[LearningRun]:
         config, explore = self.train_config(), self.explore_config()
-        return [
+        runs = [
             LearningRun(s, seed, config, explore, self.explore_samples, checkpoint, self.wider_draw)
             for seed in self.seeds
             for s in STRATEGIES
             if s in self.strategies
+        ]
+        if not self.shared_base_reading:
+            return runs
+        # One run reads the base (the first seed's first strategy: the same record whatever the seed list).
+        return [
+            dataclasses.replace(r, reads_base=r.seed == runs[0].seed and r.strategy == runs[0].strategy) for r in runs
         ]
 
 
@@ -191,7 +200,7 @@ def run_exploration_bench(
         else {"levels": {}}
     )
     specs = bench.learning_runs(None if checkpoint is None else str(checkpoint))
-    records = run_learning(specs, bench.jobs, out, say, verbose)
+    records = with_base_reading(run_learning(specs, bench.jobs, out, say, verbose))
     timing = run_timing(bench, checkpoint, say) if bench.timing_iterations else []
     base_score = records[0]["curve"][0]["score"]  # every run validates the same weights version 0 first
     learning = summarize_learning(records, base_score, (bench.target_gain, *bench.other_target_gains), bench.resamples)

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.coordinator.context import RunContext
 from workers.trainer.grpo_trainer import TrainConfig
 
 STRATEGIES = ("random", "explore", "wider_draw", "random_wide")
@@ -62,6 +63,9 @@ class LearningRun:
     """Policy folder of version 0 (None: the shipped base)."""
     wider_draw: int = 2
     """wider_draw: seeds drawn per prompt, and random_wide: its group size, as a multiple of the group size."""
+    reads_base: bool = True
+    """Whether the run scores weights version 0 itself. Every run reads the same base (same weights, the fixed
+    held-out seeds), so a bench has one run read it and the others skip it (`with_base_reading`)."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -92,6 +96,7 @@ class LearningRun:
             "checkpoint": self.checkpoint,
             "explore": repr(self.explore_config) if self.strategy == "explore" else None,
             "budget": self.explore_samples if self.strategy == "explore" else None,
+            **({} if self.reads_base else {"reads_base": False}),  # records made before the field stay valid
         }
         return hashlib.blake2b(json.dumps(fields, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
@@ -129,11 +134,13 @@ def learning_run(spec: LearningRun, out: Path | None = None, verbose: bool = Fal
 
 def _walk(spec: LearningRun, run_dir: Path, verbose: bool) -> tuple[list[dict], list[dict], list[dict]]:
     """Every iteration of the run through the coordinator's driver; rows, validation curve and exploration rows."""
-    from workers.coordinator.context import RunContext, Sampling
+    from workers.coordinator.context import Sampling
     from workers.coordinator.driver import train_records
 
     config = spec.train_config()
     ctx = RunContext.local(run_dir, spec.name, "bench", config, checkpoint=spec.checkpoint, report=False)
+    if not spec.reads_base:
+        ctx = _SkipsBaseReading(**{f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)})
     if spec.strategy == "explore":
         ctx = dataclasses.replace(
             ctx,
@@ -218,6 +225,24 @@ def _update_mass(rows: list, config: TrainConfig) -> dict[int, dict]:
             "rollout_samples": len(rewards),
         }
     return out
+
+
+@dataclass
+class _SkipsBaseReading(RunContext):
+    """A run that leaves the held-out reading of version 0 to another run of the bench."""
+
+    def validates(self, iteration: int) -> bool:
+        return iteration > 0 and RunContext.validates(self, iteration)
+
+
+def with_base_reading(records: list[dict]) -> list[dict]:
+    """Every record's curve starting at version 0: runs that skipped the base reading get the one a run made."""
+    base = next((r["curve"][0] for r in records if r["curve"] and r["curve"][0]["version"] == 0), None)
+    if base is None:
+        raise ValueError("no learning run read the base (version 0): give one run reads_base=True")
+    return [
+        r if r["curve"][:1] and r["curve"][0]["version"] == 0 else {**r, "curve": [base, *r["curve"]]} for r in records
+    ]
 
 
 def _payoff_fields(payoff: dict | None) -> dict:

@@ -124,35 +124,54 @@ def _exploration_figures(runs: list[dict]) -> dict:
 
 
 def timing_from_learning(records: list[dict]) -> dict:
-    """Per strategy, seconds per iteration as its learning runs' ledgers timed them (every iteration after the first
-    of every seed): the critical path (sync + rollout + train, the median), and exploration's compute in
-    the same seconds (its samples x the rollout's seconds per sample: what the pool spends beside training).
+    """Per strategy, seconds per iteration from its learning runs' ledgers, as a work model: the strategy's rollout
+    samples per iteration times the seconds per sample of the rollout and of the update, each the median over every
+    iteration after the first of every run of every strategy, plus the median sync. On a shared machine a run's
+    wall seconds follow its neighbours' load; pooling the per-sample cost makes the ratio between strategies their
+    ratio of work. Exploration's compute is its samples (full-sampler equivalents) times the rollout's seconds per
+    sample: what the pool spends beside training. The raw median wall seconds stay in `wall_critical_s`.
     The shape of `summarize_timing`'s, so `time_to_target` reads either."""
-    out = {}
-    for strategy in [s for s in STRATEGIES if any(r["strategy"] == s for r in records)]:
-        rows = [
+    rows = {
+        s: [
             row
             for r in records
-            if r["strategy"] == strategy
+            if r["strategy"] == s
             for row in r["iterations"]
-            if row["iteration"] >= 1 and row.get("train_s") is not None
+            if row["iteration"] >= 1 and row.get("train_s") is not None and row.get("rollout_samples")
         ]
-        if not rows:
+        for s in STRATEGIES
+    }
+    every = [row for rs in rows.values() for row in rs]
+    if not every:
+        return {}
+    rollout_per_sample = statistics.median(row["rollout_s"] / row["rollout_samples"] for row in every)
+    train_per_sample = statistics.median(row["train_s"] / row["rollout_samples"] for row in every)
+    sync = statistics.median(row.get("sync_s", 0.0) for row in every)
+    out = {}
+    for strategy, its in rows.items():
+        if not its:
             continue
-        critical = [row.get("sync_s", 0.0) + row["rollout_s"] + row["train_s"] for row in rows]
-        per_sample = statistics.median(row["rollout_s"] / row["rollout_samples"] for row in rows)
+        samples = statistics.median(row["rollout_samples"] for row in its)
+        critical = sync + samples * (rollout_per_sample + train_per_sample)
         explored = [
             e["samples_used"] or 0.0 for r in records if r["strategy"] == strategy for e in r.get("exploration", [])
         ]
-        explore_s = per_sample * statistics.mean(explored) if explored else 0.0
+        explore_s = rollout_per_sample * statistics.mean(explored) if explored else 0.0
+        wall = [row.get("sync_s", 0.0) + row["rollout_s"] + row["train_s"] for row in its]
         out[strategy] = {
-            "critical_s_per_iteration": round(statistics.median(critical), 4),
-            "critical_s_spread": _spread(critical),
-            "phases_s": {name: _mean([row.get(f"{name}_s") for row in rows]) for name in ("sync", "rollout", "train")},
+            "critical_s_per_iteration": round(critical, 4),
             "explore_s_per_iteration": round(explore_s, 4),
-            "total_s_per_iteration": round(statistics.median(critical) + explore_s, 4),
-            "iterations": len(rows),
-            "source": "learning runs' ledgers (median over iterations and seeds)",
+            "total_s_per_iteration": round(critical + explore_s, 4),
+            "rollout_samples": samples,
+            "explore_samples": round(statistics.mean(explored), 2) if explored else 0.0,
+            "phases_s": {
+                "sync": round(sync, 4),
+                "rollout": round(samples * rollout_per_sample, 4),
+                "train": round(samples * train_per_sample, 4),
+            },
+            "wall_critical_s": {"median": round(statistics.median(wall), 3), **_spread(wall)},
+            "iterations": len(its),
+            "source": "work model: samples x seconds per sample pooled over every learning run's ledger (medians)",
         }
     return out
 

@@ -62,6 +62,15 @@ class ExploreConfig:
     min_contest_std: float = 0.0
     """A prompt whose explored rewards' std is at most this is uncontested: it keeps its G default seeds
     (no pre-filter extras in the rollout), whatever the arm keeps."""
+    budget_samples: float | None = None
+    """A pool's exploration budget per iteration in full-sampler samples. None: the predicted training time, and
+    the plan takes what finished when training ends (a stop on the wall clock: which seeds a run trains on depends
+    on the machine's load). Set: the session plans the arm and the requests that fit this budget (costs in samples,
+    `UCBBandit.work_units`), records the plan, and the seed plan waits for exactly those requests, so a run seed
+    gives the same seed plans whatever the load (what waiting costs shows as the plan's `overhead_s`)."""
+    budget_wait_s: float = 600.0
+    """With `budget_samples`: the longest the seed plan waits for the planned requests (then it plans from what
+    finished, and its reason says how many did not)."""
     bandit: BanditConfig = field(default_factory=BanditConfig)
 
     def __post_init__(self) -> None:
@@ -89,6 +98,10 @@ class ExploreConfig:
             raise ValueError(f"ExploreConfig.control_prompts must be an int >= 0, got {self.control_prompts!r}")
         if not self.min_contest_std >= 0:
             raise ValueError(f"ExploreConfig.min_contest_std must be >= 0, got {self.min_contest_std}")
+        if self.budget_samples is not None and not self.budget_samples > 0:
+            raise ValueError(f"ExploreConfig.budget_samples must be > 0 or None, got {self.budget_samples}")
+        if not self.budget_wait_s > 0:
+            raise ValueError(f"ExploreConfig.budget_wait_s must be > 0, got {self.budget_wait_s}")
 
     def arms(self, group_size: int) -> list[Arm]:
         """Every (M, level, W) with W <= M; W = G is named as before (`m16-half_steps`)."""
