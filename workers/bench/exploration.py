@@ -86,7 +86,8 @@ class ExplorationBench:
     """Bootstrap resamples of run seeds behind every interval."""
     train_overrides: dict = field(default_factory=dict)
     """TrainConfig fields replaced after the preset (quick mode shrinks the batch)."""
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = ("random", "explore", "wider_draw")
+    """The strategies run (random_wide, R_2G, on request: it costs twice random's rollout and update)."""
     shared_base_reading: bool = False
     """Only the first run scores weights version 0, the others reuse its reading (every run reads the same base):
     saves a held-out reading per run where readings are large (512 images)."""

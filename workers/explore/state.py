@@ -128,14 +128,38 @@ PRE_FILTER_PRESETS = ("cpu_tiny_spot", "cpu_tiny_hard")
 """Presets whose pipeline explores as a pre-filter: the demo's and the hard task's."""
 
 
+FIXED_ARM_PRESETS = {"cpu_tiny_lowpass": ((4,), ("half_steps",))}
+"""Presets that explore with one fixed arm (M as a multiple of G, level): the headline test's E_G, m16-half_steps."""
+
+BUDGET_ROLLOUTS = 2.0
+"""A CPU preset's exploration budget per iteration, in rollouts' worth of full-sampler samples (two: about what the
+demo's two spot workers explore beside an update; the exploration bench's default budget)."""
+
+
 def explore_config_for(preset: str) -> ExploreConfig:
     """A training preset's exploration settings when the run gives none. `PRE_FILTER_PRESETS` explore as a
     pre-filter (W = 1.5 G kept for the rollout to pick G from on the fresh weights), with one control prompt per
     iteration and arms below Kendall tau 0.2 dropped: the settings `spotlight bench exploration` measured them with
-    (docs/BENCHMARKS.md). Every other preset: the defaults (W = G, no control, no fidelity floor)."""
+    (docs/BENCHMARKS.md). `FIXED_ARM_PRESETS` explore with their one arm, W = G. Every other preset: the defaults
+    (W = G, no control, no fidelity floor).
+
+    The CPU presets (`cpu_*`) stop exploring on a request budget of `BUDGET_ROLLOUTS` rollouts' worth of samples, so
+    a run seed is the same run whatever the machine's load; the GPU presets keep the stop at the end of training
+    (explorers are otherwise idle spot GPUs, and waiting for them would cost the critical path)."""
+    from workers.trainer.presets import PRESETS
+
+    budget = None
+    if preset.startswith("cpu_") and preset in PRESETS:
+        config = PRESETS[preset]()
+        budget = BUDGET_ROLLOUTS * config.prompts_per_iteration * config.group_size
     if preset in PRE_FILTER_PRESETS:
-        return ExploreConfig(keep_factors=(1.5,), control_prompts=1, bandit=BanditConfig(min_arm_tau=0.2))
-    return ExploreConfig()
+        return ExploreConfig(
+            keep_factors=(1.5,), control_prompts=1, bandit=BanditConfig(min_arm_tau=0.2), budget_samples=budget
+        )
+    if preset in FIXED_ARM_PRESETS:
+        multipliers, levels = FIXED_ARM_PRESETS[preset]
+        return ExploreConfig(seed_multipliers=multipliers, cache_levels=levels, budget_samples=budget)
+    return ExploreConfig(budget_samples=budget)
 
 
 @dataclass
