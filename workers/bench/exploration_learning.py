@@ -203,8 +203,8 @@ def _phase_seconds(ledger) -> dict[int, dict]:
 
 def _update_mass(rows: list, config: TrainConfig) -> dict[int, dict]:
     """Per iteration: the update's mass, the sum of |advantage| over the trained samples per prompt (the
-    trainer's group normalisation and clip: a dead group adds 0, a live group of G about G x 0.8), and the
-    rollout's samples."""
+    trainer's group normalisation and clip: a dead group adds 0, a live binary group of 4 between 3.46 and 4; the
+    wider draw's over its whole draw, before the cut), the rollout's samples and the update's."""
     import torch
 
     from workers.algo.grpo import group_advantages
@@ -223,6 +223,7 @@ def _update_mass(rows: list, config: TrainConfig) -> dict[int, dict]:
         out[k] = {
             "update_mass": round(float(adv.abs().sum()) / len(set(groups)), 4),
             "rollout_samples": len(rewards),
+            "trained_samples": len(set(groups)) * config.group_size,  # the wider draw trains G of its draw
         }
     return out
 

@@ -145,14 +145,15 @@ def timing_from_learning(records: list[dict]) -> dict:
     if not every:
         return {}
     rollout_per_sample = statistics.median(row["rollout_s"] / row["rollout_samples"] for row in every)
-    train_per_sample = statistics.median(row["train_s"] / row["rollout_samples"] for row in every)
+    train_per_sample = statistics.median(row["train_s"] / _trained(row) for row in every)
     sync = statistics.median(row.get("sync_s", 0.0) for row in every)
     out = {}
     for strategy, its in rows.items():
         if not its:
             continue
         samples = statistics.median(row["rollout_samples"] for row in its)
-        critical = sync + samples * (rollout_per_sample + train_per_sample)
+        trained = statistics.median(_trained(row) for row in its)
+        critical = sync + samples * rollout_per_sample + trained * train_per_sample
         explored = [
             e["samples_used"] or 0.0 for r in records if r["strategy"] == strategy for e in r.get("exploration", [])
         ]
@@ -167,13 +168,18 @@ def timing_from_learning(records: list[dict]) -> dict:
             "phases_s": {
                 "sync": round(sync, 4),
                 "rollout": round(samples * rollout_per_sample, 4),
-                "train": round(samples * train_per_sample, 4),
+                "train": round(trained * train_per_sample, 4),
             },
             "wall_critical_s": {"median": round(statistics.median(wall), 3), **_spread(wall)},
             "iterations": len(its),
             "source": "work model: samples x seconds per sample pooled over every learning run's ledger (medians)",
         }
     return out
+
+
+def _trained(row: dict) -> int:
+    """Samples the update trained on (records made before `trained_samples`: the rollout's, no wider draw)."""
+    return row.get("trained_samples") or row["rollout_samples"]
 
 
 def summarize_timing(runs: list[dict]) -> dict:
