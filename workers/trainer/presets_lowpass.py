@@ -27,8 +27,9 @@ LOWPASS_VALIDATION_SEEDS = 8
 def cpu_tiny_lowpass() -> TrainConfig:
     """cpu_tiny_spot's NFT recipe on the low-pass task: `minigeneval_strict` over position, counting_binding and
     color_binding, 8 prompts x G = 4 samples per iteration, 512 held-out images every 5 iterations, 15 iterations
-    (what a 4-seed pilot of three arms fits in on a shared 2-core machine). Exploration's settings for it:
-    `workers.explore.state.explore_config_for` (M = 16 candidates on the full sampler, the plan keeps G)."""
+    (the headline's pilot ran 10, reading versions 0 and 10: docs/BENCHMARKS.md). Exploration's settings for it:
+    `workers.explore.state.explore_config_for` (the one arm m16-half_steps: 16 candidates at half steps, the plan
+    keeps G)."""
     from workers.trainer.presets import cpu_tiny_spot  # here, not at the top: presets.py registers this function
 
     return dataclasses.replace(
