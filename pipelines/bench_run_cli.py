@@ -68,6 +68,46 @@ def bench_selection(
     show(figures, as_json, selection_text)
 
 
+@run_benches.command("dead-share")
+def bench_dead_share(
+    as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
+    preset: str = typer.Option("cpu_tiny_lowpass", help="Training preset: its prompts, reward, group size, sampler."),
+    iterations: int = typer.Option(4, help="Iterations of the preset's prompt schedule to sample."),
+    candidates: int = typer.Option(16, help="M: candidate seeds per prompt (blocks of G are the random groups)."),
+    seed: int = typer.Option(0, help="Run seed of the prompt schedule and the candidate seeds."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Policy folder (default: the shipped base)."),
+) -> None:
+    """How often a random group of G seeds is dead (every reward equal) on a preset's task, and how often the G of
+    largest variance among M candidates still is: seed selection's headroom."""
+    import dataclasses
+    import sys
+
+    import torch
+
+    from workers.bench.dead_share import dead_share, dead_share_text
+    from workers.model.tiny_policy import SHIPPED_BASE, load_policy
+    from workers.trainer.presets import get_preset
+
+    try:
+        config = dataclasses.replace(get_preset(preset), seed=seed)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if checkpoint is not None and not (checkpoint / "policy.json").exists():
+        raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
+    torch.set_num_threads(1)
+    try:
+        figures = dead_share(
+            load_policy(checkpoint or SHIPPED_BASE),
+            config,
+            iterations,
+            candidates,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    show({"preset": preset, "seed": seed, **figures}, as_json, dead_share_text)
+
+
 @run_benches.command("exploration")
 def bench_exploration(
     as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
@@ -98,7 +138,7 @@ def bench_exploration(
         None, help="Learning runs at once, one process and one thread each (default 1)."
     ),
     strategy: Optional[list[str]] = typer.Option(
-        None, "--strategy", help="Only these strategies (repeat: random, explore, wider_draw)."
+        None, "--strategy", help="Only these strategies (repeat: random, explore, wider_draw, random_wide = R_2G)."
     ),
     preset: Optional[str] = typer.Option(
         None, help="Training preset (default cpu_tiny_spot; cpu_tiny_hard: strict reward)."
@@ -112,6 +152,21 @@ def bench_exploration(
         None, help="Explore: prompts per iteration kept on random seeds (default 0)."
     ),
     min_arm_tau: Optional[float] = typer.Option(None, help="Explore: drop an arm whose measured tau is below this."),
+    seed_multiplier: Optional[list[int]] = typer.Option(
+        None, "--seed-multiplier", help="Explore arms' M as multiples of G (repeat; default 2, 3, 4)."
+    ),
+    level: Optional[list[str]] = typer.Option(
+        None, "--level", help="Explore arms' cache levels (repeat; default fbcache, half_steps, quarter_steps)."
+    ),
+    other_target: Optional[list[float]] = typer.Option(
+        None, "--other-target", help="Further target gains to report (repeat; default 0.04, 0.06, 0.10)."
+    ),
+    static_iterations: Optional[int] = typer.Option(
+        None, help="Iterations of prompts in the static cache-level part (default 1; 0: skip it)."
+    ),
+    shared_base_reading: bool = typer.Option(
+        False, "--shared-base-reading", help="Only the first run reads version 0; the others reuse its reading."
+    ),
     out: Optional[Path] = typer.Option(
         None, help="Folder for the learning runs' records; a rerun reuses the ones it holds."
     ),
@@ -141,6 +196,11 @@ def bench_exploration(
             "keep_factors": tuple(keep_factor) if keep_factor else None,
             "control_prompts": control_prompts,
             "min_arm_tau": min_arm_tau,
+            "seed_multipliers": tuple(seed_multiplier) if seed_multiplier else None,
+            "cache_levels": tuple(level) if level else None,
+            "other_target_gains": tuple(other_target) if other_target else None,
+            "static_iterations": static_iterations,
+            "shared_base_reading": shared_base_reading or None,
         }.items()
         if v is not None
     }

@@ -199,8 +199,24 @@ class ExploreSection(Section):
         description="rollouts inprocess: explore in this process within this many full-sampler samples per "
         "iteration (unset: in-process runs do not explore).",
     )
+    seed_multipliers: tuple[int, ...] = Field(
+        (2, 3, 4),
+        min_length=1,
+        description="The bandit's arms: candidate seeds per prompt, as multiples of group_size.",
+    )
+    cache_levels: tuple[str, ...] = Field(
+        ("fbcache", "half_steps", "quarter_steps"),
+        min_length=1,
+        description="The bandit's arms: cheap sampler levels to rank candidates with (workers/explore/request.py).",
+    )
     keep_factor: float = Field(
         1.0, ge=1, description="Explored seeds kept per group, as a multiple of group_size (> 1: a pre-filter)."
+    )
+    explore_budget_rollouts: Optional[float] = Field(
+        None,
+        gt=0,
+        description="Queue workers: stop exploring on a request budget of this many rollouts' worth of samples, so a "
+        "run seed is the same run whatever the load (unset: when training ends).",
     )
     control_prompts: int = Field(0, ge=0, description="Prompts per iteration kept on their default seeds.")
     min_arm_tau: Optional[float] = Field(

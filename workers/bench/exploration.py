@@ -33,8 +33,14 @@ from typing import Callable
 
 import torch
 
-from workers.bench.exploration_learning import STRATEGIES, LearningRun, learning_run
-from workers.bench.exploration_summary import summarize_learning, summarize_timing, time_to_target
+from workers.bench.exploration_learning import STRATEGIES, LearningRun, learning_run, with_base_reading
+from workers.bench.exploration_summary import (
+    per_seed_to_target,
+    summarize_learning,
+    summarize_timing,
+    time_to_target,
+    timing_from_learning,
+)
 
 
 @dataclass(frozen=True)
@@ -73,21 +79,27 @@ class ExplorationBench:
     jobs: int = 1
     """Learning runs at once, one process and one torch thread each."""
     static_iterations: int = 1
-    """Iterations of prompts in the static part (each: P prompts x 2G candidates x every level)."""
+    """Iterations of prompts in the static part (each: P prompts x 2G candidates x every level; 0: no static part)."""
     audit_prompts: int = 1
     """Timing runs: prompts per iteration whose every candidate is also scored on fresh weights."""
     resamples: int = 2000
     """Bootstrap resamples of run seeds behind every interval."""
     train_overrides: dict = field(default_factory=dict)
     """TrainConfig fields replaced after the preset (quick mode shrinks the batch)."""
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = ("random", "explore", "wider_draw")
+    """The strategies run (random_wide, R_2G, on request: it costs twice random's rollout and update)."""
+    shared_base_reading: bool = False
+    """Only the first run scores weights version 0, the others reuse its reading (every run reads the same base):
+    saves a held-out reading per run where readings are large (512 images)."""
 
     def __post_init__(self) -> None:
         from workers.trainer.presets import get_preset
 
         if len(self.seeds) < 1 or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
-        for name in ("validate_every", "num_workers", "jobs", "static_iterations", "resamples"):
+        if self.static_iterations < 0:
+            raise ValueError(f"static_iterations must be >= 0, got {self.static_iterations}")
+        for name in ("validate_every", "num_workers", "jobs", "resamples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.iterations is not None and self.iterations < 1:
@@ -148,11 +160,17 @@ class ExplorationBench:
 
     def learning_runs(self, checkpoint: str | None) -> list[LearningRun]:
         config, explore = self.train_config(), self.explore_config()
-        return [
+        runs = [
             LearningRun(s, seed, config, explore, self.explore_samples, checkpoint, self.wider_draw)
             for seed in self.seeds
             for s in STRATEGIES
             if s in self.strategies
+        ]
+        if not self.shared_base_reading:
+            return runs
+        # One run reads the base (the first seed's first strategy: the same record whatever the seed list).
+        return [
+            dataclasses.replace(r, reads_base=r.seed == runs[0].seed and r.strategy == runs[0].strategy) for r in runs
         ]
 
 
@@ -170,20 +188,25 @@ def run_exploration_bench(
     torch.set_num_threads(1)
     say = progress or (lambda record: None)
     config = bench.train_config()
-    static = static_selection(
-        load_policy(checkpoint or SHIPPED_BASE),
-        config,
-        bench.static_iterations,
-        bench.seed_multipliers[0] * config.group_size,
-        bench.cache_levels,
-        progress=lambda text: say({"stage": text}),
+    static = (
+        static_selection(
+            load_policy(checkpoint or SHIPPED_BASE),
+            config,
+            bench.static_iterations,
+            bench.seed_multipliers[0] * config.group_size,
+            bench.cache_levels,
+            progress=lambda text: say({"stage": text}),
+        )
+        if bench.static_iterations
+        else {"levels": {}}
     )
     specs = bench.learning_runs(None if checkpoint is None else str(checkpoint))
-    records = run_learning(specs, bench.jobs, out, say, verbose)
+    records = with_base_reading(run_learning(specs, bench.jobs, out, say, verbose))
     timing = run_timing(bench, checkpoint, say) if bench.timing_iterations else []
     base_score = records[0]["curve"][0]["score"]  # every run validates the same weights version 0 first
     learning = summarize_learning(records, base_score, (bench.target_gain, *bench.other_target_gains), bench.resamples)
-    seconds = summarize_timing(timing)
+    ledger_seconds = timing_from_learning(records)
+    seconds = summarize_timing(timing) if timing else ledger_seconds  # without pipeline runs: the runs' own ledgers
     return {
         "preset": bench.preset,
         "num_seeds": len(bench.seeds),
@@ -198,6 +221,8 @@ def run_exploration_bench(
         **time_to_target(learning, seconds, bench.target_gain),
         "learning": learning,
         "timing": seconds,
+        "learning_timing": ledger_seconds,
+        "per_seed_to_target": per_seed_to_target(learning, seconds),
         "static": static,
         "arms": [a.name for a in bench.explore_config().arms(config.group_size)],
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),

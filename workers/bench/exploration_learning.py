@@ -15,7 +15,9 @@ the same preset and prompt schedule for all:
   variance are trained on;
 - `wider_draw`: the same contrast on the critical path: each prompt draws `wider_draw` x G
   seeds at full quality on the current weights and the update keeps the G of largest
-  reward variance (`TrainConfig.rollouts_per_prompt`, spotlight train's recipe).
+  reward variance (`TrainConfig.rollouts_per_prompt`, spotlight train's recipe);
+- `random_wide` (R_2G at `wider_draw` = 2): random seeds in groups of `wider_draw` x G, every sample trained
+  on: the reference at `wider_draw` times the rollout and the update of `random`.
 
 Every run is a function of its seed (one torch thread, budgets in samples, not seconds), so
 runs go in parallel processes and a record once written is reused: `out/<strategy>-s<seed>.json`.
@@ -37,9 +39,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.coordinator.context import RunContext
 from workers.trainer.grpo_trainer import TrainConfig
 
-STRATEGIES = ("random", "explore", "wider_draw")
+STRATEGIES = ("random", "explore", "wider_draw", "random_wide")
+ARM_NAMES = {"random": "R_G", "explore": "E_G", "random_wide": "R_2G", "wider_draw": "wider draw"}
+"""The headline's names of the strategies (docs/EXPLORATION.md, "The headline, pre-registered")."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,10 @@ class LearningRun:
     checkpoint: str | None
     """Policy folder of version 0 (None: the shipped base)."""
     wider_draw: int = 2
-    """wider_draw: seeds drawn per prompt, as a multiple of the group size."""
+    """wider_draw: seeds drawn per prompt, and random_wide: its group size, as a multiple of the group size."""
+    reads_base: bool = True
+    """Whether the run scores weights version 0 itself. Every run reads the same base (same weights, the fixed
+    held-out seeds), so a bench has one run read it and the others skip it (`with_base_reading`)."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -68,8 +76,14 @@ class LearningRun:
             )
 
     def train_config(self) -> TrainConfig:
-        wide = self.wider_draw * self.config.group_size if self.strategy == "wider_draw" else None
-        return dataclasses.replace(self.config, seed=self.seed, rollouts_per_prompt=wide)
+        wide = self.wider_draw * self.config.group_size
+        if self.strategy == "random_wide":
+            per_request = self.config.seeds_per_request and wide  # one request per prompt stays one
+            return dataclasses.replace(
+                self.config, seed=self.seed, group_size=wide, seeds_per_request=per_request, rollouts_per_prompt=None
+            )
+        draw = wide if self.strategy == "wider_draw" else None
+        return dataclasses.replace(self.config, seed=self.seed, rollouts_per_prompt=draw)
 
     @property
     def name(self) -> str:
@@ -82,6 +96,7 @@ class LearningRun:
             "checkpoint": self.checkpoint,
             "explore": repr(self.explore_config) if self.strategy == "explore" else None,
             "budget": self.explore_samples if self.strategy == "explore" else None,
+            **({} if self.reads_base else {"reads_base": False}),  # records made before the field stay valid
         }
         return hashlib.blake2b(json.dumps(fields, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
@@ -119,11 +134,13 @@ def learning_run(spec: LearningRun, out: Path | None = None, verbose: bool = Fal
 
 def _walk(spec: LearningRun, run_dir: Path, verbose: bool) -> tuple[list[dict], list[dict], list[dict]]:
     """Every iteration of the run through the coordinator's driver; rows, validation curve and exploration rows."""
-    from workers.coordinator.context import RunContext, Sampling
+    from workers.coordinator.context import Sampling
     from workers.coordinator.driver import train_records
 
     config = spec.train_config()
     ctx = RunContext.local(run_dir, spec.name, "bench", config, checkpoint=spec.checkpoint, report=False)
+    if not spec.reads_base:
+        ctx = _SkipsBaseReading(**{f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)})
     if spec.strategy == "explore":
         ctx = dataclasses.replace(
             ctx,
@@ -159,11 +176,74 @@ def _walk(spec: LearningRun, run_dir: Path, verbose: bool) -> tuple[list[dict], 
             "variance_gain, fallback_random FROM exploration ORDER BY iteration"
         ).as_dicts()
         payoff = {r["iteration"]: r for r in ctx.ledger.query("SELECT * FROM exploration_payoff").as_dicts()}
+        seconds = _phase_seconds(ctx.ledger)
+        rewards = ctx.ledger.query(
+            "SELECT iteration, request_id, reward FROM requests WHERE kind = 'rollout' AND reward IS NOT NULL"
+        ).rows
     finally:
         ctx.ledger.close()
+    mass = _update_mass(rewards, config)
     for row in rows:
         row.update(_payoff_fields(payoff.get(row["iteration"])))
+        row.update(seconds.get(row["iteration"], {}))
+        row.update(mass.get(row["iteration"], {}))
     return rows, curve, exploration
+
+
+def _phase_seconds(ledger) -> dict[int, dict]:
+    """Per iteration, the wall seconds of its critical-path phases (sync, rollout, train) as the ledger timed them."""
+    out: dict[int, dict] = {}
+    for k, phase, seconds in ledger.query(
+        "SELECT iteration, phase, epoch(ended_at) - epoch(started_at) FROM phases "
+        "WHERE phase IN ('sync', 'rollout', 'train') AND ended_at IS NOT NULL"
+    ).rows:
+        out.setdefault(k, {})[f"{phase}_s"] = round(float(seconds), 4)
+    return out
+
+
+def _update_mass(rows: list, config: TrainConfig) -> dict[int, dict]:
+    """Per iteration: the update's mass, the sum of |advantage| over the trained samples per prompt (the
+    trainer's group normalisation and clip: a dead group adds 0, a live binary group of 4 between 3.46 and 4; the
+    wider draw's over its whole draw, before the cut), the rollout's samples and the update's."""
+    import torch
+
+    from workers.algo.grpo import group_advantages
+
+    by_iteration: dict[int, tuple[list[float], list[int]]] = {}
+    for k, request, reward in rows:
+        prompt = int(str(request).split("-")[1][1:])  # it3-p12-s7 (resources.keys.request_id)
+        rewards, groups = by_iteration.setdefault(int(k), ([], []))
+        rewards.append(float(reward))
+        groups.append(prompt)
+    out = {}
+    for k, (rewards, groups) in by_iteration.items():
+        adv = group_advantages(
+            torch.tensor(rewards), torch.tensor(groups), clip=config.grpo.adv_clip, norm=config.grpo.adv_norm
+        )
+        out[k] = {
+            "update_mass": round(float(adv.abs().sum()) / len(set(groups)), 4),
+            "rollout_samples": len(rewards),
+            "trained_samples": len(set(groups)) * config.group_size,  # the wider draw trains G of its draw
+        }
+    return out
+
+
+@dataclass
+class _SkipsBaseReading(RunContext):
+    """A run that leaves the held-out reading of version 0 to another run of the bench."""
+
+    def validates(self, iteration: int) -> bool:
+        return iteration > 0 and RunContext.validates(self, iteration)
+
+
+def with_base_reading(records: list[dict]) -> list[dict]:
+    """Every record's curve starting at version 0: runs that skipped the base reading get the one a run made."""
+    base = next((r["curve"][0] for r in records if r["curve"] and r["curve"][0]["version"] == 0), None)
+    if base is None:
+        raise ValueError("no learning run read the base (version 0): give one run reads_base=True")
+    return [
+        r if r["curve"][:1] and r["curve"][0]["version"] == 0 else {**r, "curve": [base, *r["curve"]]} for r in records
+    ]
 
 
 def _payoff_fields(payoff: dict | None) -> dict:

@@ -23,6 +23,9 @@ import numpy as np
 from workers.bench.curves import crossing, mean_curve, paired_difference, paired_ratio_interval
 from workers.bench.exploration_learning import STRATEGIES
 
+SLOWER = ("random", "wider_draw", "random_wide")
+"""The strategies explore is compared with (each ratio is theirs over explore's)."""
+
 
 def _by_strategy(records: list[dict]) -> tuple[list[int], list[int], dict[str, list[dict]]]:
     """Validated versions, run seeds every strategy has, and each strategy's records in seed order."""
@@ -50,7 +53,7 @@ def summarize_learning(records: list[dict], base_score: float, target_gains: tup
             "target_score": round(target, 6),
             "iterations": {s: _round(crossing(versions, mean_curve(v), target)) for s, v in scores.items()},
         }
-        for slow in ("random", "wider_draw"):
+        for slow in SLOWER:
             if slow in scores and "explore" in scores:
                 row[f"{slow}_over_explore"] = paired_ratio_interval(
                     versions, scores, slow, "explore", target, resamples, seed=i
@@ -63,7 +66,7 @@ def summarize_learning(records: list[dict], base_score: float, target_gains: tup
             "final": paired_difference(finals, "explore", other, resamples),
             "mean_after_base": paired_difference(means, "explore", other, resamples),
         }
-        for other in ("random", "wider_draw")
+        for other in SLOWER
         if other in scores and "explore" in scores
     }
     return {
@@ -92,6 +95,8 @@ def _strategy_figures(versions: list[int], scores: list[list[float]], runs: list
         "reward_std": _mean([row["reward_std"] for row in rows]),
         "zero_std_ratio": _mean([row["zero_std_ratio"] for row in rows]),
         "trained_variance_ratio": _mean([_variance_ratio(row) for row in rows]),
+        "update_mass": _mean([row.get("update_mass") for row in rows]),
+        "rollout_samples": _mean([row.get("rollout_samples") for row in rows]),
         "wall_min_per_run": _mean([r["wall_s"] / 60 for r in runs]),
     }
 
@@ -116,6 +121,65 @@ def _exploration_figures(runs: list[dict]) -> dict:
         "variance_gain": _distribution([row["variance_gain"] for row in rows]),
         "fallback_iterations": sum(bool(row["fallback_random"]) for row in rows),
     }
+
+
+def timing_from_learning(records: list[dict]) -> dict:
+    """Per strategy, seconds per iteration from its learning runs' ledgers, as a work model: the strategy's rollout
+    samples per iteration times the seconds per sample of the rollout and of the update, each the median over every
+    iteration after the first of every run of every strategy, plus the median sync. On a shared machine a run's
+    wall seconds follow its neighbours' load; pooling the per-sample cost makes the ratio between strategies their
+    ratio of work. Exploration's compute is its samples (full-sampler equivalents) times the rollout's seconds per
+    sample: what the pool spends beside training. The raw median wall seconds stay in `wall_critical_s`.
+    The shape of `summarize_timing`'s, so `time_to_target` reads either."""
+    rows = {
+        s: [
+            row
+            for r in records
+            if r["strategy"] == s
+            for row in r["iterations"]
+            if row["iteration"] >= 1 and row.get("train_s") is not None and row.get("rollout_samples")
+        ]
+        for s in STRATEGIES
+    }
+    every = [row for rs in rows.values() for row in rs]
+    if not every:
+        return {}
+    rollout_per_sample = statistics.median(row["rollout_s"] / row["rollout_samples"] for row in every)
+    train_per_sample = statistics.median(row["train_s"] / _trained(row) for row in every)
+    sync = statistics.median(row.get("sync_s", 0.0) for row in every)
+    out = {}
+    for strategy, its in rows.items():
+        if not its:
+            continue
+        samples = statistics.median(row["rollout_samples"] for row in its)
+        trained = statistics.median(_trained(row) for row in its)
+        critical = sync + samples * rollout_per_sample + trained * train_per_sample
+        explored = [
+            e["samples_used"] or 0.0 for r in records if r["strategy"] == strategy for e in r.get("exploration", [])
+        ]
+        explore_s = rollout_per_sample * statistics.mean(explored) if explored else 0.0
+        wall = [row.get("sync_s", 0.0) + row["rollout_s"] + row["train_s"] for row in its]
+        out[strategy] = {
+            "critical_s_per_iteration": round(critical, 4),
+            "explore_s_per_iteration": round(explore_s, 4),
+            "total_s_per_iteration": round(critical + explore_s, 4),
+            "rollout_samples": samples,
+            "explore_samples": round(statistics.mean(explored), 2) if explored else 0.0,
+            "phases_s": {
+                "sync": round(sync, 4),
+                "rollout": round(samples * rollout_per_sample, 4),
+                "train": round(trained * train_per_sample, 4),
+            },
+            "wall_critical_s": {"median": round(statistics.median(wall), 3), **_spread(wall)},
+            "iterations": len(its),
+            "source": "work model: samples x seconds per sample pooled over every learning run's ledger (medians)",
+        }
+    return out
+
+
+def _trained(row: dict) -> int:
+    """Samples the update trained on (records made before `trained_samples`: the rollout's, no wider draw)."""
+    return row.get("trained_samples") or row["rollout_samples"]
 
 
 def summarize_timing(runs: list[dict]) -> dict:
@@ -143,11 +207,17 @@ def time_to_target(learning: dict, timing: dict, target_gain: float) -> dict:
     iterations' bootstrap interval scaled by the measured seconds-per-iteration ratio."""
     row = learning["targets"].get(f"{target_gain:+.2f}", {})
     out = {}
-    for slow, name in (("random", "time_to_target_speedup"), ("wider_draw", "time_to_target_speedup_vs_wider_draw")):
+    for slow, name, per in (
+        ("random", "time_to_target_speedup", "critical_s_per_iteration"),
+        ("wider_draw", "time_to_target_speedup_vs_wider_draw", "critical_s_per_iteration"),
+        ("random_wide", "time_to_target_speedup_vs_random_wide", "critical_s_per_iteration"),
+        ("random", "cost_to_target_ratio", "total_s_per_iteration"),
+        ("random_wide", "cost_to_target_ratio_vs_random_wide", "total_s_per_iteration"),
+    ):
         ratio = row.get(f"{slow}_over_explore")
         seconds = _ratio(
-            timing.get(slow, {}).get("critical_s_per_iteration"),
-            timing.get("explore", {}).get("critical_s_per_iteration"),
+            timing.get(slow, {}).get(per, timing.get(slow, {}).get("critical_s_per_iteration")),
+            timing.get("explore", {}).get(per),
         )
         if ratio is None or seconds is None:
             out[name], out[f"{name}_interval"] = None, None
@@ -160,6 +230,23 @@ def time_to_target(learning: dict, timing: dict, target_gain: float) -> dict:
             "undefined_share": ratio["undefined_share"],
             "iterations_ratio": ratio["ratio"],
             "seconds_ratio": round(seconds, 4),
+        }
+    return out
+
+
+def per_seed_to_target(learning: dict, timing: dict) -> dict:
+    """Per strategy and run seed, the headline target's crossing in iterations, critical-path seconds and total
+    seconds (exploration's compute included): each seed's own curve times its strategy's seconds per iteration."""
+    out = {}
+    for name, figures in learning["strategies"].items():
+        t = timing.get(name, {})
+        critical, total = t.get("critical_s_per_iteration"), t.get("total_s_per_iteration")
+        its = figures["per_seed_iterations_to_target"]
+        out[name] = {
+            "seeds": learning["seeds"],
+            "iterations": its,
+            "critical_s": [None if i is None or critical is None else round(i * critical, 1) for i in its],
+            "total_s": [None if i is None or total is None else round(i * total, 1) for i in its],
         }
     return out
 
@@ -228,9 +315,19 @@ def format_exploration_report(figures: dict) -> str:
         )
         lines.append(f"target {gain}: iterations {its}; {ratios}")
     for name, t in figures["timing"].items():
-        lines.append(f"{name:>10} critical {t['critical_s_per_iteration']:.2f} s/iteration, phases {t['phases_s']}")
-    for key in ("time_to_target_speedup", "time_to_target_speedup_vs_wider_draw"):
-        lines.append(f"{key}: {figures[key]} {figures[f'{key}_interval']}")
+        lines.append(
+            f"{name:>10} critical {t['critical_s_per_iteration']:.2f} s/iteration, total "
+            f"{_fmt(t.get('total_s_per_iteration'))}, phases {t['phases_s']}"
+        )
+    for key in (
+        "time_to_target_speedup",
+        "time_to_target_speedup_vs_wider_draw",
+        "time_to_target_speedup_vs_random_wide",
+        "cost_to_target_ratio",
+        "cost_to_target_ratio_vs_random_wide",
+    ):
+        if figures.get(key) is not None:
+            lines.append(f"{key}: {figures[key]} {figures[f'{key}_interval']}")
     for key, value in learning["differences"].items():
         lines.append(f"{key}: {value}")
     lines.append(f"exploration: {learning['exploration']}")

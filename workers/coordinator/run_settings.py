@@ -54,7 +54,7 @@ class RunSettings:
             g.rollback_lr_scale,
             g.rollback_kl_beta,
         )
-        return cls(config, train, model_fields, validation, hacking, explore_config_of(config.explore))
+        return cls(config, train, model_fields, validation, hacking, explore_config_of(config))
 
     @property
     def run_name(self) -> str:

@@ -14,6 +14,11 @@ Iteration k, in the order the pipeline runs them:
    (unexplored prompts keep random seeds) and published. So exploration never holds up the
    next iteration's sync: what it adds to the critical path is this call's own few milliseconds.
 
+With `ExploreConfig.budget_samples` the stop is a request budget instead of the wall clock: step 2
+plans the arm and the requests that fit the budget in samples and records them in the session;
+step 3 waits for exactly those (at most `budget_wait_s`), so the plan is a function of the run's
+seed, not of how fast the workers were (the wait, if any, is the call's `overhead_s`).
+
 The state (bandit, budget history, baseline, fallback flag) lives at `bandit_state_key`,
 each session at `exploration_key(run, k)`, each result at `explore_result_key`.
 
@@ -92,28 +97,51 @@ def start_exploration(
     if store.read_manifest(key) is not None:  # a redone iteration: the same requests, same arm
         session = load_session(store, run, iteration)
     else:
-        state = load_state(store, run, explore_config, config.group_size)
-        num_explored = max(1, len(explored_prompts(config, explore_config, iteration)))
-        choice = state.bandit.choose(state.budget_s(), num_explored, explore_config.num_workers)
-        session = Session(
-            iteration,
-            None if choice.arm is None else choice.arm.name,
-            state.budget_s(),
-            choice.predicted_s,
-            choice.ucb,
-            choice.reason,
-            started_at=time.time(),
-            num_workers=explore_config.num_workers,
-        )
-        if choice.arm is not None:
-            requests = explore_requests(config, run, iteration, choice.arm, explore_config)
-            session.request_ids = [r["request_id"] for r in requests]
-            session.prompt_indices = explored_prompts(config, explore_config, iteration)
+        session = _new_session(store, run, config, iteration, explore_config)
         publish_session(store, run, session)
     if session.arm is not None:
         known = set(session.request_ids)  # ids already on the queue are skipped
         queue.put([r for r in explore_requests(config, run, iteration, session.arm_spec) if r["request_id"] in known])
     return session
+
+
+def _new_session(
+    store: TensorStore, run: str, config: TrainConfig, iteration: int, explore_config: ExploreConfig
+) -> Session:
+    """The bandit's arm and the requests to enqueue: all explored prompts within the predicted training time, or,
+    with a budget in samples, the first prompts whose work fits it (exact costs, no safety margin)."""
+    state = load_state(store, run, explore_config, config.group_size)
+    indices = explored_prompts(config, explore_config, iteration)
+    budget = explore_config.budget_samples
+    if budget is None:
+        choice = state.bandit.choose(state.budget_s(), max(1, len(indices)), explore_config.num_workers)
+    else:
+        choice = state.bandit.choose(budget, max(1, len(indices)), 1, unit_cost=1.0)
+    session = Session(
+        iteration,
+        None if choice.arm is None else choice.arm.name,
+        state.budget_s() if budget is None else budget,
+        choice.predicted_s,
+        choice.ucb,
+        choice.reason if budget is None else f"{choice.reason} (budget counted in samples)",
+        started_at=time.time(),
+        num_workers=explore_config.num_workers,
+    )
+    if choice.arm is not None:
+        requests = explore_requests(config, run, iteration, choice.arm, explore_config)
+        planned = len(requests)
+        if budget is not None:  # the tolerance: an arm costing exactly the budget fits
+            planned = min(planned, int(budget / state.bandit.work_units(choice.arm) + 1e-9))
+        session.request_ids = [r["request_id"] for r in requests][:planned]
+        session.prompt_indices = indices[:planned]
+    return session
+
+
+def _wait_for_planned(queue, session: Session, wait_s: float) -> None:
+    """A budget in requests: wait until every planned request has a result (at most `wait_s`)."""
+    deadline = time.monotonic() + wait_s
+    while len(queue.results(session.request_ids)) < len(session.request_ids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def finish_exploration(
@@ -131,6 +159,9 @@ def finish_exploration(
     state = load_state(store, run, explore_config, config.group_size)
     if train_s is not None:
         state.record_train_s(iteration, train_s)
+    in_samples = explore_config.budget_samples is not None
+    if in_samples and session.request_ids:
+        _wait_for_planned(queue, session, explore_config.budget_wait_s)
     cancelled = queue.cancel_iteration(iteration, kind="explore") if session.request_ids else 0
     done = queue.results(session.request_ids) if session.request_ids else {}
     results, finished_at, worker_ids, compute_s = {}, {}, {}, 0.0
@@ -138,7 +169,11 @@ def finish_exploration(
         results[i] = ([int(s) for s in meta["seeds"]], [float(r) for r in meta["rewards"]])
         finished_at[i], worker_ids[i] = float(meta.get("finished_at", 0.0)), str(meta.get("worker_id"))
         compute_s += float(meta.get("compute_s", 0.0))
-    if session.arm is not None and results:
+    if in_samples and session.arm is not None:
+        compute_s = state.bandit.work_units(session.arm_spec) * len(results)  # samples: the budget's unit
+        if results:
+            state.record_time(iteration, session.arm_spec, compute_s, len(results))
+    elif session.arm is not None and results:
         state.record_time(iteration, session.arm_spec, compute_s, len(results))
     elif session.arm is not None and train_s:
         # Not one prompt finished while training ran: the arm costs at least the phase per prompt and worker.
@@ -151,7 +186,7 @@ def finish_exploration(
         plan,
         len(results),
         cancelled,
-        compute_s / session.num_workers,
+        compute_s if in_samples else compute_s / session.num_workers,
         explored_variance([r for _, r in results.values()]),
         time.perf_counter() - started,
         results,

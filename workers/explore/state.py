@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from resources.settings.config import ExploreSection
+from resources.settings.config import RunConfig
 from workers.algo.bandit import Arm, BanditConfig, UCBBandit, predict_budget_s
 from workers.algo.rank_consistency import kendall_tau_b, mean_over_groups, pairwise_concordance, spearman_rho
 from workers.algo.selection import select_max_variance
@@ -63,6 +63,15 @@ class ExploreConfig:
     min_contest_std: float = 0.0
     """A prompt whose explored rewards' std is at most this is uncontested: it keeps its G default seeds
     (no pre-filter extras in the rollout), whatever the arm keeps."""
+    budget_samples: float | None = None
+    """A pool's exploration budget per iteration in full-sampler samples. None: the predicted training time, and
+    the plan takes what finished when training ends (a stop on the wall clock: which seeds a run trains on depends
+    on the machine's load). Set: the session plans the arm and the requests that fit this budget (costs in samples,
+    `UCBBandit.work_units`), records the plan, and the seed plan waits for exactly those requests, so a run seed
+    gives the same seed plans whatever the load (what waiting costs shows as the plan's `overhead_s`)."""
+    budget_wait_s: float = 600.0
+    """With `budget_samples`: the longest the seed plan waits for the planned requests (then it plans from what
+    finished, and its reason says how many did not)."""
     bandit: BanditConfig = field(default_factory=BanditConfig)
 
     def __post_init__(self) -> None:
@@ -90,6 +99,10 @@ class ExploreConfig:
             raise ValueError(f"ExploreConfig.control_prompts must be an int >= 0, got {self.control_prompts!r}")
         if not self.min_contest_std >= 0:
             raise ValueError(f"ExploreConfig.min_contest_std must be >= 0, got {self.min_contest_std}")
+        if self.budget_samples is not None and not self.budget_samples > 0:
+            raise ValueError(f"ExploreConfig.budget_samples must be > 0 or None, got {self.budget_samples}")
+        if not self.budget_wait_s > 0:
+            raise ValueError(f"ExploreConfig.budget_wait_s must be > 0, got {self.budget_wait_s}")
 
     def arms(self, group_size: int) -> list[Arm]:
         """Every (M, level, W) with W <= M; W = G is named as before (`m16-half_steps`)."""
@@ -112,23 +125,32 @@ class ExploreConfig:
         return UCBBandit(self.arms(group_size), self.bandit, weights)
 
 
-def explore_config_of(section: ExploreSection) -> ExploreConfig:
-    """The exploration settings of a run's `explore` section: a keep factor above 1 explores as a pre-filter (W =
-    keep_factor x G kept for the rollout to pick G from on the fresh weights); control prompts stay on their default
-    seeds; arms whose stale-vs-fresh Kendall tau falls below min_arm_tau are dropped. The bandit's other settings
-    are ExploreConfig's."""
+def explore_config_of(config: RunConfig) -> ExploreConfig:
+    """The exploration settings of a run's `explore` section: its arms (seed multipliers x cache levels); a keep
+    factor above 1 explores as a pre-filter (W = keep_factor x G kept for the rollout to pick G from on the fresh
+    weights); control prompts stay on their default seeds; arms whose stale-vs-fresh Kendall tau falls below
+    min_arm_tau are dropped; with explore_budget_rollouts, a pool's exploration stops on a request budget of that
+    many rollouts' worth of samples (prompts x G each), so a run seed is the same run whatever the machine's load,
+    else when training ends. The bandit's other settings are ExploreConfig's."""
+    e, t = config.explore, config.train
+    budget = None
+    if e.explore_budget_rollouts is not None:
+        budget = e.explore_budget_rollouts * t.prompts_per_iteration * t.group_size
     return ExploreConfig(
-        keep_factors=(section.keep_factor,),
-        control_prompts=section.control_prompts,
-        bandit=BanditConfig(min_arm_tau=section.min_arm_tau),
+        seed_multipliers=e.seed_multipliers,
+        cache_levels=e.cache_levels,
+        keep_factors=(e.keep_factor,),
+        control_prompts=e.control_prompts,
+        bandit=BanditConfig(min_arm_tau=e.min_arm_tau),
+        budget_samples=budget,
     )
 
 
 def explore_config_for(preset: str) -> ExploreConfig:
-    """Preset `preset`'s exploration settings (its `explore` section)."""
+    """Preset `preset`'s exploration settings (explore_config_of its whole config)."""
     from workers.trainer.presets import preset_config
 
-    return explore_config_of(preset_config(preset).explore)
+    return explore_config_of(preset_config(preset))
 
 
 @dataclass

@@ -16,7 +16,14 @@ from typing import Callable
 from resources.settings.config import RunConfig
 from resources.settings.resolve import derive
 from workers.trainer.from_config import train_config
+from workers.trainer.presets_lowpass import cpu_tiny_lowpass
 from workers.trainer.train_config import TrainConfig
+
+CPU_EXPLORE_BUDGET_ROLLOUTS = 2.0
+"""The CPU presets' exploration budget per iteration, in rollouts' worth of full-sampler samples (about what the demo's
+two spot workers explore beside an update; the exploration bench's default budget): a run seed is the same run
+whatever the machine's load. The GPU presets stop exploring when training ends (explorers are otherwise idle spot
+GPUs, and waiting for them would cost the critical path)."""
 
 
 def cpu_tiny() -> RunConfig:
@@ -45,6 +52,7 @@ def cpu_tiny() -> RunConfig:
         ),
         sampling=dict(num_steps=8, noise_level=0.0),
         validation=dict(validate_every=5, validation_seeds=2),
+        explore=dict(explore_budget_rollouts=CPU_EXPLORE_BUDGET_ROLLOUTS),
     )
 
 
@@ -112,6 +120,7 @@ def cpu_tiny_flow_grpo() -> RunConfig:
         ),
         sampling=dict(num_steps=8, noise_level=0.7, sde_window=(0, 4)),
         validation=dict(validate_every=5, validation_seeds=2),
+        explore=dict(explore_budget_rollouts=CPU_EXPLORE_BUDGET_ROLLOUTS),
     )
 
 
@@ -122,6 +131,7 @@ def cpu_smoke() -> RunConfig:
         train=dict(iterations=2, prompts_per_iteration=2, group_size=4, minibatches=1),
         sampling=dict(num_steps=4, noise_level=0.7, forward_dtype="fp32"),
         validation=dict(validate_every=1, validation_seeds=1),
+        explore=dict(explore_budget_rollouts=CPU_EXPLORE_BUDGET_ROLLOUTS),
     )
 
 
@@ -211,6 +221,7 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
     "cpu_tiny_long": cpu_tiny_long,
     "cpu_tiny_spot": cpu_tiny_spot,
     "cpu_tiny_hard": cpu_tiny_hard,
+    "cpu_tiny_lowpass": cpu_tiny_lowpass,
     "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
     "cpu_smoke": cpu_smoke,
     "cpu_smoke_nft": cpu_smoke_nft,

@@ -42,13 +42,20 @@ def test_quick_learning_bench_compares_the_strategies_on_equal_terms(tmp_path) -
     # Every strategy starts from the same weights, validated on the same held-out prompts and seeds.
     assert len({r["curve"][0]["score"] for r in runs.values()}) == 1 == len({len(r["curve"]) for r in runs.values()})
     # Iteration 0 has no plan yet: explore trains on exactly random's batch (same seeds, same weights).
-    same = lambda row: {k: v for k, v in row.items() if k != "step_s"}  # noqa: E731 (seconds differ, nothing else)
+    same = lambda row: {k: v for k, v in row.items() if not k.endswith("_s")}  # noqa: E731 (seconds differ, nothing else)
     assert same(runs["explore"]["iterations"][0]) == same(runs["random"]["iterations"][0])
     # Iteration 1 trains on seeds explored on v(0), within the budget of 16 samples per iteration.
     first = runs["explore"]["exploration"][0]
     assert first["arm"] in figures["arms"] and 0 < first["samples_used"] <= 16.0 and first["explored_prompts"] == 2
     assert same(runs["explore"]["iterations"][1]) != same(runs["random"]["iterations"][1])
-    assert figures["time_to_target_speedup"] is None  # no timing runs, no seconds: no time-to-target claim
+    # No pipeline timing runs: seconds per iteration come from the runs' own ledgers as a work model, so explore
+    # and random (the same samples on the critical path) cost the same and the speed-up is the iterations ratio.
+    timing = figures["timing"]
+    assert timing["random"]["source"].startswith("work model") and timing["explore"]["explore_samples"] > 0
+    assert timing["explore"]["critical_s_per_iteration"] == timing["random"]["critical_s_per_iteration"]
+    assert timing["wider_draw"]["critical_s_per_iteration"] > timing["random"]["critical_s_per_iteration"]
+    ratio = learning["targets"][f"{figures['target_gain']:+.2f}"]["random_over_explore"]["ratio"]
+    assert figures["time_to_target_speedup"] == (None if ratio is None else pytest.approx(ratio, abs=1e-3))
     for reward, selection in figures["static"]["selection"].items():  # picking the most contrast never loses any
         oracle, random_ = selection["full_sampler_same_weights"], selection["random"]
         assert (
@@ -118,3 +125,59 @@ def test_bad_bench_settings_fail_before_any_compute() -> None:
         timeout=120,
     )
     assert out.returncode != 0 and "explore_samples must be > 0" in out.stderr
+
+
+def test_the_wide_random_arm_trains_groups_twice_as_large_and_a_shared_base_reading_is_reused(
+    tmp_path, tiny_policy
+) -> None:
+    import dataclasses
+
+    from workers.bench.exploration_learning import LearningRun, learning_run, with_base_reading
+    from workers.explore.state import ExploreConfig
+    from workers.model.tiny_policy import save_policy
+    from workers.trainer.presets import get_preset
+
+    save_policy(tiny_policy, tmp_path / "tiny")
+    config = dataclasses.replace(get_preset("cpu_smoke"), iterations=1)  # 2 prompts x G = 4
+    base = LearningRun("random", 0, config, ExploreConfig(), 16.0, str(tmp_path / "tiny"))
+    wide = dataclasses.replace(base, strategy="random_wide", reads_base=False)
+    narrow, doubled = learning_run(base), learning_run(wide)
+    assert [row["rollout_samples"] for row in narrow["iterations"]] == [8]
+    assert [row["rollout_samples"] for row in doubled["iterations"]] == [16]  # R_2G: groups of 2G, all trained
+    assert all(row["update_mass"] >= 0 and row["train_s"] > 0 for row in doubled["iterations"])
+    assert [p["version"] for p in doubled["curve"]] == [1]  # it left version 0 to the run that reads it
+    merged = with_base_reading([narrow, doubled])
+    assert merged[1]["curve"][0] == narrow["curve"][0] and merged[1]["curve"][1:] == doubled["curve"]
+    assert wide.fingerprint() != dataclasses.replace(wide, reads_base=True).fingerprint()
+
+
+def test_seconds_per_iteration_are_work_pooled_over_the_runs_so_a_doubled_group_costs_twice() -> None:
+    from workers.bench.exploration_summary import timing_from_learning
+
+    def record(strategy: str, samples: int, load: float, explored: float = 0.0) -> dict:
+        rows = [
+            {
+                "iteration": k,
+                "sync_s": 0.0,
+                "rollout_s": load * samples,
+                "train_s": 3 * load * samples,
+                "rollout_samples": samples,
+            }
+            for k in range(3)
+        ]
+        return {
+            "strategy": strategy,
+            "iterations": rows,
+            "exploration": [{"samples_used": explored}] if explored else [],
+        }
+
+    # The wide arm ran on a machine twice as loaded: its wall seconds say 4x, its work says 2x.
+    timing = timing_from_learning(
+        [record("random", 8, 1.0), record("explore", 8, 1.0, explored=16.0), record("random_wide", 16, 2.0)]
+    )
+    assert timing["random_wide"]["critical_s_per_iteration"] == pytest.approx(
+        2 * timing["random"]["critical_s_per_iteration"]
+    )
+    assert timing["random_wide"]["wall_critical_s"]["median"] == pytest.approx(4 * 32.0)
+    assert timing["explore"]["critical_s_per_iteration"] == timing["random"]["critical_s_per_iteration"]
+    assert timing["explore"]["total_s_per_iteration"] > timing["explore"]["critical_s_per_iteration"]

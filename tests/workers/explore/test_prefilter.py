@@ -126,4 +126,6 @@ def test_the_demo_and_hard_presets_explore_as_a_pre_filter_with_a_control_and_th
     assert [a.name for a in config.arms(hard.group_size)][:2] == ["m16-fbcache-w12", "m16-half_steps-w12"]
     assert config.control_prompts == 1 and config.bandit.min_arm_tau == 0.2
     assert explore_config_for("cpu_tiny_spot") == config  # the demo explores as the bench measured it
-    assert explore_config_for("cpu_smoke") == ExploreConfig()
+    assert explore_config_for("cpu_smoke") == ExploreConfig(budget_samples=16.0)  # 2 rollouts of 2 prompts x 4
+    assert explore_config_for("sd35m_lora") == ExploreConfig()  # a GPU preset stops when training ends
+    assert explore_config_for("cpu_tiny_spot").budget_samples == 128.0  # the demo: a request budget, not the clock
