@@ -18,6 +18,7 @@ from workers.model.families.prompt_limits import check_prompts_fit
 from workers.model.families.registry import family_for
 from workers.task.prompt_file import PromptSource
 from workers.task.prompts import parse_prompt
+from workers.trainer import presets_ocr
 from workers.trainer.grpo_trainer import NO_REWARD, TrainConfig
 
 
@@ -191,6 +192,8 @@ PRESETS: dict[str, Callable[[], TrainConfig]] = {
     "cpu_tiny_spot": cpu_tiny_spot,
     "cpu_tiny_hard": cpu_tiny_hard,
     "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
+    "cpu_tiny_ocr": lambda: presets_ocr.cpu_tiny_ocr(cpu_tiny()),
+    "cpu_tiny_ocr_spot": lambda: presets_ocr.cpu_tiny_ocr_spot(cpu_tiny_spot()),
     "cpu_smoke": cpu_smoke,
     "cpu_smoke_nft": cpu_smoke_nft,
     "sd35m_lora": sd35m_lora,
