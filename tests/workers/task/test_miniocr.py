@@ -69,3 +69,16 @@ def test_the_tiny_policy_reads_miniocr_prompts_and_keeps_its_task(tmp_path):
     assert load_policy(tmp_path).config.task == "miniocr"
     with pytest.raises(ValueError):
         policy.encode_prompts(["a red circle"])
+
+
+def test_a_rollout_worker_serves_miniocr_prompts_only_to_a_miniocr_policy():
+    from workers.model.tiny_policy import PolicyConfig, build_policy
+    from workers.task.request_fields import check_policy_reads
+
+    text, scenes = build_policy(PolicyConfig(task="miniocr", num_layers=1)), build_policy(PolicyConfig(num_layers=1))
+    check_policy_reads(text, '"K7" in red')
+    check_policy_reads(scenes, "a red circle")
+    with pytest.raises(ValueError):
+        check_policy_reads(text, "a red circle")
+    with pytest.raises(ValueError):
+        check_policy_reads(scenes, '"K7" in red')
