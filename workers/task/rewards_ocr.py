@@ -91,6 +91,8 @@ def _engine(threads: int):
 
             _ENGINES[threads] = RapidOCR(
                 params={
+                    # Global.text_score keeps its 0.5: PaddleOCR's drop_score, so lines flow_grpo's reader dropped
+                    # are dropped here too.
                     "Global.use_cls": False,  # text is upright here; the angle classifier only costs time
                     "Global.log_level": "error",  # not a warning per blank image
                     "Det.limit_type": "max",
