@@ -45,42 +45,47 @@ def pretrain(
     batch_size: int = typer.Option(32),
     lr: float = typer.Option(1e-3),
     seed: int = typer.Option(0),
-    init: Optional[Path] = typer.Option(None, help="Continue from this policy folder instead of a random init."),
+    init: Optional[Path] = typer.Option(
+        None,
+        help="Continue from this policy folder instead of a random init (another task's: its transformer, with a "
+        "new text encoder).",
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a policy already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print the final validation as JSON."),
+    task: str = typer.Option("minigeneval", help="What to render: minigeneval scenes or miniocr strings."),
 ) -> None:
-    """Pretrain the tiny DiT by flow matching on rendered MiniGenEval scenes (makes the base model)."""
+    """Pretrain the tiny DiT by flow matching on rendered MiniGenEval scenes or MiniOCR strings (a base model)."""
     from workers.model.pretrain import PretrainConfig
 
     refuse_to_overwrite(out, "policy.json", overwrite)
     try:
-        config = PretrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+        config = PretrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, task=task)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     from rich.progress import Progress
 
+    from workers.model.pretrain import evaluate_base
     from workers.model.pretrain import pretrain as run_pretrain
-    from workers.model.tiny_policy import PolicyConfig, build_policy, load_policy, save_policy
-    from workers.task.evaluate import evaluate
-    from workers.task.prompts import split_prompts
+    from workers.model.tiny_policy import PolicyConfig, build_policy, load_policy, save_policy, with_task
 
     if init is not None and not (init / "policy.json").exists():
         raise typer.BadParameter(
             f"--init {init} holds no policy (no policy.json); pass a folder written by "
             "`spotlight pretrain` or `spotlight train --out`"
         )
-    policy = build_policy(PolicyConfig(), seed=seed) if init is None else load_policy(init)
+    policy = build_policy(PolicyConfig(task=task), seed=seed) if init is None else with_task(load_policy(init), task)
     with Progress(transient=not as_json) as progress:
-        task = progress.add_task("pretraining", total=steps)
+        bar = progress.add_task("pretraining", total=steps)
         for step, loss in run_pretrain(policy, config):
-            progress.update(task, completed=step, description=f"pretraining  loss {loss:.4f}")
+            progress.update(bar, completed=step, description=f"pretraining  loss {loss:.4f}")
     save_policy(policy, out)
-    result = evaluate(policy, split_prompts()["heldout"])
+    result = evaluate_base(policy, task)
     record = {
         "steps": steps,
         "lr": lr,
         "seed": seed,
         "init": None if init is None else str(init),
+        "task": task,
         "heldout_score": result.score,
         "heldout_partial": result.partial,
         "per_category": result.per_category,

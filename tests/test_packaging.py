@@ -1,4 +1,5 @@
-"""What `pip install` builds: the wheel ships the base checkpoint as package data, without a warning wall."""
+"""What `pip install` builds: the wheel ships the base checkpoints and MiniOCR's prompts as package data, without a
+warning wall."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKPOINT = "workers/model/checkpoints/base"
+CHECKPOINTS = ("workers/model/checkpoints/base", "workers/model/checkpoints/base_ocr")
+"""MiniGenEval's base and MiniOCR's."""
 
 
 def _source_copy(dest: Path) -> Path:
@@ -49,9 +51,10 @@ def test_wheel_ships_the_base_checkpoint_as_package_data_without_warnings(tmp_pa
     assert "would be ignored" not in log.lower(), "setuptools warns about the checkpoint folders again"
     (wheel,) = (tmp_path / "dist").glob("spotlight-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = sorted(p.relative_to(REPO).as_posix() for p in (REPO / CHECKPOINT).rglob("*") if p.is_file())
-    for name in ("policy.json", "text_encoder.safetensors", "transformer/config.json"):
-        assert f"{CHECKPOINT}/{name}" in names
-    assert any(n.startswith(f"{CHECKPOINT}/transformer/") and n.endswith(".safetensors") for n in names)
-    assert [n for n in shipped if n not in names] == [], "checkpoint files missing from the wheel"
-    assert {"workers/model/tiny_policy.py", "pipelines/cli.py"} <= names
+    for checkpoint in CHECKPOINTS:
+        shipped = sorted(p.relative_to(REPO).as_posix() for p in (REPO / checkpoint).rglob("*") if p.is_file())
+        for name in ("policy.json", "text_encoder.safetensors", "transformer/config.json"):
+            assert f"{checkpoint}/{name}" in names
+        assert any(n.startswith(f"{checkpoint}/transformer/") and n.endswith(".safetensors") for n in names)
+        assert [n for n in shipped if n not in names] == [], f"{checkpoint} files missing from the wheel"
+    assert {"workers/model/tiny_policy.py", "pipelines/cli.py", "workers/task/data/miniocr_prompts.jsonl"} <= names

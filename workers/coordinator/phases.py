@@ -38,6 +38,7 @@ from workers.coordinator.text_encoders import encode_run_prompts
 from workers.coordinator.train import train_iteration
 from workers.explore.seed_plan import load_seed_plan, plan_for_iteration
 from workers.model.families.prompt_store import publish_run_prompt_embeddings
+from workers.model.tiny_policy import shipped_base_for
 from workers.task.prompt_file import train_prompts
 from workers.task.validation import resolve_validation
 from workers.trainer.resident import release_memory, resident_checkpoint, resident_policy
@@ -69,9 +70,8 @@ def sync_phase(ctx: RunContext, k: int) -> PhaseResult:
     books.begin_iteration(ctx.ledger, ctx, k)
     with books.phase(ctx.ledger, k, "sync"):
         publish_run_rewards(ctx)
-        out = publish_version(
-            ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=ctx.checkpoint, model=ctx.model
-        )
+        base = ctx.checkpoint or shipped_base_for(ctx.train.prompts and ctx.train.prompts.path)
+        out = publish_version(ctx.store, ctx.run, k, anchor_every=ctx.anchor_every, base=base, model=ctx.model)
         cached = None
         if ctx.model is not None and k == 0:
             # The base just became the resident policy: encode the whole run's prompts once, drop the encoders.

@@ -3,8 +3,9 @@ base vs latest weights.
 
 The validate phase of a drawn iteration k calls `heldout_pictures`. Scored by MiniGenEval's
 detector, a few held-out prompts per category, at the first fixed validation seed, are scored
-again for their per-criterion verdicts; scored by a reward (a diffusers pipeline's run), the
-first few held-out prompts are captioned with the reward's value. It writes, in the report folder:
+again for their per-criterion verdicts; scored by a reward (a diffusers pipeline's run, MiniOCR), the
+first few held-out prompts are captioned with the reward's value, and with what the reward read in the
+image when it reads text (the OCR reward's `readings`). It writes, in the report folder:
 
     heldout_samples.png / .json        weights v(k): each image captioned with its prompt and criteria
     before_after.png / .json           the same prompts and seeds on the base weights v0 and on v(k)
@@ -29,6 +30,7 @@ from resources.keys import iteration_label
 from workers.coordinator.plots import captioned_grid_png
 from workers.task.detector import score_images
 from workers.task.prompts import parse_prompt
+from workers.task.rewards import get_reward
 
 SHOWN_PER_CATEGORY = 2
 """Held-out prompts shown per category (counting, color_binding, counting_binding, position)."""
@@ -62,10 +64,16 @@ def verdicts(images_NHW3: np.ndarray, prompts: list[str]) -> list[str]:
     return out
 
 
-def reward_marks(scores: list[float], reward: str) -> list[str]:
-    """Per image, the reward's value as a caption line ("clip:/models/Pick... 21.37")."""
+def reward_marks(scores: list[float], reward: str, images_NHW3: np.ndarray | None = None) -> list[str]:
+    """Per image, the reward's value as a caption line ("clip:/models/Pick... 21.37"); for a reward that reads
+    text (`readings`), what it read on a second line ('read: "K7P"', or "read: (OCR failed)")."""
     label = reward if len(reward) <= 40 else reward[:37] + "..."
-    return [f"{label} {score:.4g}" for score in scores]
+    marks = [f"{label} {score:.4g}" for score in scores]
+    read = getattr(get_reward(reward), "readings", None)
+    if images_NHW3 is None or read is None:
+        return marks
+    texts = ["(OCR failed)" if r is None else f'"{r}"' for r in read(images_NHW3)]
+    return [f"{mark}\nread: {text}" for mark, text in zip(marks, texts, strict=True)]
 
 
 def heldout_pictures(
@@ -81,7 +89,7 @@ def heldout_pictures(
     criterion, or with `reward` each image's value in `scores`."""
     shown = shown_indices(prompts) if reward is None else list(range(min(len(prompts), SHOWN_REWARD_PROMPTS)))
     images, names = images_NHW3[shown], [prompts[i] for i in shown]
-    marks = verdicts(images, names) if reward is None else reward_marks([scores[i] for i in shown], reward)
+    marks = verdicts(images, names) if reward is None else reward_marks([scores[i] for i in shown], reward, images)
     captions = [f"{p}\n{m}" for p, m in zip(names, marks, strict=False)]
     grid = captioned_grid_png(images, captions, columns=4)
     (report_dir / "grids").mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
-"""Flow-matching pretraining of the tiny DiT on rendered MiniGenEval scenes (the base model).
+"""Flow-matching pretraining of the tiny DiT on rendered MiniGenEval scenes or MiniOCR strings (the base models).
 
-Data is made on the fly: a category is drawn uniformly, then a train-split prompt of
-that category, then a scene rendered for it. Held-out prompts are never rendered, so
-the held-out split tests combinations the base model has not seen.
+Data is made on the fly. MiniGenEval: a category is drawn uniformly, then a train-split prompt of
+that category, then a scene rendered for it. MiniOCR: a prompt of the shipped prompts file's training side, its
+string rendered in its style and colour. Held-out prompts are never rendered, so the held-out split tests
+combinations (MiniGenEval) or strings (MiniOCR) the base model has not seen.
 
 Example:
     cfg = PretrainConfig(steps=2500)
@@ -20,8 +21,12 @@ import numpy as np
 import torch
 
 from workers.algo.sampler import SamplerConfig, autocast_for
+from workers.task import miniocr
+from workers.task.prompt_file import PromptSource
 from workers.task.prompts import parse_prompt, split_prompts
 from workers.task.render import render_scene, to_model_space
+
+TASKS = ("minigeneval", "miniocr")
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,12 @@ class PretrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     """Fixes the initial weights, the data and the noise."""
+    task: str = "minigeneval"
+    """What the images show: "minigeneval" scenes or "miniocr" strings."""
 
     def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
         if not 0 < self.lr < 1:
@@ -71,6 +80,22 @@ class SceneStream:
         return prompts, to_model_space(images)
 
 
+class TextStream:
+    """An endless, seeded stream of (prompts, images in [-1, 1]): MiniOCR's training prompts, their strings drawn."""
+
+    def __init__(self, seed: int, image_size: int = 32):
+        self.rng = np.random.default_rng(seed)
+        self.image_size = image_size
+        source = PromptSource.from_file(miniocr.MINIOCR_PROMPTS, miniocr.HELDOUT_FRACTION)
+        self.prompts = source.table().train
+
+    def batch(self, n: int) -> tuple[list[str], torch.Tensor]:
+        prompts = [self.prompts[i] for i in self.rng.integers(len(self.prompts), size=n)]
+        specs = [miniocr.parse_ocr_prompt(p) for p in prompts]
+        images = np.stack([miniocr.render_text(s, self.rng, self.image_size) for s in specs])
+        return prompts, to_model_space(images)
+
+
 def flow_matching_loss(policy, prompts: list[str], x0_N3HW: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """MSE between predicted and true velocity (eps - x0) at logit-normal sigmas (SD3's choice)."""
     n = x0_N3HW.shape[0]
@@ -94,7 +119,10 @@ def lr_factor(step: int, config: PretrainConfig) -> float:
 
 def pretrain(policy, config: PretrainConfig) -> Iterator[tuple[int, float]]:
     """Train in place (ending with the EMA weights); yields (step, loss) after every optimizer step."""
-    stream = SceneStream(config.seed, policy.config.image_size)
+    if policy.config.task != config.task:
+        raise ValueError(f"the policy reads {policy.config.task} prompts; pretraining task is {config.task}")
+    stream_type = TextStream if config.task == "miniocr" else SceneStream
+    stream = stream_type(config.seed, policy.config.image_size)
     gen = torch.Generator().manual_seed(config.seed)
     opt = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
@@ -117,3 +145,15 @@ def pretrain(policy, config: PretrainConfig) -> Iterator[tuple[int, float]]:
             for p, e in zip(params, ema, strict=False):
                 p.copy_(e)
     policy.eval()
+
+
+def evaluate_base(policy, task: str):
+    """The base's held-out result: MiniGenEval's detector on its held-out split (64 prompts x 2 seeds, 8-step ODE),
+    or the OCR reward on MiniOCR's held-out strings (x 2 seeds, the same sampler)."""
+    from workers.task.evaluate import evaluate, evaluate_reward
+
+    if task == "minigeneval":
+        return evaluate(policy, split_prompts()["heldout"])
+    source = PromptSource.from_file(miniocr.MINIOCR_PROMPTS, miniocr.HELDOUT_FRACTION)
+    sampler = SamplerConfig(num_steps=8, noise_level=0.0)
+    return evaluate_reward(policy, list(source.table().heldout), "ocr", 2, sampler, batch_size=64, fields=source)

@@ -2,9 +2,9 @@
 
 Images are RGB in [-1, 1]; 2x2 pixel patches become tokens of 12 channels, exactly the
 way Qwen-Image packs 2x2 latent patches. The text encoder is ours: a word embedding of
-MiniGenEval's vocabulary and one transformer layer. A saved policy is a folder:
-`transformer/` in diffusers' format (so `from_pretrained` loads it, as it would a real
-checkpoint), `text_encoder.safetensors` and `policy.json`.
+its task's vocabulary (MiniGenEval's words, or MiniOCR's characters) and one transformer
+layer. A saved policy is a folder: `transformer/` in diffusers' format (so `from_pretrained`
+loads it, as it would a real checkpoint), `text_encoder.safetensors` and `policy.json`.
 
 Example:
     policy = build_policy(PolicyConfig())          # random init, CPU
@@ -16,17 +16,45 @@ Example:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
 
 from workers.algo.sde import sigma_schedule
+from workers.task import miniocr
 from workers.task.prompts import MAX_PROMPT_WORDS, VOCAB, tokenize
 
 SHIPPED_BASE = Path(__file__).parent / "checkpoints" / "base"
 """The base checkpoint shipped in the repo (made by `spotlight pretrain`, see docs/BASE_MODEL.md)."""
+SHIPPED_OCR_BASE = Path(__file__).parent / "checkpoints" / "base_ocr"
+"""The MiniOCR base (`spotlight pretrain --task miniocr`, docs/BASE_MODEL.md)."""
+
+
+@dataclass(frozen=True)
+class TaskText:
+    """What a task's prompts become for the text encoder: its vocabulary, positions and tokenizer."""
+
+    vocab: tuple[str, ...]
+    max_tokens: int
+    tokenize: Callable[[list[str]], tuple[list[list[int]], list[int]]]
+
+
+TASKS: dict[str, TaskText] = {
+    "minigeneval": TaskText(VOCAB, MAX_PROMPT_WORDS, tokenize),
+    "miniocr": TaskText(miniocr.VOCAB, miniocr.MAX_TOKENS, miniocr.tokenize_ocr),
+}
+"""The tasks the pixel policy's text encoder can read, by name (PolicyConfig.task)."""
+
+
+def shipped_base_for(prompts_path: str | None) -> Path:
+    """The shipped base a run starts from when it names none: MiniOCR's for MiniOCR's prompts file, else
+    MiniGenEval's."""
+    if prompts_path is not None and Path(prompts_path) == miniocr.MINIOCR_PROMPTS.resolve():
+        return SHIPPED_OCR_BASE
+    return SHIPPED_BASE
 
 
 @dataclass(frozen=True)
@@ -42,12 +70,16 @@ class PolicyConfig:
     """Width of the text encoder's output (the transformer's joint_attention_dim)."""
     rope_axes: tuple[int, int, int] = (8, 12, 12)
     """RoPE dims for (frame, height, width); they must sum to head_dim."""
+    task: str = "minigeneval"
+    """Whose prompts the text encoder reads: "minigeneval" or "miniocr" (TASKS)."""
 
     def __post_init__(self):
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size={self.image_size} must be a multiple of patch_size={self.patch_size}")
         if sum(self.rope_axes) != self.head_dim:
             raise ValueError(f"rope_axes={self.rope_axes} must sum to head_dim={self.head_dim}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         for name in ("num_layers", "num_heads", "head_dim", "text_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -60,10 +92,10 @@ class PolicyConfig:
 class TextEncoder(nn.Module):
     """Word embedding + learned positions + one transformer layer -> (B, L, text_dim)."""
 
-    def __init__(self, text_dim: int):
+    def __init__(self, text_dim: int, task: str = "minigeneval"):
         super().__init__()
-        self.embed = nn.Embedding(len(VOCAB), text_dim)
-        self.pos = nn.Parameter(torch.randn(MAX_PROMPT_WORDS, text_dim) * 0.02)
+        self.embed = nn.Embedding(len(TASKS[task].vocab), text_dim)
+        self.pos = nn.Parameter(torch.randn(TASKS[task].max_tokens, text_dim) * 0.02)
         self.layer = nn.TransformerEncoderLayer(
             text_dim, nhead=4, dim_feedforward=2 * text_dim, dropout=0.0, batch_first=True, norm_first=True
         )
@@ -119,10 +151,11 @@ class Policy(nn.Module):
 
     def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Text embeddings (B, L, text_dim) and the bool mask (B, L) of real words."""
-        ids, lengths = tokenize(prompts)
+        text = TASKS[self.config.task]
+        ids, lengths = text.tokenize(prompts)
         device = next(self.parameters()).device
         ids_t = torch.tensor(ids, device=device)
-        mask = torch.arange(MAX_PROMPT_WORDS, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+        mask = torch.arange(text.max_tokens, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
         return self.text_encoder(ids_t, mask), mask
 
     def velocity(
@@ -175,7 +208,17 @@ def _make_transformer(config: PolicyConfig) -> nn.Module:
 def build_policy(config: PolicyConfig, seed: int = 0) -> Policy:
     """A randomly initialised policy (deterministic in seed)."""
     torch.manual_seed(seed)
-    return Policy(config, _make_transformer(config), TextEncoder(config.text_dim))
+    return Policy(config, _make_transformer(config), TextEncoder(config.text_dim, config.task))
+
+
+def with_task(policy: Policy, task: str, seed: int = 0) -> Policy:
+    """`policy` reading `task`'s prompts: the same transformer (what it learnt of images carries over) with a new,
+    randomly initialised text encoder for the task's vocabulary; `policy` itself when it already reads them."""
+    if policy.config.task == task:
+        return policy
+    config = replace(policy.config, task=task)  # ValueError for an unknown task
+    torch.manual_seed(seed)
+    return Policy(config, policy.transformer, TextEncoder(config.text_dim, task))
 
 
 def save_policy(policy: Policy, path: str | Path) -> None:
@@ -187,7 +230,7 @@ def save_policy(policy: Policy, path: str | Path) -> None:
     policy.transformer.save_pretrained(path / "transformer", safe_serialization=True)
     state = {k: v.detach().contiguous() for k, v in policy.text_encoder.state_dict().items()}
     save_file(state, str(path / "text_encoder.safetensors"))
-    meta = {"policy_config": asdict(policy.config), "vocab": list(VOCAB)}
+    meta = {"policy_config": asdict(policy.config), "vocab": list(TASKS[policy.config.task].vocab)}
     (path / "policy.json").write_text(json.dumps(meta, indent=2))
 
 
@@ -204,13 +247,13 @@ def load_policy(path: str | Path = SHIPPED_BASE) -> Policy:
             "make one with `spotlight pretrain --out DIR` or `save_policy`"
         )
     meta = json.loads(meta_path.read_text())
-    if meta.get("vocab") != list(VOCAB):
-        raise ValueError(f"{path}: its text vocabulary differs from this version's MiniGenEval vocabulary")
     cfg = meta["policy_config"]
     config = PolicyConfig(**{**cfg, "rope_axes": tuple(cfg["rope_axes"])})
+    if meta.get("vocab") != list(TASKS[config.task].vocab):
+        raise ValueError(f"{path}: its text vocabulary differs from this version's {config.task} vocabulary")
     transformer = QwenImageTransformer2DModel.from_pretrained(
         path / "transformer", torch_dtype=torch.float32, local_files_only=True, low_cpu_mem_usage=False
     )
-    text_encoder = TextEncoder(config.text_dim)
+    text_encoder = TextEncoder(config.text_dim, config.task)
     text_encoder.load_state_dict(load_file(str(path / "text_encoder.safetensors")))
     return Policy(config, transformer, text_encoder)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from resources.keys import check_name
+from workers.task.miniocr import parse_ocr_prompt
 from workers.task.prompts import parse_prompt
 from workers.task.rewards import get_reward
 
@@ -37,9 +38,11 @@ def check_prompt_fields(fields: Any) -> None:
 
 
 def check_policy_reads(policy, prompt: str) -> None:
-    """ValueError when the pixel MiniGenEval policy (no `at`: it knows only MiniGenEval's words) is asked for a prompt
-    outside its grammar; a diffusers pipeline reads any text."""
+    """ValueError when the pixel policy (no `at`: it knows only its task's words, MiniGenEval's or MiniOCR's) is asked
+    for a prompt outside its task's grammar; a diffusers pipeline reads any text."""
     if hasattr(policy, "at"):
         return
-
+    if getattr(getattr(policy, "config", None), "task", "minigeneval") == "miniocr":
+        parse_ocr_prompt(prompt)  # OcrPromptError (a ValueError) says what is outside the grammar
+        return
     parse_prompt(prompt)  # PromptError (a ValueError) names the unknown words

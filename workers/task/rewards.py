@@ -4,15 +4,16 @@ A reward takes uint8 images (N, H, W, 3) and their prompts and returns N floats.
 a reward by a spec string, resolved once per process by `get_reward`; an unknown or malformed
 spec fails when the config is built, before any compute. A spec is either
 
-- a registered name: `minigeneval`, `minigeneval_strict`, `jpeg_compressibility`, or one a user
-  added with `register_reward("name", fn)`;
+- a registered name: `minigeneval`, `minigeneval_strict`, `jpeg_compressibility`, `ocr` (flow_grpo's text-rendering
+  score read by PP-OCR: workers/task/rewards_ocr.py), or one a user added with `register_reward("name", fn)`;
 - `kind:ARG` for a parametrised kind (`register_reward_kind`):
   - `clip:/models/PickScore_v1` (or `pickscore:`): logit_scale * cos(text, image) of a CLIP model
     in a local folder (workers/task/rewards_clip.py);
   - `remote:http://host:port` or just `http://host:port`: a `spotlight reward-serve` server
     (workers/task/rewards_remote.py);
   - `multi:minigeneval=1.0,jpeg_compressibility=0.1`: a weighted sum that reports each component
-    (workers/task/rewards_multi.py).
+    (workers/task/rewards_multi.py);
+  - `ocr:threads=4`: the OCR reward with its onnxruntime thread count (`ocr` runs one).
 
 A reward that declares a `fields` keyword (`fn(images, prompts, fields=None)`) also gets one dict per image: the
 prompt's other fields from a JSON Lines or Parquet prompts file (`--prompts`), e.g. a reference text for OCR.
@@ -34,7 +35,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from workers.task import rewards_clip, rewards_multi, rewards_remote
+from workers.task import rewards_clip, rewards_multi, rewards_ocr, rewards_remote
 from workers.task.detector import score_images
 from workers.task.reward_inputs import call_reward
 
@@ -154,7 +155,9 @@ def jpeg_compressibility(images_NHW3: np.ndarray, prompts: list[str]) -> np.ndar
 register_reward("minigeneval", minigeneval_partial)
 register_reward("minigeneval_strict", minigeneval_strict)
 register_reward("jpeg_compressibility", jpeg_compressibility)
+register_reward("ocr", rewards_ocr.OcrReward())  # one thread: beside the trainer or a worker on the other cores
 register_reward_kind("clip", rewards_clip.clip_reward)
 register_reward_kind("pickscore", rewards_clip.clip_reward)  # PickScore is a fine-tuned CLIP-H: the same score
 register_reward_kind("remote", rewards_remote.remote_reward)
+register_reward_kind("ocr", rewards_ocr.ocr_reward)
 register_reward_kind("multi", lambda arg: rewards_multi.multi_reward(arg, get_reward))

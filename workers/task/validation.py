@@ -7,7 +7,9 @@ with the run's own reward, averaged over the held-out prompts x fixed seeds: a P
 reports its held-out PickScore. Either may name another reward (`--validation-reward`) or its
 own prompts (`--validation-prompts FILE`, one prompt a line). A z-scored multi-reward cannot
 validate (its totals average to 0 over whatever is scored), and the pixel policy (or the
-detector) only reads MiniGenEval prompts; both are refused before any compute.
+detector) only reads MiniGenEval prompts; both are refused before any compute. The pixel policy of
+MiniOCR (workers/task/miniocr.py) is the exception: on MiniOCR prompts (its prompts file's held-out
+strings) it is scored with the run's reward, the OCR reward, as a diffusers pipeline would be.
 
 Example:
     config = ValidationConfig(reward="clip:/models/PickScore_v1", prompts=read_prompts_file("heldout.txt"))
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workers.task.miniocr import is_ocr_prompt
 from workers.task.prompts import parse_prompt, split_prompts
 from workers.task.rewards import get_reward
 
@@ -89,11 +92,17 @@ def resolve_validation(config: ValidationConfig | None, train_reward: str, model
     """The reward and prompts a run validates with; ValueError, saying what to pass, when they cannot go together
     (prompts the pixel policy or the detector cannot read; a reward that cannot score one image on its own)."""
     config = config or ValidationConfig()
-    reward = config.reward or (train_reward if model else DETECTOR_REWARD)
-    check_validation_reward(reward, given=config.reward is not None)
     prompts = config.prompts or tuple(split_prompts()["heldout"])
+    text_task = not model and all(is_ocr_prompt(p) for p in prompts)  # the MiniOCR pixel policy: no detector
+    reward = config.reward or (train_reward if model or text_task else DETECTOR_REWARD)
+    check_validation_reward(reward, given=config.reward is not None)
     detector = reward == DETECTOR_REWARD
-    if not model:
+    if text_task and detector:
+        raise ValueError(
+            "MiniOCR's held-out prompts ask for text, which MiniGenEval's detector does not read: validate with "
+            "the ocr reward (the default when the run trains on it)"
+        )
+    if not model and not text_task:
         check_minigeneval_prompts(
             prompts,
             "the pixel policy reads only those (its text encoder knows MiniGenEval's words); give MiniGenEval prompts",

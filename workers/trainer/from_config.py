@@ -19,6 +19,8 @@ from workers.model.families.identify import detect_family
 from workers.model.families.model_spec import ModelSpec
 from workers.model.families.prompt_limits import check_prompts_fit
 from workers.model.families.registry import family_for
+from workers.model.tiny_policy import SHIPPED_OCR_BASE, shipped_base_for
+from workers.task.miniocr import parse_ocr_prompt
 from workers.task.prompt_file import PromptSource
 from workers.task.prompts import parse_prompt
 from workers.trainer.train_config import TrainConfig
@@ -114,12 +116,16 @@ def training_prompts(path: str, heldout_fraction: float, model: str | None, mode
     family's text encoder takes, are refused with their line number (ValueError)."""
     source = PromptSource.from_file(path, heldout_fraction)
     if model is None:
+        # The pixel policy reads its task's words only: MiniOCR's on MiniOCR's shipped file (its own base), else
+        # MiniGenEval's.
+        ocr = shipped_base_for(path) == SHIPPED_OCR_BASE
+        task, parse = ("MiniOCR", parse_ocr_prompt) if ocr else ("MiniGenEval", parse_prompt)
         for row in source.table().rows:
             try:
-                parse_prompt(row.text)
+                parse(row.text)
             except ValueError as err:
                 raise ValueError(
-                    f"--prompts {source.path}: line {row.line} is not a MiniGenEval prompt ({err}); the "
+                    f"--prompts {source.path}: line {row.line} is not a {task} prompt ({err}); the "
                     "pixel policy reads only those: pass --model DIR to post-train a diffusers pipeline "
                     "on free text"
                 ) from None

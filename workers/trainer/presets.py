@@ -15,6 +15,7 @@ from typing import Callable
 
 from resources.settings.config import RunConfig
 from resources.settings.resolve import derive
+from workers.trainer import presets_ocr
 from workers.trainer.from_config import train_config
 from workers.trainer.presets_lowpass import cpu_tiny_lowpass
 from workers.trainer.train_config import TrainConfig
@@ -223,6 +224,8 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
     "cpu_tiny_hard": cpu_tiny_hard,
     "cpu_tiny_lowpass": cpu_tiny_lowpass,
     "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
+    "cpu_tiny_ocr": lambda: presets_ocr.cpu_tiny_ocr(cpu_tiny()),
+    "cpu_tiny_ocr_spot": lambda: presets_ocr.cpu_tiny_ocr_spot(cpu_tiny_spot()),
     "cpu_smoke": cpu_smoke,
     "cpu_smoke_nft": cpu_smoke_nft,
     "sd35m_lora": sd35m_lora,

@@ -92,3 +92,14 @@ def test_the_report_page_shows_the_grids_per_category_curves_and_exploration_pay
         assert prompts[i] in page
     assert written.plots["categories"] != empty.plots["categories"] and written.plots["payoff"] != empty.plots["payoff"]
     assert "Held-out samples" not in empty.index.read_text()  # no validation drew pictures: no empty section
+
+
+def test_ocr_scored_grids_print_what_ocr_read_under_each_sample(tmp_path) -> None:
+    from workers.task.miniocr import parse_ocr_prompt, render_text
+
+    prompts = ['"K7" in red', '"4HX" in bold yellow']
+    rng = np.random.default_rng(0)
+    images = np.stack([render_text(parse_ocr_prompt(p), rng) for p in prompts] + [np.zeros((32, 32, 3), np.uint8)])
+    heldout_pictures(tmp_path, 0, images, [*prompts, '"P9" in white'], scores=[1.0, 1.0, 0.0], reward="ocr")
+    captions = json.loads((tmp_path / "heldout_samples.json").read_text())["captions"]
+    assert [c.splitlines()[-1] for c in captions] == ['read: "K7"', 'read: "4HX"', 'read: ""']

@@ -42,3 +42,35 @@ def test_learning_rate_warms_up_then_decays_to_five_percent():
 def test_bad_pretrain_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         PretrainConfig(**{field: value})
+
+
+def test_text_stream_draws_only_training_strings():
+    from workers.model.pretrain import TextStream
+    from workers.task.miniocr import parse_ocr_prompt
+    from workers.trainer.presets import get_preset
+
+    heldout = {parse_ocr_prompt(p).text for p in get_preset("cpu_tiny_ocr").prompts.table().heldout}
+    prompts, x0 = TextStream(seed=0).batch(64)
+    assert x0.shape == (64, 3, 32, 32) and not {parse_ocr_prompt(p).text for p in prompts} & heldout
+
+
+def test_a_miniocr_base_starts_from_another_tasks_transformer_with_its_own_text_encoder():
+    from workers.model.tiny_policy import with_task
+
+    scenes = build_policy(PolicyConfig(num_layers=1))
+    text = with_task(scenes, "miniocr")
+    assert text.transformer is scenes.transformer and text.config.task == "miniocr"
+    step, loss = next(pretrain(text, PretrainConfig(steps=1, batch_size=2, task="miniocr")))
+    assert step == 1 and loss > 0
+    with pytest.raises(ValueError, match="pretraining task is minigeneval"):
+        next(pretrain(text, PretrainConfig(steps=1, batch_size=2)))
+
+
+def test_runs_on_miniocr_prompts_start_from_the_miniocr_base():
+    from workers.model.tiny_policy import SHIPPED_BASE, SHIPPED_OCR_BASE, load_policy, shipped_base_for
+    from workers.trainer.presets import get_preset
+
+    assert shipped_base_for(get_preset("cpu_tiny_ocr_spot").prompts.path) == SHIPPED_OCR_BASE
+    assert shipped_base_for(None) == SHIPPED_BASE
+    emb, _ = load_policy(SHIPPED_OCR_BASE).encode_prompts(['"K7P" in bold red'])
+    assert emb.shape[0] == 1
