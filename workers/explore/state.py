@@ -147,10 +147,11 @@ def explore_config_of(config: RunConfig) -> ExploreConfig:
 
 
 def explore_config_for(preset: str) -> ExploreConfig:
-    """Preset `preset`'s exploration settings (explore_config_of its whole config)."""
-    from workers.trainer.presets import preset_config
+    """Preset `preset`'s exploration settings (explore_config_of its whole config); a context built in code under a
+    name of its own (a bench's) explores with ExploreConfig's defaults."""
+    from workers.trainer.presets import PRESETS, preset_config
 
-    return explore_config_of(preset_config(preset))
+    return explore_config_of(preset_config(preset)) if preset in PRESETS else ExploreConfig()
 
 
 @dataclass
