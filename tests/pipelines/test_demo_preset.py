@@ -52,7 +52,7 @@ def test_the_demo_preset_runs_an_iteration_on_local_spot_workers_and_records_it(
     phases = rows("SELECT iteration, list(phase ORDER BY phase) FROM phases GROUP BY 1 ORDER BY 1")
     assert phases == [(0, ["explore", "rollout", "sync", "train", "validate"]), (1, ["sync", "validate"])]
     # Each prompt's whole group of 8 seeds, sampled by the spot workers, each request once (nothing preempted).
-    group = demo.group_size
+    group = demo.train.group_size
     assert rows(
         "SELECT count(*), count(DISTINCT prompt), max(attempts), bool_and(status = 'done') FROM requests "
         "WHERE kind = 'rollout'"

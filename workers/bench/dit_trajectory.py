@@ -17,7 +17,7 @@ import torch
 
 from workers.model.tiny_policy import SHIPPED_BASE, load_policy
 from workers.trainer.grpo_trainer import GRPOTrainer
-from workers.trainer.presets import cpu_tiny
+from workers.trainer.presets import get_preset
 
 
 def dit_grpo_states(
@@ -31,7 +31,7 @@ def dit_grpo_states(
     """num_states successive FP32 state dicts: the start, then one per GRPO optimizer step."""
     if num_states < 2:
         raise ValueError(f"num_states must be >= 2, got {num_states}")
-    base = cpu_tiny()
+    base = get_preset("cpu_tiny")
     config = dataclasses.replace(
         base,
         prompts_per_iteration=prompts_per_iteration,

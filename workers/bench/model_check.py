@@ -83,12 +83,12 @@ def _pulse_after_update(path: Path, resolution: int, lora_rank: int, device: str
     from workers.algo.sampler import SamplerConfig
     from workers.model.policy_loader import load_any
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
-    from workers.trainer.presets import cpu_tiny
+    from workers.trainer.presets import get_preset
 
     policy = load_any(
         path, resolution=resolution, lora_rank=lora_rank, base_dtype="bf16" if device.startswith("cuda") else "fp32"
     ).to(device)
-    preset = cpu_tiny()
+    preset = get_preset("cpu_tiny")
     config = TrainConfig(
         prompts_per_iteration=1,
         group_size=8,
@@ -109,7 +109,7 @@ def _first_ratio(path: Path, resolution: int, lora_rank: int, device: str) -> di
     from workers.model.policy_loader import load_any
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
     from workers.trainer.old_log_probs import first_minibatch_ratio
-    from workers.trainer.presets import cpu_tiny_flow_grpo
+    from workers.trainer.presets import get_preset
 
     policy = load_any(
         path,
@@ -126,7 +126,7 @@ def _first_ratio(path: Path, resolution: int, lora_rank: int, device: str) -> di
         sampler=SamplerConfig(
             num_steps=4, noise_level=0.7, forward_dtype="bf16" if device.startswith("cuda") else "auto"
         ),
-        grpo=dataclasses.replace(cpu_tiny_flow_grpo().grpo, num_minibatches=2),
+        grpo=dataclasses.replace(get_preset("cpu_tiny_flow_grpo").grpo, num_minibatches=2),
     )
     trainer = GRPOTrainer(policy, config)
     return first_minibatch_ratio(trainer, trainer.collect(0))

@@ -90,7 +90,7 @@ def fsdp_update(path: Path, device: str, resolution: int, lora_rank: int) -> dic
     from workers.trainer.fsdp import FSDPConfig, distribute, init_distributed
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
     from workers.trainer.memory import enable_gradient_checkpointing
-    from workers.trainer.presets import cpu_tiny
+    from workers.trainer.presets import get_preset
 
     policy = _policy(path, device, resolution, lora_rank)
     config = TrainConfig(
@@ -98,7 +98,7 @@ def fsdp_update(path: Path, device: str, resolution: int, lora_rank: int) -> dic
         group_size=4,
         reward="jpeg_compressibility",
         sampler=SamplerConfig(num_steps=2, noise_level=0.0),
-        grpo=cpu_tiny().grpo,
+        grpo=get_preset("cpu_tiny").grpo,
     )
     trainer = GRPOTrainer(policy, config)  # NFT: under LoRA v_old is an adapter swapped in on the same blocks
     batch = trainer.collect(0)

@@ -85,10 +85,10 @@ def _trainer(path: Path, lora_rank: int, resolution: int, lr: float, sampler_ste
     from workers.algo.sampler import SamplerConfig
     from workers.model.policy_loader import load_any
     from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
-    from workers.trainer.presets import cpu_tiny
+    from workers.trainer.presets import get_preset
 
     policy = load_any(path, resolution=resolution, lora_rank=lora_rank, base_dtype="fp32")
-    grpo = dataclasses.replace(cpu_tiny().grpo, lr=lr)
+    grpo = dataclasses.replace(get_preset("cpu_tiny").grpo, lr=lr)
     config = TrainConfig(
         prompts_per_iteration=1,
         group_size=2,

@@ -13,7 +13,7 @@ from workers.algo.sampler import resolve_forward_dtype
 from workers.model.policy_loader import load_any
 from workers.model.tiny_policy import load_policy
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig, trainable_parameters
-from workers.trainer.presets import cpu_tiny, cpu_tiny_flow_grpo
+from workers.trainer.presets import get_preset
 
 
 class _ForwardClock:
@@ -50,7 +50,7 @@ def bench_rollout(
     if batch_size < 8 or batch_size % 8 or repeats < 1:
         raise ValueError("batch_size must be a multiple of 8 (groups of 8) and repeats >= 1")
     policy = (load_policy() if model is None else load_any(model, **(model_fields or {}))).to(device)
-    preset = cpu_tiny_flow_grpo() if full_sde else cpu_tiny()
+    preset = get_preset("cpu_tiny_flow_grpo") if full_sde else get_preset("cpu_tiny")
     window = None if full_sde else preset.sampler.sde_window
     sampler = dataclasses.replace(preset.sampler, num_steps=num_steps, sde_window=window)
     config = TrainConfig(

@@ -15,9 +15,8 @@ from typing import Callable
 
 from resources.settings.config import RunConfig
 from resources.settings.resolve import derive
-from workers.trainer import presets_ocr
+from workers.trainer import presets_lowpass, presets_ocr
 from workers.trainer.from_config import train_config
-from workers.trainer.presets_lowpass import cpu_tiny_lowpass
 from workers.trainer.train_config import TrainConfig
 
 CPU_EXPLORE_BUDGET_ROLLOUTS = 2.0
@@ -99,6 +98,24 @@ def cpu_tiny_hard() -> RunConfig:
     return derive(
         cpu_tiny_spot(), "cpu_tiny_hard", train=dict(reward="minigeneval_strict", train_categories=HARD_CATEGORIES)
     )
+
+
+def cpu_tiny_lowpass() -> RunConfig:
+    """SPOTLIGHT's headline test (docs/EXPLORATION.md): cpu_tiny_spot's NFT recipe on the strict reward over the
+    three low-pass categories, G = 4, 512 held-out images per reading, one exploration arm
+    (workers/trainer/presets_lowpass.py)."""
+    return presets_lowpass.lowpass(cpu_tiny_spot())
+
+
+def cpu_tiny_ocr() -> RunConfig:
+    """cpu_tiny's NFT recipe on MiniOCR, scored by PP-OCR with flow_grpo's OCR formula
+    (workers/trainer/presets_ocr.py)."""
+    return presets_ocr.cpu_tiny_ocr(cpu_tiny())
+
+
+def cpu_tiny_ocr_spot() -> RunConfig:
+    """cpu_tiny_spot's recipe (exploration as a pre-filter, whole groups per request) on MiniOCR."""
+    return presets_ocr.cpu_tiny_ocr_spot(cpu_tiny_spot())
 
 
 def cpu_tiny_flow_grpo() -> RunConfig:
@@ -224,8 +241,8 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
     "cpu_tiny_hard": cpu_tiny_hard,
     "cpu_tiny_lowpass": cpu_tiny_lowpass,
     "cpu_tiny_flow_grpo": cpu_tiny_flow_grpo,
-    "cpu_tiny_ocr": lambda: presets_ocr.cpu_tiny_ocr(cpu_tiny()),
-    "cpu_tiny_ocr_spot": lambda: presets_ocr.cpu_tiny_ocr_spot(cpu_tiny_spot()),
+    "cpu_tiny_ocr": cpu_tiny_ocr,
+    "cpu_tiny_ocr_spot": cpu_tiny_ocr_spot,
     "cpu_smoke": cpu_smoke,
     "cpu_smoke_nft": cpu_smoke_nft,
     "sd35m_lora": sd35m_lora,

@@ -3,7 +3,7 @@ all-or-nothing reward on the three categories the shipped base passes least, wit
 are often dead (every sample fails) and a seed plan that finds the one that passes gives a group its only contrast.
 
 Example:
-    config = cpu_tiny_lowpass()
+    config = lowpass(cpu_tiny_spot())
     config.train.train_categories, config.train.group_size   # ('position', 'counting_binding', 'color_binding'), 4
 """
 
@@ -23,15 +23,14 @@ LOWPASS_VALIDATION_SEEDS = 8
 """8 seeds x the 64 held-out prompts = 512 images per reading (SE of a strict pass rate near 0.3: about 0.02)."""
 
 
-def cpu_tiny_lowpass() -> RunConfig:
-    """cpu_tiny_spot's NFT recipe on the low-pass task: `minigeneval_strict` over position, counting_binding and
-    color_binding, 8 prompts x G = 4 samples per iteration, 512 held-out images every 5 iterations, 15 iterations
-    (the headline's pilot ran 10, reading versions 0 and 10: docs/BENCHMARKS.md). It explores with one arm,
-    m16-half_steps (16 candidates at half steps), and the plan keeps G (no pre-filter, no control prompt)."""
-    from workers.trainer.presets import cpu_tiny_spot  # here, not at the top: presets.py registers this function
-
+def lowpass(base: RunConfig) -> RunConfig:
+    """cpu_tiny_spot's NFT recipe (given as `base`) on the low-pass task: `minigeneval_strict` over position,
+    counting_binding and color_binding, 8 prompts x G = 4 samples per iteration, 512 held-out images every 5
+    iterations, 15 iterations (the headline's pilot ran 10, reading versions 0 and 10: docs/BENCHMARKS.md). It
+    explores with one arm, m16-half_steps (16 candidates at half steps), and the plan keeps G (no pre-filter, no
+    control prompt)."""
     return derive(
-        cpu_tiny_spot(),
+        base,
         "cpu_tiny_lowpass",
         train=dict(
             reward="minigeneval_strict",
