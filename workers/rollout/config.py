@@ -86,17 +86,14 @@ def check_knobs(values: dict) -> None:
 
 
 def load_run_config(path: str | Path) -> RunConfig:
-    """The run's config tree from its YAML (`spotlight config` / `<run-dir>/config.yaml`); ValueError naming the
-    file when it cannot be read or is not a whole, valid tree."""
-    import yaml  # lazy: --help stays instant
+    """The run's config tree from its YAML (`spotlight config` / `<run-dir>/config.yaml`); ConfigError (a ValueError)
+    naming the file when it cannot be read or is not a whole, valid tree."""
+    from resources.settings.resolve import ConfigError, load_config  # lazy: --help stays instant
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
-        return RunConfig.model_validate(data)
-    except OSError as err:
-        raise ValueError(f"--config {path}: cannot read it ({err.strerror})") from None
-    except (yaml.YAMLError, ValueError) as err:
-        raise ValueError(f"--config {path}: not a run config ({err})") from None
+        return load_config(Path(path))
+    except ConfigError as err:
+        raise ConfigError(f"--config {err}") from None
 
 
 def run_config_defaults(config: RunConfig) -> dict:
