@@ -1,6 +1,7 @@
-"""The remote reward protocol's client (and wire format): a reward model served on its own GPUs over HTTP + JSON.
+"""The remote reward protocol's client (and wire format): a reward model served on its own GPUs over HTTP(S) + JSON.
 
-Protocol 1 (`spotlight reward-serve`, pipelines/reward_cli.py, is the server):
+Protocol 1 (`spotlight reward-serve`, pipelines/reward_cli.py, is the server; workers/task/reward_requests.py reads
+its requests):
 - `POST {url}/score` with `{"prompts": [str], "images": [base64 PNG, RGB]}` (and optionally `"fields": [object]`,
   each prompt's other fields from a prompts file, for rewards that take them) answers
   `{"rewards": [float]}` (one per image, in order; plus `"components"` for a multi-reward);
@@ -8,6 +9,7 @@ Protocol 1 (`spotlight reward-serve`, pipelines/reward_cli.py, is the server):
 - `GET {url}/health` answers `{"status": "ok", "reward": SPEC, "protocol": 1}`.
 - With $SPOTLIGHT_REWARD_TOKEN set on both sides, requests carry `Authorization: Bearer <token>`;
   credentials never go in the URL, which ends up in configs and logs.
+- An `https://` server is checked against the system's CAs, or against `?ca_file=PATH` alone.
 
 A batch larger than `max_images` goes as several requests, up to `concurrency` of them in flight at once (threads:
 the client waits on the network, not the CPU); the rewards come back in the batch's order.
@@ -25,6 +27,7 @@ import base64
 import io
 import json
 import math
+import os
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,12 +35,12 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from resources.reward_http import RemoteRewardError, get_json, post_with_retries
+from resources.reward_http import REWARD_TOKEN_ENV, RemoteRewardError, get_json, post_with_retries
 from workers.task.reward_inputs import check_reward_batch
 
 PROTOCOL = 1
 MAX_CONCURRENCY = 64
-TOKEN_ENV = "SPOTLIGHT_REWARD_TOKEN"
+TOKEN_ENV = REWARD_TOKEN_ENV
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class RemoteRewardConfig:
     """Images per request; a larger batch is split into several requests."""
     concurrency: int = 4
     """Requests of one batch in flight at once (1 = one after another)."""
+    ca_file: str | None = None
+    """PEM file of the CA that signed an https server's certificate; None = the system's CAs."""
 
     def __post_init__(self):
         parts = urllib.parse.urlsplit(self.url)
@@ -73,18 +78,23 @@ class RemoteRewardConfig:
             )
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise ValueError(f"remote reward: concurrency must be in [1, {MAX_CONCURRENCY}], got {self.concurrency}")
+        if self.ca_file is not None and (parts.scheme != "https" or not os.path.isfile(self.ca_file)):
+            raise ValueError(
+                f"remote reward: ca_file={self.ca_file!r} needs an https:// url and an existing PEM file "
+                "(the CA that signed the server's --tls-cert)"
+            )
 
 
 def parse_remote_spec(spec: str) -> RemoteRewardConfig:
-    """`http://host:port[/prefix][?timeout_s=..&retries=..&backoff_s=..&max_images=..&concurrency=..]` -> config."""
+    """`http(s)://host:port[/prefix][?timeout_s=..&retries=..&backoff_s=..&max_images=..&concurrency=..&ca_file=..]`
+    -> config."""
     parts = urllib.parse.urlsplit(spec)
     options: dict[str, object] = {}
+    kinds = {"timeout_s": float, "backoff_s": float, "retries": int, "max_images": int, "concurrency": int, "ca_file": str}
     for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        kind = {"timeout_s": float, "backoff_s": float, "retries": int, "max_images": int, "concurrency": int}.get(key)
+        kind = kinds.get(key)
         if kind is None:
-            raise ValueError(
-                f"remote reward option {key!r}: choose from timeout_s, retries, backoff_s, max_images, concurrency"
-            )
+            raise ValueError(f"remote reward option {key!r}: choose from {', '.join(kinds)}")
         try:
             options[key] = kind(value)
         except ValueError:
@@ -101,73 +111,11 @@ def encode_png(image_HW3: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-MAX_PIXELS = 4096 * 4096
-"""Largest image (width x height) a server decodes by default: a 4096x4096 RGB image is 48 MiB decoded."""
-
-
-def decode_png(text: str, max_pixels: int = MAX_PIXELS) -> np.ndarray:
-    """(H, W, 3) uint8 from base64 PNG; ValueError if it is not one, or if its header (read before any pixel is
-    decoded) says it has more than `max_pixels` pixels: a small PNG can decode to gigabytes."""
-    try:
-        img = Image.open(io.BytesIO(base64.b64decode(text, validate=True)), formats=["PNG"])  # reads the header only
-    except (ValueError, OSError, Image.DecompressionBombError) as err:
-        raise ValueError(f"an image is not a base64 PNG: {err}") from None
-    with img:
-        if img.width * img.height > max_pixels:
-            raise ValueError(
-                f"an image is {img.width}x{img.height} pixels; this server decodes at most {max_pixels} "
-                "pixels per image (send smaller images, or start it with a larger --max-pixels)"
-            )
-        try:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-        except (ValueError, OSError, Image.DecompressionBombError) as err:
-            raise ValueError(f"an image is not a base64 PNG: {err}") from None
-
-
 def encode_request(images_NHW3: np.ndarray, prompts: list[str], fields: list[dict] | None = None) -> bytes:
     request = {"prompts": list(prompts), "images": [encode_png(img) for img in images_NHW3]}
     if fields is not None:
         request["fields"] = list(fields)
     return json.dumps(request).encode()
-
-
-def decode_request(body: bytes, max_images: int, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, list[str]]:
-    """The server's side: (images (N, H, W, 3) uint8, prompts), or ValueError saying what is wrong with the request."""
-    images, prompts, _ = decode_scoring_request(body, max_images, max_pixels)
-    return images, prompts
-
-
-def decode_scoring_request(
-    body: bytes, max_images: int, max_pixels: int = MAX_PIXELS
-) -> tuple[np.ndarray, list[str], list[dict] | None]:
-    """(images, prompts, each prompt's fields or None when the request sends none); ValueError if malformed or if
-    an image's header says it is larger than `max_pixels`."""
-    try:
-        request = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"the request body is not JSON: {err}") from None
-    if (
-        not isinstance(request, dict)
-        or not isinstance(request.get("images"), list)
-        or not isinstance(request.get("prompts"), list)
-    ):
-        raise ValueError('the request must be {"prompts": [str], "images": [base64 PNG]}')
-    images, prompts = request["images"], request["prompts"]
-    if not 1 <= len(images) <= max_images or len(prompts) != len(images):
-        raise ValueError(
-            f"{len(images)} images and {len(prompts)} prompts: send 1 to {max_images} of each, one prompt per image"
-        )
-    if not all(isinstance(p, str) for p in prompts) or not all(isinstance(i, str) for i in images):
-        raise ValueError("prompts and images must be strings")
-    fields = request.get("fields")
-    if fields is not None and (
-        not isinstance(fields, list) or len(fields) != len(prompts) or not all(isinstance(f, dict) for f in fields)
-    ):
-        raise ValueError('"fields", when sent, must be one JSON object per prompt')
-    decoded = [decode_png(i, max_pixels) for i in images]
-    if len({d.shape for d in decoded}) != 1:
-        raise ValueError(f"the images of one request must share a size, got {sorted({d.shape for d in decoded})}")
-    return np.stack(decoded), prompts, fields
 
 
 def decode_rewards(body: bytes, num_images: int) -> np.ndarray:
@@ -214,12 +162,18 @@ class RemoteReward:
 
     def health(self) -> dict:
         """The server's /health answer (one attempt); RemoteRewardError if it does not answer."""
-        return get_json(self.config.url + "/health", self.config.timeout_s, TOKEN_ENV)
+        return get_json(self.config.url + "/health", self.config.timeout_s, TOKEN_ENV, self.config.ca_file)
 
     def _post(self, body: bytes, num_images: int) -> np.ndarray:
         c = self.config
         answer = post_with_retries(
-            c.url + "/score", body, timeout_s=c.timeout_s, retries=c.retries, backoff_s=c.backoff_s, token_env=TOKEN_ENV
+            c.url + "/score",
+            body,
+            timeout_s=c.timeout_s,
+            retries=c.retries,
+            backoff_s=c.backoff_s,
+            token_env=TOKEN_ENV,
+            ca_file=c.ca_file,
         )
         return decode_rewards(answer, num_images)
 

@@ -11,15 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from workers.task.reward_requests import ImageLimits, decode_png, read_scoring_request
 from workers.task.rewards import get_reward
-from workers.task.rewards_remote import (
-    RemoteRewardError,
-    decode_png,
-    decode_request,
-    encode_png,
-    encode_request,
-    parse_remote_spec,
-)
+from workers.task.rewards_remote import RemoteRewardError, encode_png, encode_request, parse_remote_spec
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (3, 12, 10, 3), dtype=np.uint8)
 
@@ -52,9 +46,9 @@ def _fake_server(answer):
 
 def test_png_round_trip_is_bitwise_exact():
     np.testing.assert_array_equal(decode_png(encode_png(IMAGES[0])), IMAGES[0])
-    images, prompts = decode_request(encode_request(IMAGES, ["a", "b", "c"]), max_images=8)
-    np.testing.assert_array_equal(images, IMAGES)
-    assert prompts == ["a", "b", "c"]
+    request = read_scoring_request(encode_request(IMAGES, ["a", "b", "c"]), ImageLimits(max_images=8))
+    np.testing.assert_array_equal(request.images_NHW3, IMAGES)
+    assert request.prompts == ["a", "b", "c"] and request.fields is None
 
 
 @pytest.mark.parametrize(
@@ -72,7 +66,7 @@ def test_png_round_trip_is_bitwise_exact():
 )
 def test_a_malformed_request_is_refused_with_a_reason(body, message):
     with pytest.raises(ValueError, match=message):
-        decode_request(body, max_images=8)
+        read_scoring_request(body, ImageLimits(max_images=8))
 
 
 def test_spec_options_parse_and_bad_ones_are_refused():
@@ -84,6 +78,8 @@ def test_spec_options_parse_and_bad_ones_are_refused():
         ("http://node:1?max_images=0", "max_images >= 1"),
         ("http://node:1?colour=red", "choose from"),
         ("http://me:secret@node:1", "must not hold credentials"),
+        ("http://node:1?ca_file=/etc/hostname", "needs an https:// url"),
+        ("https://node:1?ca_file=/no/such/ca.pem", "an existing PEM file"),
     ]:
         with pytest.raises(ValueError, match=message) as err:
             get_reward(spec)
