@@ -84,10 +84,13 @@ def reward_serve_command(
         help="Seconds a whole request may take (headers, body, decoding, scoring); then a 408 or 503, and it is cut.",
     ),
     header_timeout_s: float = typer.Option(
-        DEFAULT_HEADER_TIMEOUT_S, help="Seconds for the TLS handshake and then the headers, before the token is checked."
+        DEFAULT_HEADER_TIMEOUT_S,
+        help="Seconds for the TLS handshake and then the headers, before the token is checked.",
     ),
     max_connections: int = typer.Option(64, help="Connections served at once; the next ones get a 503 at once."),
-    decode_concurrency: int = typer.Option(4, help="Requests decoded at once, each on a thread; scoring is one at a time."),
+    decode_concurrency: int = typer.Option(
+        4, help="Requests decoded at once, each on a thread; scoring is one at a time."
+    ),
     tls_cert: str = typer.Option("", help="PEM certificate (chain) to serve HTTPS with; needs --tls-key."),
     tls_key: str = typer.Option("", help="PEM private key of --tls-cert (not readable by every user)."),
 ) -> None:
@@ -131,6 +134,8 @@ def reward_serve_command(
     scheme = "https" if ssl_context else "http"
     typer.echo(f"spotlight reward-serve: {reward} on {scheme}://{host}:{server.server_port} (POST /score, GET /health)")
     try:
-        server.serve_forever(handle_signals=True)  # SIGTERM (docker stop, SkyPilot, a supervisor) ends it as Ctrl-C does
+        server.serve_forever(
+            handle_signals=True
+        )  # SIGTERM (docker stop, SkyPilot, a supervisor) ends it as Ctrl-C does
     finally:
         server.server_close()

@@ -48,7 +48,9 @@ def get_json(url: str, timeout_s: float, token_env: str, ca_file: str | None = N
     """One GET of a JSON answer; RemoteRewardError when there is none."""
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(url, headers=_headers(token_env)), timeout=timeout_s, context=client_ssl_context(ca_file)
+            urllib.request.Request(url, headers=_headers(token_env)),
+            timeout=timeout_s,
+            context=client_ssl_context(ca_file),
         ) as answer:
             return json.loads(answer.read())
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as err:

@@ -70,7 +70,9 @@ class ServeLimits:
 
     def __post_init__(self):
         if not (self.deadline_s > 0 and self.header_timeout_s > 0):
-            raise ValueError(f"need deadline_s and header_timeout_s > 0, got {self.deadline_s} and {self.header_timeout_s}")
+            raise ValueError(
+                f"need deadline_s and header_timeout_s > 0, got {self.deadline_s} and {self.header_timeout_s}"
+            )
         object.__setattr__(self, "header_timeout_s", min(self.header_timeout_s, self.deadline_s))  # frozen: set once
         if self.max_connections < 1 or self.max_request_bytes < 1 or self.decode_concurrency < 1:
             raise ValueError(
@@ -102,7 +104,9 @@ def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     try:
         context.load_cert_chain(cert_file, key_file)
     except (ssl.SSLError, OSError) as err:
-        raise ValueError(f"--tls-cert {cert_file} / --tls-key {key_file}: not a certificate and its key ({err})") from None
+        raise ValueError(
+            f"--tls-cert {cert_file} / --tls-key {key_file}: not a certificate and its key ({err})"
+        ) from None
     return context
 
 
@@ -196,6 +200,8 @@ class RewardServer:
         self._score_pool = ThreadPoolExecutor(1, thread_name_prefix="reward-score")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self._lock = threading.Lock()  # shutdown() may come before serve_forever() has its loop
+        self._stop_asked = False
         self._stopped = threading.Event()
 
     def serve_forever(self, handle_signals: bool = False) -> None:
@@ -207,7 +213,9 @@ class RewardServer:
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop serve_forever from another thread, and wait until it has returned."""
-        loop, stop = self._loop, self._stop
+        with self._lock:
+            self._stop_asked = True
+            loop, stop = self._loop, self._stop
         if loop is not None and stop is not None and not self._stopped.is_set():
             loop.call_soon_threadsafe(stop.set)
             self._stopped.wait(timeout_s)
@@ -219,20 +227,23 @@ class RewardServer:
         self._score_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self, handle_signals: bool) -> None:
-        loop = asyncio.get_running_loop()
-        self._loop, self._stop = loop, asyncio.Event()
+        loop, stop = asyncio.get_running_loop(), asyncio.Event()
+        with self._lock:
+            if self._stop_asked:
+                return
+            self._loop, self._stop = loop, stop
         self._decode_slots = asyncio.Semaphore(self.limits.decode_concurrency)
         self._score_slot = asyncio.Semaphore(1)
         if handle_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, self._stop.set)
+                loop.add_signal_handler(signum, stop.set)
         self._web = _GuardedServer(self._handle, self.limits)
         handshake_s = self.limits.header_timeout_s if self.ssl_context else None
         listener = await loop.create_server(
             self._web, sock=self.socket, ssl=self.ssl_context, ssl_handshake_timeout=handshake_s, backlog=BACKLOG
         )
         try:
-            await self._stop.wait()
+            await stop.wait()
         finally:
             listener.close()
             for clock in list(self._web.clocks.values()):
@@ -250,7 +261,9 @@ class RewardServer:
                 status, payload = await self._route(request, clock, deadline)
         except TimeoutError:
             status, payload = self._late(clock)
-        response = web.json_response(payload, status=status, headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
+        response = web.json_response(
+            payload, status=status, headers={"WWW-Authenticate": "Bearer"} if status == 401 else None
+        )
         response.force_close()  # one request per connection: its clock started when it was made
         return response
 

@@ -23,6 +23,7 @@ from workers.task import rewards
 from workers.task.rewards import get_reward
 from workers.task.rewards_remote import TOKEN_ENV, RemoteRewardError, encode_request
 
+
 def _recording(real_load, loads: list[int]):
     """ImageFile.load, noting the width of each image whose pixels it is about to decode (tiles still pending)."""
 

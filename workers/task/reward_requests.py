@@ -1,4 +1,4 @@
-"""The reward server's side of the wire format: a scoring request checked against its limits before any pixel is decoded.
+"""The reward server's side of the wire format: a scoring request checked against its limits before decoding.
 
 A PNG says its width and height in its header, so every image's size, the request's total and whether the images
 share a size are known from a few bytes each: a request over a limit is refused before decoding starts (a PNG of

@@ -90,7 +90,14 @@ def parse_remote_spec(spec: str) -> RemoteRewardConfig:
     -> config."""
     parts = urllib.parse.urlsplit(spec)
     options: dict[str, object] = {}
-    kinds = {"timeout_s": float, "backoff_s": float, "retries": int, "max_images": int, "concurrency": int, "ca_file": str}
+    kinds = {
+        "timeout_s": float,
+        "backoff_s": float,
+        "retries": int,
+        "max_images": int,
+        "concurrency": int,
+        "ca_file": str,
+    }
     for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
         kind = kinds.get(key)
         if kind is None:

@@ -13,6 +13,7 @@ from resources.reward_http import RequestTooLarge
 from workers.task.reward_requests import ImageLimits, read_scoring_request
 from workers.task.rewards_remote import encode_png, encode_request
 
+
 def _recording(real_load, loads: list[int]):
     """ImageFile.load, noting the width of each image whose pixels it is about to decode (tiles still pending)."""
 
