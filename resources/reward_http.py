@@ -30,8 +30,16 @@ class RequestTooLarge(ValueError):
 
 
 def client_ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
-    """The TLS context an https client checks the server with: the system's CAs, or only `ca_file`'s when given."""
-    return ssl.create_default_context(cafile=ca_file) if ca_file else None
+    """The TLS context an https client checks the server with: the system's CAs, or only `ca_file`'s when given
+    (read here, on the machine that connects: RemoteRewardError when it cannot be read there)."""
+    if not ca_file:
+        return None
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as err:
+        raise RemoteRewardError(
+            f"remote reward ca_file={ca_file}: not a readable PEM CA certificate on this machine ({err})"
+        ) from None
 
 
 def _headers(token_env: str) -> dict[str, str]:

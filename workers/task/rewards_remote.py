@@ -27,7 +27,6 @@ import base64
 import io
 import json
 import math
-import os
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,7 +57,8 @@ class RemoteRewardConfig:
     concurrency: int = 4
     """Requests of one batch in flight at once (1 = one after another)."""
     ca_file: str | None = None
-    """PEM file of the CA that signed an https server's certificate; None = the system's CAs."""
+    """PEM file of the CA that signed an https server's certificate, on the machines that score (read at the first
+    request, not when the spec is parsed); None = the system's CAs."""
 
     def __post_init__(self):
         parts = urllib.parse.urlsplit(self.url)
@@ -78,10 +78,10 @@ class RemoteRewardConfig:
             )
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise ValueError(f"remote reward: concurrency must be in [1, {MAX_CONCURRENCY}], got {self.concurrency}")
-        if self.ca_file is not None and (parts.scheme != "https" or not os.path.isfile(self.ca_file)):
+        if self.ca_file is not None and parts.scheme != "https":  # the file is read where requests are made
             raise ValueError(
-                f"remote reward: ca_file={self.ca_file!r} needs an https:// url and an existing PEM file "
-                "(the CA that signed the server's --tls-cert)"
+                f"remote reward: ca_file={self.ca_file!r} (the CA that signed the server's --tls-cert) needs an "
+                "https:// url"
             )
 
 

@@ -79,11 +79,18 @@ def test_spec_options_parse_and_bad_ones_are_refused():
         ("http://node:1?colour=red", "choose from"),
         ("http://me:secret@node:1", "must not hold credentials"),
         ("http://node:1?ca_file=/etc/hostname", "needs an https:// url"),
-        ("https://node:1?ca_file=/no/such/ca.pem", "an existing PEM file"),
     ]:
         with pytest.raises(ValueError, match=message) as err:
             get_reward(spec)
         assert "secret" not in str(err.value)
+
+
+def test_a_ca_file_missing_where_requests_are_made_fails_at_the_first_request_without_retries():
+    remote = get_reward("https://node:1?ca_file=/no/such/ca.pem&retries=5&backoff_s=10")  # parsed on another machine
+    started = time.monotonic()
+    with pytest.raises(RemoteRewardError, match="ca_file=/no/such/ca.pem: not a readable PEM CA certificate"):
+        remote(IMAGES, ["a"] * 3)
+    assert time.monotonic() - started < 1.0
 
 
 def test_no_server_fails_clearly_after_the_retries():
