@@ -42,8 +42,9 @@ from aiohttp import web
 
 from resources.reward_http import REWARD_TOKEN_ENV, RequestTooLarge
 
-GRACE_S = 1.0
-"""How long past its deadline a connection whose answer is not out yet is kept before it is cut without one."""
+GRACE_S = 0.25
+"""How long past its deadline a connection is kept: long enough for its 408/503 to reach the client (a close with
+unread input resets the connection), then it is cut, answered or not."""
 LINGER_S = 1.0
 """After an early answer (a 413, a 401), the rest of the body is read and dropped this long, so a client still
 sending hears the answer instead of a reset."""
