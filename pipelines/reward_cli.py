@@ -133,6 +133,12 @@ def reward_serve_command(
         raise typer.BadParameter(f"cannot serve on {host}:{port}: {err}") from None
     scheme = "https" if ssl_context else "http"
     typer.echo(f"spotlight reward-serve: {reward} on {scheme}://{host}:{server.server_port} (POST /score, GET /health)")
+    if not ssl_context and not is_loopback(host):
+        typer.echo(
+            f"spotlight reward-serve: plain HTTP on {host}: ${REWARD_TOKEN_ENV} crosses the network in clear; keep it "
+            "on a private network, or serve HTTPS with --tls-cert/--tls-key",
+            err=True,
+        )
     try:
         server.serve_forever(
             handle_signals=True

@@ -207,3 +207,51 @@ def test_https_with_the_runs_ca_scores_and_an_untrusted_certificate_is_refused_w
     key.chmod(0o644)
     with pytest.raises(ValueError, match="readable by every user: `chmod 600"):
         server_ssl_context(str(cert), str(key))
+
+
+class _Counting:
+    """A decode or score step that takes `busy_s` and notes the most calls it saw running at once."""
+
+    def __init__(self, busy_s: float, result=None):
+        self.busy_s, self.result, self.now, self.most = busy_s, result, 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, *args):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(self.busy_s)
+        with self.lock:
+            self.now -= 1
+        return self.result
+
+
+def test_decoding_runs_at_most_decode_concurrency_at_once_and_scoring_one_at_a_time():
+    from resources.reward_server import RewardServer
+
+    decode, score = _Counting(0.3, "batch"), _Counting(0.05, {"rewards": [1.0]})
+    server = RewardServer(("127.0.0.1", 0), decode, score, {}, ServeLimits(decode_concurrency=2))
+    with serving(server):
+        url = f"http://127.0.0.1:{server.server_port}/score"
+        answers: list = []
+        posts = [threading.Thread(target=lambda: answers.append(_post(url, b"{}", token=None))) for _ in range(6)]
+        for thread in posts:
+            thread.start()
+        for thread in posts:
+            thread.join(20)
+    assert answers == [(200, '{"rewards": [1.0]}')] * 6
+    assert (decode.most, score.most) == (2, 1)
+
+
+def test_a_request_the_server_cannot_finish_by_its_deadline_gets_a_503_at_the_deadline():
+    from resources.reward_server import RewardServer
+
+    server = RewardServer(
+        ("127.0.0.1", 0), lambda body, deadline: "batch", _Counting(1.5), {}, ServeLimits(deadline_s=1.0)
+    )
+    with serving(server):
+        started = time.monotonic()
+        status, answer = _post(f"http://127.0.0.1:{server.server_port}/score", b"{}", token=None)
+        answered_after_s = time.monotonic() - started
+    assert status == 503 and "still being scored at the server's deadline of 1 s" in answer
+    assert 1.0 <= answered_after_s < 1.4
