@@ -20,8 +20,7 @@ import os
 
 import typer
 
-DEFAULT_DEADLINE_S = 120.0
-DEFAULT_HEADER_TIMEOUT_S = 10.0
+from resources.reward_limits import ImageLimits, ServeLimits
 
 
 def score_answer(reward_fn, request) -> dict:
@@ -42,8 +41,7 @@ def reward_server(address, reward_fn, spec: str, limits=None, image_limits=None,
     with `reward_fn`; ValueError when it may not serve there (off loopback without a token)."""
     import functools
 
-    from resources.reward_server import RewardServer, ServeLimits
-    from workers.task.reward_requests import ImageLimits
+    from resources.reward_server import RewardServer
     from workers.task.rewards_remote import PROTOCOL
 
     decode = functools.partial(_read, image_limits or ImageLimits())
@@ -69,35 +67,40 @@ def reward_serve_command(
         "$SPOTLIGHT_REWARD_TOKEN must then be set here and on the clients).",
     ),
     port: int = typer.Option(8200, help="Port; 0 picks a free one (the URL is printed)."),
-    max_images: int = typer.Option(256, help="Most images one request may carry."),
-    max_request_mb: float = typer.Option(512.0, help="Largest request body, in MiB (Content-Length and streamed)."),
+    max_images: int = typer.Option(ImageLimits.max_images, help="Most images one request may carry."),
+    max_request_mb: float = typer.Option(
+        ServeLimits.max_request_bytes / (1 << 20), help="Largest request body, in MiB (Content-Length and streamed)."
+    ),
     max_pixels: int = typer.Option(
-        4096 * 4096, help="Largest image (width x height), read from its PNG header before anything is decoded."
+        ImageLimits.max_pixels,
+        help="Largest image (width x height), read from its PNG header before anything is decoded.",
     ),
     max_request_pixels: int = typer.Option(
-        1 << 26, help="Most pixels in one request (all its images), read from the PNG headers before decoding."
+        ImageLimits.max_request_pixels,
+        help="Most pixels in one request (all its images), read from the PNG headers before decoding.",
     ),
     deadline_s: float = typer.Option(
-        DEFAULT_DEADLINE_S,
+        ServeLimits.deadline_s,
         "--deadline-s",
         "--timeout-s",
         help="Seconds a whole request may take (headers, body, decoding, scoring); then a 408 or 503, and it is cut.",
     ),
     header_timeout_s: float = typer.Option(
-        DEFAULT_HEADER_TIMEOUT_S,
+        ServeLimits.header_timeout_s,
         help="Seconds for the TLS handshake and then the headers, before the token is checked.",
     ),
-    max_connections: int = typer.Option(64, help="Connections served at once; the next ones get a 503 at once."),
+    max_connections: int = typer.Option(
+        ServeLimits.max_connections, help="Connections served at once; the next ones get a 503 at once."
+    ),
     decode_concurrency: int = typer.Option(
-        4, help="Requests decoded at once, each on a thread; scoring is one at a time."
+        ServeLimits.decode_concurrency, help="Requests decoded at once, each on a thread; scoring is one at a time."
     ),
     tls_cert: str = typer.Option("", help="PEM certificate (chain) to serve HTTPS with; needs --tls-key."),
     tls_key: str = typer.Option("", help="PEM private key of --tls-cert (not readable by every user)."),
 ) -> None:
     """Serve a reward over HTTP(S) + JSON (POST /score, GET /health) for `--reward http(s)://HOST:PORT` clients."""
     from resources.reward_http import REWARD_TOKEN_ENV
-    from resources.reward_server import ServeLimits, is_loopback, server_ssl_context
-    from workers.task.reward_requests import ImageLimits
+    from resources.reward_server import is_loopback, server_ssl_context
     from workers.task.rewards import get_reward
 
     token = os.environ.get(REWARD_TOKEN_ENV) or None

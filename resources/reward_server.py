@@ -41,6 +41,7 @@ from typing import Any
 from aiohttp import web
 
 from resources.reward_http import REWARD_TOKEN_ENV, RequestTooLarge
+from resources.reward_limits import ServeLimits
 
 GRACE_S = 0.25
 """How long past its deadline a connection is kept: long enough for its 408/503 to reach the client (a close with
@@ -51,35 +52,6 @@ sending hears the answer instead of a reset."""
 BACKLOG = 128
 """The listen backlog: a burst of clients waits to be accepted, then meets max_connections."""
 LOOPBACK_HOSTS = ("localhost", "ip6-localhost")
-
-
-@dataclass(frozen=True)
-class ServeLimits:
-    """The reward server's bounds on time, size and concurrency (`spotlight reward-serve`'s flags)."""
-
-    deadline_s: float = 120.0
-    """Seconds a whole request may take from its connection to its answer: headers, body, decoding and scoring."""
-    header_timeout_s: float = 10.0
-    """Seconds for the TLS handshake, and then for the request's headers (before the token is checked); at most
-    deadline_s (a larger value is taken as deadline_s)."""
-    max_connections: int = 64
-    """Connections served at once; the next ones get a 503 at once."""
-    max_request_bytes: int = 512 << 20
-    """Largest request body, checked from Content-Length and while it streams."""
-    decode_concurrency: int = 4
-    """Requests decoded at once (each on its own thread)."""
-
-    def __post_init__(self):
-        if not (self.deadline_s > 0 and self.header_timeout_s > 0):
-            raise ValueError(
-                f"need deadline_s and header_timeout_s > 0, got {self.deadline_s} and {self.header_timeout_s}"
-            )
-        object.__setattr__(self, "header_timeout_s", min(self.header_timeout_s, self.deadline_s))  # frozen: set once
-        if self.max_connections < 1 or self.max_request_bytes < 1 or self.decode_concurrency < 1:
-            raise ValueError(
-                f"need max_connections, max_request_bytes and decode_concurrency >= 1, got {self.max_connections}, "
-                f"{self.max_request_bytes} and {self.decode_concurrency}"
-            )
 
 
 def is_loopback(host: str) -> bool:

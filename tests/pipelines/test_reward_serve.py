@@ -29,7 +29,7 @@ def scratch_registry(monkeypatch):
 
 
 def _serve(reward_fn, spec="test", port=0, token=None) -> RewardServer:
-    from workers.task.reward_requests import ImageLimits
+    from resources.reward_limits import ImageLimits
 
     server = reward_server(("127.0.0.1", port), reward_fn, spec, image_limits=ImageLimits(max_images=8), token=token)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -16,7 +16,8 @@ import pytest
 from PIL import ImageFile
 
 from pipelines.reward_cli import reward_server
-from resources.reward_server import ServeLimits, server_ssl_context
+from resources.reward_limits import ServeLimits
+from resources.reward_server import server_ssl_context
 from tests.pipelines.reward_clients import Trickle, make_test_ca, png_of_zeros, serving, start_all
 from tests.pipelines.test_reward_serve import start_cli_server, stop_cli_server
 from workers.task import rewards
@@ -255,3 +256,17 @@ def test_a_request_the_server_cannot_finish_by_its_deadline_gets_a_503_at_the_de
         answered_after_s = time.monotonic() - started
     assert status == 503 and "still being scored at the server's deadline of 1 s" in answer
     assert 1.0 <= answered_after_s < 1.4
+
+
+def test_reward_serve_refuses_half_a_tls_pair_or_a_key_every_user_can_read(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    _, cert, key = make_test_ca(tmp_path)
+    serve = ["reward-serve", "--reward", "jpeg_compressibility", "--port", "0"]
+    half = CliRunner().invoke(app, [*serve, "--tls-cert", str(cert)], env={"COLUMNS": "300"})
+    assert half.exit_code == 2 and "--tls-cert and --tls-key go together" in half.output
+    key.chmod(0o604)
+    open_key = CliRunner().invoke(app, [*serve, "--tls-cert", str(cert), "--tls-key", str(key)], env={"COLUMNS": "300"})
+    assert open_key.exit_code == 2 and "readable by every user" in open_key.output

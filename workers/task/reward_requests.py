@@ -23,25 +23,7 @@ import numpy as np
 from PIL import Image
 
 from resources.reward_http import RequestTooLarge
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    """What one scoring request may carry; each is checked before any image is decoded."""
-
-    max_images: int = 256
-    """Most images in one request."""
-    max_pixels: int = 4096 * 4096
-    """Largest image (width x height): a 4096x4096 RGB image is 48 MiB decoded."""
-    max_request_pixels: int = 1 << 26
-    """Most pixels in one request, all its images together (64 Mi pixels: 192 MiB decoded)."""
-
-    def __post_init__(self):
-        if self.max_images < 1 or self.max_pixels < 1 or self.max_request_pixels < 1:
-            raise ValueError(
-                f"image limits must be >= 1: max_images={self.max_images}, max_pixels={self.max_pixels}, "
-                f"max_request_pixels={self.max_request_pixels}"
-            )
+from resources.reward_limits import ImageLimits
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import pytest
 from PIL import ImageFile
 
 from resources.reward_http import RequestTooLarge
-from workers.task.reward_requests import ImageLimits, read_scoring_request
+from resources.reward_limits import ImageLimits
+from workers.task.reward_requests import read_scoring_request
 from workers.task.rewards_remote import encode_png, encode_request
 
 

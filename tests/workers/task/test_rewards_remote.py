@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from workers.task.reward_requests import ImageLimits, decode_png, read_scoring_request
+from resources.reward_limits import ImageLimits
+from workers.task.reward_requests import decode_png, read_scoring_request
 from workers.task.rewards import get_reward
 from workers.task.rewards_remote import RemoteRewardError, encode_png, encode_request, parse_remote_spec
 
