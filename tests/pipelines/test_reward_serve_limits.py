@@ -194,9 +194,13 @@ def test_https_with_the_runs_ca_scores_and_an_untrusted_certificate_is_refused_w
     ca, cert, key = make_test_ca(tmp_path)
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     tls = server_ssl_context(str(cert), str(key))
-    server = reward_server(("127.0.0.1", 0), rewards.jpeg_compressibility, "test", token=TOKEN, ssl_context=tls)
+    limits = ServeLimits(header_timeout_s=0.5)
+    server = reward_server(("127.0.0.1", 0), rewards.jpeg_compressibility, "test", limits, token=TOKEN, ssl_context=tls)
     with serving(server):
         url = f"https://127.0.0.1:{server.server_port}"
+        silent = Trickle(server.server_port, b"", b"", every_s=0.1)  # connects, never starts the TLS handshake
+        silent.run(give_up_s=5)
+        assert silent.closed_after_s is not None and 0.5 <= silent.closed_after_s < 1.5, silent.closed_after_s
         np.testing.assert_array_equal(get_reward(f"{url}?ca_file={ca}")(IMAGES, PROMPTS), EXPECTED)
         started = time.monotonic()
         with pytest.raises(RemoteRewardError, match="TLS certificate is not trusted.*ca_file"):
