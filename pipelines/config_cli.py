@@ -1,8 +1,10 @@
 """`--config FILE` and the resolution every command that runs shares; `spotlight config`, which prints the tree.
 
-Order (later wins, key by key): the preset, then each `--config FILE` in the order given, then SPOTLIGHT_* variables,
-then flags. `resolve_command` does it once and turns a bad value into a usage error that names the key, where it was
-set and what is allowed, before any compute.
+Order (later wins, key by key): the preset (with `--model DIR` and none named: the folder's family's,
+pipelines/run_defaults.py), then each `--config FILE` in the order given, then SPOTLIGHT_* variables, then flags; then
+what the device decides where none of them said (no injected preemptions on a GPU, in-process rollouts when the
+trainer holds every GPU). `resolve_command` does it once and turns a bad value into a usage error that names the key,
+where it was set and what is allowed, before any compute.
 
 Example:
     spotlight config --preset cpu_smoke --group-size 4            # the resolved tree as YAML
@@ -46,6 +48,7 @@ def resolve_settings(
     over its `--config` files, the SPOTLIGHT_* variables in `env` and the preset (or `base`, a run's stored config,
     for --resume); `command`: (its name, dotted key -> value) for what the command itself fixes, applied last.
     ConfigError saying what to change."""
+    from pipelines.run_defaults import device_layer, family_layers
     from resources.settings.resolve import Layer, env_layer, file_layer, flag_layer, resolve
     from workers.trainer.presets import PRESETS
 
@@ -54,7 +57,14 @@ def resolve_settings(
     if command is not None:
         name, fixed = command
         layers.append(Layer(name, dict(fixed), {key: name for key in fixed}))
-    return resolve(layers, PRESETS, default_preset, base=base, check_paths=check_paths, base_origin=base_origin)
+    if base is not None:  # --resume: the stored run decided these when it started
+        return resolve(layers, PRESETS, default_preset, base=base, check_paths=check_paths, base_origin=base_origin)
+    layers = [*family_layers(layers, default_preset), *layers]
+    resolved = resolve(layers, PRESETS, default_preset, check_paths=check_paths)
+    decided = device_layer(resolved)
+    return (
+        resolved if decided is None else resolve([*layers, decided], PRESETS, default_preset, check_paths=check_paths)
+    )
 
 
 def resolve_command(flags: Mapping[str, Any], config_files: Optional[Sequence[Path]], **kw):

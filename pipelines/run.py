@@ -232,6 +232,22 @@ def trainer_threads(config: RunConfig) -> Optional[int]:
     return max(1, cores - config.workers.local_workers)
 
 
+def pool_line(config: RunConfig, trainer_threads: int) -> str:
+    """The line saying who samples: the pool's workers, where, and how often they are preempted."""
+    from workers.coordinator.worker_pool import pool_devices
+
+    w, train = config.workers, config.train
+    places = pool_devices(train.device, train.nproc, w.local_workers)
+    preempted = f"{w.preemptions_per_hour:g} preemptions per worker-hour, {w.notice_share:.0%} with notice"
+    if not train.device.startswith("cuda"):
+        return (
+            f"rollouts on {len(places)} local spot workers ({w.worker_threads} thread(s) each, {preempted}); trainer "
+            f"on {trainer_threads} thread(s)"
+        )
+    gpus = ", ".join(str(p.visible_devices) for p in places) or "none here: remote workers sample"
+    return f"rollouts on {len(places)} local spot workers, one per GPU the trainer leaves (GPU {gpus}; {preempted})"
+
+
 def execute(
     config: RunConfig,
     console,
@@ -263,11 +279,7 @@ def execute(
         console.print("closed workers the interrupted run had left open")
     w = config.workers
     if config.deployment.rollouts == "local_pool" and w.local_workers:
-        console.print(
-            f"rollouts on {w.local_workers} local spot workers ({w.worker_threads} thread(s) each, "
-            f"{w.preemptions_per_hour:g} preemptions per worker-hour, {w.notice_share:.0%} with notice); trainer on "
-            f"{torch.get_num_threads()} thread(s)"
-        )
+        console.print(pool_line(config, torch.get_num_threads()))
     total = resources["run_config"].num_iterations + 1
     columns = (
         TextColumn("[bold]{task.description}"),

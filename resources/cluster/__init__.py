@@ -12,7 +12,8 @@ process is the ledger's single writer: worker starts and ends, attempts and pree
 
 A cluster of a run hands every worker the run's saved config (`ClusterConfig.for_run`: `--config
 <run-dir>/config.yaml`), so the workers and the cluster read their knobs from the one file; the knobs' defaults
-are the config tree's (`WorkersSection`).
+are the config tree's (`WorkersSection`). A slot may name the worker's device (`--device`) and the one GPU it sees
+(CUDA_VISIBLE_DEVICES): resources/cluster/placement.py plans one worker per GPU the trainer leaves.
 
 Example:
     slots = [WorkerSlot("w0"), WorkerSlot("w1", spot=False)]
@@ -38,6 +39,7 @@ from typing import Callable, Sequence
 
 from resources.cluster.config import ClusterConfig, WorkerSlot
 from resources.cluster.ledger import WorkTracker
+from resources.cluster.placement import VISIBLE_ENV
 from resources.cluster.preemption import PreemptionEvent
 from resources.ledger import Ledger
 from resources.urls import PASSWORD_ENV, split_password
@@ -205,6 +207,8 @@ class LocalCluster:
         ]
         if slot.gpu_type:
             command += ["--gpu-type", slot.gpu_type]
+        if slot.device is not None:
+            command += ["--device", slot.device]
         stderr = None
         if cfg.log_dir is not None:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
@@ -213,6 +217,7 @@ class LocalCluster:
             **os.environ,
             "OMP_NUM_THREADS": str(cfg.threads_per_worker),
             **({PASSWORD_ENV: password} if password else {}),
+            **({VISIBLE_ENV: slot.visible_devices} if slot.visible_devices is not None else {}),
         }
         popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         if cfg.nice:

@@ -31,6 +31,10 @@ class WorkerSlot:
     queue_url: str | None = None
     """This slot's own queue (static assignment); None = the cluster's shared queue. A relative path is
     made absolute against the current directory."""
+    device: str | None = None
+    """The worker's `--device` (resources/cluster/placement.py); None: the run config's train.device, else cpu."""
+    visible_devices: str | None = None
+    """The worker's CUDA_VISIBLE_DEVICES: the one GPU it samples on; None: this process's environment."""
 
     def __post_init__(self) -> None:
         check_name(self.name, "worker slot name")

@@ -30,12 +30,25 @@ def test_a_cuda_device_on_a_machine_without_one_is_refused_before_anything_is_wr
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:0"])
-def test_a_device_name_that_is_not_cpu_or_cuda_is_refused_at_load(device, tmp_path):
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:0", "mps:0"])
+def test_a_device_name_that_is_not_cpu_cuda_or_mps_is_refused_at_load(device, tmp_path):
     from tests.runs import run_resources
 
-    with pytest.raises(ValueError, match="device must be cpu, cuda or cuda:N"):
+    with pytest.raises(ValueError, match="device must be cpu, cuda, cuda:N or mps"):
         run_resources(tmp_path, preset="cpu_smoke", device=device)
+
+
+def test_a_cuda_index_beyond_the_gpus_and_mps_without_metal_are_refused_saying_what_to_pass(monkeypatch):
+    from workers.coordinator.context import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_device("cuda:1") == "cuda:1"
+    with pytest.raises(ValueError, match=r"'cuda:2': this machine has 2 CUDA device\(s\).*--device cuda:0..1"):
+        check_device("cuda:2")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="'mps': Apple's Metal backend is not available here.*--device cpu"):
+        check_device("mps")
 
 
 def test_the_trainer_device_reaches_the_run_context_from_the_deployment(monkeypatch, tmp_path):

@@ -208,17 +208,22 @@ class RunContext:
 
 
 def check_device(device: str) -> str:
-    """`cpu`, `cuda` or `cuda:N`, and present on this machine; ValueError (saying what to pass) otherwise."""
+    """`cpu`, `cuda`, `cuda:N` or `mps`, and present on this machine; ValueError (saying what to pass) otherwise."""
     import torch
 
     kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+    if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {device!r}")
     if kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count <= int(index or 0):
             raise ValueError(
-                f"device {device!r}: this machine has {count} CUDA device(s) (torch {torch.__version__}); "
-                "pass --device cpu, or install a CUDA build of torch"
+                f"device {device!r}: this machine has {count} CUDA device(s) (torch {torch.__version__}"
+                f"{', a CPU-only build' if torch.version.cuda is None else ''}); pass --device cpu"
+                + (f" or --device cuda:0..{count - 1}" if count else ", or install a CUDA build of torch")
             )
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(
+            f"device 'mps': Apple's Metal backend is not available here (torch {torch.__version__}); pass --device cpu"
+        )
     return device

@@ -22,6 +22,7 @@ from resources.ledger.records import to_utc
 from resources.queue import open_queue
 from workers.coordinator.context import RunContext, Sampling
 from workers.coordinator.rollout import collect_in_process, queue_batches
+from workers.coordinator.worker_pool import pool_devices
 from workers.rollout.state import rollout_request
 
 
@@ -49,12 +50,13 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
     if queue_url is None:
         raise ValueError(f"rollout mode {workers.mode!r} needs a queue: configure the queue resource")
 
+    slots = _phase_slots(workers, ctx.device, iteration) if workers.mode == "local_cluster" else []
     batches = queue_batches(requests, config.seeds_per_request)
     ids = [rid for rid, _ in batches]
     with open_queue(queue_url, ctx.queue_config) as queue:
         queue.put([rollout_request(rid, iteration, spec) for rid, spec in batches])
         if workers.mode == "local_cluster":
-            _run_local_cluster(workers, store.url, queue_url, ledger, queue, ids, iteration, summary)
+            _run_local_cluster(workers, slots, store.url, queue_url, ledger, queue, ids, iteration, summary)
         outcome = queue.wait_until_done(ids, timeout_s=workers.timeout_s)
         if outcome.complete and iteration >= 2:
             # Iteration k-2 is consumed (its rollouts trained on, its exploration planned k-1): forget its done
@@ -73,8 +75,30 @@ def sample_requests(ctx: RunContext, iteration: int, requests: list) -> PhaseSum
     return summary
 
 
+def _phase_slots(workers: Sampling, device: str, iteration: int) -> list[WorkerSlot]:
+    """A phase's worker slots on the run's device (one per free GPU on CUDA); slot names carry the iteration so
+    worker ids stay unique in the ledger. ValueError when the trainer holds the only GPU."""
+    slots = [
+        WorkerSlot(
+            f"it{iteration}w{i}",
+            spot=i >= workers.num_reserved,
+            usd_per_hour=workers.spot_usd_per_hour if i >= workers.num_reserved else workers.reserved_usd_per_hour,
+            device=place.device,
+            visible_devices=place.visible_devices,
+        )
+        for i, place in enumerate(pool_devices(device, 1, workers.num_workers))
+    ]
+    if not slots:
+        raise ValueError(
+            f"rollout mode local_cluster on {device}: the trainer holds this machine's only GPU, leaving none for a "
+            "worker; sample in the trainer (deployment.rollouts inprocess)"
+        )
+    return slots
+
+
 def _run_local_cluster(
     workers: Sampling,
+    slots: list[WorkerSlot],
     store_url: str,
     queue_url: str,
     ledger: Ledger,
@@ -83,15 +107,7 @@ def _run_local_cluster(
     iteration: int,
     summary: PhaseSummary,
 ) -> None:
-    """Worker processes for this phase only; slot names carry the iteration so worker ids stay unique in the ledger."""
-    slots = [
-        WorkerSlot(
-            f"it{iteration}w{i}",
-            spot=i >= workers.num_reserved,
-            usd_per_hour=workers.spot_usd_per_hour if i >= workers.num_reserved else workers.reserved_usd_per_hour,
-        )
-        for i in range(workers.num_workers)
-    ]
+    """Worker processes for this phase only."""
     config = ClusterConfig(
         queue_url,
         store_url,

@@ -1,7 +1,7 @@
 """A run's resolved config with what the code computes with, made once: the trainer's TrainConfig, the diffusers
 model's fields, the validation, reward-hacking and exploration settings. Every check that can refuse the config
 runs here, before any compute: an unknown reward, a folder that is no supported pipeline, a prompts file the
-policy cannot read, a device this machine lacks.
+policy or the reward cannot read, a device this machine lacks.
 
 Example:
     settings = RunSettings.of(resolved.config)
@@ -17,6 +17,7 @@ from typing import Optional
 from resources.settings.config import RunConfig
 from workers.coordinator.hacking_guard import HackingGuardConfig, hacking_from_options
 from workers.explore.state import ExploreConfig, explore_config_of
+from workers.task.reward_prompts import check_reward_reads_prompts
 from workers.task.validation import ValidationConfig, validation_from_options
 from workers.trainer.from_config import model_spec_fields, train_config
 from workers.trainer.train_config import TrainConfig, check_reward_chosen
@@ -41,6 +42,7 @@ class RunSettings:
         model_fields = model_spec_fields(config)
         train = train_config(config)
         check_reward_chosen(train, config.preset)
+        check_reward_reads_prompts(train.reward, train.prompts)
         v, g = config.validation, config.guard
         validation = validation_from_options(
             v.validation_reward, v.validation_prompts, train.reward, config.model.model is not None, train.prompts

@@ -6,7 +6,10 @@ workers pull. Worker ids carry a session number, so a resumed run's new workers 
 unique in the ledger.
 
 Where the run saved its resolved config (`<run-dir>/config.yaml`), the pool hands each worker that file
-(`--config`): the workers and the pool read the same knobs from it.
+(`--config`): the workers and the pool read the same knobs from it. The run's device decides where the workers
+sample (resources/cluster/placement.py): on a CPU run `num_workers` CPU workers; on CUDA one worker per GPU the
+trainer's ranks leave free, each pinned to its GPU (CUDA_VISIBLE_DEVICES), and none when the trainer holds them all
+(the run then samples in-process: pipelines/run_defaults.py).
 
 Example:
     with worker_pool(ctx, 2, 12.0, run_dir / "worker_logs", run_config=run_dir / "config.yaml"):
@@ -17,11 +20,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from pathlib import Path
 from typing import Iterator
 
 from resources.cluster import ClusterConfig, LocalCluster, WorkerSlot
+from resources.cluster.placement import WorkerDevice, local_worker_devices
 from resources.cluster.preemption import poisson_trace
 from resources.ledger import Ledger
 from workers.coordinator.context import RunContext
@@ -49,6 +54,16 @@ def pool_session(ledger: Ledger) -> int:
     return session
 
 
+def pool_devices(device: str, nproc: int, num_workers: int) -> list[WorkerDevice]:
+    """Where each of the pool's workers samples, on this machine's GPUs (resources/cluster/placement.py)."""
+    gpu_count = 0
+    if device.startswith("cuda"):
+        import torch
+
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return local_worker_devices(device, nproc, num_workers, gpu_count, os.environ)
+
+
 @contextlib.contextmanager
 def worker_pool(
     ctx: RunContext,
@@ -57,17 +72,29 @@ def worker_pool(
     log_dir: Path | None,
     run_config: Path | None = None,
 ) -> Iterator[None]:
-    """Start `num_workers` spot-priced workers pulling from the run's queue; stop them when the block ends. With
-    `run_config` (the run's saved config.yaml) the workers and the pool take their knobs (commit_every, lease_s,
-    restart_delay_s, notice_share, spot_usd_per_hour, ...) from that file's `workers` section; without, from the
-    run's sampling settings."""
+    """Start spot-priced workers pulling from the run's queue (`num_workers` on a CPU run, one per free GPU on CUDA:
+    `pool_devices`); stop them when the block ends. With `run_config` (the run's saved config.yaml) the workers and
+    the pool take their knobs (commit_every, lease_s, restart_delay_s, notice_share, spot_usd_per_hour, ...) and the
+    device and trainer ranks from that file; without, from the run's sampling settings and device."""
     if ctx.queue_url is None:
         raise ValueError("a worker pool needs the run's queue: give the run a queue URL")
-    knobs = ctx.sampling if run_config is None else load_run_config(run_config).workers
+    saved = None if run_config is None else load_run_config(run_config)
+    knobs = ctx.sampling if saved is None else saved.workers
+    device, nproc = (ctx.device, 1) if saved is None else (saved.train.device, saved.train.nproc)
     session = pool_session(ctx.ledger)
     slots = [
-        WorkerSlot(slot_name(i, session), spot=True, usd_per_hour=knobs.spot_usd_per_hour) for i in range(num_workers)
+        WorkerSlot(
+            slot_name(i, session),
+            spot=True,
+            usd_per_hour=knobs.spot_usd_per_hour,
+            device=place.device,
+            visible_devices=place.visible_devices,
+        )
+        for i, place in enumerate(pool_devices(device, nproc, num_workers))
     ]
+    if not slots:
+        yield  # the trainer holds every GPU: it samples itself, or remote workers do (a Redis queue)
+        return
     where = {"log_dir": None if log_dir is None else str(log_dir), "nice": POOL_NICE}
     if run_config is not None:
         config = ClusterConfig.for_run(ctx.queue_url, ctx.store_url, run_config, **where)
