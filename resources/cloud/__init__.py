@@ -171,7 +171,7 @@ def launch(
         wait_for_redis(f"rediss://{address}/0", secrets, REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
         if before_workers is not None:
             before_workers(f"rediss://{address}/0")
-    workers = catalog_price(plan, clouds, echo)
+    workers = catalog_price(plan, clouds if plan.public_queue else [str(place.cloud)], echo)  # where they start
     queue_url = f"rediss://{WORKER_USER}@{worker_queue_host(plan, place)}/0"
     _submit_workers(plan, secrets, run_config, queue_url, workers, place, echo)
     return queue_url

@@ -75,8 +75,15 @@ class FakeSky:
             if self.catalog is None or isinstance(self.catalog, Exception):
                 raise self.catalog or requests.exceptions.ConnectionError("Failed to fetch the catalog (no network)")
             pattern = re.compile(given.get("name_filter") or "", 0 if given.get("case_sensitive", True) else re.I)
+            clouds = given.get("clouds")
+            clouds = None if clouds is None else {c.lower() for c in ([clouds] if isinstance(clouds, str) else clouds)}
             return {
-                name: [o for o in offers if o.accelerator_count == given.get("quantity_filter", o.accelerator_count)]
+                name: [
+                    o
+                    for o in offers
+                    if o.accelerator_count == given.get("quantity_filter", o.accelerator_count)
+                    and (clouds is None or o.cloud.lower() in clouds)
+                ]
                 for name, offers in self.catalog.items()
                 if pattern.search(name)
             }
