@@ -28,10 +28,6 @@ from resources.cloud.network import REDIS_PORT, NodePlace, skypilot_config_overr
 from resources.cloud.plan import LaunchPlan
 from resources.cloud.tasks import SKY_DIR, reserved_task, ship_run_config, worker_task
 
-RUN_CONFIG_FILE_ENV = "RUN_CONFIG_FILE"
-"""The YAMLs' variable naming the run's config file on the launching machine (their file_mounts' source)."""
-
-
 def dotenv_text(values: Mapping[str, str]) -> str:
     """`NAME='value'` lines that python-dotenv (SkyPilot's --env-file / --secret-file parser) reads back exactly."""
     quoted = {name: value.replace("\\", "\\\\").replace("'", "\\'") for name, value in values.items()}
@@ -47,9 +43,10 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
-def _task_files(task: sky.Task, folder: Path, stem: str, run_config: Path) -> tuple[Path, Path]:
-    """The task's envs and secrets (those with a value) as its env file and secret file."""
-    envs = {**{k: str(v) for k, v in task.envs.items()}, RUN_CONFIG_FILE_ENV: str(run_config)}
+def _task_files(task: sky.Task, folder: Path, stem: str) -> tuple[Path, Path]:
+    """The task's envs (RUN_CONFIG_FILE naming the run's config file) and secrets (those with a value) as its env
+    file and secret file."""
+    envs = {k: str(v) for k, v in task.envs.items()}
     secrets = {k: v.get_secret_value() for k, v in task.secrets.items() if v.get_secret_value()}
     return (
         write_private(folder / f"{stem}.env", dotenv_text(envs)),
@@ -73,7 +70,7 @@ def by_hand_commands(
     hand = dataclasses.replace(plan, env_cache=False, model_source=None)  # mounts the CLI cannot add
     run_config = ship_run_config(hand, folder)
     reserved = reserved_task(hand, secrets, run_config)
-    env_file, secret_file = _task_files(reserved, folder, "reserved", run_config)
+    env_file, secret_file = _task_files(reserved, folder, "reserved")
     yaml_path = lambda name: os.path.relpath(SKY_DIR / name)  # noqa: E731 (from where the commands are run)
     command = ["sky", "launch", "-y", "-c", plan.cluster, yaml_path("reserved.yaml")]
     command += ["--env-file", str(env_file), "--secret-file", str(secret_file), *_config_flags(plan)]
@@ -90,7 +87,7 @@ def by_hand_commands(
         ]
     queue = f"rediss://spotlight-worker@{queue_host or f'{place.private_ip}:{REDIS_PORT}'}/0"
     first = worker_task(hand, secrets, 1, run_config, queue, place=place)
-    env_file, secret_file = _task_files(first, folder, "worker", run_config)
+    env_file, secret_file = _task_files(first, folder, "worker")
     lines.append(f"# 2. the spot workers (queue {queue}), one managed job each")
     for index in range(1, plan.spot_workers + 1):
         command = ["sky", "jobs", "launch", "-y", "-d", yaml_path("spot_workers.yaml")]

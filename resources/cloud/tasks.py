@@ -61,6 +61,8 @@ NODE_QUEUE = f"rediss://127.0.0.1:{REDIS_PORT}/0"
 """The coordinator's queue on the reserved node: the Redis its run line starts (password from the node's secret)."""
 RUN_CONFIG_ENV = "RUN_CONFIG"
 """The YAMLs' variable naming where the run's config file lands on a node, under the home folder."""
+RUN_CONFIG_FILE_ENV = "RUN_CONFIG_FILE"
+"""The YAMLs' variable naming the run's config file on the launching machine (their file_mounts' source)."""
 RUN_CONFIG_NAME = "run_config.yaml"
 """The file `spotlight launch` writes (in the state folder) and mounts on every node."""
 PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
@@ -294,6 +296,7 @@ def _finish(
     if secrets.get(ENV_VERIFY_KEY_ENV):  # sky/setup.sh restores only a cached venv signed by the run's key
         envs[ENV_VERIFY_KEY_ENV] = secrets[ENV_VERIFY_KEY_ENV]
     task.update_file_mounts({"~/" + task.envs[RUN_CONFIG_ENV]: str(run_config)})  # copied to every (new) node
+    envs[RUN_CONFIG_FILE_ENV] = str(run_config)  # the YAMLs' file_mounts source, as a launch by hand sets it
     if plan.env_cache:  # sky/setup.sh restores the venv from the store instead of reinstalling on each start
         from sky.data import storage
 

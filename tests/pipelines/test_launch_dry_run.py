@@ -109,6 +109,7 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
         "SPOTLIGHT_REDIS_RUN_CA": ca,
         "ENV_CACHE_DIR": "/spotlight-env-cache",  # sky/setup.sh restores the venv from the store's env-cache/
         "SPOTLIGHT_ENV_VERIFY_KEY": reserved["envs"]["SPOTLIGHT_ENV_VERIFY_KEY"],  # ... if this key verifies it
+        "RUN_CONFIG_FILE": reserved["file_mounts"]["~/.spotlight/run_config.yaml"],  # the YAML's file_mounts source
     }
     assert __import__("base64").b64decode(reserved["envs"]["SPOTLIGHT_ENV_VERIFY_KEY"]).startswith(b"-----BEGIN PUB")
     # The node's price is the run's, in the file it runs: its GPUs and the jobs controller, not the tree's $0.10.
