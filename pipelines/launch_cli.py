@@ -394,7 +394,9 @@ def down_command(
     """Cancel this run's spot worker jobs (CLUSTER-rollout-N: no other run's) and take its reserved node down (its
     disk, with the ledger, goes too)."""
     if not yes:
-        typer.confirm(f"cancel {cluster}'s {cluster}-rollout-* jobs and take {cluster} down (its disk is deleted)?", abort=True)
+        typer.confirm(
+            f"cancel {cluster}'s {cluster}-rollout-* jobs and take {cluster} down (its disk is deleted)?", abort=True
+        )
     from resources.cloud import CloudError, check_clouds, teardown
 
     try:

@@ -16,13 +16,12 @@ _URL_HOST = re.compile(r"https?://(\[[^\]]*\]|[^/:?#+\s]+)")
 def aws_identity(choice: str) -> str:
     """--aws-identity as given, or for `auto` what SkyPilot's config names (aws.remote_identity); ValueError (keys
     only by choice) where it names nothing."""
-    from resources.cloud.plan import NO_IDENTITY, configured_aws_identity
+    from resources.cloud.network import configured_identity
+    from resources.cloud.plan import NO_IDENTITY
 
     if choice != "auto":
         return choice
-    from sky import skypilot_config
-
-    configured = configured_aws_identity(skypilot_config.get_nested(("aws", "remote_identity"), None))
+    configured = configured_identity()
     if configured is None:
         raise ValueError(NO_IDENTITY)
     return configured

@@ -28,6 +28,7 @@ from resources.cloud.network import REDIS_PORT, NodePlace, skypilot_config_overr
 from resources.cloud.plan import LaunchPlan
 from resources.cloud.tasks import SKY_DIR, reserved_task, ship_run_config, worker_task
 
+
 def dotenv_text(values: Mapping[str, str]) -> str:
     """`NAME='value'` lines that python-dotenv (SkyPilot's --env-file / --secret-file parser) reads back exactly."""
     quoted = {name: value.replace("\\", "\\\\").replace("'", "\\'") for name, value in values.items()}

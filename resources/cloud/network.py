@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import sky
-from resources.cloud.plan import CloudError, LaunchPlan
+from resources.cloud.plan import CloudError, LaunchPlan, configured_aws_identity
 from sky import exceptions as sky_exceptions
 
 REDIS_PORT = 6379
@@ -86,6 +86,13 @@ def skypilot_overrides(plan: LaunchPlan) -> Iterator[None]:
         yield
 
 
+def configured_identity() -> str | None:
+    """The --aws-identity SkyPilot's config names (aws.remote_identity; plan.configured_aws_identity), or None."""
+    from sky import skypilot_config
+
+    return configured_aws_identity(skypilot_config.get_nested(("aws", "remote_identity"), None))
+
+
 def node_place(cluster: str) -> NodePlace:
     """The reserved node's cloud, region and addresses from `sky.status`; CloudError when it is not up."""
     from resources.cloud.jobs import API_FAILURES
@@ -93,7 +100,9 @@ def node_place(cluster: str) -> NodePlace:
     try:
         records = sky.get(sky.status(cluster_names=[cluster]))
     except API_FAILURES as err:
-        raise CloudError(f"cannot ask SkyPilot for the reserved node {cluster!r} ({err}); is its API server up?") from None
+        raise CloudError(
+            f"cannot ask SkyPilot for the reserved node {cluster!r} ({err}); is its API server up?"
+        ) from None
     handle = next((r.handle for r in records if r.name == cluster), None)
     ips = getattr(handle, "stable_internal_external_ips", None)
     if handle is None or not ips:

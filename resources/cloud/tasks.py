@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 import sky
-from resources.cloud.env_pin import ENV_SIGNING_KEY_ENV, ENV_VERIFY_KEY_ENV
+from resources.cloud.env_pin import ENV_VERIFY_KEY_ENV
 from resources.cloud.jobs import worker_job_name
 from resources.cloud.network import REDIS_PORT, NodePlace
 from resources.cloud.plan import CloudError, LaunchPlan
@@ -132,7 +132,10 @@ def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
     reserved node only (each task takes only the secrets its YAML declares)."""
     client = {  # a public queue's client certificate, where resources/queue/redis_tls.py makes one (mutual TLS)
         name: base64.b64encode(pem).decode("ascii")
-        for name, pem in ((CLIENT_CERT_ENV, getattr(tls, "client_cert_pem", None)), (CLIENT_KEY_ENV, getattr(tls, "client_key_pem", None)))
+        for name, pem in (
+            (CLIENT_CERT_ENV, getattr(tls, "client_cert_pem", None)),
+            (CLIENT_KEY_ENV, getattr(tls, "client_key_pem", None)),
+        )
         if pem
     }
     return {

@@ -239,10 +239,11 @@ def private_ip(cluster: str) -> str:
 
 def cluster_record(name: str, region: str, private: str):
     """A cluster as `sky.status` returns it: SkyPilot's StatusResponse holding its CloudVmRayResourceHandle."""
-    import sky
     from sky.backends.cloud_vm_ray_backend import CloudVmRayResourceHandle
     from sky.schemas.api.responses import StatusResponse
     from sky.utils.status_lib import ClusterStatus
+
+    import sky
 
     handle = CloudVmRayResourceHandle(
         cluster_name=name,

@@ -90,7 +90,10 @@ def test_launch_refuses_to_go_on_when_redis_refuses_the_password_or_its_certific
 
 
 def test_a_second_launch_resumes_the_run_and_submits_only_the_missing_workers(fake_sky, reserved_redis) -> None:
-    fake_sky.jobs = [job("spotlight-reserved-rollout-1", 4, "RUNNING"), job("spotlight-reserved-rollout-2", 5, "FAILED")]
+    fake_sky.jobs = [
+        job("spotlight-reserved-rollout-1", 4, "RUNNING"),
+        job("spotlight-reserved-rollout-2", 5, "FAILED"),
+    ]
     result = _invoke("launch", "--spot-workers", "3", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
     assert [args[1] for name, args, _ in fake_sky.calls if name == "jobs.launch"] == [

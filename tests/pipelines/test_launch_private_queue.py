@@ -40,18 +40,21 @@ def test_by_default_workers_reach_the_nodes_private_address_in_its_region_and_se
 
 
 def test_a_public_queue_opens_the_port_with_mutual_tls_and_its_workers_show_a_client_certificate(tmp_path) -> None:
+    import sky
     from resources.cloud import NodePlace, plan_tasks, ship_run_config, with_run_tls
     from resources.cloud.network import skypilot_config_overrides
     from resources.queue.redis_tls import make_run_tls
 
-    import sky
-
     plan = launch_plan(spot_workers=1, public_queue=True)
     secrets = {**with_run_tls(SECRETS, make_run_tls()), **CLIENT}
     place = NodePlace(sky.AWS(), "us-east-2", "10.0.0.7", "3.80.1.2")
-    reserved, worker = plan_tasks(plan, secrets, ship_run_config(plan, tmp_path), "rediss://w@3.80.1.2:6379/0", 0.5, place)
+    reserved, worker = plan_tasks(
+        plan, secrets, ship_run_config(plan, tmp_path), "rediss://w@3.80.1.2:6379/0", 0.5, place
+    )
     reserved, worker = served_task(reserved), served_task(worker)
-    assert [list(r.ports or []) for r in reserved.resources] == [["6379"]] and reserved.envs["SPOTLIGHT_REDIS_MTLS"] == "1"
+    assert [list(r.ports or []) for r in reserved.resources] == [["6379"]] and reserved.envs[
+        "SPOTLIGHT_REDIS_MTLS"
+    ] == "1"
     assert {k: worker.secrets[k].get_secret_value() for k in CLIENT} == CLIENT
     assert not set(CLIENT) & set(reserved.secrets)  # the node holds the server's key, not a client's
     assert {r.region for r in worker.resources} == {None}  # any region: it reaches the public endpoint

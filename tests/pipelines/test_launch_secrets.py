@@ -55,6 +55,7 @@ def test_every_secret_a_run_line_reads_is_declared_by_its_yaml() -> None:
         assert "SPOTLIGHT_REWARD_TOKEN" in raw["secrets"] and "SPOTLIGHT_ENV_VERIFY_KEY" in raw["envs"]
         assert setup_reads - {"SPOTLIGHT_ENV_SIGNING_KEY"} <= declared
     assert "SPOTLIGHT_ENV_SIGNING_KEY" in yaml.safe_load((REPO_ROOT / "sky" / "reserved.yaml").read_text())["secrets"]
-    assert "SPOTLIGHT_ENV_SIGNING_KEY" not in yaml.safe_load((REPO_ROOT / "sky" / "spot_workers.yaml").read_text())[
-        "secrets"
-    ]  # a spot worker never holds the key that signs the code every node runs
+    assert (
+        "SPOTLIGHT_ENV_SIGNING_KEY"
+        not in yaml.safe_load((REPO_ROOT / "sky" / "spot_workers.yaml").read_text())["secrets"]
+    )  # a spot worker never holds the key that signs the code every node runs
