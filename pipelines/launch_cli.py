@@ -18,8 +18,11 @@ import typer
 
 from pipelines.launch_config import resolve_launch_run
 from pipelines.launch_steps import aws_identity as _aws_identity
+from pipelines.launch_steps import check_reward_chosen as _check_reward_chosen
 from pipelines.launch_steps import check_reward_token as _check_reward_token
 from pipelines.launch_steps import run_keys as _run_keys
+from pipelines.launch_steps import sp_degree as _sp_degree
+from pipelines.launch_steps import spot_workers as _spot_workers
 
 
 def _fail(command: str, err: Exception) -> None:
@@ -200,39 +203,6 @@ def launch_command(
     except CloudError as err:
         _fail("launch", err)
     typer.echo(f"the workers' queue {queue_url}; follow the run with: spotlight status --cluster {cluster}")
-
-
-def _spot_workers(spot_workers: Optional[int], extra: list[str]) -> int:
-    if "--workers" in extra or any(a.startswith("--workers=") for a in extra):
-        raise ValueError(
-            "--workers was renamed --spot-workers (spot jobs); the reserved node's own worker processes are "
-            "--local-workers"
-        )
-    if spot_workers is None:
-        raise ValueError("--spot-workers N is required: the spot rollout workers, one managed job each")
-    return spot_workers
-
-
-def _check_reward_chosen(plan) -> None:
-    """A preset that names no reward (the GPU presets) needs --reward: refused here, before any node bills, rather
-    than by `spotlight run` on the reserved node."""
-    from workers.trainer.train_config import NO_REWARD
-
-    if plan.run.train.reward == NO_REWARD:
-        raise ValueError(
-            f"preset {plan.run.preset!r} names no reward: pass --reward SPEC (or train.reward in --config), e.g. "
-            "http://HOST:8200 (a spotlight reward-serve server); docs/MODELS.md, Rewards"
-        )
-
-
-def _sp_degree(text: Optional[str]):
-    """--sp-degree: None, "auto" or an integer (LaunchPlan checks its range)."""
-    if text is None or text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"--sp-degree must be an integer >= 1 or auto, got {text!r}") from None
 
 
 def _check_sp_against_model(plan) -> None:

@@ -1,5 +1,5 @@
-"""Steps of `spotlight launch` (pipelines/launch_cli.py) that need no typer: the nodes' AWS identity, the reward
-token a remote reward needs, the run's keys kept on this machine, and `--print-env`.
+"""Steps of `spotlight launch` (pipelines/launch_cli.py) that need no typer: its own flags' checks, the nodes' AWS
+identity, the reward token a remote reward needs, the run's keys kept on this machine, and `--print-env`.
 
 Only the standard library at import time (SkyPilot loads inside the functions), so `spotlight launch --help` stays
 instant.
@@ -8,9 +8,43 @@ instant.
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 _URL_HOST = re.compile(r"https?://(\[[^\]]*\]|[^/:?#+\s]+)")
+
+
+def spot_workers(spot_workers: Optional[int], extra: list[str]) -> int:
+    """--spot-workers, required; ValueError naming the old --workers flag among the extra arguments."""
+    if "--workers" in extra or any(a.startswith("--workers=") for a in extra):
+        raise ValueError(
+            "--workers was renamed --spot-workers (spot jobs); the reserved node's own worker processes are "
+            "--local-workers"
+        )
+    if spot_workers is None:
+        raise ValueError("--spot-workers N is required: the spot rollout workers, one managed job each")
+    return spot_workers
+
+
+def check_reward_chosen(plan) -> None:
+    """A preset that names no reward (the GPU presets) needs --reward: refused here, before any node bills, rather
+    than by `spotlight run` on the reserved node."""
+    from workers.trainer.train_config import NO_REWARD
+
+    if plan.run.train.reward == NO_REWARD:
+        raise ValueError(
+            f"preset {plan.run.preset!r} names no reward: pass --reward SPEC (or train.reward in --config), e.g. "
+            "http://HOST:8200 (a spotlight reward-serve server); docs/MODELS.md, Rewards"
+        )
+
+
+def sp_degree(text: Optional[str]):
+    """--sp-degree: None, "auto" or an integer (LaunchPlan checks its range)."""
+    if text is None or text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--sp-degree must be an integer >= 1 or auto, got {text!r}") from None
 
 
 def aws_identity(choice: str) -> str:
