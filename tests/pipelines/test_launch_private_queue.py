@@ -67,3 +67,55 @@ def test_a_public_queue_without_client_certificates_is_refused_before_anything_i
     plan = launch_plan(spot_workers=1, public_queue=True)
     with pytest.raises(CloudError, match="--public-queue needs the workers' client certificate"):
         plan_tasks(plan, SECRETS, ship_run_config(plan, tmp_path))
+
+
+_SSH = """#!{python}
+# A stand-in for `ssh -N -L 127.0.0.1:LOCAL:HOST:PORT CLUSTER` on one machine: it records its argv and forwards
+# each connection to LOCAL on to HOST:PORT (here), as ssh forwards it to the node's own address.
+import socket, sys, threading
+open({log!r}, "a").write(" ".join(sys.argv[1:]) + "\\n")
+if "fail" in sys.argv[-1]:
+    sys.exit("Permission denied (publickey).")
+_, local, host, port = sys.argv[sys.argv.index("-L") + 1].rsplit(":", 3)
+listener = socket.create_server(("127.0.0.1", int(local)))
+def pipe(a, b):
+    while data := a.recv(65536):
+        b.sendall(data)
+    b.close()
+while True:
+    client, _ = listener.accept()
+    upstream = socket.create_connection((host, int(port)))
+    threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+    threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+"""
+
+
+def test_the_ssh_tunnel_forwards_to_the_nodes_own_port_and_is_closed_afterwards(tmp_path, monkeypatch) -> None:
+    import socket
+    import sys
+
+    from resources.cloud import CloudError
+    from resources.cloud.network import ssh_tunnel
+
+    (tmp_path / "ssh").write_text(_SSH.format(python=sys.executable, log=str(tmp_path / "ssh.log")))
+    (tmp_path / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    node = socket.create_server(("127.0.0.1", 0))  # the node's Redis port, reachable only through the tunnel
+    with ssh_tunnel("run-a", node.getsockname()[1]) as address:
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(b"PING\r\n")
+            node.settimeout(10)
+            received = []
+            while not received or received[-1] == b"":  # the first may be the tunnel's own readiness probe
+                accepted, _ = node.accept()
+                received.append(accepted.recv(16))
+                accepted.close()
+            assert received[-1] == b"PING\r\n"
+    with pytest.raises(OSError):  # the tunnel's process is gone with the block
+        socket.create_connection((host, int(port)), timeout=2).close()
+    argv = (tmp_path / "ssh.log").read_text().split()
+    assert argv[-1] == "run-a" and "BatchMode=yes" in argv and "ExitOnForwardFailure=yes" in argv
+    with pytest.raises(CloudError, match=r"the SSH tunnel to fail-node failed \(Permission denied"):
+        with ssh_tunnel("fail-node", 6379):
+            pass
