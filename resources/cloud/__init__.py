@@ -168,7 +168,8 @@ def launch(
         sky.stream_and_get(sky.launch(reserved, cluster_name=plan.cluster))
     place = node_place(plan.cluster)
     with launcher_route(plan.cluster, plan.public_queue) as address:
-        wait_for_redis(f"rediss://{address}/0", secrets, REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
+        wait_s = REDIS_WAIT_S if redis_wait_s is None else redis_wait_s
+        wait_for_redis(f"rediss://{address}/0", secrets, wait_s, echo, cluster=plan.cluster)
         if before_workers is not None:
             before_workers(f"rediss://{address}/0")
     workers = catalog_price(plan, clouds if plan.public_queue else [str(place.cloud)], echo)  # where they start
@@ -207,6 +208,7 @@ def wait_for_redis(
     timeout_s: float,
     echo: Callable[[str], None] = print,
     poll_s: float = 5.0,
+    cluster: str = RESERVED_CLUSTER,
 ) -> None:
     """Poll the reserved node's Redis until it answers a PING with the password (over TLS, trusting the run's CA
     alone); CloudError (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its
@@ -228,7 +230,7 @@ def wait_for_redis(
             if "CERTIFICATE_VERIFY_FAILED" in str(err):
                 raise CloudError(
                     f"the Redis at {address.host}:{address.port} presents a certificate the run's CA did "
-                    f"not sign ({err}); no spot workers submitted. Is {RESERVED_CLUSTER} another run's "
+                    f"not sign ({err}); no spot workers submitted. Is {cluster} another run's "
                     "node? Its TLS files are kept under $SPOTLIGHT_STATE_DIR (~/.spotlight)"
                 ) from None
             last = err
@@ -236,7 +238,7 @@ def wait_for_redis(
             raise CloudError(
                 f"the reserved node's Redis at {address.host}:{address.port} did not answer within "
                 f"{timeout_s:g} s ({last}); no spot workers submitted. Its setup or run block may have "
-                f"failed: see `sky logs {RESERVED_CLUSTER}`, then `spotlight launch` again (it resumes)"
+                f"failed: see `sky logs {cluster}`, then `spotlight launch` again (it resumes)"
             )
         echo(f"waiting for Redis at {address.host}:{address.port} ...")
         time.sleep(poll_s)
