@@ -72,8 +72,7 @@ def by_hand_commands(
     run_config = ship_run_config(hand, folder)
     reserved = reserved_task(hand, secrets, run_config)
     env_file, secret_file = _task_files(reserved, folder, "reserved")
-    yaml_path = lambda name: os.path.relpath(SKY_DIR / name)  # noqa: E731 (from where the commands are run)
-    command = ["sky", "launch", "-y", "-c", plan.cluster, yaml_path("reserved.yaml")]
+    command = ["sky", "launch", "-y", "-c", plan.cluster, _yaml_path("reserved.yaml")]
     command += ["--env-file", str(env_file), "--secret-file", str(secret_file), *_config_flags(plan)]
     if plan.reserved_accelerators is not None:
         command += ["--gpus", "{}:{}".format(*plan.reserved_accelerators)]
@@ -91,11 +90,16 @@ def by_hand_commands(
     env_file, secret_file = _task_files(first, folder, "worker")
     lines.append(f"# 2. the spot workers (queue {queue}), one managed job each")
     for index in range(1, plan.spot_workers + 1):
-        command = ["sky", "jobs", "launch", "-y", "-d", yaml_path("spot_workers.yaml")]
+        command = ["sky", "jobs", "launch", "-y", "-d", _yaml_path("spot_workers.yaml")]
         command += ["-n", worker_job_name(plan.cluster, index), "--env-file", str(env_file)]
         command += ["--secret-file", str(secret_file), *_config_flags(plan), *_worker_resources(plan, place)]
         lines.append(shlex.join(command))
     return lines
+
+
+def _yaml_path(name: str) -> str:
+    """sky/NAME relative to where the commands are printed (and so run)."""
+    return os.path.relpath(SKY_DIR / name)
 
 
 def _worker_resources(plan: LaunchPlan, place: NodePlace) -> list[str]:
