@@ -40,11 +40,18 @@ def _launch(spotlight, cluster: str, workers: int):
 def test_two_runs_side_by_side_then_one_taken_down_leaves_the_others_workers_running(
     fake_sky, two_nodes, spotlight
 ) -> None:
+    fake_sky.jobs = [job("other-run-a-rollout-1", 90, "RUNNING")]  # a third run, whose name ends like run-a's
     for cluster in ("run-a", "run-b"):
         result = _launch(spotlight, cluster, 2)
         assert result.exit_code == 0, result.output
         assert "already running" not in result.output  # run-b is not mistaken for run-a's workers
-    assert sorted(fake_sky.running()) == ["run-a-rollout-1", "run-a-rollout-2", "run-b-rollout-1", "run-b-rollout-2"]
+    assert sorted(fake_sky.running()) == [
+        "other-run-a-rollout-1",
+        "run-a-rollout-1",
+        "run-a-rollout-2",
+        "run-b-rollout-1",
+        "run-b-rollout-2",
+    ]
     for _, (task, name), _ in [c for c in fake_sky.calls if c[0] == "jobs.launch"]:
         cluster = name.rsplit("-rollout-", 1)[0]
         assert task.name == name and task.envs["SPOTLIGHT_STORE"] == f"s3://b/{cluster}"
@@ -52,18 +59,20 @@ def test_two_runs_side_by_side_then_one_taken_down_leaves_the_others_workers_run
     down = spotlight("down", "--cluster", "run-a", "--yes")
     assert down.exit_code == 0, down.output
     assert [c[:2] for c in fake_sky.calls][-1] == ("down", ("run-a",))
-    assert sorted(fake_sky.running()) == ["run-b-rollout-1", "run-b-rollout-2"]  # run-b's workers still run
+    # run-b's workers still run, and so does other-run-a's (SkyPilot's name_match alone would have matched it)
+    assert sorted(fake_sky.running()) == ["other-run-a-rollout-1", "run-b-rollout-1", "run-b-rollout-2"]
     status = spotlight("status", "--cluster", "run-b", "--json")
     assert status.exit_code == 0, status.output
     assert '"run-b-rollout-1"' in status.output and "run-a-rollout" not in status.output
 
 
 def test_a_relaunch_skips_only_its_own_runs_running_workers(fake_sky, two_nodes, spotlight) -> None:
-    fake_sky.jobs = [job("run-a-rollout-1", 4, "RUNNING"), job("run-ab-rollout-2", 5, "RUNNING")]
+    # other-run-a's worker 2: SkyPilot's name_match (SQL LIKE %run-a-rollout-%) returns it for run-a too
+    fake_sky.jobs = [job("run-a-rollout-1", 4, "RUNNING"), job("other-run-a-rollout-2", 5, "RUNNING")]
     result = _launch(spotlight, "run-a", 2)
     assert result.exit_code == 0, result.output
     launched = [args[1] for name, args, _ in fake_sky.calls if name == "jobs.launch"]
-    assert launched == ["run-a-rollout-2"]  # run-ab's worker 2 (another run, a longer name) is not run-a's
+    assert launched == ["run-a-rollout-2"]  # other-run-a's worker 2 is not run-a's
     assert "run-a-rollout-1 is already running (managed job 4, RUNNING)" in result.output
 
 
