@@ -167,14 +167,14 @@ def launch(
     with skypilot_overrides(plan):
         sky.stream_and_get(sky.launch(reserved, cluster_name=plan.cluster))
     place = node_place(plan.cluster)
-    with launcher_route(plan.cluster, plan.public_queue) as address:
+    workers = catalog_price(plan, clouds if plan.public_queue else [str(place.cloud)], echo)  # where they start
+    queue_url = f"rediss://{WORKER_USER}@{worker_queue_host(plan, place)}/0"
+    with launcher_route(plan.cluster, plan.public_queue) as address:  # held while the workers are submitted
         wait_s = REDIS_WAIT_S if redis_wait_s is None else redis_wait_s
         wait_for_redis(f"rediss://{address}/0", secrets, wait_s, echo, cluster=plan.cluster)
         if before_workers is not None:
             before_workers(f"rediss://{address}/0")
-    workers = catalog_price(plan, clouds if plan.public_queue else [str(place.cloud)], echo)  # where they start
-    queue_url = f"rediss://{WORKER_USER}@{worker_queue_host(plan, place)}/0"
-    _submit_workers(plan, secrets, run_config, queue_url, workers, place, echo)
+        _submit_workers(plan, secrets, run_config, queue_url, workers, place, echo)
     return queue_url
 
 

@@ -36,9 +36,9 @@ REWARD_TOKEN_ENV = "SPOTLIGHT_REWARD_TOKEN"
 """The remote reward's bearer token (workers/task/rewards_remote.py TOKEN_ENV): a secret of every node, which score
 (the spot workers) or validate (the coordinator); the YAMLs declare it empty, for runs without a remote reward."""
 SECRET_NAMES = (PASSWORD_ENV, *AWS_KEYS, REWARD_TOKEN_ENV)
-MTLS_ENV = "SPOTLIGHT_REDIS_MTLS"
-"""On the reserved node: "1" makes resources/queue/redis_tls.py require a client certificate of the run's CA
-(`tls-auth-clients yes`); set by a launch with a public queue (`LaunchPlan.public_queue`)."""
+MTLS_ENV = "REDIS_MUTUAL_TLS"
+"""On the reserved node: "yes" makes its Redis require a client certificate of the run's CA (`tls-auth-clients
+yes`, resources/queue/redis_tls.py --mutual-tls); set by a launch with a public queue (`LaunchPlan.public_queue`)."""
 CLIENT_CERT_ENV = "SPOTLIGHT_REDIS_CLIENT_CERT"
 CLIENT_KEY_ENV = "SPOTLIGHT_REDIS_CLIENT_KEY"
 """A spot worker's client certificate and key (base64 PEM, signed by the run's CA), secrets of a public queue's
@@ -216,7 +216,7 @@ def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str], run_config: Path
         "SPOTLIGHT_STORE": plan.store,
         "MAX_USD": f"{plan.max_usd:g}",
         "REDIS_PORT": str(REDIS_PORT),
-        MTLS_ENV: "1" if plan.public_queue else "",
+        MTLS_ENV: "yes" if plan.public_queue else "no",
         **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
     }
     return _finish(task, envs, plan, run_config, secrets)

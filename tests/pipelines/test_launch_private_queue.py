@@ -27,7 +27,7 @@ def test_by_default_workers_reach_the_nodes_private_address_in_its_region_and_se
     assert result.exit_code == 0, result.output
     (reserved, _), _ = fake_sky.calls[0][1:]
     (resources,) = reserved.resources
-    assert not resources.ports and reserved.envs["SPOTLIGHT_REDIS_MTLS"] == ""
+    assert not resources.ports and reserved.envs["REDIS_MUTUAL_TLS"] == "no"
     assert fake_sky.tunnels == ["spotlight-reserved"]  # this machine reached Redis through SSH, not an open port
     assert fake_sky.security_groups == ["spotlight-spotlight-reserved"] * 3  # every node in one group
     workers = [task for name, (task, _), _ in fake_sky.calls if name == "jobs.launch"]
@@ -52,9 +52,8 @@ def test_a_public_queue_opens_the_port_with_mutual_tls_and_its_workers_show_a_cl
         plan, secrets, ship_run_config(plan, tmp_path), "rediss://w@3.80.1.2:6379/0", 0.5, place
     )
     reserved, worker = served_task(reserved), served_task(worker)
-    assert [list(r.ports or []) for r in reserved.resources] == [["6379"]] and reserved.envs[
-        "SPOTLIGHT_REDIS_MTLS"
-    ] == "1"
+    assert [list(r.ports or []) for r in reserved.resources] == [["6379"]]
+    assert reserved.envs["REDIS_MUTUAL_TLS"] == "yes"
     assert {k: worker.secrets[k].get_secret_value() for k in CLIENT} == CLIENT
     assert not set(CLIENT) & set(reserved.secrets)  # the node holds the server's key, not a client's
     assert {r.region for r in worker.resources} == {None}  # any region: it reaches the public endpoint
