@@ -32,6 +32,8 @@ WORKER_JOB_SUFFIX = "-rollout-"
 """Spot worker i of the run whose reserved node is the cluster C is the managed job `C-rollout-i`: `status`, `down`
 and a relaunch find a run's own jobs by that name, never another run's (`run_worker_jobs`)."""
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+MIN_PASSWORD_CHARS = 16
+"""The shortest Redis password a launch accepts (`openssl rand -hex 24` gives 48)."""
 REWARD_TOKEN_ENV = "SPOTLIGHT_REWARD_TOKEN"
 """The remote reward's bearer token (workers/task/rewards_remote.py TOKEN_ENV): a secret of every node, which score
 (the spot workers) or validate (the coordinator); the YAMLs declare it empty, for runs without a remote reward."""
@@ -86,6 +88,11 @@ def launch_secrets(env: Mapping[str, str] = os.environ, aws_keys: bool = True) -
         password = redis_password(env)
     except ValueError as err:
         raise CloudError(str(err)) from None
+    if password and len(password) < MIN_PASSWORD_CHARS:
+        raise CloudError(
+            f"{PASSWORD_ENV} is {len(password)} characters: use at least {MIN_PASSWORD_CHARS} (it guards the run's "
+            f"Redis and derives every worker's password), e.g. export {PASSWORD_ENV}=$(openssl rand -hex 24)"
+        )
     missing = (
         []
         if password

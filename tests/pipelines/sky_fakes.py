@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from pipelines.cli import app
 from sky import exceptions as sky_exceptions
 
-PASSWORD = "launch-pass-Vw2"
+PASSWORD = "launch-pass-Vw2x"  # MIN_PASSWORD_CHARS long
 SECRETS = {"SPOTLIGHT_REDIS_PASSWORD": PASSWORD, "AWS_ACCESS_KEY_ID": "AKIATEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t-key"}
 
 

@@ -59,3 +59,10 @@ def test_every_secret_a_run_line_reads_is_declared_by_its_yaml() -> None:
         "SPOTLIGHT_ENV_SIGNING_KEY"
         not in yaml.safe_load((REPO_ROOT / "sky" / "spot_workers.yaml").read_text())["secrets"]
     )  # a spot worker never holds the key that signs the code every node runs
+
+
+def test_a_short_redis_password_is_refused_before_anything_is_submitted(fake_sky, monkeypatch) -> None:
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", "hunter2-hunter2")  # 15 characters
+    result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p")
+    assert result.exit_code == 1 and not fake_sky.calls and "hunter2" not in result.output
+    assert "SPOTLIGHT_REDIS_PASSWORD is 15 characters: use at least 16" in result.output
