@@ -17,6 +17,12 @@ from typing import Optional
 import typer
 
 from pipelines.launch_config import resolve_launch_run
+from pipelines.launch_steps import aws_identity as _aws_identity
+from pipelines.launch_steps import check_reward_chosen as _check_reward_chosen
+from pipelines.launch_steps import check_reward_token as _check_reward_token
+from pipelines.launch_steps import run_keys as _run_keys
+from pipelines.launch_steps import sp_degree as _sp_degree
+from pipelines.launch_steps import spot_workers as _spot_workers
 
 
 def _fail(command: str, err: Exception) -> None:
@@ -83,11 +89,28 @@ def launch_command(
         ),
     ),
     aws_identity: str = typer.Option(
-        "keys",
+        "auto",
         "--aws-identity",
         help=(
-            "How the nodes reach S3: keys (AWS_ACCESS_KEY_ID/SECRET as SkyPilot secrets), service-account (SkyPilot's"
-            " IAM role) or role:PROFILE (your IAM instance profile; no AWS keys on any node)."
+            "How the nodes reach S3: role:PROFILE (your IAM instance profile; no AWS keys on any node), "
+            "service-account (SkyPilot's IAM role) or keys (AWS_ACCESS_KEY_ID/SECRET as SkyPilot secrets, on every "
+            "spot VM). auto: the role SkyPilot's config names (aws.remote_identity); refused where it names none."
+        ),
+    ),
+    public_queue: bool = typer.Option(
+        False,
+        "--public-queue",
+        help=(
+            "Open the reserved node's Redis port to the internet (SkyPilot's ports:, 0.0.0.0/0), with mutual TLS. "
+            "Default: workers reach it on its private address, in its region and security group."
+        ),
+    ),
+    print_env: bool = typer.Option(
+        False,
+        "--print-env",
+        help=(
+            "Submit nothing: write each task's --env-file and --secret-file (0600, in ~/.spotlight/CLUSTER) and print "
+            "the `sky launch` / `sky jobs launch` commands that run sky/*.yaml by hand with them."
         ),
     ),
     env_cache: bool = typer.Option(
@@ -117,11 +140,9 @@ def launch_command(
         plan_tasks,
         run_config_folder,
         ship_run_config,
-        tls_folder,
         use_run_ca,
-        with_run_tls,
     )
-    from resources.queue.redis_tls import make_run_tls, run_tls
+    from resources.cloud.tasks import client_tls
     from resources.settings.resolve import ConfigError
 
     try:
@@ -135,8 +156,9 @@ def launch_command(
             sp_degree=_sp_degree(sp_degree),
             gpus_per_node=gpus_per_node,
             reserved_gpus=reserved_gpus,
-            aws_identity=aws_identity,
+            aws_identity=_aws_identity(aws_identity),
             env_cache=env_cache,
+            public_queue=public_queue,
         )
         placed_run_config(plan)  # what the cloud decides must hold with the run's other settings
         _check_sp_against_model(plan)
@@ -145,13 +167,27 @@ def launch_command(
         raise typer.BadParameter(str(err)) from None
     try:
         secrets = launch_secrets(os.environ, aws_keys=plan.remote_identity is None)
+        _check_reward_token(plan, secrets)
     except CloudError as err:
         if not dry_run:
             _fail("launch", err)
         typer.echo(f"# not ready to launch: {err}", err=True)
         secrets = {}
-    if secrets:  # the run's CA and Redis certificate: kept on this machine (a relaunch reuses them); a dry run's are
-        secrets = with_run_tls(secrets, make_run_tls() if dry_run else run_tls(tls_folder(cluster)))  # thrown away
+    if secrets:  # the run's CA, Redis certificate and env-cache key: kept on this machine (a relaunch reuses them)
+        secrets = _run_keys(secrets, cluster, throwaway=dry_run)  # a dry run's are thrown away
+        if public_queue:
+            try:
+                client_tls(secrets)  # mutual TLS, or no public port
+            except CloudError as err:
+                _fail("launch", err)
+    if print_env:
+        from pipelines.launch_steps import print_env as _print_env
+
+        try:
+            _print_env(plan, secrets, typer.echo)
+        except CloudError as err:
+            _fail("launch", err)
+        return
     if dry_run:
         folder = run_config_folder(cluster) / "dry-run"  # beside the live run's file, never over it
         tasks = plan_tasks(plan, secrets, ship_run_config(plan, folder))
@@ -166,40 +202,7 @@ def launch_command(
         queue_url = launch(plan, secrets, before_workers=lambda url: _refuse_over_budget(url, max_usd), echo=typer.echo)
     except CloudError as err:
         _fail("launch", err)
-    typer.echo(f"queue {queue_url}; follow the run with: spotlight status --queue {queue_url}")
-
-
-def _spot_workers(spot_workers: Optional[int], extra: list[str]) -> int:
-    if "--workers" in extra or any(a.startswith("--workers=") for a in extra):
-        raise ValueError(
-            "--workers was renamed --spot-workers (spot jobs); the reserved node's own worker processes are "
-            "--local-workers"
-        )
-    if spot_workers is None:
-        raise ValueError("--spot-workers N is required: the spot rollout workers, one managed job each")
-    return spot_workers
-
-
-def _check_reward_chosen(plan) -> None:
-    """A preset that names no reward (the GPU presets) needs --reward: refused here, before any node bills, rather
-    than by `spotlight run` on the reserved node."""
-    from workers.trainer.train_config import NO_REWARD
-
-    if plan.run.train.reward == NO_REWARD:
-        raise ValueError(
-            f"preset {plan.run.preset!r} names no reward: pass --reward SPEC (or train.reward in --config), e.g. "
-            "http://HOST:8200 (a spotlight reward-serve server); docs/MODELS.md, Rewards"
-        )
-
-
-def _sp_degree(text: Optional[str]):
-    """--sp-degree: None, "auto" or an integer (LaunchPlan checks its range)."""
-    if text is None or text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"--sp-degree must be an integer >= 1 or auto, got {text!r}") from None
+    typer.echo(f"the workers' queue {queue_url}; follow the run with: spotlight status --cluster {cluster}")
 
 
 def _check_sp_against_model(plan) -> None:
@@ -279,6 +282,9 @@ def status_command(
         ),
     ),
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
+    public_queue: bool = typer.Option(
+        False, "--public-queue", help="The run was launched with --public-queue (else: an SSH tunnel to the node)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Workers, queue depth, iteration, held-out score and dollars so far, from the ledger and the queue."""
@@ -292,26 +298,35 @@ def status_command(
 
             record.update(ledger_status(lambda sql: query_ledger(ledger, sql)))
         if queue is None and ledger is None:
-            from resources.cloud import reserved_address, use_run_ca, worker_jobs
+            from resources.cloud import launcher_route, node_place, use_run_ca, worker_jobs
 
             if not use_run_ca(cluster):
                 raise CloudError(
                     f"no TLS files of {cluster!r} on this machine (spotlight launch keeps them under "
                     "$SPOTLIGHT_STATE_DIR, default ~/.spotlight): set SPOTLIGHT_REDIS_RUN_CA, or pass --queue"
                 )
-            queue = f"rediss://{reserved_address(cluster)}/0"
-            record["spot_jobs"] = worker_jobs(echo=lambda note: typer.echo(note, err=True))
-        if queue is not None:
-            info = _queue_info(queue)
-            if info is None:
-                raise CloudError(
-                    f"cannot read the queue {_shown(queue)} (is the reserved node up, and "
-                    "SPOTLIGHT_REDIS_PASSWORD set to its password?)"
-                )
-            record = {**info, **record}  # the ledger, when given, is the truth
+            node_place(cluster)  # CloudError naming the cluster when SkyPilot does not know it
+            record["spot_jobs"] = worker_jobs(cluster, echo=lambda note: typer.echo(note, err=True))
+            with launcher_route(cluster, public_queue) as address:  # a private queue: an SSH tunnel to the node
+                record = {**_read_queue(f"rediss://{address}/0"), **record}
+        elif queue is not None:
+            record = {**_read_queue(queue), **record}  # the ledger, when given, is the truth
     except (CloudError, FileNotFoundError) as err:
         _fail("status", err)
     typer.echo(json.dumps(record, sort_keys=True, default=str) if as_json else _status_text(record))
+
+
+def _read_queue(queue: str) -> dict:
+    """_queue_info, or CloudError saying what to check."""
+    from resources.cloud import CloudError
+
+    info = _queue_info(queue)
+    if info is None:
+        raise CloudError(
+            f"cannot read the queue {_shown(queue)} (is the reserved node up, and "
+            "SPOTLIGHT_REDIS_PASSWORD set to its password?)"
+        )
+    return info
 
 
 def _shown(queue: str) -> str:
@@ -346,9 +361,12 @@ def down_command(
     cluster: str = typer.Option("spotlight-reserved", help="Name of the reserved node's SkyPilot cluster."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
-    """Cancel every spot worker job and take the reserved node down (its disk, with the ledger, goes too)."""
+    """Cancel this run's spot worker jobs (CLUSTER-rollout-N: no other run's) and take its reserved node down (its
+    disk, with the ledger, goes too)."""
     if not yes:
-        typer.confirm(f"cancel all spotlight-rollout-* jobs and take {cluster} down (its disk is deleted)?", abort=True)
+        typer.confirm(
+            f"cancel {cluster}'s {cluster}-rollout-* jobs and take {cluster} down (its disk is deleted)?", abort=True
+        )
     from resources.cloud import CloudError, check_clouds, teardown
 
     try:

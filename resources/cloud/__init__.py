@@ -23,16 +23,21 @@ node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GP
 
 The reserved node's Redis is TLS-only, signed by a CA made for the run, with an ACL user for
 the workers (resources/queue/redis_tls.py): the node gets the server's key, each worker only
-the CA certificate and its own password. `launch` submits workers once that Redis answers.
+the CA certificate and its own password. Its port is open to no one by default: the workers reach it on the node's
+private address and this machine through an SSH tunnel (resources/cloud/network.py); `public_queue` opens it, with
+mutual TLS. `launch` submits workers once that Redis answers. Worker jobs carry the run's cluster name
+(resources/cloud/jobs.py), so runs launched side by side never touch each other's jobs. The venv cache is signed by
+the reserved node with the run's key (resources/cloud/env_pin.py).
 
 Prices (resources/cloud/pricing.py): each spot worker, and the reserved node plus the jobs controller VM, from
 SkyPilot's catalog for what is launched (`reserved_gpus` overrides the YAML's accelerators). With `aws_identity`
-a role, SkyPilot's `aws.remote_identity` gives the nodes an IAM role and no task carries the AWS keys. Tasks are
+a role, SkyPilot's `aws.remote_identity` gives the nodes an IAM role and no task carries the AWS keys (the CLI's
+default where SkyPilot's config names one; keys only when asked for). Tasks are
 built in resources/cloud/tasks.py.
 
 Example:
     plan = LaunchPlan(spot_workers=8, run=resolved.config, gpus=("A100",), max_usd=200)
-    secrets = with_run_tls(launch_secrets(os.environ), run_tls(tls_folder(plan.cluster)))
+    secrets = with_run_tls(launch_secrets(os.environ), run_tls(tls_folder(plan.cluster)))   # + with_env_signing
     tasks = plan_tasks(plan, secrets, ship_run_config(plan, folder))   # what --dry-run prints (describe_task)
     queue_url = launch(plan, secrets)                    # check_clouds, sky.launch, wait for Redis, sky.jobs.launch
     teardown(plan.cluster)                               # sky.jobs.cancel + sky.down
@@ -40,12 +45,20 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import sky
+from resources.cloud.env_pin import env_signing, with_env_signing
+from resources.cloud.jobs import API_FAILURES, is_run_worker, teardown, worker_job_name, worker_jobs
+from resources.cloud.network import (
+    NodePlace,
+    launcher_route,
+    node_place,
+    skypilot_overrides,
+    worker_queue_host,
+)
 from resources.cloud.plan import RESERVED_CLUSTER, CloudError, LaunchPlan
 from resources.cloud.pricing import catalog_price, reserved_price
 from resources.cloud.tasks import (
@@ -54,7 +67,6 @@ from resources.cloud.tasks import (
     REDIS_PORT,
     SECRET_NAMES,
     STATE_DIR_ENV,
-    WORKER_JOB_PREFIX,
     describe_task,
     launch_secrets,
     placed_run_config,
@@ -70,33 +82,39 @@ from resources.cloud.tasks import (
 )
 from resources.queue.redis_tls import FILES, WORKER_USER
 from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_address
-from sky import exceptions as sky_exceptions
 
 __all__ = [
     "CHECKOUT",
     "PLACEHOLDER_QUEUE",
+    "REDIS_PORT",
     "RESERVED_CLUSTER",
     "SECRET_NAMES",
     "STATE_DIR_ENV",
     "CloudError",
     "LaunchPlan",
-    "aws_identity",
+    "NodePlace",
     "check_clouds",
     "describe_task",
+    "env_signing",
+    "is_run_worker",
     "launch",
     "launch_secrets",
+    "launcher_route",
+    "node_place",
     "placed_run_config",
     "plan_tasks",
-    "reserved_address",
     "reserved_node",
     "reserved_task",
     "run_config_folder",
     "ship_run_config",
+    "skypilot_overrides",
     "teardown",
     "tls_folder",
     "use_run_ca",
     "wait_for_redis",
+    "with_env_signing",
     "with_run_tls",
+    "worker_job_name",
     "worker_jobs",
     "worker_task",
     "yaml_task",
@@ -105,40 +123,11 @@ REDIS_WAIT_S = 1200.0
 """How long `launch` waits for the reserved node's Redis to answer after `sky.launch` returns (its setup included)."""
 
 
-@contextlib.contextmanager
-def aws_identity(plan: LaunchPlan) -> Iterator[None]:
-    """SkyPilot's config with `aws.remote_identity` set to the plan's instance role (an IAM instance profile, or
-    SkyPilot's own role) while launching: every request carries it to the API server, so the reserved node, the jobs
-    controller and each spot job's VM get the role instead of this machine's keys. The plan's default (keys) leaves
-    SkyPilot's config as it is."""
-    if plan.remote_identity is None:
-        yield
-        return
-    from sky import skypilot_config
-
-    config = skypilot_config.to_dict()
-    config.set_nested(("aws", "remote_identity"), plan.remote_identity)
-    with skypilot_config.replace_skypilot_config(config):
-        yield
-
-
-_API_FAILURES = (
-    sky_exceptions.ApiServerConnectionError,
-    sky_exceptions.ApiServerAuthenticationError,
-    sky_exceptions.APIVersionMismatchError,
-    sky_exceptions.ServerTemporarilyUnavailableError,
-    sky_exceptions.NoCloudAccessError,
-    sky_exceptions.CloudUserIdentityError,
-)
-"""What SkyPilot raises when its API server cannot answer (down, needs a login, another version) or no cloud
-account can be read: nothing can be launched or found then."""
-
-
 def check_clouds(enabled: Callable[[], list[str]] | None = None) -> list[str]:
     """The clouds SkyPilot may launch on; CloudError naming `sky check` when there is none (or it cannot say)."""
     try:
         clouds = list((enabled or _enabled_clouds)())
-    except _API_FAILURES as err:
+    except API_FAILURES as err:
         raise CloudError(
             f"SkyPilot could not list its enabled clouds ({type(err).__name__}: {err}); run `sky check` "
             "to set up cloud credentials; nothing was submitted"
@@ -165,24 +154,27 @@ def launch(
     echo: Callable[[str], None] = print,
     redis_wait_s: float | None = None,
 ) -> str:
-    """Start the reserved node, wait until its Redis answers (TLS, the run's CA, the password), then submit the spot
-    workers that are not already running (a second launch of a run resumes it); returns the coordinator's queue URL
-    (no password). `secrets`: launch_secrets with the run's TLS material (with_run_tls).
-    `before_workers(queue_url)` may raise to stop before any worker is submitted (the spend cap)."""
+    """Start the reserved node, wait until its Redis answers (TLS, the run's CA, the password), then submit the run's
+    spot workers that are not already running (a second launch of a run resumes it); returns the workers' queue URL
+    (no password). `secrets`: launch_secrets with the run's TLS material (with_run_tls) and env-cache keys
+    (with_env_signing). `before_workers(queue_url)` may raise to stop before any worker is submitted (the spend cap);
+    it gets the URL this machine reaches the node's Redis at, valid while it runs."""
     clouds = check_clouds()
     echo(f"enabled clouds: {', '.join(clouds)}; starting {plan.cluster}")
     usd_per_hour = reserved_price(reserved_node(plan), clouds, echo)
     run_config = ship_run_config(plan, run_config_folder(plan.cluster), usd_per_hour)
     reserved = reserved_task(plan, secrets, run_config)
-    with aws_identity(plan):
+    with skypilot_overrides(plan):
         sky.stream_and_get(sky.launch(reserved, cluster_name=plan.cluster))
-    address = reserved_address(plan.cluster)
-    queue_url = f"rediss://{address}/0"
-    wait_for_redis(queue_url, secrets, REDIS_WAIT_S if redis_wait_s is None else redis_wait_s, echo)
-    if before_workers is not None:
-        before_workers(queue_url)
-    workers = catalog_price(plan, clouds, echo)
-    _submit_workers(plan, secrets, run_config, f"rediss://{WORKER_USER}@{address}/0", workers, echo)
+    place = node_place(plan.cluster)
+    workers = catalog_price(plan, clouds if plan.public_queue else [str(place.cloud)], echo)  # where they start
+    queue_url = f"rediss://{WORKER_USER}@{worker_queue_host(plan, place)}/0"
+    with launcher_route(plan.cluster, plan.public_queue) as address:  # held while the workers are submitted
+        wait_s = REDIS_WAIT_S if redis_wait_s is None else redis_wait_s
+        wait_for_redis(f"rediss://{address}/0", secrets, wait_s, echo, cluster=plan.cluster)
+        if before_workers is not None:
+            before_workers(f"rediss://{address}/0")
+        _submit_workers(plan, secrets, run_config, queue_url, workers, place, echo)
     return queue_url
 
 
@@ -192,19 +184,20 @@ def _submit_workers(
     run_config: Path,
     queue_url: str,
     usd_per_hour: float | None,
+    place: NodePlace,
     echo: Callable,
 ) -> None:
-    """One managed job per spot worker, skipping those already unfinished (a relaunch resumes the run)."""
-    running = {job["name"]: job for job in worker_jobs(echo)}
+    """One managed job per spot worker, skipping this run's jobs already unfinished (a relaunch resumes the run)."""
+    running = {job["name"]: job for job in worker_jobs(plan.cluster, echo)}
     for index in range(1, plan.spot_workers + 1):
-        task = worker_task(plan, secrets, index, run_config, queue_url, usd_per_hour)
+        task = worker_task(plan, secrets, index, run_config, queue_url, usd_per_hour, place)
         if task.name in running:
             echo(
                 f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
                 f"{running[task.name]['status']}): not submitted again"
             )
             continue
-        with aws_identity(plan):
+        with skypilot_overrides(plan):
             job_ids, _ = sky.get(sky.jobs.launch(task, name=task.name))
         echo(f"submitted {task.name} (managed job {', '.join(map(str, job_ids or []))})")
 
@@ -215,6 +208,7 @@ def wait_for_redis(
     timeout_s: float,
     echo: Callable[[str], None] = print,
     poll_s: float = 5.0,
+    cluster: str = RESERVED_CLUSTER,
 ) -> None:
     """Poll the reserved node's Redis until it answers a PING with the password (over TLS, trusting the run's CA
     alone); CloudError (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its
@@ -236,7 +230,7 @@ def wait_for_redis(
             if "CERTIFICATE_VERIFY_FAILED" in str(err):
                 raise CloudError(
                     f"the Redis at {address.host}:{address.port} presents a certificate the run's CA did "
-                    f"not sign ({err}); no spot workers submitted. Is {RESERVED_CLUSTER} another run's "
+                    f"not sign ({err}); no spot workers submitted. Is {cluster} another run's "
                     "node? Its TLS files are kept under $SPOTLIGHT_STATE_DIR (~/.spotlight)"
                 ) from None
             last = err
@@ -244,7 +238,7 @@ def wait_for_redis(
             raise CloudError(
                 f"the reserved node's Redis at {address.host}:{address.port} did not answer within "
                 f"{timeout_s:g} s ({last}); no spot workers submitted. Its setup or run block may have "
-                f"failed: see `sky logs {RESERVED_CLUSTER}`, then `spotlight launch` again (it resumes)"
+                f"failed: see `sky logs {cluster}`, then `spotlight launch` again (it resumes)"
             )
         echo(f"waiting for Redis at {address.host}:{address.port} ...")
         time.sleep(poll_s)
@@ -276,52 +270,3 @@ def use_run_ca(cluster: str, env: Any = os.environ) -> bool:
 
     env[RUN_CA_ENV] = base64.b64encode(ca.read_bytes()).decode("ascii")
     return True
-
-
-def reserved_address(cluster: str = RESERVED_CLUSTER) -> str:
-    """host:port of the reserved node's Redis; CloudError when the cluster is not up."""
-    try:
-        endpoints = sky.get(sky.endpoints(cluster, REDIS_PORT))
-    except (sky_exceptions.ClusterNotUpError, sky_exceptions.ClusterDoesNotExist, *_API_FAILURES) as err:
-        raise CloudError(f"cannot find the reserved node {cluster!r} ({err}); is it up? (`sky status`)") from None
-    if not endpoints:
-        raise CloudError(
-            f"the reserved node {cluster!r} exposes no port {REDIS_PORT}; relaunch it with `spotlight launch`"
-        )
-    return str(next(iter(endpoints.values())))
-
-
-def worker_jobs(echo: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """This project's unfinished managed spot jobs (name, id, plain status word), from `sky.jobs.queue_v2`. A
-    stopped jobs controller (it stops itself once idle) runs no job: [] then, and `echo` says so."""
-    try:
-        records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, skip_finished=True, name_match=WORKER_JOB_PREFIX))
-    except sky_exceptions.ClusterNotUpError:
-        if echo is not None:
-            echo("the managed-jobs controller is stopped: no spot worker job is running")
-        return []
-    return [
-        {"name": r.job_name, "job_id": r.job_id, "status": _status_word(r.status)}
-        for r in records
-        if str(r.job_name or "").startswith(WORKER_JOB_PREFIX)
-    ]
-
-
-def _status_word(status: Any) -> str | None:
-    """ManagedJobStatus.RECOVERING -> "RECOVERING" (the enum's value; str() would print the class name)."""
-    return None if status is None else str(getattr(status, "value", status))
-
-
-def teardown(cluster: str = RESERVED_CLUSTER, echo: Callable[[str], None] = print) -> None:
-    """Cancel every spot worker job, then take the reserved node down (billing stops), whatever state the jobs
-    controller is in; a node already gone is reported, not an error."""
-    ids = [j["job_id"] for j in worker_jobs(echo) if j["job_id"] is not None]
-    if ids:
-        sky.get(sky.jobs.cancel(job_ids=ids))
-        echo(f"cancelled {len(ids)} spot worker job(s)")
-    try:
-        sky.get(sky.down(cluster))
-    except sky_exceptions.ClusterDoesNotExist:
-        echo(f"{cluster} does not exist (already down)")
-        return
-    echo(f"{cluster} is down")

@@ -24,6 +24,26 @@ role, or an IAM instance profile of yours. Only `keys` ships AWS_ACCESS_KEY_ID/S
 _IAM_NAME = re.compile(r"[\w+=,.@-]{1,128}")
 
 
+def configured_aws_identity(remote_identity: object) -> str | None:
+    """The --aws-identity that SkyPilot's configured `aws.remote_identity` means: `role:PROFILE`, `service-account`,
+    or `keys` where it names LOCAL_CREDENTIALS (a choice made in SkyPilot's config); None where it names none (or a
+    per-cluster list, which a launch cannot read for its own nodes)."""
+    if not isinstance(remote_identity, str) or not remote_identity:
+        return None
+    if remote_identity == "LOCAL_CREDENTIALS":
+        return "keys"
+    return "service-account" if remote_identity == "SERVICE_ACCOUNT" else f"role:{remote_identity}"
+
+
+NO_IDENTITY = (
+    "--aws-identity: no instance role is configured (SkyPilot's aws.remote_identity). Pass one of: "
+    "role:PROFILE (recommended: an IAM instance profile limited to the run's bucket), service-account (SkyPilot's "
+    "skypilot-v1 role: AmazonS3FullAccess and AmazonEC2FullAccess on the whole account), or keys (this machine's "
+    "AWS keys are shipped to every node, spot VMs included); or set aws.remote_identity in ~/.sky/config.yaml"
+)
+"""Why a launch with the default --aws-identity (auto) and nothing configured is refused: keys only by choice."""
+
+
 class CloudError(RuntimeError):
     """The cloud path cannot go on; the message says what to fix (and nothing was submitted unless it says so)."""
 
@@ -56,6 +76,10 @@ class LaunchPlan:
     or "role:PROFILE" (an IAM instance profile): SkyPilot's aws.remote_identity, and no AWS keys on any node."""
     env_cache: bool = True
     """Mount the store's env-cache/ on every node: sky/setup.sh restores the venv from there instead of installing."""
+    public_queue: bool = False
+    """Open the reserved node's Redis port to the internet (SkyPilot's `ports:`, 0.0.0.0/0), with mutual TLS: every
+    worker shows a client certificate of the run's CA. False: workers reach it on its private address only (same
+    cloud, region and security group as the node; the port is never opened)."""
 
     def __post_init__(self) -> None:
         self._check_model()

@@ -9,6 +9,7 @@ setting travels as an environment variable.
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,18 +18,31 @@ import yaml
 from pydantic import ValidationError
 
 import sky
+from resources.cloud.env_pin import ENV_VERIFY_KEY_ENV
+from resources.cloud.jobs import worker_job_name
+from resources.cloud.network import REDIS_PORT, NodePlace
 from resources.cloud.plan import CloudError, LaunchPlan
 from resources.prices import PriceTable
 from resources.queue.redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
+from resources.reward_http import REWARD_TOKEN_ENV  # a secret of every node; the YAMLs declare it empty
 from resources.settings.config import RunConfig
 from resources.settings.resolve import derive, to_yaml
 from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
 
-WORKER_JOB_PREFIX = "spotlight-rollout"
-"""Spot worker i is the managed job `spotlight-rollout-i`; `status` and `down` find them by this prefix."""
-REDIS_PORT = 6379
+WORKER_JOB_SUFFIX = "-rollout-"
+"""Spot worker i of the run whose reserved node is the cluster C is the managed job `C-rollout-i`: `status`, `down`
+and a relaunch find a run's own jobs by that name, never another run's (`run_worker_jobs`)."""
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-SECRET_NAMES = (PASSWORD_ENV, *AWS_KEYS)
+MIN_PASSWORD_CHARS = 16
+"""The shortest Redis password a launch accepts (`openssl rand -hex 24` gives 48)."""
+SECRET_NAMES = (PASSWORD_ENV, *AWS_KEYS, REWARD_TOKEN_ENV)
+MTLS_ENV = "REDIS_MUTUAL_TLS"
+"""On the reserved node: "yes" makes its Redis require a client certificate of the run's CA (`tls-auth-clients
+yes`, resources/queue/redis_tls.py --mutual-tls); set by a launch with a public queue (`LaunchPlan.public_queue`)."""
+CLIENT_CERT_ENV = "SPOTLIGHT_REDIS_CLIENT_CERT"
+CLIENT_KEY_ENV = "SPOTLIGHT_REDIS_CLIENT_KEY"
+"""A spot worker's client certificate and key (base64 PEM, signed by the run's CA), secrets of a public queue's
+workers only: redis-py presents them (resources/urls.py)."""
 CHECKOUT = Path(__file__).resolve().parents[2]
 """The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
 SKY_DIR = CHECKOUT / "sky"
@@ -47,6 +61,8 @@ NODE_QUEUE = f"rediss://127.0.0.1:{REDIS_PORT}/0"
 """The coordinator's queue on the reserved node: the Redis its run line starts (password from the node's secret)."""
 RUN_CONFIG_ENV = "RUN_CONFIG"
 """The YAMLs' variable naming where the run's config file lands on a node, under the home folder."""
+RUN_CONFIG_FILE_ENV = "RUN_CONFIG_FILE"
+"""The YAMLs' variable naming the run's config file on the launching machine (their file_mounts' source)."""
 RUN_CONFIG_NAME = "run_config.yaml"
 """The file `spotlight launch` writes (in the state folder) and mounts on every node."""
 PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
@@ -64,11 +80,17 @@ CONTROLLER_FALLBACK = (
 
 def launch_secrets(env: Mapping[str, str] = os.environ, aws_keys: bool = True) -> dict[str, str]:
     """The secrets every node needs, from this machine's environment; CloudError naming the missing ones. Without
-    `aws_keys` (an instance role reaches S3) the AWS keys are neither asked for nor returned."""
+    `aws_keys` (an instance role reaches S3) the AWS keys are neither asked for nor returned. The reward token is
+    taken when set (`pipelines/launch_cli.py` refuses a remote reward without it)."""
     try:
         password = redis_password(env)
     except ValueError as err:
         raise CloudError(str(err)) from None
+    if password and len(password) < MIN_PASSWORD_CHARS:
+        raise CloudError(
+            f"{PASSWORD_ENV} is {len(password)} characters: use at least {MIN_PASSWORD_CHARS} (it guards the run's "
+            f"Redis and derives every worker's password), e.g. export {PASSWORD_ENV}=$(openssl rand -hex 24)"
+        )
     missing = (
         []
         if password
@@ -81,7 +103,8 @@ def launch_secrets(env: Mapping[str, str] = os.environ, aws_keys: bool = True) -
             f"set {' and '.join(missing)} before launching: the nodes get them as SkyPilot secrets "
             "(never on a command line); the AWS keys reach the S3 store (or pass --aws-identity role:PROFILE)"
         )
-    return {PASSWORD_ENV: password, **{name: env[name] for name in names}}
+    token = {REWARD_TOKEN_ENV: env[REWARD_TOKEN_ENV]} if env.get(REWARD_TOKEN_ENV) else {}
+    return {PASSWORD_ENV: password, **{name: env[name] for name in names}, **token}
 
 
 def yaml_task(name: str, secrets: Mapping[str, str], aws_keys: bool = True) -> sky.Task:
@@ -112,15 +135,33 @@ def run_config_folder(cluster: str, env: Mapping[str, str] = os.environ) -> Path
 def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
     """The launch secrets plus the run's TLS material: the CA for everyone, the server's certificate and key for the
     reserved node only (each task takes only the secrets its YAML declares)."""
-    return {**secrets, RUN_CA_ENV: tls.b64("ca_pem"), CERT_ENV: tls.b64("cert_pem"), KEY_ENV: tls.b64("key_pem")}
+    client = {  # a public queue's client certificate, where resources/queue/redis_tls.py makes one (mutual TLS)
+        name: base64.b64encode(pem).decode("ascii")
+        for name, pem in (
+            (CLIENT_CERT_ENV, getattr(tls, "client_cert_pem", None)),
+            (CLIENT_KEY_ENV, getattr(tls, "client_key_pem", None)),
+        )
+        if pem
+    }
+    return {
+        **secrets,
+        RUN_CA_ENV: tls.b64("ca_pem"),
+        CERT_ENV: tls.b64("cert_pem"),
+        KEY_ENV: tls.b64("key_pem"),
+        **client,
+    }
 
 
 def reserved_node(plan: LaunchPlan, secrets: Mapping[str, str] | None = None) -> sky.Task:
-    """sky/reserved.yaml with the plan's accelerators (what the node is priced for)."""
+    """sky/reserved.yaml with the plan's accelerators (what the node is priced for), and the Redis port opened only
+    for a public queue."""
     task = yaml_task("reserved.yaml", secrets or {}, aws_keys=plan.remote_identity is None)
+    template = next(iter(task.resources))  # keep the YAML's autostop
     if plan.reserved_accelerators is not None:
-        template = next(iter(task.resources))  # keep the YAML's ports and autostop
-        task.set_resources({template.copy(accelerators=dict([plan.reserved_accelerators]))})
+        template = template.copy(accelerators=dict([plan.reserved_accelerators]))
+    if plan.public_queue:  # SkyPilot opens it to 0.0.0.0/0: mutual TLS is then the lock (MTLS_ENV)
+        template = template.copy(ports=[str(REDIS_PORT)])
+    task.set_resources({template})
     return task
 
 
@@ -180,9 +221,10 @@ def reserved_task(plan: LaunchPlan, secrets: Mapping[str, str], run_config: Path
         "SPOTLIGHT_STORE": plan.store,
         "MAX_USD": f"{plan.max_usd:g}",
         "REDIS_PORT": str(REDIS_PORT),
+        MTLS_ENV: "yes" if plan.public_queue else "no",
         **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
     }
-    return _finish(task, envs, plan, run_config)
+    return _finish(task, envs, plan, run_config, secrets)
 
 
 def reserved_accelerators(task: sky.Task) -> tuple[str, int]:
@@ -204,19 +246,23 @@ def worker_task(
     run_config: Path,
     queue_url: str = PLACEHOLDER_QUEUE,
     usd_per_hour: float | None = None,
+    place: NodePlace | None = None,
 ) -> sky.Task:
-    """sky/spot_workers.yaml as worker `index`'s managed job: the reserved node's queue (as the workers' ACL user,
-    with their own password), the run's CA, the plan's GPUs, and the run's config file mounted where its run line
-    hands it to the worker (its knobs, model and device)."""
+    """sky/spot_workers.yaml as worker `index`'s managed job `CLUSTER-rollout-index`: the reserved node's queue (as
+    the workers' ACL user, with their own password), the run's CA, the plan's GPUs, and the run's config file mounted
+    where its run line hands it to the worker (its knobs, model and device). A private queue's worker starts in the
+    node's cloud and region (`place`: its network); a public queue's shows a client certificate of the run's CA."""
     if secrets.get(PASSWORD_ENV):
         secrets = {**secrets, PASSWORD_ENV: worker_password(secrets[PASSWORD_ENV])}
     task = yaml_task("spot_workers.yaml", secrets, aws_keys=plan.remote_identity is None)
-    task.name = f"{WORKER_JOB_PREFIX}-{index}"
+    task.name = worker_job_name(plan.cluster, index)
     count = plan.node_gpus
     names = plan.gpus or tuple(sorted({next(iter(r.accelerators)) for r in task.resources}))
-    if plan.gpus or count > 1:
-        template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
-        task.set_resources({template.copy(accelerators={gpu: count}) for gpu in names})
+    template = next(iter(task.resources))  # keep the YAML's use_spot and job_recovery
+    options = [template.copy(accelerators={gpu: count}) for gpu in names] if plan.gpus or count > 1 else task.resources
+    if place is not None and not plan.public_queue:
+        options = [r.copy(cloud=place.cloud, region=place.region) for r in options]
+    task.set_resources(set(options))
     envs = {
         "SPOTLIGHT_QUEUE": queue_url,
         "SPOTLIGHT_STORE": plan.store,
@@ -226,7 +272,21 @@ def worker_task(
     }
     if plan.sp_degree not in (None, 1):
         envs["SP_DEGREE"] = str(plan.sp_degree)
-    return _finish(task, envs, plan, run_config)
+    if plan.public_queue:
+        task.update_secrets(client_tls(secrets))
+    return _finish(task, envs, plan, run_config, secrets)
+
+
+def client_tls(secrets: Mapping[str, str]) -> dict[str, str]:
+    """A public queue's worker secrets: its client certificate and key; CloudError when the launch has none."""
+    given = {name: secrets[name] for name in (CLIENT_CERT_ENV, CLIENT_KEY_ENV) if secrets.get(name)}
+    if len(given) < 2 and secrets.get(PASSWORD_ENV):
+        raise CloudError(
+            f"--public-queue needs the workers' client certificate ({CLIENT_CERT_ENV}, {CLIENT_KEY_ENV}), signed by "
+            "the run's CA (resources/queue/redis_tls.py): without it the public port would be guarded by the "
+            "password alone"
+        )
+    return given
 
 
 def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
@@ -237,9 +297,14 @@ def _node_usd_per_hour(gpus: tuple[str, ...], count: int) -> float:
     return round(max(table.usd_per_hour(gpu, spot=True)[0] for gpu in gpus) * count, 6)
 
 
-def _finish(task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan, run_config: Path) -> sky.Task:
+def _finish(
+    task: sky.Task, envs: Mapping[str, str], plan: LaunchPlan, run_config: Path, secrets: Mapping[str, str]
+) -> sky.Task:
     envs = dict(envs)
+    if secrets.get(ENV_VERIFY_KEY_ENV):  # sky/setup.sh restores only a cached venv signed by the run's key
+        envs[ENV_VERIFY_KEY_ENV] = secrets[ENV_VERIFY_KEY_ENV]
     task.update_file_mounts({"~/" + task.envs[RUN_CONFIG_ENV]: str(run_config)})  # copied to every (new) node
+    envs[RUN_CONFIG_FILE_ENV] = str(run_config)  # the YAMLs' file_mounts source, as a launch by hand sets it
     if plan.env_cache:  # sky/setup.sh restores the venv from the store instead of reinstalling on each start
         from sky.data import storage
 
@@ -259,11 +324,13 @@ def plan_tasks(
     run_config: Path,
     queue_url: str = PLACEHOLDER_QUEUE,
     usd_per_hour: float | None = None,
+    place: NodePlace | None = None,
 ) -> list[sky.Task]:
     """The reserved node's task, then one task per spot worker: everything `launch` submits, each mounting
     `run_config` (`ship_run_config`)."""
+    workers = range(1, plan.spot_workers + 1)
     return [reserved_task(plan, secrets, run_config)] + [
-        worker_task(plan, secrets, i, run_config, queue_url, usd_per_hour) for i in range(1, plan.spot_workers + 1)
+        worker_task(plan, secrets, i, run_config, queue_url, usd_per_hour, place) for i in workers
     ]
 
 

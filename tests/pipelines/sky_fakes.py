@@ -3,6 +3,7 @@ the `spotlight launch / status / down` tests (no cloud here)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 from pipelines.cli import app
 from sky import exceptions as sky_exceptions
 
-PASSWORD = "launch-pass-Vw2"
+PASSWORD = "launch-pass-Vw2x"  # MIN_PASSWORD_CHARS long
 SECRETS = {"SPOTLIGHT_REDIS_PASSWORD": PASSWORD, "AWS_ACCESS_KEY_ID": "AKIATEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t-key"}
 
 
@@ -27,11 +28,18 @@ class FakeSky:
 
     clouds: Any = field(default_factory=lambda: ["AWS"])
     address: str = "10.0.0.7:6379"
+    """Where this machine reaches the default cluster's Redis (through the stand-in for the SSH tunnel)."""
+    addresses: dict[str, str] = field(default_factory=dict)
+    """The same for other clusters (runs launched side by side)."""
     calls: list[tuple[str, Any]] = field(default_factory=list)
     jobs: list[Any] = field(default_factory=list)
-    """ManagedJobRecords the jobs controller holds."""
+    """ManagedJobRecords the jobs controller holds: each jobs.launch adds one, RUNNING; jobs.cancel cancels."""
     controller_up: bool = True
     cluster_exists: bool = True
+    region: str = "us-east-2"
+    """The region every cluster comes up in (SkyPilot's handle records it)."""
+    tunnels: list[str] = field(default_factory=list)
+    """Clusters this machine opened an SSH tunnel to (a private queue)."""
     catalog: Any = None
     """Offers sky.catalog.list_accelerators answers ({name: [InstanceTypeInfo]}), or the exception it raises;
     None: a ConnectionError, as without network (the catalog downloads its tables)."""
@@ -40,6 +48,8 @@ class FakeSky:
     ConnectionError (no network)."""
     identities: list[tuple[str, Any]] = field(default_factory=list)
     """(SDK function, the aws.remote_identity its request carried to the API server) for each launch request."""
+    security_groups: list[Any] = field(default_factory=list)
+    """The aws.security_group_name each launch request carried (a private queue's nodes share one)."""
     _answers: dict[str, Any] = field(default_factory=dict)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> "FakeSky":
@@ -65,8 +75,15 @@ class FakeSky:
             if self.catalog is None or isinstance(self.catalog, Exception):
                 raise self.catalog or requests.exceptions.ConnectionError("Failed to fetch the catalog (no network)")
             pattern = re.compile(given.get("name_filter") or "", 0 if given.get("case_sensitive", True) else re.I)
+            clouds = given.get("clouds")
+            clouds = None if clouds is None else {c.lower() for c in ([clouds] if isinstance(clouds, str) else clouds)}
             return {
-                name: [o for o in offers if o.accelerator_count == given.get("quantity_filter", o.accelerator_count)]
+                name: [
+                    o
+                    for o in offers
+                    if o.accelerator_count == given.get("quantity_filter", o.accelerator_count)
+                    and (clouds is None or o.cloud.lower() in clouds)
+                ]
                 for name, offers in self.catalog.items()
                 if pattern.search(name)
             }
@@ -76,12 +93,16 @@ class FakeSky:
         from sky.utils import annotations
 
         monkeypatch.setattr(annotations, "is_on_api_server", False)  # a client process (set by any real SDK call)
+        import resources.cloud.network as network
+
+        monkeypatch.setattr(network, "ssh_tunnel", self._tunnel)
         monkeypatch.setattr(sky, "get", self._get)
         monkeypatch.setattr(sky, "stream_and_get", self._get)
         for module, name, answer in (
             (sky, "launch", self._launch),
             (sky, "endpoints", self._endpoints),
             (sky, "down", self._down),
+            (sky, "status", self._status),
             (sky.jobs, "launch", self._jobs_launch),
             (sky.jobs, "queue_v2", self._queue),
             (sky.jobs, "cancel", self._cancel),
@@ -125,7 +146,9 @@ class FakeSky:
             arguments.apply_defaults()
             if real.__name__ == "launch":  # the client config the real SDK puts in the request body
                 config = payloads.get_override_skypilot_config_from_client()
-                self.identities.append((real.__module__, dict(config.get("aws") or {}).get("remote_identity")))
+                aws = dict(config.get("aws") or {})
+                self.identities.append((real.__module__, aws.get("remote_identity")))
+                self.security_groups.append(aws.get("security_group_name"))
             request_id = f"request-{len(self._answers)}"
             self._answers[request_id] = lambda: answer(**arguments.arguments)
             return request_id
@@ -141,12 +164,30 @@ class FakeSky:
 
     def _jobs_launch(self, task, name, **options):
         self.calls.append(("jobs.launch", (served_task(task), name), options))
+        self.jobs.append(job(name, len(self.calls), "RUNNING"))
         return [len(self.calls)], None
+
+    def reached(self, cluster: str) -> str:
+        """Where this machine reaches `cluster`'s Redis."""
+        return self.addresses.get(cluster, self.address)
 
     def _endpoints(self, cluster, port):
         if not self.cluster_exists:  # what sky.backends.backend_utils.get_endpoints raises for an unknown cluster
             raise sky_exceptions.ClusterNotUpError(f"Cluster {cluster!r} not found.", cluster_status=None)
-        return {port: self.address}
+        return {port: self.reached(cluster)}
+
+    def _status(self, cluster_names, **options):
+        """SkyPilot's StatusResponse with a real CloudVmRayResourceHandle: the node's cloud, region and its
+        (private, public) address pair, one private address per cluster."""
+        if not self.cluster_exists:
+            return []
+        return [cluster_record(name, self.region, private_ip(name)) for name in cluster_names or [] if name]
+
+    @contextlib.contextmanager
+    def _tunnel(self, cluster, port):
+        """The stand-in for `ssh -L` to the node: this machine reaches its Redis at `reached(cluster)`."""
+        self.tunnels.append(cluster)
+        yield self.reached(cluster)
 
     def _down(self, cluster_name, **options):
         if not self.cluster_exists:
@@ -165,6 +206,11 @@ class FakeSky:
 
     def _cancel(self, job_ids, **options):
         self.calls.append(("jobs.cancel", (list(job_ids),), options))
+        self.jobs = [r.model_copy(update={"status": cancelled()}) if r.job_id in job_ids else r for r in self.jobs]
+
+    def running(self) -> list[str]:
+        """Names of the jobs the controller runs (not finished)."""
+        return [r.job_name for r in self.jobs if not r.status.is_terminal()]
 
     @property
     def submitted(self) -> list[str]:
@@ -184,6 +230,52 @@ def served_task(task):
     return served
 
 
+def private_ip(cluster: str) -> str:
+    """The private address the stand-in gives `cluster`'s node (distinct per cluster)."""
+    import zlib
+
+    return f"10.0.{zlib.crc32(cluster.encode()) % 250}.7"
+
+
+def cluster_record(name: str, region: str, private: str):
+    """A cluster as `sky.status` returns it: SkyPilot's StatusResponse holding its CloudVmRayResourceHandle."""
+    from sky.backends.cloud_vm_ray_backend import CloudVmRayResourceHandle
+    from sky.schemas.api.responses import StatusResponse
+    from sky.utils.status_lib import ClusterStatus
+
+    import sky
+
+    handle = CloudVmRayResourceHandle(
+        cluster_name=name,
+        cluster_name_on_cloud=f"{name}-2ea4",
+        cluster_yaml=None,
+        launched_nodes=1,
+        launched_resources=sky.Resources(cloud=sky.AWS(), region=region, accelerators="L4:1"),
+        stable_internal_external_ips=[(private, "3.80.1.2")],
+    )
+    return StatusResponse(
+        name=name,
+        launched_at=1,
+        handle=handle,
+        status=ClusterStatus.UP,
+        autostop=10,
+        to_down=True,
+        cluster_hash="h",
+        cluster_ever_up=True,
+        user_hash="u",
+        user_name="me",
+        workspace="default",
+        is_managed=False,
+        nodes=1,
+    )
+
+
+def cancelled():
+    from sky.jobs.state import ManagedJobStatus
+
+    return ManagedJobStatus.CANCELLED
+
+
 def offer(cloud: str, instance: str, gpu: str, count: int, price: float, spot_price: float):
     """One catalog row as sky.catalog.list_accelerators returns it."""
     from sky.catalog.common import InstanceTypeInfo
@@ -199,14 +291,30 @@ def job(name: str, job_id: int, status: str):
     return ManagedJobRecord(job_name=name, job_id=job_id, status=ManagedJobStatus[status])
 
 
+@contextlib.contextmanager
+def skypilot_config(**aws: Any):
+    """SkyPilot's config (as ~/.sky/config.yaml would set it) with these `aws` keys, while the block runs."""
+    from sky import skypilot_config as config_module
+
+    config = config_module.to_dict()
+    for key, value in aws.items():
+        config.set_nested(("aws", key), value)
+    with config_module.replace_skypilot_config(config):
+        yield
+
+
 @pytest.fixture
-def fake_sky(monkeypatch: pytest.MonkeyPatch, tmp_path) -> FakeSky:
+def fake_sky(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """SkyPilot's API server stood in for; SkyPilot's config names LOCAL_CREDENTIALS (this machine's keys, chosen
+    there), so a launch with the default --aws-identity ships the keys."""
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("SPOTLIGHT_REDIS_PASSWORD_FILE", raising=False)
+    for name in ("SPOTLIGHT_REDIS_PASSWORD_FILE", "SPOTLIGHT_REWARD_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SPOTLIGHT_STATE_DIR", str(tmp_path / "state"))  # the run's TLS files: never in ~
     monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")  # restored after each test: launch and status set it
-    return FakeSky().install(monkeypatch)
+    with skypilot_config(remote_identity="LOCAL_CREDENTIALS"):
+        yield FakeSky().install(monkeypatch)
 
 
 def invoke(*args: str):
@@ -225,13 +333,9 @@ class NodeRedis:
         return f"rediss://{user + '@' if user else ''}127.0.0.1:{self.port}/0"
 
 
-@pytest.fixture
-def reserved_redis(fake_sky, tmp_path, monkeypatch):
-    """A redis-server configured by resources.queue.redis_tls from the TLS files `spotlight launch` reads (made here
-    first, in the state folder), with the launch password; the fake node's address points at it."""
-    import os
-    import shutil
-    import signal
+def start_node_redis(cluster: str, folder, password: str) -> NodeRedis:
+    """A redis-server configured by resources.queue.redis_tls, as `cluster`'s node's run block starts it, from the
+    TLS files `spotlight launch` reads for that cluster (made here first, in the state folder)."""
     import socket
     import subprocess
 
@@ -239,15 +343,10 @@ def reserved_redis(fake_sky, tmp_path, monkeypatch):
     from resources.queue.redis_tls import run_tls, write_node_files
     from tests.pipelines.sky_blocks import wait_for
 
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    password = "node-pass-\"q'\\ 7"  # quotes, a backslash and a space: any character is allowed
-    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", password)
-    tls = run_tls(tls_folder("spotlight-reserved"))
+    tls = run_tls(tls_folder(cluster))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    folder = tmp_path / "node-redis"
     conf = write_node_files(folder, port, with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password}, tls))
     subprocess.run(["redis-server", str(conf)], check=True, timeout=30)  # daemonizes, as on the node
     wait_for(
@@ -255,9 +354,29 @@ def reserved_redis(fake_sky, tmp_path, monkeypatch):
         20,
         "the node's redis-server",
     )
-    fake_sky.address = f"127.0.0.1:{port}"
-    yield NodeRedis(port, password, folder)
-    os.kill(int((folder / "redis.pid").read_text()), signal.SIGTERM)
+    return NodeRedis(port, password, folder)
+
+
+def stop_node_redis(node: NodeRedis) -> None:
+    import os
+    import signal
+
+    os.kill(int((node.folder / "redis.pid").read_text()), signal.SIGTERM)
+
+
+@pytest.fixture
+def reserved_redis(fake_sky, tmp_path, monkeypatch):
+    """The default cluster's node Redis with the launch password; the fake node's address points at it."""
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    password = "node-pass-\"q'\\ 7"  # quotes, a backslash and a space: any character is allowed
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", password)
+    node = start_node_redis("spotlight-reserved", tmp_path / "node-redis", password)
+    fake_sky.address = f"127.0.0.1:{node.port}"
+    yield node
+    stop_node_redis(node)
 
 
 def node_queue(node: NodeRedis, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.pipelines.sky_fakes import SECRETS, job
+from tests.pipelines.sky_fakes import SECRETS, job, private_ip
 from tests.pipelines.sky_fakes import invoke as _invoke
 from tests.pipelines.sky_fakes import node_queue as _node_queue
 
@@ -30,15 +30,17 @@ def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fak
     ca = base64.b64decode(reserved.envs["SPOTLIGHT_REDIS_RUN_CA"])
     assert ca == (node.folder / "ca.pem").read_bytes() and "SPOTLIGHT_REDIS_PASSWORD" not in reserved.envs
     for _, (task, name), _ in [c for c in fake_sky.calls if c[0] == "jobs.launch"]:
-        assert task.name == name and task.envs["SPOTLIGHT_QUEUE"] == node.url("spotlight-worker")
+        queue = f"rediss://spotlight-worker@{private_ip('spotlight-reserved')}:6379/0"  # the node's private address
+        assert task.name == name and task.envs["SPOTLIGHT_QUEUE"] == queue
         assert base64.b64decode(task.envs["SPOTLIGHT_REDIS_RUN_CA"]) == ca
         assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {
             **SECRETS,
             "SPOTLIGHT_REDIS_PASSWORD": worker_password(node.password),
+            "SPOTLIGHT_REWARD_TOKEN": "",  # declared, empty: no remote reward in this run
         }
         assert node.password not in json.dumps(task.envs)
     assert node.password not in result.output
-    assert "queue rediss://127.0.0.1:" in result.output
+    assert f"queue rediss://spotlight-worker@{private_ip('spotlight-reserved')}:6379/0" in result.output
 
 
 def test_the_reserved_node_goes_down_by_itself_once_its_run_block_has_ended(fake_sky, reserved_redis) -> None:
@@ -88,14 +90,17 @@ def test_launch_refuses_to_go_on_when_redis_refuses_the_password_or_its_certific
 
 
 def test_a_second_launch_resumes_the_run_and_submits_only_the_missing_workers(fake_sky, reserved_redis) -> None:
-    fake_sky.jobs = [job("spotlight-rollout-1", 4, "RUNNING"), job("spotlight-rollout-2", 5, "FAILED")]
+    fake_sky.jobs = [
+        job("spotlight-reserved-rollout-1", 4, "RUNNING"),
+        job("spotlight-reserved-rollout-2", 5, "FAILED"),
+    ]
     result = _invoke("launch", "--spot-workers", "3", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
     assert [args[1] for name, args, _ in fake_sky.calls if name == "jobs.launch"] == [
-        "spotlight-rollout-2",
-        "spotlight-rollout-3",
+        "spotlight-reserved-rollout-2",
+        "spotlight-reserved-rollout-3",
     ]
-    assert "spotlight-rollout-1 is already running (managed job 4, RUNNING)" in result.output
+    assert "spotlight-reserved-rollout-1 is already running (managed job 4, RUNNING)" in result.output
 
 
 def test_a_relaunch_over_the_cap_starts_no_more_workers(fake_sky, reserved_redis, monkeypatch) -> None:

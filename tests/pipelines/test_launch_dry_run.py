@@ -43,25 +43,35 @@ PLANS = {
 def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_resolution(plan, tmp_path) -> None:
     """What SkyPilot's API server does with each task before provisioning: load the client's YAML dump, then
     resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)"). The
-    run's config file is a file mount of every task, at the path its run line reads."""
-    from resources.cloud import plan_tasks, ship_run_config, with_run_tls
+    run's config file is a file mount of every task, at the path its run line reads. The reward token reaches every
+    node; the env-cache signing key the reserved node only, its verify key every node."""
+    from resources.cloud import plan_tasks, ship_run_config, with_env_signing, with_run_tls
+    from resources.cloud.env_pin import make_env_signing
     from resources.queue.redis_tls import make_run_tls, worker_password
 
-    tls = make_run_tls()
-    secrets = with_run_tls(SECRETS, tls)
+    tls, pin, token = make_run_tls(), make_env_signing(), {"SPOTLIGHT_REWARD_TOKEN": "reward-tok-3"}
+    secrets = with_env_signing(with_run_tls({**SECRETS, **token}, tls), pin)
     flags, cloud = PLANS[plan]
     launch = launch_plan(*flags, spot_workers=2, **cloud)
     shipped = ship_run_config(launch, tmp_path)
     tasks = plan_tasks(launch, secrets, shipped, "rediss://w@10.0.0.7:6379/0")
     assert len(tasks) == 3
     expected = [
-        {**SECRETS, "SPOTLIGHT_REDIS_TLS_CERT": tls.b64("cert_pem"), "SPOTLIGHT_REDIS_TLS_KEY": tls.b64("key_pem")}
+        {
+            **SECRETS,
+            **token,
+            "SPOTLIGHT_REDIS_TLS_CERT": tls.b64("cert_pem"),
+            "SPOTLIGHT_REDIS_TLS_KEY": tls.b64("key_pem"),
+            "SPOTLIGHT_ENV_SIGNING_KEY": pin.b64("signing_pem"),
+        }
     ]
-    expected += [{**SECRETS, "SPOTLIGHT_REDIS_PASSWORD": worker_password(SECRETS["SPOTLIGHT_REDIS_PASSWORD"])}] * 2
+    worker_secrets = {"SPOTLIGHT_REDIS_PASSWORD": worker_password(SECRETS["SPOTLIGHT_REDIS_PASSWORD"])}
+    expected += [{**SECRETS, **token, **worker_secrets}] * 2
     for task, secrets_of_task in zip(tasks, expected, strict=False):
         served = served_task(task)
         assert {k: v.get_secret_value() for k, v in served.secrets.items()} == secrets_of_task
         assert served.envs["SPOTLIGHT_REDIS_RUN_CA"] == tls.b64("ca_pem")
+        assert served.envs["SPOTLIGHT_ENV_VERIFY_KEY"] == pin.b64("verify_pem")
         assert not served.managed_secret_refs and served.envs == task.envs and served.name == task.name
         assert {str(r) for r in served.resources} == {str(r) for r in task.resources}
         assert served.file_mounts["~/" + served.envs["RUN_CONFIG"]] == str(shipped)
@@ -85,7 +95,7 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
             "accelerators": dict(r.accelerators),
             "use_spot": False,
             "job_recovery": None,
-            "ports": list(r.ports),
+            "ports": [],  # the Redis port is opened to no one: workers use the node's private address
             "cloud": None,
         }
     ]
@@ -98,14 +108,18 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
         "MAX_USD": "200",
         "SPOTLIGHT_REDIS_RUN_CA": ca,
         "ENV_CACHE_DIR": "/spotlight-env-cache",  # sky/setup.sh restores the venv from the store's env-cache/
+        "SPOTLIGHT_ENV_VERIFY_KEY": reserved["envs"]["SPOTLIGHT_ENV_VERIFY_KEY"],  # ... if this key verifies it
+        "RUN_CONFIG_FILE": reserved["file_mounts"]["~/.spotlight/run_config.yaml"],  # the YAML's file_mounts source
     }
+    assert __import__("base64").b64decode(reserved["envs"]["SPOTLIGHT_ENV_VERIFY_KEY"]).startswith(b"-----BEGIN PUB")
     # The node's price is the run's, in the file it runs: its GPUs and the jobs controller, not the tree's $0.10.
     assert run_config["deployment"]["reserved_usd_per_hour"] == round(node_usd, 6)
     for task in (reserved, *workers):
         assert task["storage_mounts"] == {"/spotlight-env-cache": "s3://bucket/run/env-cache (MOUNT)"}
     assert all(w["envs"]["SPOTLIGHT_REDIS_RUN_CA"] == ca for w in workers)
-    assert reserved["secrets"] == {name: "***" for name in _yaml_secrets("reserved.yaml")} != {}
-    assert [w["name"] for w in workers] == ["spotlight-rollout-1", "spotlight-rollout-2", "spotlight-rollout-3"]
+    unset = {"SPOTLIGHT_REWARD_TOKEN": None}  # declared empty: this run has no remote reward
+    assert reserved["secrets"] == {**{name: "***" for name in _yaml_secrets("reserved.yaml")}, **unset}
+    assert [w["name"] for w in workers] == [f"spotlight-reserved-rollout-{i}" for i in (1, 2, 3)]
     for w in workers:  # no --gpu: the YAML's any_of, every option spot with the YAML's job recovery
         assert w["any_of"] and {next(iter(r["accelerators"])) for r in w["resources"]} == {
             next(iter(r.accelerators)) for r in yaml_spot.resources
@@ -114,7 +128,8 @@ def test_dry_run_prints_the_reserved_task_and_one_spot_task_per_worker_as_skypil
             r["use_spot"] and r["job_recovery"] == next(iter(yaml_spot.resources)).job_recovery for r in w["resources"]
         )
         assert w["envs"]["SPOTLIGHT_STORE"] == "s3://bucket/run" and w["secrets"] == {
-            n: "***" for n in _yaml_secrets("spot_workers.yaml")
+            **{n: "***" for n in _yaml_secrets("spot_workers.yaml")},
+            **unset,
         }
         dearest = max(PriceTable().usd_per_hour(next(iter(r.accelerators)), spot=True)[0] for r in yaml_spot.resources)
         assert float(w["envs"]["USD_PER_HOUR"]) == pytest.approx(dearest)  # not the YAML's flat one-GPU figure

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.pipelines.sky_fakes import PASSWORD, SECRETS, launch_plan, served_task
+from tests.pipelines.sky_fakes import PASSWORD, SECRETS, launch_plan, served_task, skypilot_config
 from tests.pipelines.sky_fakes import invoke as _invoke
 
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -47,11 +47,29 @@ def test_launch_with_a_role_needs_no_aws_keys_and_every_request_carries_the_remo
         assert not set(AWS_KEYS) & set(task.secrets) and not task.managed_secret_refs
 
 
-def test_the_default_ships_the_keys_and_leaves_skypilots_identity_alone(fake_sky, reserved_redis) -> None:
-    assert _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p").exit_code == 0
-    assert [identity for _, identity in fake_sky.identities] == [None, None]
+def test_the_default_ships_the_keys_only_where_skypilots_config_chose_local_credentials(fake_sky, reserved_redis):
+    assert _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p").exit_code == 0  # fake_sky's config
+    assert [identity for _, identity in fake_sky.identities] == ["LOCAL_CREDENTIALS"] * 2
     for _, (task, _), _ in fake_sky.calls:
         assert {k: task.secrets[k].get_secret_value() for k in AWS_KEYS} == {k: SECRETS[k] for k in AWS_KEYS}
+
+
+def test_the_default_takes_the_instance_role_skypilots_config_names(fake_sky, reserved_redis) -> None:
+    with skypilot_config(remote_identity="spotlight-nodes"):
+        result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p")
+    assert result.exit_code == 0, result.output
+    assert [identity for _, identity in fake_sky.identities] == ["spotlight-nodes"] * 2
+    for _, (task, _), _ in fake_sky.calls:
+        assert not set(AWS_KEYS) & set(task.secrets)
+
+
+def test_the_default_with_no_identity_configured_is_refused_keys_only_by_choice(fake_sky) -> None:
+    with skypilot_config(remote_identity=None):
+        result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p")
+        chosen = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--aws-identity", "keys", "--dry-run")
+    assert result.exit_code == 2 and "no instance role is configured" in result.output and not fake_sky.calls
+    assert "role:PROFILE" in result.output and "keys (this machine's AWS keys" in result.output
+    assert chosen.exit_code == 0, chosen.output
 
 
 @pytest.mark.parametrize("identity", ["role:", "role:bad name", "iam", "keys:x"])

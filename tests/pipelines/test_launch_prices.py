@@ -15,8 +15,9 @@ from tests.pipelines.sky_fakes import offer
 def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the_table(
     fake_sky, reserved_redis
 ) -> None:
-    """The dearest of the allowed types' cheapest VMs (any_of: which type is free is not known); without the catalog
-    (no network) the price table's dearest type, never the YAML's flat $0.50."""
+    """The dearest of the allowed types' cheapest VMs (any_of: which type is free is not known) on the cloud the
+    workers start in (a private queue's: the reserved node's, AWS here); without the catalog (no network) the price
+    table's dearest type, never the YAML's flat $0.50."""
     from resources.prices import PriceTable
 
     fake_sky.catalog = {
@@ -24,6 +25,7 @@ def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the
         "A10G": [offer("AWS", "g5.xlarge", "A10G", 1, 1.01, 0.45)],
         "A100": [
             offer("GCP", "a2-highgpu-1g", "A100", 1, 3.67, 1.47),
+            offer("AWS", "p4de.a100x1", "A100", 1, 4.10, 1.60),
             offer("GCP", "a2-highgpu-2g", "A100", 2, 7.35, float("nan")),
         ],
         "H100": [
@@ -34,8 +36,8 @@ def test_launch_prices_spot_workers_from_skypilots_catalog_and_falls_back_to_the
     result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p")
     assert result.exit_code == 0, result.output
     (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
-    assert float(task.envs["USD_PER_HOUR"]) == 2.53 and "a3-highgpu-1g on GCP" in result.output
-    fake_sky.catalog, fake_sky.calls = None, []
+    assert float(task.envs["USD_PER_HOUR"]) == 2.90 and "p5.4xlarge on AWS" in result.output  # not GCP's 2.53
+    fake_sky.catalog, fake_sky.calls, fake_sky.jobs = None, [], []
     result = _invoke("launch", "--spot-workers", "1", "--store", "s3://b/p", "--gpu", "L4,A10G")
     (task, _), _ = [c[1:] for c in fake_sky.calls if c[0] == "jobs.launch"][0]
     assert "priced from the price table" in result.output
@@ -113,7 +115,7 @@ def test_the_reserved_node_is_priced_as_launched_with_the_jobs_controller_and_ha
     assert result.exit_code == 0, result.output
     reserved = _reserved(fake_sky)
     ((resources),) = reserved.resources
-    assert resources.accelerators == {"H100": 8} and resources.autostop_config.down and resources.ports == ["6379"]
+    assert resources.accelerators == {"H100": 8} and resources.autostop_config.down and not resources.ports
     assert _node_price(reserved) == pytest.approx(88.25 + 0.192)
     reserved.update_envs({"RUN_DIR": str(tmp_path / "run")})
     home = {**os.environ, "HOME": str(tmp_path)}

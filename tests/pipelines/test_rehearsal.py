@@ -47,7 +47,15 @@ def _tasks(store: str, port: int, run_dir: Path, password: str, home: Path):
     ACL user and password, the run's config file), with the envs that make them run here; the config file is put
     where SkyPilot puts a file mount, under the nodes' `home`, with this machine's port and run folder."""
     from pipelines.launch_config import resolve_launch_run
-    from resources.cloud import LaunchPlan, placed_run_config, reserved_task, with_run_tls, worker_task
+    from resources.cloud import (
+        LaunchPlan,
+        placed_run_config,
+        reserved_task,
+        with_env_signing,
+        with_run_tls,
+        worker_task,
+    )
+    from resources.cloud.env_pin import make_env_signing
     from resources.queue.redis_tls import make_run_tls
     from resources.settings.resolve import derive, to_yaml
 
@@ -55,6 +63,7 @@ def _tasks(store: str, port: int, run_dir: Path, password: str, home: Path):
         {"SPOTLIGHT_REDIS_PASSWORD": password, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
         make_run_tls(),
     )
+    secrets = with_env_signing(secrets, make_env_signing())  # the reserved node signs the venv it caches
     flags = ["--store", store, "--preset", "cpu_smoke", "--iterations", "2", "--local-workers", "1", "--device", "cpu"]
     plan = LaunchPlan(spot_workers=1, run=resolve_launch_run(None, flags, {}))
     placed = placed_run_config(plan)

@@ -49,12 +49,13 @@ def test_a_queue_url_with_a_password_is_never_echoed_by_status(fake_sky) -> None
     assert "Xy9" not in result.output and "pa%22ss" not in result.output
 
 
-def test_down_cancels_only_spotlight_worker_jobs_then_the_reserved_node(fake_sky) -> None:
+def test_down_cancels_only_its_own_runs_worker_jobs_then_the_reserved_node(fake_sky) -> None:
     fake_sky.jobs = [
-        job("spotlight-rollout-1", 4, "RUNNING"),
+        job("spotlight-reserved-rollout-1", 4, "RUNNING"),
         job("someone-else", 5, "RUNNING"),
-        job("spotlight-rollout-2", 6, "RECOVERING"),
-        job("spotlight-rollout-3", 7, "CANCELLED"),
+        job("spotlight-reserved-rollout-2", 6, "RECOVERING"),
+        job("spotlight-reserved-rollout-3", 7, "CANCELLED"),
+        job("spotlight-reserved-2-rollout-1", 8, "RUNNING"),  # another run's
     ]
     result = _invoke("down", "--yes")
     assert result.exit_code == 0, result.output
@@ -78,16 +79,16 @@ def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_
     with _node_queue(reserved_redis, monkeypatch) as queue:
         queue.publish_info({"iteration": 4, "heldout_score": 0.61, "usd_total": 12.5, "workers_alive": 1})
     fake_sky.jobs = [
-        job("spotlight-rollout-1", 4, "RECOVERING"),
-        job("spotlight-rollout-2", 5, "SUCCEEDED"),
+        job("spotlight-reserved-rollout-1", 4, "RECOVERING"),
+        job("spotlight-reserved-rollout-2", 5, "SUCCEEDED"),
         job("someone-else", 6, "RUNNING"),
     ]
     text = _invoke("status").output
-    assert "iteration 4  held-out 0.610  spent $12.50" in text
-    assert "  spotlight-rollout-1  job 4  RECOVERING\n" in text + "\n" and "ManagedJobStatus" not in text
-    assert "spotlight-rollout-2" not in text and "someone-else" not in text  # finished, and not this project's
+    assert "iteration 4  held-out 0.610  spent $12.50" in text and fake_sky.tunnels == ["spotlight-reserved"]
+    assert "  spotlight-reserved-rollout-1  job 4  RECOVERING\n" in text + "\n" and "ManagedJobStatus" not in text
+    assert "spotlight-reserved-rollout-2" not in text and "someone-else" not in text  # finished; not this run's
     record = json.loads(_invoke("status", "--json").output)
-    assert record["spot_jobs"] == [{"name": "spotlight-rollout-1", "job_id": 4, "status": "RECOVERING"}]
+    assert record["spot_jobs"] == [{"name": "spotlight-reserved-rollout-1", "job_id": 4, "status": "RECOVERING"}]
     fake_sky.controller_up = False  # it stopped itself after its idle minutes
     stopped = _invoke("status")
     assert stopped.exit_code == 0 and "controller is stopped" in stopped.output and "iteration 4" in stopped.output

@@ -1,0 +1,111 @@
+"""`spotlight launch --print-env`: the YAMLs by hand. The printed `sky launch` / `sky jobs launch` lines are parsed by
+SkyPilot's own CLI (its click commands, --env-file / --secret-file / --config / --infra handling and YAML loading),
+then served (YAML round trip, secret resolution), and must give the tasks `spotlight launch` itself submits."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+
+import pytest
+
+from tests.pipelines.sky_fakes import SECRETS, served_task
+from tests.pipelines.sky_fakes import invoke as _invoke
+
+FLAGS = ("--spot-workers", "2", "--store", "s3://b/p", "--gpu", "A10G", "--no-env-cache")
+TOKEN = "reward-tok-'\\ 9"  # a quote and a backslash survive the files
+
+
+def sky_cli_task(line: str, monkeypatch):
+    """The task SkyPilot's CLI builds from one printed command line (before it calls its SDK), and the SkyPilot
+    config its --config flags set."""
+    from sky.client.cli import command
+
+    from sky import skypilot_config
+
+    argv = shlex.split(line)
+    jobs = argv[1:3] == ["jobs", "launch"]
+    click_command, args = (command.jobs_launch, argv[3:]) if jobs else (command.launch, argv[2:])
+    applied: dict = {}
+    monkeypatch.setattr(  # SkyPilot's own parser of --config, without touching this process's loaded config
+        skypilot_config, "apply_cli_config", lambda value: applied.update(skypilot_config._compose_cli_config(value))
+    )
+    params = click_command.make_context("sky", args).params
+    env = command._merge_cli_and_file_vars([params["env_file"]], params["env"])
+    secret = command._merge_cli_and_file_vars([params["env_file"], params["secret_file"]], params["secret"])
+    cloud, region, zone = command._handle_infra_cloud_region_zone_options(params["infra"], None, None, None)
+    task = command._make_task_or_dag_from_entrypoint_with_overrides(
+        params["entrypoint"],
+        name=params["name"] if jobs else None,
+        cloud=cloud,
+        region=region,
+        zone=zone,
+        gpus=params["gpus"],
+        ports=params["ports"],
+        env=env,
+        secret=secret,
+    )
+    return task, applied, (params["cluster"] if not jobs else params["name"])
+
+
+def test_print_env_gives_skypilots_cli_the_tasks_launch_submits_and_no_secret_on_a_command_line(
+    fake_sky, reserved_redis, monkeypatch
+) -> None:
+    monkeypatch.setenv("SPOTLIGHT_REWARD_TOKEN", TOKEN)
+    printed = _invoke("launch", *FLAGS, "--print-env")
+    assert printed.exit_code == 0, printed.output
+    assert not fake_sky.submitted  # nothing launched
+    for secret in (reserved_redis.password, SECRETS["AWS_SECRET_ACCESS_KEY"], TOKEN, "PRIVATE KEY"):
+        assert secret not in printed.output
+    commands = [line for line in printed.output.splitlines() if line.startswith("sky ")]
+    assert len(commands) == 3  # the reserved node, then one managed job per spot worker
+    by_hand = {}
+    for line in commands:
+        task, config, name = sky_cli_task(line, monkeypatch)
+        by_hand[name] = (served_task(task), config)
+        for flag in ("--env-file", "--secret-file"):
+            path = shlex.split(line)[shlex.split(line).index(flag) + 1]
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
+    launched = _invoke("launch", *FLAGS)
+    assert launched.exit_code == 0, launched.output
+    for index, (_, (task, name), _) in enumerate(fake_sky.calls):
+        hand, config = by_hand[name]
+        assert hand.name == task.name or name == "spotlight-reserved"
+        assert hand.envs == task.envs
+        # SkyPilot's CLI also passes the --env-file's values as secrets (the same values): the secret file's are these
+        assert {k: v.get_secret_value() for k, v in hand.secrets.items() if k not in hand.envs} == {
+            k: v.get_secret_value() for k, v in task.secrets.items()
+        }
+        assert hand.secrets["SPOTLIGHT_REWARD_TOKEN"].get_secret_value() == TOKEN
+        assert hand.file_mounts == task.file_mounts  # the run's config file, copied to ~/.spotlight/run_config.yaml
+        assert {str(r) for r in hand.resources} == {str(r) for r in task.resources}
+        assert {(r.region, tuple(r.ports or ())) for r in hand.resources} == {
+            (r.region, tuple(r.ports or ())) for r in task.resources
+        }
+        assert config.get("aws", {}).get("security_group_name") == fake_sky.security_groups[index]
+        assert not hand.managed_secret_refs
+
+
+def test_print_env_before_the_node_is_up_prints_its_command_and_says_to_come_back_for_the_workers(fake_sky) -> None:
+    fake_sky.cluster_exists = False
+    printed = _invoke("launch", *FLAGS, "--print-env")
+    assert printed.exit_code == 0, printed.output
+    commands = [line for line in printed.output.splitlines() if line.startswith("sky ")]
+    assert len(commands) == 1 and commands[0].startswith("sky launch -y -c spotlight-reserved ")
+    assert "run this again once `sky status spotlight-reserved` shows the node UP" in printed.output
+
+
+def test_print_env_without_the_redis_password_is_refused(fake_sky, monkeypatch) -> None:
+    monkeypatch.delenv("SPOTLIGHT_REDIS_PASSWORD")
+    printed = _invoke("launch", *FLAGS, "--print-env")
+    assert printed.exit_code == 1 and "SPOTLIGHT_REDIS_PASSWORD" in printed.output and not fake_sky.calls
+
+
+@pytest.mark.parametrize("name", ["reserved.yaml", "spot_workers.yaml"])
+def test_each_yaml_header_tells_how_to_run_it_by_hand_with_print_env(name) -> None:
+    from tests.paths import REPO_ROOT
+
+    header = (REPO_ROOT / "sky" / name).read_text().split("\nname:")[0]
+    assert "--print-env" in header and "--env-file" in header and "--secret-file" in header
