@@ -79,13 +79,15 @@ def _check_cloud(store: Optional[str], queue: Optional[str], rollouts: str) -> N
 
 
 def resolve_env(env: Mapping[str, str] = os.environ):
-    """The `Resolved` config `dagster dev` runs: the preset, SPOTLIGHT_CONFIG's files, then SPOTLIGHT_* variables."""
-    from resources.settings.resolve import ConfigError, env_layer, file_layer, resolve
-    from workers.trainer.presets import PRESETS
+    """The `Resolved` config `dagster dev` runs, as `spotlight run` resolves it (pipelines/config_cli.py): the preset
+    (the `--model` folder's family's when no layer names one), SPOTLIGHT_CONFIG's files, SPOTLIGHT_* variables, then
+    what the device decides (pipelines/run_defaults.py)."""
+    from pipelines.config_cli import resolve_settings
+    from resources.settings.resolve import ConfigError
 
     files = [Path(p) for p in (env.get(CONFIG_VARIABLE) or "").split(os.pathsep) if p]
     try:
-        return resolve([*(file_layer(f) for f in files), env_layer(env)], PRESETS)
+        return resolve_settings({}, files, env=env)
     except ConfigError as err:
         raise DeploymentError(str(err)) from None
 

@@ -45,7 +45,27 @@ def resolve_launch_run(config: Optional[Path], args: list[str], env) -> "RunConf
     layers += [file_layer(config)] if config is not None else []
     layers += [env_layer(env), run_settings(args)]
     _check_node_paths(layers)
-    return resolve(layers, PRESETS, check_paths=False).config
+    return resolve([*_family_layers(layers), *layers], PRESETS, check_paths=False).config
+
+
+def _family_layers(layers: list["Layer"]) -> list["Layer"]:
+    """The preset `--model`'s family decides (pipelines/run_defaults.py) when no layer names one. The folder is the
+    nodes' path: read here when this machine has it too; otherwise ConfigError asking for --preset (a GPU model on
+    the tiny CPU preset would load in FP32 with the wrong recipe and reward)."""
+    from pipelines.run_defaults import FAMILY_PRESETS, family_layers
+    from resources.settings.resolve import ConfigError
+
+    model = [layer for layer in layers if layer.values.get("model.model")]
+    if not model or any("preset" in layer.values for layer in layers):
+        return []
+    folder = Path(model[-1].values["model.model"])
+    if not (folder / "model_index.json").is_file():
+        choices = ", ".join(f"{preset} ({family})" for family, preset in FAMILY_PRESETS.items())
+        raise ConfigError(
+            f"{model[-1].where['model.model']}: {folder} is not on this machine, so its family cannot choose the "
+            f"preset: name it with --preset ({choices})"
+        )
+    return family_layers(layers, "cpu_tiny_spot")
 
 
 def run_settings(args: list[str]) -> "Layer":

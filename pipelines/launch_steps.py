@@ -69,7 +69,7 @@ def remote_reward_hosts(spec: str) -> list[str]:
 def check_reward_token(plan, secrets: Mapping[str, str]) -> None:
     """CloudError when the run scores with a remote reward off loopback and SPOTLIGHT_REWARD_TOKEN is not set here:
     reward-serve refuses every request without it (401), and the nodes get it only from this machine."""
-    from pipelines.reward_cli import is_loopback
+    from resources.reward_server import is_loopback
     from resources.cloud import CloudError
     from resources.cloud.tasks import REWARD_TOKEN_ENV
 

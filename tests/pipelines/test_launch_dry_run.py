@@ -167,7 +167,9 @@ def test_dry_run_with_a_model_ships_it_in_the_run_config_and_mounts_its_bucket_a
         assert not {"MODEL", "PRESET", "REWARD", "PROMPTS", "LOCAL_WORKERS"} & set(task["envs"])
         assert task["file_mounts"][model] == source and not fake_sky.calls
     # What launch submits is a valid SkyPilot task: its YAML form parses back (offline) with both mounts.
-    plan = launch_plan("--model", model, model_source=source)
+    plan = launch_plan(
+        "--model", model, "--preset", "qwen_image_lora", "--reward", "http://r:8200", model_source=source
+    )
     shipped = ship_run_config(plan, tmp_path)
     for task in plan_tasks(plan, SECRETS, shipped):
         again = sky.Task.from_yaml_config(task.to_yaml_config())
@@ -282,11 +284,17 @@ def test_an_sp_degree_the_model_takes_launches_and_a_folder_only_on_the_nodes_is
         "s3://b/p",
         "--model",
         "/models/Qwen-Image",
+        "--preset",
+        "qwen_image_lora",
+        "--reward",
+        "http://rewards:8200",
         "--sp-degree",
         "2",
         "--dry-run",
     )
-    assert elsewhere.exit_code == 0 and "--sp-degree 2 not checked against --model" in elsewhere.output
+    assert elsewhere.exit_code == 0 and "--sp-degree 2 not checked against --model" in elsewhere.output, (
+        elsewhere.output
+    )
 
 
 @pytest.mark.parametrize(
@@ -330,7 +338,19 @@ def test_launch_without_the_redis_password_submits_nothing_and_says_what_to_expo
             "a cloud run has deployment.deployment 'cloud'",
         ),
         (["--store", "s3://b/p", "--model-source", "s3://w/qwen"], "--model-source needs --model"),
-        (["--store", "s3://b/p", "--model", "/models/qwen", "--model-source", "/data/qwen"], "must be a bucket URL"),
+        (
+            [
+                "--store",
+                "s3://b/p",
+                "--model",
+                "/models/qwen",
+                "--preset",
+                "flux1_lora",
+                "--model-source",
+                "/data/qwen",
+            ],
+            "must be a bucket URL",
+        ),
         (["--store", "s3://b/p", "--reserved-gpus", "H100:0"], "--reserved-gpus must be NAME[:COUNT]"),
         (["--store", "s3://b/p", "--reserved-gpus", "TPU:8"], "--reserved-gpus must be NAME[:COUNT]"),
         (["--store", "s3://b/p", "--sp-degree", "two"], "--sp-degree must be an integer >= 1 or auto, got 'two'"),

@@ -152,3 +152,27 @@ def test_launchs_old_workers_flag_is_refused_with_its_new_name(fake_sky) -> None
     result = _invoke("launch", "--workers", "2", "--store", "s3://b/p", "--dry-run")
     assert result.exit_code == 2 and "--workers was renamed --spot-workers" in result.output
     assert "--local-workers" in result.output and not fake_sky.calls
+
+
+def test_launch_with_a_model_and_no_preset_takes_the_folders_family_or_asks_for_the_preset(tmp_path) -> None:
+    """A Qwen-Image folder on this machine runs its family's recipe, not the tiny CPU preset; a folder only the
+    nodes have is refused before anything is submitted, naming the presets to choose from; --preset still wins."""
+    import json
+
+    import pytest
+
+    from pipelines.launch_config import resolve_launch_run
+    from resources.settings.resolve import ConfigError
+
+    qwen = tmp_path / "Qwen-Image"
+    (qwen / "transformer").mkdir(parents=True)
+    (qwen / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    (qwen / "transformer" / "config.json").write_text(
+        json.dumps({"num_attention_heads": 24, "attention_head_dim": 128})
+    )
+    run = resolve_launch_run(None, ["--store", "s3://b/p", "--model", str(qwen)], {})
+    assert run.preset == "qwen_image_lora" and run.model.lora_rank is not None
+    with pytest.raises(ConfigError, match=r"not on this machine.*--preset \(sd35m_lora \(sd3\), qwen_image_lora"):
+        resolve_launch_run(None, ["--store", "s3://b/p", "--model", "/models/Qwen-Image"], {})
+    named = ["--store", "s3://b/p", "--model", "/models/FLUX.1-dev", "--preset", "flux1_lora"]
+    assert resolve_launch_run(None, named, {}).preset == "flux1_lora"
