@@ -21,9 +21,9 @@ With `sp_degree` (2..8, or "auto"), each spot job is an SP node instead of one r
 a node of `gpus_per_node` GPUs (of each type asked for) whose run line starts the elastic SP
 node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GPUs together.
 
-The reserved node's Redis is TLS-only, signed by a CA made for the run, with an ACL user for
-the workers (resources/queue/redis_tls.py): the node gets the server's key, each worker only
-the CA certificate and its own password. `launch` submits workers once that Redis answers.
+The reserved node's Redis is TLS-only, signed by a CA made for the run (resources/queue/redis_tls.py): the node
+gets the server's key, each worker job only the CA certificate and the password of its own ACL user, which `launch`
+grants on the node's Redis (resources/queue/redis_acl.py) just before it submits that job, once Redis answers.
 
 Prices (resources/cloud/pricing.py): each spot worker, and the reserved node plus the jobs controller VM, from
 SkyPilot's catalog for what is launched (`reserved_gpus` overrides the YAML's accelerators). With `aws_identity`
@@ -44,6 +44,7 @@ import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
+from urllib.parse import urlsplit
 
 import sky
 from resources.cloud.plan import RESERVED_CLUSTER, CloudError, LaunchPlan
@@ -68,7 +69,8 @@ from resources.cloud.tasks import (
     worker_task,
     yaml_task,
 )
-from resources.queue.redis_tls import FILES, WORKER_USER
+from resources.queue.redis_acl import grant_worker_at
+from resources.queue.redis_tls import FILES
 from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_address
 from sky import exceptions as sky_exceptions
 
@@ -182,7 +184,7 @@ def launch(
     if before_workers is not None:
         before_workers(queue_url)
     workers = catalog_price(plan, clouds, echo)
-    _submit_workers(plan, secrets, run_config, f"rediss://{WORKER_USER}@{address}/0", workers, echo)
+    _submit_workers(plan, secrets, run_config, queue_url, workers, echo)
     return queue_url
 
 
@@ -194,10 +196,13 @@ def _submit_workers(
     usd_per_hour: float | None,
     echo: Callable,
 ) -> None:
-    """One managed job per spot worker, skipping those already unfinished (a relaunch resumes the run)."""
+    """One managed job per spot worker, skipping those already unfinished (a relaunch resumes the run); each job
+    submitted gets its own ACL user, granted on the node's Redis (`queue_url`: the coordinator's) first."""
     running = {job["name"]: job for job in worker_jobs(echo)}
     for index in range(1, plan.spot_workers + 1):
         task = worker_task(plan, secrets, index, run_config, queue_url, usd_per_hour)
+        if task.name not in running:
+            grant_worker_at(queue_url, secrets, urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or "")
         if task.name in running:
             echo(
                 f"{task.name} is already running (managed job {running[task.name]['job_id']}, "

@@ -44,8 +44,11 @@ def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_r
     """What SkyPilot's API server does with each task before provisioning: load the client's YAML dump, then
     resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)"). The
     run's config file is a file mount of every task, at the path its run line reads."""
+    from urllib.parse import urlsplit
+
     from resources.cloud import plan_tasks, ship_run_config, with_run_tls
-    from resources.queue.redis_tls import make_run_tls, worker_password
+    from resources.queue.redis_acl import worker_password
+    from resources.queue.redis_tls import make_run_tls
 
     tls = make_run_tls()
     secrets = with_run_tls(SECRETS, tls)
@@ -57,8 +60,12 @@ def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_r
     expected = [
         {**SECRETS, "SPOTLIGHT_REDIS_TLS_CERT": tls.b64("cert_pem"), "SPOTLIGHT_REDIS_TLS_KEY": tls.b64("key_pem")}
     ]
-    expected += [{**SECRETS, "SPOTLIGHT_REDIS_PASSWORD": worker_password(SECRETS["SPOTLIGHT_REDIS_PASSWORD"])}] * 2
-    for task, secrets_of_task in zip(tasks, expected, strict=False):
+    users = [urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username for task in tasks[1:]]
+    assert len(set(users)) == 2 and all(u.startswith("spotlight-w") for u in users)  # one ACL user per worker job
+    expected += [
+        {**SECRETS, "SPOTLIGHT_REDIS_PASSWORD": worker_password(SECRETS["SPOTLIGHT_REDIS_PASSWORD"], u)} for u in users
+    ]
+    for task, secrets_of_task in zip(tasks, expected, strict=True):
         served = served_task(task)
         assert {k: v.get_secret_value() for k, v in served.secrets.items()} == secrets_of_task
         assert served.envs["SPOTLIGHT_REDIS_RUN_CA"] == tls.b64("ca_pem")
