@@ -166,7 +166,7 @@ def _save(admin: Any) -> None:
     try:
         admin.execute_command("ACL", "SAVE")
     except redis.exceptions.ResponseError as err:
-        if "aclfile" not in str(err).lower():
+        if "acl file" not in str(err).lower():  # "not configured to use an ACL file"
             raise
 
 

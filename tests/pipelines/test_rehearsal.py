@@ -63,7 +63,8 @@ def _tasks(store: str, port: int, run_dir: Path, password: str, home: Path):
     shipped.parent.mkdir(parents=True, exist_ok=True)
     shipped.write_text(to_yaml(derive(placed, placed.preset, deployment=here)))
     reserved = reserved_task(plan, secrets, shipped)
-    reserved.update_envs({"RUN_DIR": str(run_dir), "REDIS_PORT": str(port)})  # what `sky launch --env` sets
+    # what `sky launch --env` sets (the workers, END_CHECK_S 1, leave well within REVOKE_GRACE_S)
+    reserved.update_envs({"RUN_DIR": str(run_dir), "REDIS_PORT": str(port), "REVOKE_GRACE_S": "20"})
     queue = f"rediss://127.0.0.1:{port}/0"  # each worker task adds its own ACL user
     spot_envs = {"USD_PER_HOUR": "0.25", "END_CHECK_S": "1"}
     spot = worker_task(plan, secrets, 1, shipped, queue)
@@ -149,6 +150,7 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
             assert exit_code in recover_on, f"a preempted worker exits {exit_code}; job_recovery recovers {recover_on}"
             blocks.append(start_block(spot_task, f"{victim.name}-recovered", REPO_ROOT, logs, node_env))
             assert reserved.wait(RUN_TIMEOUT_S) == 0, reserved.text()[-3000:]
+            assert "revoked 2 worker users" in reserved.text()  # both granted users (spot, wrong password), at the end
             for block in blocks[1:]:  # the run has ended: every live spot job ends by itself, with 0 (not recovered)
                 if block is not victim:
                     assert block.wait(60) == 0, block.text()[-3000:]

@@ -226,3 +226,16 @@ def test_a_worker_before_the_coordinator_has_loaded_the_functions_is_told_so(nod
             open_node_queue(monkeypatch, node.url(user), client_env(node, worker_password(NODE_PASSWORD, user)))
     finally:
         open_node_queue(monkeypatch, node.url(), client_env(node, NODE_PASSWORD)).close()  # loads them again
+
+
+def test_a_redis_without_an_acl_file_still_grants_and_revokes(redis_server) -> None:
+    """A Redis started without the node's aclfile (a user's own): ACL SAVE is refused there, the grant still holds."""
+    import redis
+
+    from resources.queue.redis_acl import grant_worker, revoke_worker, worker_user, worker_users
+
+    user = worker_user(7, "a1b2c3d4e5f6")
+    with redis.Redis(port=redis_server.port, password=redis_server.password) as admin:
+        grant_worker(admin, user, "pw-of-the-worker")
+        assert user in worker_users(admin)
+        assert revoke_worker(admin, user) and user not in worker_users(admin)
