@@ -17,6 +17,11 @@ CA_FILE_ENV = "SPOTLIGHT_REDIS_CA_FILE"
 RUN_CA_ENV = "SPOTLIGHT_REDIS_RUN_CA"
 """rediss:// only: the run's own CA (base64 of its PEM, made by `spotlight launch`), which signed the run's Redis
 certificate and nothing else: the chain is checked against it, the host name is not (resources/queue/redis_tls.py)."""
+CLIENT_CERT_ENV = "SPOTLIGHT_REDIS_CLIENT_CERT"
+"""rediss:// with the run's CA: this client's certificate (base64 of its PEM), for a queue that requires one (mutual
+TLS, a public queue); a worker job's is signed for it at launch (resources/queue/redis_certs.py)."""
+CLIENT_KEY_ENV = "SPOTLIGHT_REDIS_CLIENT_KEY"
+"""The private key of SPOTLIGHT_REDIS_CLIENT_CERT (base64 of its PEM), a secret."""
 REDIS_SCHEMES = ("redis", "rediss")
 
 
@@ -53,6 +58,9 @@ class RedisAddress:
     ca_file: str | None = None
     run_ca: str | None = field(default=None, repr=False)
     """The run's CA certificate (PEM text) from SPOTLIGHT_REDIS_RUN_CA; it takes precedence over ca_file."""
+    client_cert: str | None = field(default=None, repr=False)
+    """This client's certificate and key (PEM text) from SPOTLIGHT_REDIS_CLIENT_CERT/_KEY, with the run's CA only."""
+    client_key: str | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         return f"RedisAddress({self.url!r})"
@@ -89,6 +97,8 @@ def redis_address(url: str, env: Mapping[str, str] = os.environ) -> RedisAddress
             f"{CA_FILE_ENV}={ca_file} is not a file: point it at the PEM bundle that signed the "
             "Redis server's certificate, or unset it to trust the system's CAs"
         )
+    run_ca = _run_ca(env) if scheme == "rediss" else None
+    cert, key = _client_cert(env) if run_ca is not None else (None, None)
     return RedisAddress(
         parsed.hostname,
         parsed.port or 6379,
@@ -97,8 +107,34 @@ def redis_address(url: str, env: Mapping[str, str] = os.environ) -> RedisAddress
         password,
         tls=scheme == "rediss",
         ca_file=ca_file,
-        run_ca=_run_ca(env) if scheme == "rediss" else None,
+        run_ca=run_ca,
+        client_cert=cert,
+        client_key=key,
     )
+
+
+def _client_cert(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(certificate, key) PEM text from SPOTLIGHT_REDIS_CLIENT_CERT and _KEY (base64), or (None, None); ValueError
+    when only one is set or either is not base64 PEM."""
+    import base64
+    import binascii
+
+    cert, key = env.get(CLIENT_CERT_ENV), env.get(CLIENT_KEY_ENV)
+    if not cert and not key:
+        return None, None
+    texts = []
+    for name, raw, marker in ((CLIENT_CERT_ENV, cert, "CERTIFICATE-----"), (CLIENT_KEY_ENV, key, "PRIVATE KEY-----")):
+        try:
+            text = base64.b64decode(raw or "", validate=True).decode("ascii")
+        except (binascii.Error, UnicodeDecodeError):
+            text = ""
+        if marker not in text:
+            raise ValueError(
+                f"{name} is {'not set' if not raw else 'not a base64 PEM'}: set both {CLIENT_CERT_ENV} and "
+                f"{CLIENT_KEY_ENV} to the worker's client certificate and key as spotlight launch hands them out"
+            )
+        texts.append(text)
+    return texts[0], texts[1]
 
 
 def _run_ca(env: Mapping[str, str]) -> str | None:

@@ -21,13 +21,14 @@ With `sp_degree` (2..8, or "auto"), each spot job is an SP node instead of one r
 a node of `gpus_per_node` GPUs (of each type asked for) whose run line starts the elastic SP
 node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GPUs together.
 
-The reserved node's Redis is TLS-only, signed by a CA made for the run, with an ACL user for
-the workers (resources/queue/redis_tls.py): the node gets the server's key, each worker only
-the CA certificate and its own password. Its port is open to no one by default: the workers reach it on the node's
-private address and this machine through an SSH tunnel (resources/cloud/network.py); `public_queue` opens it, with
-mutual TLS. `launch` submits workers once that Redis answers. Worker jobs carry the run's cluster name
-(resources/cloud/jobs.py), so runs launched side by side never touch each other's jobs. The venv cache is signed by
-the reserved node with the run's key (resources/cloud/env_pin.py).
+The reserved node's Redis is TLS-only, signed by a CA made for the run (resources/queue/redis_tls.py): the node
+gets the server's key, each worker job only the CA certificate and the password of its own ACL user, which `launch`
+grants on the node's Redis (resources/queue/redis_acl.py) just before it submits that job. Its port is open to no one
+by default: the workers reach it on the node's private address and this machine through an SSH tunnel
+(resources/cloud/network.py), which also carries the grants; `public_queue` opens it, with mutual TLS. `launch`
+submits workers once that Redis answers. Worker jobs carry the run's cluster name (resources/cloud/jobs.py), so runs
+launched side by side never touch each other's jobs. The venv cache is signed by the reserved node with the run's
+key (resources/cloud/env_pin.py).
 
 Prices (resources/cloud/pricing.py): each spot worker, and the reserved node plus the jobs controller VM, from
 SkyPilot's catalog for what is launched (`reserved_gpus` overrides the YAML's accelerators). With `aws_identity`
@@ -48,6 +49,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
 import sky
 from resources.cloud.env_pin import env_signing, with_env_signing
@@ -80,7 +82,8 @@ from resources.cloud.tasks import (
     worker_task,
     yaml_task,
 )
-from resources.queue.redis_tls import FILES, WORKER_USER
+from resources.queue.redis_acl import grant_worker_at
+from resources.queue.redis_tls import FILES
 from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_address
 
 __all__ = [
@@ -168,13 +171,13 @@ def launch(
         sky.stream_and_get(sky.launch(reserved, cluster_name=plan.cluster))
     place = node_place(plan.cluster)
     workers = catalog_price(plan, clouds if plan.public_queue else [str(place.cloud)], echo)  # where they start
-    queue_url = f"rediss://{WORKER_USER}@{worker_queue_host(plan, place)}/0"
+    queue_url = f"rediss://{worker_queue_host(plan, place)}/0"  # each job adds its own ACL user
     with launcher_route(plan.cluster, plan.public_queue) as address:  # held while the workers are submitted
         wait_s = REDIS_WAIT_S if redis_wait_s is None else redis_wait_s
         wait_for_redis(f"rediss://{address}/0", secrets, wait_s, echo, cluster=plan.cluster)
         if before_workers is not None:
             before_workers(f"rediss://{address}/0")
-        _submit_workers(plan, secrets, run_config, queue_url, workers, place, echo)
+        _submit_workers(plan, secrets, run_config, queue_url, workers, place, echo, admin_url=f"rediss://{address}/0")
     return queue_url
 
 
@@ -186,11 +189,16 @@ def _submit_workers(
     usd_per_hour: float | None,
     place: NodePlace,
     echo: Callable,
+    admin_url: str,
 ) -> None:
-    """One managed job per spot worker, skipping this run's jobs already unfinished (a relaunch resumes the run)."""
+    """One managed job per spot worker, skipping this run's jobs already unfinished (a relaunch resumes the run); each
+    job submitted gets its own ACL user, granted first on the node's Redis as the coordinator (`admin_url`: this
+    machine's route to it, the SSH tunnel of a private queue)."""
     running = {job["name"]: job for job in worker_jobs(plan.cluster, echo)}
     for index in range(1, plan.spot_workers + 1):
         task = worker_task(plan, secrets, index, run_config, queue_url, usd_per_hour, place)
+        if task.name not in running:
+            grant_worker_at(admin_url, secrets, urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or "")
         if task.name in running:
             echo(
                 f"{task.name} is already running (managed job {running[task.name]['job_id']}, "

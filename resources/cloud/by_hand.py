@@ -3,7 +3,8 @@
 For each task it writes, in the run's state folder (0700, files 0600), an `--env-file` (the envs `launch` sets,
 RUN_CONFIG_FILE naming the run's config file, which the YAMLs' file_mounts copy to every node) and a `--secret-file`
 (the secrets: never on a command line, where `ps` shows them to every user of the machine), and returns the `sky
-launch` / `sky jobs launch` commands that use them, with the SkyPilot config keys the launch would set (`--config`)
+launch` / `sky jobs launch` commands that use them (each worker job its own files: its own ACL user, granted on the
+node first by the printed `redis_acl grant` line), with the SkyPilot config keys the launch would set (`--config`)
 and the resources it would change (`--gpus`, `--ports`, `--infra`). The spot workers' commands need the reserved
 node's private address, cloud and region: given once it is up (`place`), else a line says to run it again then.
 
@@ -21,12 +22,14 @@ import os
 import shlex
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import urlsplit
 
 import sky
 from resources.cloud.jobs import worker_job_name
 from resources.cloud.network import REDIS_PORT, NodePlace, skypilot_config_overrides
 from resources.cloud.plan import LaunchPlan
-from resources.cloud.tasks import SKY_DIR, reserved_task, ship_run_config, worker_task
+from resources.cloud.tasks import NODE_QUEUE, SKY_DIR, reserved_task, ship_run_config, worker_task
+from resources.urls import PASSWORD_ENV, RUN_CA_ENV
 
 
 def dotenv_text(values: Mapping[str, str]) -> str:
@@ -85,11 +88,18 @@ def by_hand_commands(
             f"# 2. the spot workers: run this again once `sky status {plan.cluster}` shows the node UP (their queue "
             "is its private address, and they start in its region)"
         ]
-    queue = f"rediss://spotlight-worker@{queue_host or f'{place.private_ip}:{REDIS_PORT}'}/0"
-    first = worker_task(hand, secrets, 1, run_config, queue, place=place)
-    env_file, secret_file = _task_files(first, folder, "worker")
-    lines.append(f"# 2. the spot workers (queue {queue}), one managed job each")
-    for index in range(1, plan.spot_workers + 1):
+    queue = f"rediss://{queue_host or f'{place.private_ip}:{REDIS_PORT}'}/0"
+    indexes = range(1, plan.spot_workers + 1)
+    tasks = [worker_task(hand, secrets, index, run_config, queue, place=place) for index in indexes]
+    users = [urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or "" for task in tasks]
+    lines.append(
+        "# 2. grant each worker job's own ACL user on the node's Redis first, as the coordinator (with "
+        f"{PASSWORD_ENV} and {RUN_CA_ENV} set, through `ssh -L 6379:127.0.0.1:6379 {plan.cluster}`):"
+    )
+    lines.append(shlex.join(["python", "-m", "resources.queue.redis_acl", "--queue", NODE_QUEUE, "grant", *users]))
+    lines.append(f"# 3. the spot workers (queue {queue}, each as its own user), one managed job each")
+    for index, task in zip(indexes, tasks, strict=True):
+        env_file, secret_file = _task_files(task, folder, f"worker-{index}")
         command = ["sky", "jobs", "launch", "-y", "-d", _yaml_path("spot_workers.yaml")]
         command += ["-n", worker_job_name(plan.cluster, index), "--env-file", str(env_file)]
         command += ["--secret-file", str(secret_file), *_config_flags(plan), *_worker_resources(plan, place)]

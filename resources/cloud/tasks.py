@@ -23,7 +23,8 @@ from resources.cloud.jobs import worker_job_name
 from resources.cloud.network import REDIS_PORT, NodePlace
 from resources.cloud.plan import CloudError, LaunchPlan
 from resources.prices import PriceTable
-from resources.queue.redis_tls import CERT_ENV, KEY_ENV, WORKER_USER, RunTls, worker_password
+from resources.queue.redis_acl import new_nonce, with_user, worker_password, worker_user
+from resources.queue.redis_tls import CERT_ENV, KEY_ENV, RunTls
 from resources.reward_http import REWARD_TOKEN_ENV  # a secret of every node; the YAMLs declare it empty
 from resources.settings.config import RunConfig
 from resources.settings.resolve import derive, to_yaml
@@ -65,8 +66,9 @@ RUN_CONFIG_FILE_ENV = "RUN_CONFIG_FILE"
 """The YAMLs' variable naming the run's config file on the launching machine (their file_mounts' source)."""
 RUN_CONFIG_NAME = "run_config.yaml"
 """The file `spotlight launch` writes (in the state folder) and mounts on every node."""
-PLACEHOLDER_QUEUE = f"rediss://{WORKER_USER}@RESERVED_NODE_IP:{REDIS_PORT}/0"
-"""The spot workers' queue before the reserved node has an address (what --dry-run shows)."""
+PLACEHOLDER_QUEUE = f"rediss://RESERVED_NODE_IP:{REDIS_PORT}/0"
+"""The spot workers' queue before the reserved node has an address (what --dry-run shows; each worker job's ACL user
+is added to it)."""
 STATE_DIR_ENV = "SPOTLIGHT_STATE_DIR"
 """Folder of what `spotlight launch` keeps on this machine between launches (each run's TLS files)."""
 ENV_CACHE_MOUNT = "/spotlight-env-cache"
@@ -247,13 +249,17 @@ def worker_task(
     queue_url: str = PLACEHOLDER_QUEUE,
     usd_per_hour: float | None = None,
     place: NodePlace | None = None,
+    user: str | None = None,
 ) -> sky.Task:
-    """sky/spot_workers.yaml as worker `index`'s managed job `CLUSTER-rollout-index`: the reserved node's queue (as
-    the workers' ACL user, with their own password), the run's CA, the plan's GPUs, and the run's config file mounted
-    where its run line hands it to the worker (its knobs, model and device). A private queue's worker starts in the
-    node's cloud and region (`place`: its network); a public queue's shows a client certificate of the run's CA."""
+    """sky/spot_workers.yaml as worker `index`'s managed job `CLUSTER-rollout-index`: the reserved node's queue as this
+    job's own ACL user `user` (default: a fresh one, resources/queue/redis_acl.py) with that user's password, the
+    run's CA, the plan's GPUs, and the run's config file mounted where its run line hands it to the worker (its knobs,
+    model and device). The user exists on the node only once granted (`grant_worker_at`). A private queue's worker
+    starts in the node's cloud and region (`place`: its network); a public queue's shows a client certificate of the
+    run's CA."""
+    user = user or worker_user(index, new_nonce())
     if secrets.get(PASSWORD_ENV):
-        secrets = {**secrets, PASSWORD_ENV: worker_password(secrets[PASSWORD_ENV])}
+        secrets = {**secrets, PASSWORD_ENV: worker_password(secrets[PASSWORD_ENV], user)}
     task = yaml_task("spot_workers.yaml", secrets, aws_keys=plan.remote_identity is None)
     task.name = worker_job_name(plan.cluster, index)
     count = plan.node_gpus
@@ -264,7 +270,7 @@ def worker_task(
         options = [r.copy(cloud=place.cloud, region=place.region) for r in options]
     task.set_resources(set(options))
     envs = {
-        "SPOTLIGHT_QUEUE": queue_url,
+        "SPOTLIGHT_QUEUE": with_user(queue_url, user),
         "SPOTLIGHT_STORE": plan.store,
         **({RUN_CA_ENV: secrets[RUN_CA_ENV]} if secrets.get(RUN_CA_ENV) else {}),
         # The node's spot price for the ledger and the cap, whatever types any_of allows (never the YAML's flat one).

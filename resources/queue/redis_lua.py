@@ -1,6 +1,11 @@
-"""Lua scripts of RedisQueue: each queue operation is one atomic script on the server.
+"""The Redis Functions library of RedisQueue: each queue operation is one atomic function on the server.
 
-KEYS (the same thirteen for every script, all in one hash slot):
+The coordinator loads LIBRARY (`FUNCTION LOAD REPLACE`, an admin command); every client then calls the
+functions by name (`FCALL spotlight_claim 13 KEYS... ARGS...`). No client sends Lua of its own: a worker's
+ACL user may FCALL the worker's functions and nothing else that runs code (resources/queue/redis_acl.py), and
+Redis checks every command a function runs against the caller's ACL, so a function is no way around it.
+
+KEYS (the same thirteen for every function, all in one hash slot; `queue_keys` lists them):
   1-3   streams of rollout, validate, explore requests (consumer group `workers`)
   4     hash  request id -> 'open' | 'done' | 'cancelled' | 'dead:<dead-letter entry id>'
   5     hash  request id -> '<kind>|<stream entry id>|<iteration>' for open requests only
@@ -20,6 +25,8 @@ heartbeat moves the lease's end; a release sets it to now (claimable at once).
 """
 
 from __future__ import annotations
+
+from resources.queue.records import KINDS_BY_PRIORITY as KINDS
 
 _COMMON = """
 local GROUP = 'workers'
@@ -49,9 +56,7 @@ local function drop_entry(stream, entry)
 end
 """
 
-PUT = (
-    _COMMON
-    + """
+PUT = """
 -- ARGV: groups of (request id, kind, iteration, body)
 local added = 0
 for i = 1, #ARGV, 4 do
@@ -64,11 +69,8 @@ for i = 1, #ARGV, 4 do
 end
 return added
 """
-)
 
-CLAIM = (
-    _COMMON
-    + """
+CLAIM = """
 -- ARGV: consumer, lease ms, max deliveries -> {entry id, body, deliveries} or nil
 local consumer, lease_ms, max_deliveries = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
@@ -115,11 +117,8 @@ for s = 1, 3 do
 end
 return nil
 """
-)
 
-EXTEND = (
-    _COMMON
-    + """
+EXTEND = """
 -- ARGV: kind, entry id, consumer, deliveries of the lease, lease ms, request id -> 1 if still ours
 local stream = stream_of(ARGV[1])
 local row = pel_row(stream, ARGV[2])
@@ -127,11 +126,8 @@ if not row or row[2] ~= ARGV[3] or row[4] ~= tonumber(ARGV[4]) then return 0 end
 redis.call('ZADD', leases_of(ARGV[1]), now_ms() + tonumber(ARGV[5]), ARGV[6])
 return 1
 """
-)
 
-ACK = (
-    _COMMON
-    + """
+ACK = """
 -- ARGV: request id, result key, this call's token -> 1 if this call (perhaps retried) completed it
 local id = ARGV[1]
 local state = redis.call('HGET', KEYS[4], id)
@@ -159,11 +155,8 @@ if ARGV[3] ~= '' then redis.call('HSET', KEYS[12], id, ARGV[3]) end
 redis.call('ZADD', KEYS[13], tonumber(iteration), id)
 return 1
 """
-)
 
-CANCEL = (
-    _COMMON
-    + """
+CANCEL = """
 -- ARGV: iteration, kind or '' -> number cancelled
 local n = 0
 local open = redis.call('HGETALL', KEYS[5])
@@ -180,11 +173,8 @@ end
 redis.call('HINCRBY', KEYS[8], 'cancelled', n)
 return n
 """
-)
 
-STATS = (
-    _COMMON
-    + """
+STATS = """
 -- ARGV: none -> {pending, leased, done, dead, cancelled}
 local now = now_ms()
 local leased = 0
@@ -193,11 +183,8 @@ local cancelled = tonumber(redis.call('HGET', KEYS[8], 'cancelled') or '0')
 return {redis.call('HLEN', KEYS[5]) - leased, leased, redis.call('HLEN', KEYS[6]), redis.call('XLEN', KEYS[7]),
         cancelled}
 """
-)
 
-STATES = (
-    _COMMON
-    + """
+STATES = """
 -- ARGV: request ids... -> one state per id
 local now = now_ms()
 local out = {}
@@ -216,11 +203,8 @@ for i = 1, #ARGV do
 end
 return out
 """
-)
 
-PURGE = (
-    _COMMON
-    + """
+PURGE = """
 -- ARGV: before iteration, at most this many -> how many done requests were forgotten
 local ids = redis.call('ZRANGEBYSCORE', KEYS[13], '-inf', '(' .. ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
@@ -231,11 +215,8 @@ for _, id in ipairs(ids) do
 end
 return #ids
 """
-)
 
-ADOPT = (
-    _COMMON
-    + """
+ADOPT = """
 -- Leases held by a version of this queue without lease sets (idle-time leases): give each a lease
 -- set entry that has run out, so a claim can hand the request out again. -> how many adopted
 local n = 0
@@ -252,4 +233,58 @@ for s = 1, 3 do
 end
 return n
 """
-)
+
+_BODIES = {
+    "put": PUT,
+    "claim": CLAIM,
+    "extend": EXTEND,
+    "ack": ACK,
+    "cancel": CANCEL,
+    "stats": STATS,
+    "states": STATES,
+    "purge": PURGE,
+    "adopt": ADOPT,
+}
+READ_ONLY = ("stats", "states", "version")
+"""Functions that write nothing (flag `no-writes`: FCALL_RO may call them, on a replica too)."""
+PREFIX = "spotlight:{queue}"
+"""Every key of the queue starts so; one hash tag, so all keys share one slot (the functions run on a cluster too)."""
+
+
+def queue_keys() -> list[str]:
+    """The thirteen KEYS every function takes, in the order the module docstring lists them."""
+    return (
+        [f"{PREFIX}:stream:{kind}" for kind in KINDS]
+        + [f"{PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")]
+        + [f"{PREFIX}:leases:{kind}" for kind in KINDS]
+        + [f"{PREFIX}:{name}" for name in ("acks", "done")]
+    )
+
+
+def function_name(op: str) -> str:
+    """The server-side name of a queue operation's function ('claim' -> 'spotlight_claim')."""
+    return f"spotlight_{op}"
+
+
+def _library() -> tuple[str, str]:
+    """(the library's code, its version: a hash of that code) for FUNCTION LOAD."""
+    import hashlib
+
+    # The functions run one at a time (Redis is single-threaded), so each call sets the library's KEYS and ARGV
+    # upvalues that the bodies and _COMMON's helpers read, as EVAL's globals were.
+    code = "local KEYS, ARGV\n" + _COMMON
+    for op, body in _BODIES.items():
+        code += f"local function {op}_body()\n{body}\nend\n"
+    version = hashlib.sha256(code.encode()).hexdigest()[:16]
+    code += f"local function version_body() return '{version}' end\n"
+    for op in (*_BODIES, "version"):
+        flags = "{'no-writes'}" if op in READ_ONLY else "{}"
+        code += (
+            f"redis.register_function{{function_name='{function_name(op)}', flags={flags}, "
+            f"callback=function(keys, args) KEYS, ARGV = keys, args; return {op}_body() end}}\n"
+        )
+    return "#!lua name=spotlight_queue\n" + code, version
+
+
+LIBRARY, VERSION = _library()
+"""The library the coordinator loads, and its version (what `spotlight_version` answers)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 import uuid
@@ -25,9 +26,9 @@ from resources.queue.records import (
     check_result_key,
     check_worker_id,
 )
-from resources.queue.redis_tls import SERVER_NAME
+from resources.queue.redis_certs import SERVER_NAME
+from resources.queue.redis_server import check_server_version
 
-_PREFIX = "spotlight:{queue}"  # one hash tag: all keys in one slot, so the scripts also run on a cluster
 _CHUNK = 500
 EVENTS_MAXLEN = 1_000_000
 """Worker events kept in the stream (about 200 bytes each); older ones are trimmed."""
@@ -38,9 +39,9 @@ class RedisQueue(RequestQueue):
 
     claim = XCLAIM of the lease that ran out first (a sorted set of lease ends), else
     XREADGROUP of a new entry (highest priority stream first); heartbeat = a new lease end;
-    ack = XACK + XDEL and a result key in a hash. Each operation is one Lua script, so it is
-    atomic and one round trip. Lease times use the server's clock (`TIME` in the scripts),
-    so worker clocks may disagree by any amount.
+    ack = XACK + XDEL and a result key in a hash. Each operation is one function of the library
+    in resources/queue/redis_lua.py (FCALL), so it is atomic and one round trip. Lease times use
+    the server's clock (`TIME` in the functions), so worker clocks may disagree by any amount.
 
     A lost connection (a Redis restart) is retried with capped exponential backoff for up
     to `config.reconnect_s`; then QueueUnavailableError names the address. Run the server
@@ -59,18 +60,9 @@ class RedisQueue(RequestQueue):
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
             decode_responses=True,
         )
-        self._keys = (
-            [f"{_PREFIX}:stream:{kind}" for kind in KINDS_BY_PRIORITY]
-            + [f"{_PREFIX}:{name}" for name in ("state", "open", "results", "dead", "counts")]
-            + [f"{_PREFIX}:leases:{kind}" for kind in KINDS_BY_PRIORITY]
-            + [f"{_PREFIX}:{name}" for name in ("acks", "done")]
-        )
-        self._events_key = f"{_PREFIX}:worker_events"
-        self._info_key = f"{_PREFIX}:run_info"
-        self._scripts = {
-            name: self._redis.register_script(getattr(lua, name))
-            for name in ("PUT", "CLAIM", "EXTEND", "ACK", "CANCEL", "STATS", "STATES", "PURGE", "ADOPT")
-        }
+        self._keys = lua.queue_keys()
+        self._events_key = f"{lua.PREFIX}:worker_events"
+        self._info_key = f"{lua.PREFIX}:run_info"
         self._create_groups()
         self._run("ADOPT", [])
 
@@ -109,17 +101,64 @@ class RedisQueue(RequestQueue):
             raise QueueError(f"Redis at {where} refused {op}: {err}") from err
 
     def _create_groups(self) -> None:
+        """Check the server's version, load the queue's functions (an admin) or check they are this code's (a
+        worker), and create the consumer groups (an admin; a worker finds them made)."""
         with self._errors("connect"):
-            self._redis.ping()
-            for stream in self._keys[:3]:
+            check_server_version(_hello_version(self._redis.execute_command("HELLO")))
+            admin = self._load_functions()
+            for stream in self._keys[:3] if admin else ():
                 try:
                     self._redis.xgroup_create(stream, "workers", id="0", mkstream=True)
                 except redis.exceptions.ResponseError as err:
                     if "BUSYGROUP" not in str(err):  # another process created it first
                         raise
 
+    def _load_functions(self) -> bool:
+        """FUNCTION LOAD REPLACE the library: True. A user without FUNCTION (a worker) waits instead, up to
+        `config.reconnect_s`, until the server has the library (the coordinator loads it when it opens the queue),
+        checks that it is this code's version, and returns False; QueueError saying what to do when it is not."""
+        try:
+            self._redis.function_load(lua.LIBRARY, replace=True)
+            return True
+        except redis.exceptions.NoPermissionError:
+            pass
+        deadline = time.monotonic() + self.config.reconnect_s
+        while (loaded := self._loaded_version()) is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if loaded != lua.VERSION:
+            where = f"{self.address.host}:{self.address.port}/{self.address.db}"
+            found = "no queue functions" if loaded is None else f"queue functions of version {loaded}"
+            raise QueueError(
+                f"the Redis queue at {where} has {found} and this code needs version {lua.VERSION}: the coordinator "
+                "loads them when it opens the queue; start the reserved node's run (or relaunch it from this "
+                "checkout) before the workers"
+            )
+        return False
+
+    def _loaded_version(self) -> str | None:
+        """The version of the queue's library on the server, None when it has none."""
+        try:
+            return self._redis.fcall_ro(lua.function_name("version"), 0)
+        except redis.exceptions.ResponseError as err:
+            if "not found" not in str(err).lower():
+                raise
+            return None
+
     def _run(self, name: str, args: list[Any]) -> Any:
-        return self._retrying(name.lower(), lambda: self._scripts[name](keys=self._keys, args=args))
+        op = name.lower()
+        return self._retrying(op, lambda: self._fcall(op, args))
+
+    def _fcall(self, op: str, args: list[Any]) -> Any:
+        """FCALL (FCALL_RO for a read-only function) of the queue's function `op`; a server that lost its functions
+        (restarted without its data) gets them again from an admin, and a worker is told why it cannot go on."""
+        call = self._redis.fcall_ro if op in lua.READ_ONLY else self._redis.fcall
+        try:
+            return call(lua.function_name(op), len(self._keys), *self._keys, *args)
+        except redis.exceptions.ResponseError as err:
+            if "function not found" not in str(err).lower():
+                raise
+        self._load_functions()
+        return call(lua.function_name(op), len(self._keys), *self._keys, *args)
 
     def _retrying(self, op: str, work: Callable[[], Any]) -> Any:
         """One round trip; a lost connection is retried until `config.reconnect_s` has passed (a restarting
@@ -251,14 +290,39 @@ class RedisQueue(RequestQueue):
 
 class RunCaConnection(redis.connection.SSLConnection):
     """TLS that trusts the run's own CA and nothing else (not the system's CAs), and checks that the server's
-    certificate names SERVER_NAME: the certificate was made before the node had an address."""
+    certificate names SERVER_NAME: the certificate was made before the node had an address. With a client
+    certificate (a queue that requires one: mutual TLS) it presents it.
+
+    redis-py has no public option for "this CA alone and this name, whatever the host": `_wrap_socket_with_ssl`
+    (redis-py >= 5.1) is the one place to build the SSLContext; tests/resources/test_redis_tls_hook.py fails if a
+    redis-py release drops or stops calling it."""
+
+    def __init__(self, *, ssl_client_pem: tuple[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.client_pem = ssl_client_pem
 
     def _wrap_socket_with_ssl(self, sock):
         import ssl
 
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verify_mode CERT_REQUIRED, check_hostname on, no CAs
         context.load_verify_locations(cadata=self.ca_data)
+        if self.client_pem is not None:
+            _load_client_pem(context, *self.client_pem)
         return context.wrap_socket(sock, server_hostname=SERVER_NAME)
+
+
+def _load_client_pem(context: Any, cert_pem: str, key_pem: str) -> None:
+    """Load a certificate and key given as PEM text: the ssl module reads them from files only, so they pass through
+    a private temporary file (0600, in a 0700 folder) that is removed at once."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="spotlight-tls-") as folder:
+        path = Path(folder) / "client.pem"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(cert_pem + "\n" + key_pem)
+        context.load_cert_chain(path)
 
 
 def redis_client(address: RedisAddress, **options: Any) -> redis.Redis:
@@ -272,7 +336,14 @@ def redis_client(address: RedisAddress, **options: Any) -> redis.Redis:
         "password": address.password,
     }
     if address.tls and address.run_ca is not None:
-        pool = redis.ConnectionPool(connection_class=RunCaConnection, ssl_ca_data=address.run_ca, **where, **options)
+        client_pem = (address.client_cert, address.client_key) if address.client_cert and address.client_key else None
+        pool = redis.ConnectionPool(
+            connection_class=RunCaConnection,
+            ssl_ca_data=address.run_ca,
+            ssl_client_pem=client_pem,
+            **where,
+            **options,
+        )
         return redis.Redis(connection_pool=pool)
     return redis.Redis(**where, **options, **tls_options(address))
 
@@ -282,6 +353,14 @@ def tls_options(address: RedisAddress) -> dict[str, Any]:
     if not address.tls:
         return {}
     return {"ssl": True, "ssl_cert_reqs": "required", "ssl_check_hostname": True, "ssl_ca_certs": address.ca_file}
+
+
+def _hello_version(reply: Any) -> str:
+    """The server's version from a HELLO reply (a dict in redis-py's newer releases, a flat list in older ones)."""
+    if isinstance(reply, (list, tuple)):
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
+    version = reply.get("version", reply.get(b"version", ""))
+    return version.decode() if isinstance(version, bytes) else str(version)
 
 
 def _ms(seconds: float) -> int:

@@ -11,12 +11,15 @@ from tests.pipelines.sky_fakes import invoke as _invoke
 from tests.pipelines.sky_fakes import node_queue as _node_queue
 
 
-def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fake_sky, reserved_redis) -> None:
+def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(
+    fake_sky, reserved_redis, monkeypatch
+) -> None:
     """The node gets the password, the server's certificate and key as resolved secrets; each worker gets only the
     run's CA, its queue as the ACL user and that user's own password: never the coordinator's, never the key."""
     import base64
+    from urllib.parse import urlsplit
 
-    from resources.queue.redis_tls import worker_password
+    from resources.queue.redis_acl import worker_password, worker_users
 
     node = reserved_redis
     result = _invoke("launch", "--spot-workers", "2", "--gpu", "L4", "--store", "s3://b/p", "--max-usd", "50")
@@ -29,18 +32,22 @@ def test_launch_starts_the_reserved_node_then_spot_jobs_pointed_at_its_redis(fak
     assert base64.b64decode(served["SPOTLIGHT_REDIS_TLS_KEY"]) == (node.folder / "server.key").read_bytes()
     ca = base64.b64decode(reserved.envs["SPOTLIGHT_REDIS_RUN_CA"])
     assert ca == (node.folder / "ca.pem").read_bytes() and "SPOTLIGHT_REDIS_PASSWORD" not in reserved.envs
+    users = []
     for _, (task, name), _ in [c for c in fake_sky.calls if c[0] == "jobs.launch"]:
-        queue = f"rediss://spotlight-worker@{private_ip('spotlight-reserved')}:6379/0"  # the node's private address
+        users.append(user := urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username)
+        queue = f"rediss://{user}@{private_ip('spotlight-reserved')}:6379/0"  # the node's private address
         assert task.name == name and task.envs["SPOTLIGHT_QUEUE"] == queue
         assert base64.b64decode(task.envs["SPOTLIGHT_REDIS_RUN_CA"]) == ca
         assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {
             **SECRETS,
-            "SPOTLIGHT_REDIS_PASSWORD": worker_password(node.password),
+            "SPOTLIGHT_REDIS_PASSWORD": worker_password(node.password, user),
             "SPOTLIGHT_REWARD_TOKEN": "",  # declared, empty: no remote reward in this run
         }
         assert node.password not in json.dumps(task.envs)
+    with _node_queue(node, monkeypatch) as coordinator:  # each job's own user was granted before it was submitted
+        assert sorted(worker_users(coordinator._redis)) == sorted(users) and len(set(users)) == 2
     assert node.password not in result.output
-    assert f"queue rediss://spotlight-worker@{private_ip('spotlight-reserved')}:6379/0" in result.output
+    assert f"rediss://{private_ip('spotlight-reserved')}:6379/0" in result.output
 
 
 def test_the_reserved_node_goes_down_by_itself_once_its_run_block_has_ended(fake_sky, reserved_redis) -> None:

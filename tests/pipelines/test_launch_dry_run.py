@@ -44,10 +44,14 @@ def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_r
     """What SkyPilot's API server does with each task before provisioning: load the client's YAML dump, then
     resolve secrets (a declared secret with no value is refused there: "No value available for secret(s)"). The
     run's config file is a file mount of every task, at the path its run line reads. The reward token reaches every
-    node; the env-cache signing key the reserved node only, its verify key every node."""
+    node; the env-cache signing key the reserved node only, its verify key every node; each worker job has its own
+    ACL user and that user's password."""
+    from urllib.parse import urlsplit
+
     from resources.cloud import plan_tasks, ship_run_config, with_env_signing, with_run_tls
     from resources.cloud.env_pin import make_env_signing
-    from resources.queue.redis_tls import make_run_tls, worker_password
+    from resources.queue.redis_acl import worker_password
+    from resources.queue.redis_tls import make_run_tls
 
     tls, pin, token = make_run_tls(), make_env_signing(), {"SPOTLIGHT_REWARD_TOKEN": "reward-tok-3"}
     secrets = with_env_signing(with_run_tls({**SECRETS, **token}, tls), pin)
@@ -65,9 +69,11 @@ def test_every_task_launch_submits_passes_skypilots_yaml_round_trip_and_secret_r
             "SPOTLIGHT_ENV_SIGNING_KEY": pin.b64("signing_pem"),
         }
     ]
-    worker_secrets = {"SPOTLIGHT_REDIS_PASSWORD": worker_password(SECRETS["SPOTLIGHT_REDIS_PASSWORD"])}
-    expected += [{**SECRETS, **token, **worker_secrets}] * 2
-    for task, secrets_of_task in zip(tasks, expected, strict=False):
+    users = [urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username for task in tasks[1:]]
+    assert len(set(users)) == 2 and all(u.startswith("spotlight-w") for u in users)  # one ACL user per worker job
+    password = SECRETS["SPOTLIGHT_REDIS_PASSWORD"]
+    expected += [{**SECRETS, **token, "SPOTLIGHT_REDIS_PASSWORD": worker_password(password, u)} for u in users]
+    for task, secrets_of_task in zip(tasks, expected, strict=True):
         served = served_task(task)
         assert {k: v.get_secret_value() for k, v in served.secrets.items()} == secrets_of_task
         assert served.envs["SPOTLIGHT_REDIS_RUN_CA"] == tls.b64("ca_pem")

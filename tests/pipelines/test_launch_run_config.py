@@ -19,6 +19,7 @@ def test_a_launch_submits_the_same_run_config_file_to_the_reserved_node_and_ever
     import resources.cloud as cloud
 
     monkeypatch.setattr(cloud, "wait_for_redis", lambda *args, **kwargs: None)
+    monkeypatch.setattr(cloud, "grant_worker_at", lambda *args, **kwargs: None)  # no node Redis here
     monkeypatch.setattr("pipelines.launch_cli._queue_info", lambda queue_url: None)  # a fresh run: nothing spent
     run_yaml = tmp_path / "run.yaml"
     run_yaml.write_text("preset: cpu_smoke\nworkers:\n  lease_s: 7\ntrain.group_size: 4\n")

@@ -72,8 +72,9 @@ def _tasks(store: str, port: int, run_dir: Path, password: str, home: Path):
     shipped.parent.mkdir(parents=True, exist_ok=True)
     shipped.write_text(to_yaml(derive(placed, placed.preset, deployment=here)))
     reserved = reserved_task(plan, secrets, shipped)
-    reserved.update_envs({"RUN_DIR": str(run_dir), "REDIS_PORT": str(port)})  # what `sky launch --env` sets
-    queue = f"rediss://spotlight-worker@127.0.0.1:{port}/0"
+    # what `sky launch --env` sets (the workers, END_CHECK_S 1, leave well within REVOKE_GRACE_S)
+    reserved.update_envs({"RUN_DIR": str(run_dir), "REDIS_PORT": str(port), "REVOKE_GRACE_S": "20"})
+    queue = f"rediss://127.0.0.1:{port}/0"  # each worker task adds its own ACL user
     spot_envs = {"USD_PER_HOUR": "0.25", "END_CHECK_S": "1"}
     spot = worker_task(plan, secrets, 1, shipped, queue)
     spot.update_envs(spot_envs)
@@ -81,7 +82,17 @@ def _tasks(store: str, port: int, run_dir: Path, password: str, home: Path):
     wrong_password.update_envs(spot_envs)
     no_ca = worker_task(plan, secrets, 3, shipped, queue)
     no_ca.update_envs({**spot_envs, "SPOTLIGHT_REDIS_RUN_CA": ""})
-    return reserved, spot, {"wrong password": wrong_password, "no CA": no_ca}
+    return reserved, spot, {"wrong password": wrong_password, "no CA": no_ca}, secrets
+
+
+def _grant(port: int, secrets: dict, *tasks) -> None:
+    """What `spotlight launch` does before it submits each worker job: grant that job's ACL user on the node's Redis."""
+    from urllib.parse import urlsplit
+
+    from resources.queue.redis_acl import grant_worker_at
+
+    for task in tasks:
+        grant_worker_at(f"rediss://127.0.0.1:{port}/0", secrets, urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username)
 
 
 def _set_up_nodes(tasks: dict, tmp: Path) -> dict[str, dict]:
@@ -120,7 +131,9 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
     password = secrets.token_hex(16)
     port, run_dir, logs = _free_port(), tmp_path / "run", tmp_path / "logs"
     home = tmp_path / "node-home"  # every node's home (sky/setup.sh's venv, the run's config file)
-    reserved_task, spot_task, refused = _tasks(f"s3://{s3_server.bucket}/spotlight", port, run_dir, password, home)
+    reserved_task, spot_task, refused, launch_secrets = _tasks(
+        f"s3://{s3_server.bucket}/spotlight", port, run_dir, password, home
+    )
     node_env = {**os.environ, "HOME": str(home)}
     recover_on = list(spot_task.resources)[0].job_recovery["recover_on_exit_codes"]
     setups = _set_up_nodes({"reserved": reserved_task, "spot": spot_task, **refused}, tmp_path)
@@ -133,6 +146,7 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
             blocks.append(reserved := start_block(reserved_task, "reserved", REPO_ROOT, logs, node_env))
             wait_for(lambda: (run_dir / "redis" / "redis.pid").exists(), 30, "redis-server", blocks)
             wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 30, "redis-server's port", blocks)
+            _grant(port, launch_secrets, spot_task, refused["wrong password"])  # only its password is wrong
             outsiders = {
                 why: start_block(task, why.replace(" ", "-"), REPO_ROOT, logs, node_env)
                 for why, task in refused.items()
@@ -145,6 +159,7 @@ def test_the_yaml_run_blocks_train_two_iterations_through_a_preemption_and_a_rec
             assert exit_code in recover_on, f"a preempted worker exits {exit_code}; job_recovery recovers {recover_on}"
             blocks.append(start_block(spot_task, f"{victim.name}-recovered", REPO_ROOT, logs, node_env))
             assert reserved.wait(RUN_TIMEOUT_S) == 0, reserved.text()[-3000:]
+            assert "revoked 2 worker users" in reserved.text()  # both granted users (spot, wrong password), at the end
             for block in blocks[1:]:  # the run has ended: every live spot job ends by itself, with 0 (not recovered)
                 if block is not victim:
                     assert block.wait(60) == 0, block.text()[-3000:]

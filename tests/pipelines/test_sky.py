@@ -224,22 +224,26 @@ def test_both_run_blocks_hand_the_mounted_run_config_to_the_coordinator_and_ever
 
 
 def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_line(tmp_path: Path) -> None:
-    """In this order: Redis's TLS files and config written, the run marked running (a relaunch resumes it),
-    `spotlight run`, the run folder copied to the store (the node's disk goes with autostop's down), the run marked
-    ended (the spot workers then stop)."""
+    """In this order: Redis's version checked, its TLS files and config written, the run marked running (a relaunch
+    resumes it), `spotlight run`, the run folder copied to the store (the node's disk goes with autostop's down), the
+    run marked ended (the spot workers then stop), then every worker's ACL user revoked."""
     commands = _python_commands("reserved.yaml", tmp_path, {"SPOTLIGHT_STORE": "s3://b/p"})
     assert [argv[0] for argv in commands] == [
+        "resources.queue.redis_server",
         "resources.queue.redis_tls",
         "resources.run_status",
         "pipelines.cli",
         "resources.run_archive",
         "resources.run_status",
+        "resources.queue.redis_acl",
     ]
     from resources.cloud.tasks import NODE_QUEUE
 
     queue = NODE_QUEUE  # the queue launch places in the run's tree: the coordinator's, TLS to its own Redis
-    assert commands[1][1:] == ["--queue", queue, "--mark", "running"]
-    assert commands[4][1:] == ["--queue", queue, "--mark", "ended"]
-    assert commands[3][1:] == ["--run-dir", str(tmp_path / "run"), "--store", "s3://b/p"]
+    assert commands[0][1:] == ["check", "redis-server"]
+    assert commands[2][1:] == ["--queue", queue, "--mark", "running"]
+    assert commands[5][1:] == ["--queue", queue, "--mark", "ended"]
+    assert commands[6][1:] == ["--queue", queue, "revoke-all", "--grace-s", "90"]
+    assert commands[4][1:] == ["--run-dir", str(tmp_path / "run"), "--store", "s3://b/p"]
     autostop = _raw("reserved.yaml")["resources"]["autostop"]
     assert autostop["down"] is True and autostop["wait_for"] == "jobs"

@@ -121,85 +121,24 @@ def test_a_missing_ca_file_is_refused_before_connecting(monkeypatch, tmp_path) -
         parse_queue_url("rediss://example.org:6380/0")
 
 
-NODE_PASSWORD = "n0de \"pass\" \\ with 'quotes' $HOME `x`"  # any character: the config holds only its SHA-256
-
-
 @pytest.fixture(scope="module")
 def run_redis(tmp_path_factory: pytest.TempPathFactory):
-    """The reserved node's Redis as its run block starts it (resources.queue.redis_tls): (port, the run's TLS)."""
-    import base64
-    import os
-    import signal
+    """The reserved node's Redis as its run block starts it (resources.queue.redis_tls)."""
+    from tests.resources.redis_node import node_redis
 
-    from resources.queue.redis_tls import CERT_ENV, KEY_ENV, make_run_tls, write_node_files
-    from resources.urls import RUN_CA_ENV
-
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs redis-server")
-    tls, folder, port = make_run_tls(), tmp_path_factory.mktemp("run-redis"), _free_port()
-    env = {
-        PASSWORD_ENV: NODE_PASSWORD,
-        RUN_CA_ENV: tls.b64("ca_pem"),
-        CERT_ENV: tls.b64("cert_pem"),
-        KEY_ENV: tls.b64("key_pem"),
-    }
-    conf = write_node_files(folder, port, env)
-    subprocess.run(["redis-server", str(conf)], check=True, timeout=30)
-    deadline = time.monotonic() + 10
-    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-        assert time.monotonic() < deadline, "the run's redis-server did not start"
-        time.sleep(0.05)
-    yield port, tls, folder
-    os.kill(int((folder / "redis.pid").read_text()), signal.SIGTERM)
-    assert base64.b64decode(env[KEY_ENV]) == (folder / "server.key").read_bytes()
-
-
-def _run_queue(monkeypatch, url: str, password: str, ca: str | None):
-    from resources.urls import RUN_CA_ENV
-
-    monkeypatch.setenv(PASSWORD_ENV, password)
-    monkeypatch.setenv(RUN_CA_ENV, ca or "")
-    return open_queue(url, QueueConfig(connect_timeout_s=3.0))
+    with node_redis(tmp_path_factory.mktemp("run-redis")) as node:
+        yield node
 
 
 def test_the_nodes_config_and_key_are_private_and_hold_no_plain_password(run_redis) -> None:
-    _, _, folder = run_redis
-    for name in ("redis.conf", "server.key"):
+    from tests.resources.redis_node import NODE_PASSWORD
+
+    folder = run_redis.folder
+    for name in ("redis.conf", "server.key", "users.acl"):
         assert (folder / name).stat().st_mode & 0o077 == 0, f"{name} is readable by others"
-    conf = (folder / "redis.conf").read_text()
-    assert NODE_PASSWORD not in conf and "requirepass" not in conf and conf.startswith("port 0\n")  # no clear-text port
-
-
-def test_a_worker_of_the_run_works_the_queue_and_can_do_nothing_else(run_redis, monkeypatch) -> None:
-    import redis
-
-    from resources.queue.redis_tls import WORKER_USER, worker_password
-
-    port, tls, _ = run_redis
-    with _run_queue(monkeypatch, f"rediss://127.0.0.1:{port}/0", NODE_PASSWORD, tls.b64("ca_pem")) as coordinator:
-        coordinator._redis.flushall()  # the default user (the coordinator) may
-        coordinator = _run_queue(monkeypatch, f"rediss://127.0.0.1:{port}/0", NODE_PASSWORD, tls.b64("ca_pem"))
-        coordinator.put([{"request_id": f"r{i}", "iteration": 0, "kind": "rollout", "payload": {}} for i in range(2)])
-        coordinator.publish_info({"usd_total": 1.0})
-    url = f"rediss://{WORKER_USER}@127.0.0.1:{port}/0"
-    with _run_queue(monkeypatch, url, worker_password(NODE_PASSWORD), tls.b64("ca_pem")) as worker:
-        lease = worker.claim("w1", lease_s=5)
-        assert worker.heartbeat(lease) and worker.ack(lease, "runs/demo/result")
-        assert worker.release(worker.claim("w1", lease_s=5))
-        worker.append_events([{"worker_id": "w1", "event": "ready"}])
-        assert worker.info()["usd_total"] == 1.0 and worker.stats().done == 1
-        for command in (
-            ["FLUSHALL"],
-            ["CONFIG", "SET", "requirepass", "x"],
-            ["KEYS", "*"],
-            ["SET", "elsewhere", "1"],
-            ["ACL", "LIST"],
-            ["MODULE", "LIST"],
-            ["SHUTDOWN"],
-            ["SCRIPT", "FLUSH"],
-        ):
-            with pytest.raises(redis.exceptions.NoPermissionError):
-                worker._redis.execute_command(*command)
+    conf = (folder / "redis.conf").read_text() + (folder / "users.acl").read_text()
+    assert NODE_PASSWORD not in conf and "requirepass" not in conf and conf.startswith("port 0\n")  # no clear text
+    assert not (folder / "ca.key").exists()  # the CA's key never reaches the node
 
 
 @pytest.mark.parametrize(
@@ -215,13 +154,20 @@ def test_a_worker_of_the_run_works_the_queue_and_can_do_nothing_else(run_redis, 
 def test_a_worker_without_the_runs_ca_and_its_own_password_is_refused_saying_why(
     run_redis, monkeypatch, case, message
 ) -> None:
-    from resources.queue.redis_tls import WORKER_USER, make_run_tls, worker_password
+    from resources.queue.redis_acl import grant_worker, worker_password, worker_user
+    from resources.queue.redis_tls import make_run_tls
+    from resources.urls import RUN_CA_ENV
+    from tests.resources.redis_node import NODE_PASSWORD, client_env, open_node_queue
 
-    port, tls, _ = run_redis
-    url, password, ca = f"rediss://{WORKER_USER}@127.0.0.1:{port}/0", worker_password(NODE_PASSWORD), tls.b64("ca_pem")
-    password = {"the coordinator's password": NODE_PASSWORD, "a wrong password": "guess"}.get(case, password)
-    ca = {"no CA": None, "another run's CA": make_run_tls().b64("ca_pem")}.get(case, ca)
-    url = url.replace("rediss://", "redis://") if case == "clear text" else url
+    user = worker_user(1, "a1b2c3d4e5f6")
+    with open_node_queue(monkeypatch, run_redis.url(), client_env(run_redis, NODE_PASSWORD)) as coordinator:
+        grant_worker(coordinator._redis, user, worker_password(NODE_PASSWORD, user))
+    env = client_env(run_redis, worker_password(NODE_PASSWORD, user))
+    env[PASSWORD_ENV] = {"the coordinator's password": NODE_PASSWORD, "a wrong password": "guess"}.get(
+        case, env[PASSWORD_ENV]
+    )
+    env[RUN_CA_ENV] = {"no CA": "", "another run's CA": make_run_tls().b64("ca_pem")}.get(case, env[RUN_CA_ENV])
+    url = run_redis.url(user).replace("rediss://", "redis://") if case == "clear text" else run_redis.url(user)
     with pytest.raises(QueueUnavailableError, match=message) as err:
-        _run_queue(monkeypatch, url, password, ca)
+        open_node_queue(monkeypatch, url, env)
     assert NODE_PASSWORD not in str(err.value)
