@@ -69,9 +69,9 @@ def remote_reward_hosts(spec: str) -> list[str]:
 def check_reward_token(plan, secrets: Mapping[str, str]) -> None:
     """CloudError when the run scores with a remote reward off loopback and SPOTLIGHT_REWARD_TOKEN is not set here:
     reward-serve refuses every request without it (401), and the nodes get it only from this machine."""
-    from resources.reward_server import is_loopback
     from resources.cloud import CloudError
     from resources.cloud.tasks import REWARD_TOKEN_ENV
+    from resources.reward_server import is_loopback
 
     remote = [h for h in remote_reward_hosts(plan.run.train.reward or "") if not is_loopback(h)]
     if remote and not secrets.get(REWARD_TOKEN_ENV):
