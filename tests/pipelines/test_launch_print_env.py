@@ -52,6 +52,14 @@ def sky_cli_task(line: str, monkeypatch):
 def test_print_env_gives_skypilots_cli_the_tasks_launch_submits_and_no_secret_on_a_command_line(
     fake_sky, reserved_redis, monkeypatch
 ) -> None:
+    """Each printed line, parsed by SkyPilot's CLI, gives the task launch submits (each worker job as its own ACL
+    user, so only the user's name differs); the printed grant line, run against the node's Redis as printed, lets
+    each worker log in with the password its secret file holds."""
+    from urllib.parse import urlsplit
+
+    from resources.queue.redis_acl import main as redis_acl
+    from resources.queue.redis_acl import worker_password
+
     monkeypatch.setenv("SPOTLIGHT_REWARD_TOKEN", TOKEN)
     printed = _invoke("launch", *FLAGS, "--print-env")
     assert printed.exit_code == 0, printed.output
@@ -67,17 +75,30 @@ def test_print_env_gives_skypilots_cli_the_tasks_launch_submits_and_no_secret_on
         for flag in ("--env-file", "--secret-file"):
             path = shlex.split(line)[shlex.split(line).index(flag) + 1]
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    users = {
+        name: urlsplit(hand.envs["SPOTLIGHT_QUEUE"]).username
+        for name, (hand, _) in by_hand.items()
+        if "-rollout-" in name
+    }
+    (grant,) = [shlex.split(line) for line in printed.output.splitlines() if " resources.queue.redis_acl " in line]
+    assert grant[-len(users) - 1 :] == ["grant", *users.values()] and len(set(users.values())) == 2
     monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
     launched = _invoke("launch", *FLAGS)
     assert launched.exit_code == 0, launched.output
     for index, (_, (task, name), _) in enumerate(fake_sky.calls):
         hand, config = by_hand[name]
         assert hand.name == task.name or name == "spotlight-reserved"
-        assert hand.envs == task.envs
-        # SkyPilot's CLI also passes the --env-file's values as secrets (the same values): the secret file's are these
-        assert {k: v.get_secret_value() for k, v in hand.secrets.items() if k not in hand.envs} == {
-            k: v.get_secret_value() for k, v in task.secrets.items()
+        user = users.get(name)
+        launch_user = urlsplit(task.envs.get("SPOTLIGHT_QUEUE", "")).username
+        assert hand.envs == {
+            **task.envs,
+            **({"SPOTLIGHT_QUEUE": task.envs["SPOTLIGHT_QUEUE"].replace(launch_user, user)} if user else {}),
         }
+        # SkyPilot's CLI also passes the --env-file's values as secrets (the same values): the secret file's are these
+        expected = {k: v.get_secret_value() for k, v in task.secrets.items()}
+        if user:
+            expected["SPOTLIGHT_REDIS_PASSWORD"] = worker_password(reserved_redis.password, user)
+        assert {k: v.get_secret_value() for k, v in hand.secrets.items() if k not in hand.envs} == expected
         assert hand.secrets["SPOTLIGHT_REWARD_TOKEN"].get_secret_value() == TOKEN
         assert hand.file_mounts == task.file_mounts  # the run's config file, copied to ~/.spotlight/run_config.yaml
         assert {str(r) for r in hand.resources} == {str(r) for r in task.resources}
@@ -86,6 +107,30 @@ def test_print_env_gives_skypilots_cli_the_tasks_launch_submits_and_no_secret_on
         }
         assert config.get("aws", {}).get("security_group_name") == fake_sky.security_groups[index]
         assert not hand.managed_secret_refs
+    # The grant line as printed, through the tunnel (here: the node's Redis on its test port), as the coordinator.
+    from resources.cloud import use_run_ca
+
+    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
+    assert use_run_ca("spotlight-reserved")  # the launcher trusts the run's CA from its state folder
+    assert redis_acl(["--queue", reserved_redis.url(), *grant[grant.index("--queue") + 2 :]]) == 0
+    for name, user in users.items():
+        hand, _ = by_hand[name]
+        assert _can_ping(
+            reserved_redis.url(user), hand.secrets["SPOTLIGHT_REDIS_PASSWORD"].get_secret_value(), monkeypatch
+        )
+
+
+def _can_ping(url: str, password: str, monkeypatch) -> bool:
+    """Whether a worker logs in to `url` with `password` (the run's CA from the environment) and gets PONG."""
+    from resources.queue.redis_streams import redis_client
+    from resources.urls import redis_address
+
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", password)
+    client = redis_client(redis_address(url), socket_connect_timeout=10)
+    try:
+        return bool(client.ping())
+    finally:
+        client.close()
 
 
 def test_print_env_before_the_node_is_up_prints_its_command_and_says_to_come_back_for_the_workers(fake_sky) -> None:
