@@ -33,7 +33,10 @@ def test_by_default_workers_reach_the_nodes_private_address_in_its_region_and_se
     workers = [task for name, (task, _), _ in fake_sky.calls if name == "jobs.launch"]
     assert len(workers) == 2
     for task in workers:
-        assert task.envs["SPOTLIGHT_QUEUE"] == f"rediss://spotlight-worker@{private_ip('spotlight-reserved')}:6379/0"
+        user = task.envs["SPOTLIGHT_QUEUE"].split("//")[1].split("@")[0]  # the job's own ACL user
+        assert user.startswith("spotlight-w") and task.envs["SPOTLIGHT_QUEUE"] == (
+            f"rediss://{user}@{private_ip('spotlight-reserved')}:6379/0"
+        )
         assert {(str(r.cloud), r.region) for r in task.resources} == {("AWS", fake_sky.region)}
         assert len(task.resources) == 4  # the YAML's any_of, each pinned to the node's region
         assert not {"SPOTLIGHT_REDIS_CLIENT_CERT", "SPOTLIGHT_REDIS_CLIENT_KEY"} & set(task.secrets)
