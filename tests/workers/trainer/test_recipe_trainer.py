@@ -15,6 +15,7 @@ from workers.algo.sampler import SamplerConfig
 from workers.coordinator.rollout import iteration_requests
 from workers.explore.seed_plan import default_seed_plan
 from workers.rollout.state import InFlight, RolloutSpec
+from workers.sp.node_groups import SPRequest
 from workers.trainer.checkpoint import publish_checkpoint
 from workers.trainer.ema_weights import evaluated_policy, saved_ema
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
@@ -64,6 +65,7 @@ def test_a_same_noise_group_starts_from_one_noise_in_process_and_on_a_worker(tin
     assert torch.equal(flight.latents[0][0], first[1])  # a worker starts sample 1 where the trainer did
     spec = requests[1].spec
     assert RolloutSpec.from_payload(spec.to_payload()) == spec
+    assert SPRequest.from_payload("r", spec.to_payload()).init_seed == spec.init_seed  # an SP group's request too
     plain = dataclasses.replace(spec, init_seed=None)
     assert "init_seed" not in plain.to_payload()  # requests without it keep the payload (and fingerprint) they had
     assert _config().group_init_seed(0, 0) is None
