@@ -77,14 +77,22 @@ def evaluated_policy(
     block (the live weights come back after it); with eval_guidance, a view at that guidance."""
     set_row_negatives(policy, negative_prompts(train.prompts))  # held-out rows' own negative prompts
     ema = saved_ema(store, run, version) if train.ema is not None else None
-    live = {k: v.detach().clone() for k, v in policy.weights().items()} if ema is not None else None
     view = policy if train.eval_guidance is None else policy.at(guidance=train.eval_guidance)
-    try:
-        if ema is not None:
-            with torch.no_grad():
-                policy.load_weights(ema)
+    with ema_swapped(policy, ema):
         yield view, evaluation_sampler(train)
+
+
+@contextmanager
+def ema_swapped(policy, ema: dict[str, torch.Tensor] | None) -> Iterator[None]:
+    """`policy` holding the `ema` weights for the block, its live weights back after it (None: nothing swapped)."""
+    if ema is None:
+        yield
+        return
+    live = {k: v.detach().clone() for k, v in policy.weights().items()}
+    try:
+        with torch.no_grad():
+            policy.load_weights(ema)
+        yield
     finally:
-        if live is not None:
-            with torch.no_grad():
-                policy.load_weights(live)
+        with torch.no_grad():
+            policy.load_weights(live)
