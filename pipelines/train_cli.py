@@ -176,15 +176,20 @@ def _drive(ctx, run_dir: Path, console, as_json: bool) -> Optional[dict]:
 
 def _save_final_policy(ctx, run_dir: Path) -> None:
     from workers.model.tiny_policy import save_policy
+    from workers.trainer.ema_weights import ema_swapped, saved_ema
     from workers.trainer.resident import resident_checkpoint
 
     policy, _ = resident_checkpoint(ctx.store, ctx.run, ctx.num_iterations)
+    save = save_policy
     if ctx.model is not None:
         from workers.model.families.diffusers_policy import save_model_policy
 
-        save_model_policy(policy, run_dir / "policy")
-    else:
-        save_policy(policy, run_dir / "policy")
+        save = save_model_policy
+    save(policy, run_dir / "policy")
+    ema = saved_ema(ctx.store, ctx.run, ctx.num_iterations) if ctx.train.ema is not None else None
+    if ema is not None:  # train.ema: the EMA of the weights too, what validation scored
+        with ema_swapped(policy, ema):
+            save(policy, run_dir / "policy_ema")
 
 
 def _human_line(r: dict) -> str:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from resources.settings.base import Advantage, OnHacking, SyncMode
 
 Objective = Literal["flow_grpo", "nft"]
-AdvNorm = Literal["group", "batch"]
+AdvNorm = Literal["group", "batch", "global_std"]
 KlForm = Literal["step", "flow_grpo"]
 NftWeighting = Literal["velocity", "adaptive"]
 LrSchedule = Literal["constant", "cosine"]
@@ -70,7 +70,15 @@ class ModelSection(Section):
     lora_alpha: Optional[float] = Field(None, gt=0, description="With model: LoRA alpha (unset: the rank).")
     resolution: int = Field(512, ge=16, description="With model: image side in pixels.")
     guidance: float = Field(1.0, ge=0, description="With model: true-CFG scale, or FLUX.1-dev's guidance.")
-    negative_prompt: Optional[str] = Field(None, description="With model: the negative prompt of true CFG.")
+    negative_prompt: Optional[str] = Field(
+        None, description="With model: the negative prompt of true CFG (a prompts file row's negative_prompt wins)."
+    )
+    eval_guidance: Optional[float] = Field(
+        None,
+        ge=0,
+        description="With model: the guidance validation samples with (flow_grpo's sample.eval_guidance_scale; "
+        "unset: guidance). Guidance 1 with this set: CFG-free training, guided evaluation.",
+    )
     max_sequence_length: int = Field(512, ge=1, description="With model: text encoder tokens per prompt.")
     base_dtype: BaseDtype = Field("fp32", description="With model: dtype of the frozen base weights.")
     sync_mode: SyncMode = Field(
@@ -86,6 +94,7 @@ MODEL_ONLY_FIELDS = (
     "resolution",
     "guidance",
     "negative_prompt",
+    "eval_guidance",
     "max_sequence_length",
     "base_dtype",
     "sync_mode",
@@ -142,7 +151,9 @@ class TrainSection(Section):
     clip_range: float = Field(1e-4, gt=0, description="flow_grpo: PPO ratio clip.")
     adv_clip: float = Field(5.0, gt=0, description="Advantages are clipped to [-adv_clip, adv_clip].")
     adv_norm: AdvNorm = Field(
-        "group", description="What divides the deviation from the group mean: group (its std) or batch (global std)."
+        "group",
+        description="What divides the deviation from the group mean: group (its std), batch (the deviations' RMS) "
+        "or global_std (the std of every reward in the batch: flow_grpo's sample.global_std).",
     )
     advantage: Advantage = Field(
         "total",
@@ -160,6 +171,15 @@ class TrainSection(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute each transformer block in backward: less memory, one more forward."
     )
+    ema: bool = Field(
+        False,
+        description="Keep an EMA of the trained weights (flow_grpo's train.ema): validation scores it and each "
+        "checkpoint saves it; rollouts sample the live weights.",
+    )
+    ema_decay: float = Field(
+        0.9, ge=0, lt=1, description="With ema: the decay, min((1+k)/(10+k), ema_decay) at step k."
+    )
+    ema_every: int = Field(8, ge=1, description="With ema: optimizer steps between EMA updates.")
 
 
 class SamplingSection(Section):
@@ -170,6 +190,20 @@ class SamplingSection(Section):
     shift: float = Field(1.0, gt=0, description="Timestep shift of the flow schedule.")
     sde_window: Optional[tuple[int, int]] = Field(
         None, description="Steps [start, end) that are SDE steps (unset: every step)."
+    )
+    sde_window_size: Optional[int] = Field(
+        None,
+        ge=1,
+        description="SDE steps in a window placed at random each iteration within sde_window_range (flow_grpo's "
+        "sample.sde_window_size; unset: sde_window, fixed).",
+    )
+    sde_window_range: Optional[tuple[int, int]] = Field(
+        None, description="With sde_window_size: steps [low, high) the random window stays in (unset: every step)."
+    )
+    init_same_noise: bool = Field(
+        False,
+        description="Every sample of a prompt's group starts from one initial noise (flow_grpo's same_latent, "
+        "DanceGRPO's init_same_noise); the SDE noise stays each sample's own. Not with explore.",
     )
     forward_dtype: ForwardDtype = Field("auto", description="Dtype of the transformer's forward: auto, fp32, bf16.")
     rollout_batch: Optional[int] = Field(
@@ -186,7 +220,23 @@ class SamplingSection(Section):
     def _window_in_steps(self) -> "SamplingSection":
         if self.sde_window is not None and not 0 <= self.sde_window[0] < self.sde_window[1] <= self.num_steps:
             raise ValueError(f"sde_window {self.sde_window} must satisfy 0 <= start < end <= num_steps")
+        if self.sde_window_size is not None:
+            if self.sde_window is not None:
+                raise ValueError("sampling.sde_window (fixed) and sampling.sde_window_size (placed at random): set one")
+            low, high = self.window_range
+            if not 0 <= low < high <= self.num_steps or high - low < self.sde_window_size:
+                raise ValueError(
+                    f"sampling.sde_window_range {self.window_range} must satisfy 0 <= low < high <= num_steps and "
+                    f"span at least sde_window_size={self.sde_window_size} steps"
+                )
+        elif self.sde_window_range is not None:
+            raise ValueError("sampling.sde_window_range applies with sampling.sde_window_size: set both")
         return self
+
+    @property
+    def window_range(self) -> tuple[int, int]:
+        """The steps a random SDE window stays in (sde_window_range, or every step)."""
+        return self.sde_window_range or (0, self.num_steps)
 
 
 class ExploreSection(Section):
@@ -229,6 +279,11 @@ class ValidationSection(Section):
 
     validate_every: int = Field(5, ge=1, description="Score the held-out split every this many iterations.")
     validation_seeds: int = Field(2, ge=1, description="Fixed seeds per held-out prompt.")
+    validation_steps: Optional[int] = Field(
+        None,
+        ge=1,
+        description="Denoising steps of validation's ODE sampler (flow_grpo's eval_num_steps; unset: num_steps).",
+    )
     validation_reward: Optional[str] = Field(
         None,
         description="Reward that scores held-out images (unset: MiniGenEval's detector for the pixel policy; with "
@@ -371,6 +426,11 @@ class RunConfig(BaseModel):
                     "workers.local_workers must be >= 1 (0 only on a Redis deployment.queue, whose remote workers "
                     "then sample everything)"
                 )
+        if sampling.init_same_noise and self.explore.explore:
+            raise ValueError(
+                "sampling.init_same_noise with explore.explore: explored seeds are ranked on their own initial noise, "
+                "which a same-noise group does not sample; set explore.explore false"
+            )
         if workers.num_reserved > workers.local_workers:
             raise ValueError("workers.num_reserved cannot exceed workers.local_workers")
         return self

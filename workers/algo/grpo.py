@@ -17,7 +17,7 @@ from workers.algo.nft import WEIGHTINGS
 
 OBJECTIVES = ("flow_grpo", "nft")
 LR_SCHEDULES = ("constant", "cosine")
-ADV_NORMS = ("group", "batch")
+ADV_NORMS = ("group", "batch", "global_std")
 ADVANTAGES = ("total", "per-component")
 KL_FORMS = ("step", "flow_grpo")
 
@@ -32,8 +32,9 @@ class GRPOConfig:
     """Advantages are clipped to [-adv_clip, adv_clip]."""
     adv_norm: str = "group"
     """What divides a sample's deviation from its group mean: "group" (that group's std,
-    Flow-GRPO) or "batch" (one std over the batch; see group_advantages). "batch" gave no
-    held-out gain on MiniGenEval (docs/RECIPE.md, run BN)."""
+    Flow-GRPO's per-group default), "batch" (the root mean square of the deviations from the group means; see
+    group_advantages; no held-out gain on MiniGenEval, docs/RECIPE.md, run BN) or "global_std" (the std of every
+    reward of the batch around the batch mean: flow_grpo's `sample.global_std`)."""
     advantage: str = "total"
     """What the advantages normalise: "total" (the reward, a multi-reward's weighted sum) or "per-component"
     (each component of a `multi:` reward normalised within its group, then weighted: `component_advantages`), so a
@@ -132,7 +133,9 @@ def group_advantages(
 
     norm "group": each group's own std (Flow-GRPO). "batch": one std for the whole batch, the
     root mean square of every sample's deviation from its group mean, so a group whose rewards
-    differ by little gets small advantages instead of +-1.
+    differ by little gets small advantages instead of +-1. "global_std": flow_grpo's global std,
+    np.std of every reward of the batch (around the batch mean, ddof 0), as in its
+    flow_grpo/stat_tracking.py `PerPromptStatTracker.update` with global_std=True.
     rewards_N: (N,) float; group_ids_N: (N,) int, samples of one prompt share an id.
     """
     return normalised_deviations(rewards_N, group_ids_N, eps, norm).clamp(-clip, clip).float()
@@ -151,7 +154,11 @@ def normalised_deviations(
     mean = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, rewards) / count
     var = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, (rewards - mean[inv]) ** 2) / count
     dev = rewards - mean[inv]
-    return dev / (var.sqrt()[inv] + eps) if norm == "group" else dev / (dev.pow(2).mean().sqrt() + eps)
+    if norm == "group":
+        return dev / (var.sqrt()[inv] + eps)
+    if norm == "global_std":
+        return dev / (rewards.std(unbiased=False) + eps)
+    return dev / (dev.pow(2).mean().sqrt() + eps)
 
 
 def group_reward_stats(rewards_N: torch.Tensor, group_ids_N: torch.Tensor) -> dict[str, float]:

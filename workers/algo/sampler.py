@@ -156,16 +156,19 @@ def rollout(
     config: SamplerConfig,
     resume: SamplerState | None = None,
     stop_at: int | None = None,
+    init_seeds: list[int] | None = None,
 ) -> Trajectory:
-    """Sample a batch of requests; resume from a SamplerState or stop early at step stop_at.
+    """Sample a batch of requests; resume from a SamplerState or stop early at step stop_at. init_seeds: the seed
+    of each request's initial noise when it is not its own seed (a group sharing one initial noise:
+    sampling.init_same_noise); every SDE step's noise still comes from the request's seed.
 
     Latents, sigmas and the SDE maths stay on the policy's device for the whole walk; the
     trajectory comes back to the CPU once, at the end. Noise is drawn on the CPU from the
     request's counter-based generator and copied over, so every device samples the same noise;
     the result is bit-identical across runs on one device type (and equal across device types
     only up to their kernels' rounding)."""
-    if len(prompts) != len(seeds):
-        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    if len(prompts) != len(seeds) or (init_seeds is not None and len(init_seeds) != len(seeds)):
+        raise ValueError(f"{len(prompts)} prompts, {len(seeds)} seeds and {len(init_seeds or seeds)} initial seeds")
     n, shape = len(prompts), sample_shape(policy)
     device = next(policy.parameters()).device
     sigmas = sampler_sigmas(policy, config).to(device)
@@ -178,7 +181,7 @@ def rollout(
         latents[start] = resume.latents.to(device)
         log_probs.copy_(resume.log_probs.to(device))
     else:
-        latents[0] = batch_noise(seeds, 0, shape).to(device)
+        latents[0] = batch_noise(seeds if init_seeds is None else init_seeds, 0, shape).to(device)
     emb, mask = policy.encode_prompts(prompts)
     for t in range(start, end):
         latents[t + 1], lp = denoise_step(policy, latents[t], t, seeds, config, (emb, mask), sigmas)

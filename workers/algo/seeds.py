@@ -14,6 +14,8 @@ Domains (`DOMAINS`, with their indices):
     candidate    (iteration, prompt, extra)   exploration candidates beyond the default seeds
     prompts      (iteration,)                 the prompt schedule's generator
     minibatches  (iteration,)                 the trainer's minibatch shuffle (and NFT's noise)
+    sde_window   (iteration,)                 the start of a randomly placed SDE window (workers/algo/sde_window.py)
+    init_noise   (iteration, prompt)          a group's shared initial noise (sampling.init_same_noise)
 
 Example:
     request_seed(0, 3, 1, 5)                 # the default seed of iteration 3, prompt 1, sample 5
@@ -26,7 +28,7 @@ from __future__ import annotations
 import hashlib
 
 SEED_FORMAT = "spotlight-seed/2"
-DOMAINS = {"request": 3, "candidate": 3, "prompts": 1, "minibatches": 1}
+DOMAINS = {"request": 3, "candidate": 3, "prompts": 1, "minibatches": 1, "sde_window": 1, "init_noise": 2}
 """Domain name -> number of indices it takes."""
 
 

@@ -41,6 +41,7 @@ from workers.model.families.prompt_store import publish_run_prompt_embeddings
 from workers.model.tiny_policy import shipped_base_for
 from workers.task.prompt_file import train_prompts
 from workers.task.validation import resolve_validation
+from workers.trainer.ema_weights import evaluated_policy
 from workers.trainer.resident import release_memory, resident_checkpoint, resident_policy
 
 PATCH_CHECK = "patch_reproduces_trainer_hash"
@@ -208,11 +209,12 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
 
     policy, _ = resident_checkpoint(ctx.store, ctx.run, k, ctx.device)
     seeds = ctx.train.validation_seeds
-    with books.phase(ctx.ledger, k, "validate"):
+    with books.phase(ctx.ledger, k, "validate"), evaluated_policy(policy, ctx.train, ctx.store, ctx.run, k) as view:
+        scored, sampler = view  # with train.ema the EMA weights, at eval_guidance, with validation_steps
         result = plan.evaluate(
-            policy,
+            scored,
             seeds,
-            ctx.train.sampler,
+            sampler,
             keep_images=True,  # the guard reads the images
             batch_size=ctx.train.rollout_batch,
         )

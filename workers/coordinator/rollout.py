@@ -28,7 +28,8 @@ from resources.store.base import TensorStore
 from workers.algo.sampler import Trajectory
 from workers.explore.seed_plan import SeedPlan
 from workers.rollout.state import InFlight, RolloutSpec, result_commit, result_components
-from workers.task.prompt_file import prompt_fields
+from workers.task.prompt_file import negative_prompts, prompt_fields
+from workers.task.prompt_row import set_row_negatives
 from workers.task.render import to_uint8
 from workers.task.rewards import get_reward
 from workers.trainer.advantages import batch_advantages
@@ -63,9 +64,10 @@ def iteration_requests(
                 prompt,
                 seed,
                 weights_version,
-                config.sampler,
+                config.sampler_at(iteration),
                 config.reward,
                 prompt_fields=prompt_fields(config.prompts, prompt) or None,
+                init_seed=config.group_init_seed(iteration, i),
             ),
         )
         for i, (prompt, seeds) in enumerate(zip(plan.prompts, plan.seeds, strict=False))
@@ -208,15 +210,17 @@ def _sample(store: TensorStore, order: RolloutOrder, requests: list[PlannedReque
     """Sample and score `requests` on this process's resident policy and commit their results."""
     config = order.config
     policy, _ = resident_checkpoint(store, order.run, requests[0].spec.weights_version, order.device)
+    set_row_negatives(policy, negative_prompts(config.prompts))
     t0 = time.perf_counter()
     traj, images, rewards, components = sample_scored(
         policy,
         get_reward(config.reward),
         [r.spec.prompt for r in requests],
         [r.spec.seed for r in requests],
-        config.sampler,
+        config.sampler_at(order.iteration),
         config.rollout_batch,
         config.prompts,
+        init_seeds=[r.spec.init_seeds[0] for r in requests],
     )
     group_ids = torch.tensor([r.prompt_index for r in requests])
     batch = Rollouts(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from workers.coordinator.context import RunContext
 from workers.model.families.prompt_store import prompts_to_cache
-from workers.task.prompt_file import train_prompts
+from workers.task.prompt_file import negative_prompts, train_prompts
 from workers.task.validation import resolve_validation
 
 MAX_CACHED_PROMPTS = 4096
@@ -27,7 +27,8 @@ def run_prompts(ctx: RunContext) -> list[str]:
     c = ctx.train
     training = [p for k in range(ctx.num_iterations + 1) for p in train_prompts(c, k)]  # a prompts file's too
     held_out = resolve_validation(ctx.validation, c.reward, model=ctx.model is not None).prompts
-    return list(dict.fromkeys([*training, *held_out]))
+    negatives = negative_prompts(c.prompts).values()  # rows' own negative prompts (true CFG)
+    return list(dict.fromkeys([*training, *held_out, *negatives]))
 
 
 def encode_run_prompts(ctx: RunContext, policy) -> int | None:

@@ -29,6 +29,7 @@ from workers.trainer.checkpoint import (
 from workers.trainer.checkpoint import (
     optimizer_state as saved_optimizer_state,
 )
+from workers.trainer.ema_weights import saved_ema
 from workers.trainer.fsdp import distribute, full_weights, load_optimizer_state
 from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
 from workers.trainer.memory import enable_gradient_checkpointing, gradient_checkpointing_enabled
@@ -102,13 +103,17 @@ def _update_version(store: TensorStore, order: TrainOrder, setup: TrainerSetup) 
         reference = _trained_copy(store, run, 0, order.device, setup, shared=False)[0]
     trainer = GRPOTrainer(policy, config, reference=reference)
     _restore(trainer, optimizer_state, setup)
+    if config.ema is not None:
+        trainer.ema_weights = saved_ema(store, run, k)  # None at the base: the update starts it from the weights
     batch = load_batch(store, run, config, k, order.requests)
     # Old log-probs from the trainer's own forward: the stored ones come from whatever sampled (queue
     # workers run BF16-rounded weights), and with a 1e-4 clip range that alone clips the first minibatch.
     stats = {**trainer.batch_stats(batch), **trainer.update(batch, recompute_old_log_probs=True)}
     weights, optimizer = _saved_state(store, weights_key(run, k + 1), trainer, setup)
     if setup.ranks is None or setup.ranks.rank == 0:
-        stats["checkpoint_bytes"] = publish_checkpoint(store, run, k + 1, policy.spec(), weights, optimizer)
+        stats["checkpoint_bytes"] = publish_checkpoint(
+            store, run, k + 1, policy.spec(), weights, optimizer, ema=trainer.ema_weights
+        )
         if alone:
             mark_version(store, run, k + 1, policy)  # the resident policy holds exactly what was published
         if k >= 2:

@@ -77,7 +77,7 @@ def explore_requests(
             prompt,
             tuple(seeds),
             iteration,
-            config.sampler,
+            config.sampler_at(iteration + 1),
             arm.cache_level,
             config.reward,
             prompt_fields(config.prompts, prompt) or None,

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from resources.keys import explore_result_key
 from workers.algo.sampler import SamplerConfig, rollout
+from workers.task.prompt_row import fields_negative, set_row_negatives
 from workers.task.render import decode_images
 from workers.task.request_fields import check_policy_reads, check_prompt_fields, check_request_fields
 from workers.task.reward_inputs import call_reward
@@ -206,6 +207,7 @@ def explore_rewards(policy, spec: ExploreSpec, chunk: int | None = None) -> list
     import numpy as np
 
     level = cache_level(spec.cache_level)
+    set_row_negatives(policy, fields_negative(spec.prompt, spec.prompt_fields))
     seeds = list(spec.seeds)
     size = chunk or len(seeds)
     images = []

@@ -28,6 +28,7 @@ from workers.rollout.kernels import MIXED_KERNELS_ATOL, kernel_labels, kernel_se
 from workers.rollout.resume import attempt_state_key, committed_states, resume_or_start
 from workers.rollout.state import InFlight, RolloutSpec, result_commit
 from workers.rollout.weights import PolicyHolder
+from workers.task.prompt_row import fields_negative, set_row_negatives
 from workers.task.render import decode_images
 from workers.task.rewards import check_per_request_reward, get_reward, score_with_components
 
@@ -174,6 +175,7 @@ class _Stepper:
 
     def __init__(self, policy, spec: RolloutSpec):
         self.policy, self.spec = policy, spec
+        set_row_negatives(policy, fields_negative(spec.prompt, spec.prompt_fields))
         self.device = next(policy.parameters()).device
         self.cond = policy.encode_prompts([spec.prompt] * len(spec.seeds))
         self.sigmas = sampler_sigmas(policy, spec.sampler).to(self.device)

@@ -59,6 +59,7 @@ _PAYLOAD_FIELDS = {
     "resolution",
     "guidance",
     "prompt_fields",
+    "init_seed",
 }
 MAX_RESOLUTION = 8192
 """Largest image side a request may ask for, in pixels."""
@@ -96,9 +97,12 @@ class RolloutSpec:
     prompt_fields: dict[str, Any] | None = None
     """The prompt's other fields from the run's prompts file (a JSON object), handed to a reward that takes them;
     None = none (absent from the payload)."""
+    init_seed: int | None = None
+    """The seed of every sample's initial noise when the prompt's group shares one (sampling.init_same_noise);
+    None = each sample's own seed (absent from the payload)."""
 
     def __post_init__(self) -> None:
-        for seed in self.seeds:
+        for seed in (*self.seeds, *(() if self.init_seed is None else (self.init_seed,))):
             if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
                 raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
         if len(self.seeds) > MAX_BATCH:
@@ -136,6 +140,11 @@ class RolloutSpec:
     def seeds(self) -> tuple[int, ...]:
         """Every seed the request samples, in batch order."""
         return (self.seed, *self.batch_seeds)
+
+    @property
+    def init_seeds(self) -> tuple[int, ...]:
+        """The seed of each sample's initial noise, in batch order (its own seed unless init_seed is set)."""
+        return self.seeds if self.init_seed is None else (self.init_seed,) * len(self.seeds)
 
     def sample(self, n: int) -> "RolloutSpec":
         """Sample n of a batched request as a request of its own (the spec its result is committed for)."""
@@ -178,6 +187,7 @@ class RolloutSpec:
             payload.get("resolution"),
             payload.get("guidance"),
             payload.get("prompt_fields"),
+            payload.get("init_seed"),
         )
 
     def to_payload(self) -> dict[str, Any]:
@@ -202,6 +212,7 @@ class RolloutSpec:
                     ("resolution", self.resolution),
                     ("guidance", self.guidance),
                     ("prompt_fields", self.prompt_fields),
+                    ("init_seed", self.init_seed),
                 )
                 if v is not None
             }
@@ -238,7 +249,7 @@ class InFlight:
     def fresh(cls, spec: RolloutSpec, image_shape: tuple[int, int, int]) -> "InFlight":
         n, b = spec.sampler.num_steps, len(spec.seeds)
         latents = torch.full((n + 1, b, *image_shape), float("nan"))
-        latents[0] = batch_noise(list(spec.seeds), 0, image_shape)
+        latents[0] = batch_noise(list(spec.init_seeds), 0, image_shape)
         return cls(spec, 0, latents, torch.full((n, b), float("nan")))
 
     def to_commit(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

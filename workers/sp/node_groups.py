@@ -32,6 +32,8 @@ class SPRequest:
     prompt: str
     seed: int
     sampler: SamplerConfig = SamplerConfig()
+    init_seed: int | None = None
+    """The seed of the initial noise when the prompt's group shares one (RolloutSpec.init_seed); None = seed."""
 
     @classmethod
     def from_payload(cls, request_id: str, payload: Mapping[str, Any]) -> "SPRequest":
@@ -42,7 +44,14 @@ class SPRequest:
         sampler = dict(payload.get("sampler") or {})
         if "sde_window" in sampler and sampler["sde_window"] is not None:
             sampler["sde_window"] = tuple(sampler["sde_window"])
-        return cls(request_id, str(payload["prompt"]), int(payload["seed"]), SamplerConfig(**sampler))
+        init_seed = payload.get("init_seed")
+        return cls(
+            request_id,
+            str(payload["prompt"]),
+            int(payload["seed"]),
+            SamplerConfig(**sampler),
+            None if init_seed is None else int(init_seed),
+        )
 
 
 def state_from_wire(wire: Mapping[str, Any]) -> SamplerState:
@@ -104,6 +113,7 @@ class GroupRunner:
             "op": "run",
             "prompt": request.prompt,
             "seed": request.seed,
+            "init_seed": request.init_seed,
             "sampler": dataclasses.asdict(request.sampler),
             "state": wire,
             "stop_at": min(step + agent.config.commit_every, request.sampler.num_steps),

@@ -39,6 +39,7 @@ from workers.rollout.state import RolloutSpec
 from workers.rollout.weights import ModelMismatchError, PolicyHolder
 from workers.sp.model_sp import sp_degrees, sp_view
 from workers.sp.ulysses import disable_sp, enable_sp, init_group, leave_group
+from workers.task.prompt_row import fields_negative, set_row_negatives
 
 REQUEST_ERRORS = (ModelMismatchError, ValueError, LookupError, StoreError)
 """What a bad request raises, most specific first: the agent re-raises the first type that matches."""
@@ -97,6 +98,7 @@ class RequestMember:
     def _op_prepare(self, msg):
         spec = RolloutSpec.from_payload(msg["payload"])
         view = self.holder.policy_for(spec)
+        set_row_negatives(view, fields_negative(spec.prompt, spec.prompt_fields))  # as the rollout worker's _Stepper
         sp = sp_view(view, self.degree)  # ValueError when the group's degree cannot split this policy
         self._hook(view)
         self.spec, self.view, self.sp, self.cond = spec, view, sp, None

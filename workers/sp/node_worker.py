@@ -175,7 +175,10 @@ class _Worker:
         if msg.get("state") is not None:
             s = msg["state"]
             resume = SamplerState(s["step"], torch.from_numpy(s["latents"]), torch.from_numpy(s["log_probs"]))
-        traj = rollout(sp, [msg["prompt"]], [msg["seed"]], config, resume=resume, stop_at=msg["stop_at"])
+        init = None if msg.get("init_seed") is None else [msg["init_seed"]]
+        traj = rollout(
+            sp, [msg["prompt"]], [msg["seed"]], config, resume=resume, stop_at=msg["stop_at"], init_seeds=init
+        )
         if self.rank != 0:
             return {"state": None}
         state = traj.state()

@@ -1,13 +1,20 @@
-"""A user's training prompts from a file (`--prompts FILE`), read and checked before any weights load, and drawn per
+r"""A user's training prompts from a file (`--prompts FILE`), read and checked before any weights load, and drawn per
 iteration deterministically by the run seed.
 
 Formats, by what the path is:
-- a `.jsonl` file: one JSON object a line (blank and # lines skipped) with a "prompt" string; its other fields
+- a `.jsonl` file: one JSON object a line (blank lines skipped) with a "prompt" string; its other fields
   travel with the prompt to the reward (a reference text for OCR, metadata for GenEval-style checks):
   `prompt_fields`;
+- a `.json` file: an array of such objects (or of prompt strings); a `.csv` / `.tsv` file: a header row with a
+  "prompt" column, the other columns as fields (workers/task/prompt_formats.py);
 - a `.parquet` file, or a folder written by Hugging Face `datasets`' `save_to_disk`: a "prompt" column, the other
   columns as fields (these need pyarrow, or datasets, installed; without them the file is refused, saying so);
-- any other file: UTF-8 text, one prompt a line; blank lines and lines starting with # are skipped.
+- a file of another structured format (.yaml, .xml, .xlsx, archives...) is refused, never read as lines;
+- any other file: UTF-8 text, one prompt a line; blank lines are skipped, a line starting with # is a comment
+  (skipped, and the count logged), and `\#` starts a prompt with #.
+
+A row's `negative_prompt` field is that prompt's own negative prompt under true CFG (`negative_prompts`); the run's
+model.negative_prompt stays the default of the rows without one.
 
 A share of the prompts can be held out for validation (`heldout_fraction`): each prompt goes to one side by a fixed
 hash of its text, so the split does not depend on the run seed or on the file's order. Training draws walk the
@@ -24,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,21 +39,14 @@ from typing import Any
 import numpy as np
 
 from workers.algo.seeds import domain_seed
+from workers.task.prompt_formats import READERS, REFUSED_SUFFIXES, text_rows
+from workers.task.prompt_row import NEGATIVE_PROMPT_FIELD, PROMPT_COLUMN, PromptRow, record_row
 from workers.task.prompts import iteration_prompts
 
-PROMPT_COLUMN = "prompt"
 MAX_PROMPT_CHARS = 10_000
 """A prompt longer than this is refused whatever the model (the text encoders take far fewer tokens)."""
 MAX_PROMPTS = 10_000_000
-
-
-@dataclass(frozen=True)
-class PromptRow:
-    text: str
-    fields_json: str
-    """The row's other fields as a JSON object ("{}" for a text file)."""
-    line: int
-    """1-based line (text, JSON Lines) or row number (Parquet, datasets)."""
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -115,52 +116,32 @@ def load_table(source: PromptSource) -> PromptTable:
 
 
 def read_rows(path: Path) -> list[PromptRow]:
+    """The file's rows by its format (the module docstring); a plain-text file's skipped comment lines are logged."""
     if path.is_dir():
         return _dataset_rows(path)
-    if path.suffix == ".parquet":
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
         return _parquet_rows(path)
+    if suffix in REFUSED_SUFFIXES:
+        raise ValueError(
+            f"--prompts {path}: a {suffix} file is not a prompts format; give .txt (one prompt a line), .jsonl, "
+            f'.json (an array of {{"{PROMPT_COLUMN}": ...}}), .csv / .tsv (a "{PROMPT_COLUMN}" column), .parquet or '
+            "a Hugging Face datasets folder"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"--prompts {path}: cannot read it as UTF-8 text ({err})") from None
-    return _jsonl_rows(text, path) if path.suffix == ".jsonl" else _text_rows(text)
-
-
-def _text_rows(text: str) -> list[PromptRow]:
-    return [
-        PromptRow(line.strip(), "{}", n)
-        for n, line in enumerate(text.splitlines(), start=1)
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-
-
-def _jsonl_rows(text: str, path: Path) -> list[PromptRow]:
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--prompts {path}: line {n} is not JSON ({err.msg})") from None
-        rows.append(_record_row(record, n, path, "line"))
+    if suffix in READERS:
+        return READERS[suffix](text, path)
+    rows, comments = text_rows(text)
+    if comments:
+        _log.warning(
+            "--prompts %s: skipped %d comment line(s) starting with # (write \\# to start a prompt with #)",
+            path,
+            comments,
+        )
     return rows
-
-
-def _record_row(record: Any, n: int, path: Path, unit: str) -> PromptRow:
-    if not isinstance(record, dict):
-        raise ValueError(f"--prompts {path}: {unit} {n} is not a JSON object with a {PROMPT_COLUMN!r} field")
-    if PROMPT_COLUMN not in record:
-        raise ValueError(f"--prompts {path}: {unit} {n} has no {PROMPT_COLUMN!r} field (it has {sorted(record)[:8]})")
-    text = record[PROMPT_COLUMN]
-    if not isinstance(text, str):
-        raise ValueError(f"--prompts {path}: {unit} {n}: {PROMPT_COLUMN!r} is {type(text).__name__}, not text")
-    fields = {k: v for k, v in record.items() if k != PROMPT_COLUMN}
-    try:
-        fields_json = json.dumps(fields, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"--prompts {path}: {unit} {n}: its fields are not plain JSON ({err})") from None
-    return PromptRow(text.strip(), fields_json, n)
 
 
 def _parquet_rows(path: Path) -> list[PromptRow]:
@@ -172,7 +153,7 @@ def _parquet_rows(path: Path) -> list[PromptRow]:
             '(pip install pyarrow) or give the prompts as JSON Lines (one {"prompt": ...} a line)'
         ) from None
     records = pq.read_table(path).to_pylist()
-    return [_record_row(r, n, path, "row") for n, r in enumerate(records, start=1)]
+    return [record_row(r, n, path, "row") for n, r in enumerate(records, start=1)]
 
 
 def _dataset_rows(path: Path) -> list[PromptRow]:
@@ -194,7 +175,7 @@ def _dataset_rows(path: Path) -> list[PromptRow]:
         if "train" not in data:
             raise ValueError(f"--prompts {path}: a DatasetDict without a 'train' split (it has {list(data)})")
         data = data["train"]
-    return [_record_row(r, n, path, "row") for n, r in enumerate(data, start=1)]
+    return [record_row(r, n, path, "row") for n, r in enumerate(data, start=1)]
 
 
 def check_rows(rows: list[PromptRow], path: Path) -> dict[str, str]:
@@ -203,7 +184,7 @@ def check_rows(rows: list[PromptRow], path: Path) -> dict[str, str]:
     if not rows:
         raise ValueError(
             f"--prompts {path}: holds no prompt (text: one a line, # starts a comment; JSON Lines: "
-            f'one {{"{PROMPT_COLUMN}": ...}} a line)'
+            f'one {{"{PROMPT_COLUMN}": ...}} a line; JSON: an array of them; CSV: a "{PROMPT_COLUMN}" column)'
         )
     if len(rows) > MAX_PROMPTS:
         raise ValueError(f"--prompts {path}: {len(rows)} prompts, more than {MAX_PROMPTS}")
@@ -276,3 +257,15 @@ def prompt_fields(source: PromptSource | None, prompt: str) -> dict[str, Any]:
     if source is None:
         return {}
     return json.loads(source.table().fields.get(prompt, "{}"))
+
+
+def negative_prompts(source: PromptSource | None) -> dict[str, str]:
+    """Prompt -> its row's own negative prompt, for the rows that give one ({} without a file)."""
+    if source is None:
+        return {}
+    out = {}
+    for prompt, fields in source.table().fields.items():
+        negative = json.loads(fields).get(NEGATIVE_PROMPT_FIELD)
+        if negative is not None:
+            out[prompt] = negative
+    return out

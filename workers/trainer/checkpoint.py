@@ -91,10 +91,12 @@ def publish_checkpoint(
     spec: dict,
     weights: dict[str, torch.Tensor],
     optimizer_state: dict[str, Any] | None,
+    ema: dict[str, torch.Tensor] | None = None,
 ) -> int:
     """Publish a checkpoint from its parts: the policy's spec and whole `weights()` (an FSDP trainer gathers them:
     workers/trainer/fsdp.py), and an optimizer `state_dict()` with whole tensors or the metadata of a state its
-    ranks saved sharded already (`sharded_optimizer.save_sharded`). Returns the bytes this call wrote."""
+    ranks saved sharded already (`sharded_optimizer.save_sharded`), and with train.ema the EMA of the weights
+    (`ema.<name>` tensors: workers/trainer/ema_weights.py). Returns the bytes this call wrote."""
     tensors = {f"policy.{k}": v.detach().cpu().contiguous() for k, v in weights.items()}
     meta: dict[str, Any] = {"format": FORMAT, "version": version, "policy_config": _plain(spec), "optimizer": None}
     if optimizer_state is not None and optimizer_state.get("format") == SHARDED_FORMAT:
@@ -103,6 +105,9 @@ def publish_checkpoint(
         opt = split_optimizer(optimizer_state)
         tensors.update(opt.tensors)
         meta["optimizer"] = opt.meta
+    if ema is not None:
+        tensors.update({f"ema.{k}": v.detach().cpu().contiguous() for k, v in ema.items()})
+        meta["ema"] = True
     result = store.publish_tensors(weights_key(run, version), tensors, meta)
     return sum(e.size_bytes for e in result.manifest.objects.values())
 

@@ -22,16 +22,24 @@ from workers.task.rewards import RewardFn, score_with_components
 
 
 def sample_in_chunks(
-    policy, prompts: list[str], seeds: list[int], sampler: SamplerConfig, chunk: int | None
+    policy,
+    prompts: list[str],
+    seeds: list[int],
+    sampler: SamplerConfig,
+    chunk: int | None,
+    init_seeds: list[int] | None = None,
 ) -> tuple[Trajectory, np.ndarray]:
     """(the trajectory of every request, their uint8 images (N, H, W, 3)), sampled and decoded `chunk` requests
-    at a time (None: all at once)."""
+    at a time (None: all at once). init_seeds: each request's initial-noise seed (`rollout`; None: its seed)."""
     if chunk is None or chunk >= len(prompts):
-        traj = rollout(policy, prompts, seeds, sampler)
+        traj = rollout(policy, prompts, seeds, sampler, init_seeds=init_seeds)
         return traj, decode_images(policy, traj.images)
     trajs, images = [], []
     for start in range(0, len(prompts), chunk):
-        part = rollout(policy, prompts[start : start + chunk], seeds[start : start + chunk], sampler)
+        part_init = None if init_seeds is None else init_seeds[start : start + chunk]
+        part = rollout(
+            policy, prompts[start : start + chunk], seeds[start : start + chunk], sampler, init_seeds=part_init
+        )
         images.append(decode_images(policy, part.images))
         trajs.append(part)
     return join_trajectories(trajs), np.concatenate(images)
@@ -45,12 +53,13 @@ def sample_scored(
     sampler: SamplerConfig,
     chunk: int | None,
     source: PromptSource | None = None,
+    init_seeds: list[int] | None = None,
 ) -> tuple[Trajectory, np.ndarray, torch.Tensor, dict[str, np.ndarray]]:
     """`sample_in_chunks` of the requests (prompt n with seed n), then their rewards: (trajectory, uint8 images,
     (N,) float32 rewards, each reward component's (N,) values or {}). `source`: the prompts file whose other
     columns the reward may read (None: MiniGenEval's prompts)."""
     policy.eval()
-    traj, images = sample_in_chunks(policy, prompts, seeds, sampler, chunk)
+    traj, images = sample_in_chunks(policy, prompts, seeds, sampler, chunk, init_seeds)
     fields = None if source is None else [prompt_fields(source, p) for p in prompts]
     scores, components = score_with_components(reward_fn, images, prompts, fields)
     return traj, images, torch.as_tensor(scores, dtype=torch.float32), components

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from resources.settings.config import RunConfig
+from workers.algo.ema import EMAConfig
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
 from workers.model.families.identify import detect_family
@@ -85,6 +86,12 @@ def train_config(config: RunConfig, prompts: Optional[PromptSource] = None) -> T
         seeds_per_request=config.sampling.seeds_per_request,
         rollout_batch=config.sampling.rollout_batch,
         micro_batch=t.micro_batch,
+        sde_window_size=config.sampling.sde_window_size,
+        sde_window_range=config.sampling.sde_window_range,
+        init_same_noise=config.sampling.init_same_noise,
+        ema=EMAConfig(decay=t.ema_decay, every=t.ema_every) if t.ema else None,
+        eval_guidance=config.model.eval_guidance,
+        validation_steps=config.validation.validation_steps,
     )
 
 

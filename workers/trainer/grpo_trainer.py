@@ -25,10 +25,12 @@ from workers.algo.nft import nft_loss, noise_levels, noisy_sample, optimality
 from workers.algo.sampler import Trajectory, autocast_for, sampler_sigmas, step_log_prob
 from workers.algo.seeds import candidate_seeds, domain_seed
 from workers.algo.selection import select_max_variance
-from workers.task.prompt_file import train_prompts
+from workers.task.prompt_file import negative_prompts, train_prompts
+from workers.task.prompt_row import set_row_negatives
 from workers.task.rewards import get_reward
 from workers.trainer.advantages import batch_advantages
 from workers.trainer.chunks import micro_parts, sample_scored
+from workers.trainer.ema_weights import start_ema, step_ema
 from workers.trainer.frozen import V_OLD_ADAPTER, frozen_policy, refresh, shares_transformer
 from workers.trainer.old_log_probs import first_epoch_minibatches, with_policy_log_probs
 from workers.trainer.step_guard import StepGuard
@@ -119,6 +121,7 @@ class GRPOTrainer:
     def __init__(self, policy, config: TrainConfig, reference=None, max_consecutive_skips: int = 3):
         self.policy = policy
         self.config = config
+        set_row_negatives(policy, negative_prompts(config.prompts))
         self.step_guard = StepGuard(max_consecutive_skips)
         """Skips optimizer steps whose gradient is non-finite; fails the update after a run of them."""
         self.reward_fn = get_reward(config.reward)
@@ -134,6 +137,9 @@ class GRPOTrainer:
         if g.kl_beta > 0:
             self.reference = frozen_policy(policy, None) if reference is None else reference.requires_grad_(False)
         self.optimizer = self.build_optimizer()
+        self.ema_weights: dict[str, torch.Tensor] | None = None
+        """With config.ema: the moving average of `policy.weights()` (FP32; workers/algo/ema.py), restored from the
+        checkpoint by the caller or started from the weights at the first update."""
         self.data_shard = None
         """This rank's part of each minibatch under data parallelism (workers/trainer/fsdp.py); None = one process."""
 
@@ -180,9 +186,10 @@ class GRPOTrainer:
             self.reward_fn,
             all_prompts,
             [s for g in groups for s in g],
-            c.sampler,
+            c.sampler_at(iteration),
             c.rollout_batch,
             c.prompts,
+            init_seeds=c.init_seeds(iteration, groups),
         )
         group_ids = torch.arange(len(prompts)).repeat_interleave(torch.tensor([len(g) for g in groups]))
         batch = Rollouts(
@@ -203,7 +210,7 @@ class GRPOTrainer:
     def _minibatch_loss(self, batch: Rollouts, index: torch.Tensor, loss_scale: float = 1.0) -> dict[str, float]:
         """Accumulate gradients of one minibatch over every SDE step; returns its stats. loss_scale: this
         rank's share of the minibatch under data parallelism."""
-        c, g = self.config.sampler, self.config.grpo
+        c, g = self.config.sampler_at(batch.iteration), self.config.grpo
         traj = batch.trajectory
         prompts = [traj.prompts[i] for i in index.tolist()]
         steps = c.sde_steps
@@ -281,6 +288,7 @@ class GRPOTrainer:
         self.step_guard.reset()
         n = batch.rewards.shape[0]
         gen = torch.Generator().manual_seed(domain_seed(self.config.seed, "minibatches", batch.iteration))
+        start_ema(self)
         if recompute_old_log_probs and g.objective != "nft":
             batch = self._recompute_old_log_probs(batch, gen)
         totals: dict[str, float] = {}
@@ -301,6 +309,7 @@ class GRPOTrainer:
                     continue
                 self.optimizer.step()
                 num_steps += 1
+                step_ema(self)
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v
         self.policy.eval()
@@ -318,7 +327,7 @@ class GRPOTrainer:
         for index in first_epoch_minibatches(gen, batch.rewards.shape[0], self.config.grpo.num_minibatches):
             part = slice(None) if self.data_shard is None else self.data_shard.part(len(index))[0]
             own += [index[micro] for micro, _ in self._micro_parts(part, len(index))]
-        batch = with_policy_log_probs(self.policy, batch, self.config.sampler, own)
+        batch = with_policy_log_probs(self.policy, batch, self.config.sampler_at(batch.iteration), own)
         if self.data_shard is None:
             return batch
         traj = batch.trajectory
@@ -360,8 +369,7 @@ class GRPOTrainer:
     def _set_learning_rate(self) -> float:
         """Warm-up ramp, then the schedule, keyed on AdamW's own step count (restored with its state on resume)."""
         g = self.config.grpo
-        first = next(iter(self.optimizer.state.values()), None)
-        done = int(first["step"]) if first is not None else 0
+        done = self.steps_done()
         lr = g.lr * min(1.0, (done + 1) / g.lr_warmup_steps) if g.lr_warmup_steps else g.lr
         if g.lr_schedule == "cosine" and done >= g.lr_warmup_steps:
             total = self.config.iterations * g.num_epochs * g.num_minibatches
@@ -370,6 +378,11 @@ class GRPOTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
+
+    def steps_done(self) -> int:
+        """Optimizer steps taken over the run: AdamW's own count (restored with its state on resume)."""
+        first = next(iter(self.optimizer.state.values()), None)
+        return int(first["step"]) if first is not None else 0
 
     def batch_stats(self, batch: Rollouts) -> dict[str, float]:
         """reward_mean: over every drawn sample (the policy's reward); the group figures are over the kept ones."""

@@ -55,7 +55,7 @@ def first_minibatch_ratio(trainer, batch) -> dict[str, float]:
     config = trainer.config
     gen = torch.Generator().manual_seed(domain_seed(config.seed, "minibatches", batch.iteration))
     chunks = first_epoch_minibatches(gen, batch.rewards.shape[0], config.grpo.num_minibatches)
-    policy, sampler, traj = trainer.policy, config.sampler, batch.trajectory
+    policy, sampler, traj = trainer.policy, config.sampler_at(batch.iteration), batch.trajectory
     policy.train()
     recomputed = with_policy_log_probs(policy, batch, sampler, chunks).trajectory.log_probs
     index = chunks[0]

@@ -15,8 +15,9 @@ from typing import Callable
 
 from resources.settings.config import RunConfig
 from resources.settings.resolve import derive
-from workers.trainer import presets_lowpass, presets_ocr
+from workers.trainer import presets_lowpass, presets_ocr, presets_recipes
 from workers.trainer.from_config import train_config
+from workers.trainer.presets_recipes import GPU_MICRO_BATCH, GPU_ROLLOUT_BATCH  # noqa: F401  (the benches read them)
 from workers.trainer.train_config import TrainConfig
 
 CPU_EXPLORE_BUDGET_ROLLOUTS = 2.0
@@ -179,59 +180,35 @@ NFT_RECIPE_FIELDS = (
 )
 """The update's recipe fields cpu_smoke_nft takes from cpu_tiny_long."""
 
-GPU_ROLLOUT_BATCH = 8
-"""The GPU presets sample and VAE-decode 8 requests at a time: a 512-px Qwen-Image decode holds about 1.7 GB of
-activations per image in BF16 (docs/MODELS.md, "Memory"); the whole iteration (256 samples) would not fit."""
-GPU_MICRO_BATCH = 8
-"""The GPU presets' samples per forward and backward (both CFG passes carry gradients): a 64-sample minibatch in
-8 accumulated micro-batches, the same step."""
-
 
 def sd35m_lora() -> RunConfig:
-    """Flow-GRPO's SD3.5-M recipe (the Flow-GRPO paper's): 10 SDE steps at noise level 0.7, groups of 24, clip 1e-4,
-    advantage clip 5, KL beta 0.04, LoRA r=32 at lr 3e-4, CFG 4.5. For a GPU, on the user's prompts (--prompts) and
-    reward (--reward: the preset names none). Gradient checkpointing on."""
-    return RunConfig(
-        preset="sd35m_lora",
-        model=dict(resolution=512, lora_rank=32, guidance=4.5, base_dtype="bf16"),
-        train=dict(
-            iterations=300,
-            prompts_per_iteration=16,
-            group_size=24,
-            reward="",
-            objective="flow_grpo",
-            lr=3e-4,
-            clip_range=1e-4,
-            adv_clip=5.0,
-            kl_beta=0.04,
-            # kl_form "flow_grpo": the KL term as flow_grpo computes it, so its beta 0.04 weighs what it weighed there
-            kl_form="flow_grpo",
-            epochs=1,
-            minibatches=4,
-            micro_batch=GPU_MICRO_BATCH,
-            gradient_checkpointing=True,
-        ),
-        sampling=dict(num_steps=10, noise_level=0.7, forward_dtype="bf16", rollout_batch=GPU_ROLLOUT_BATCH),
-        validation=dict(validate_every=10, validation_seeds=1),
-    )
+    """SD3.5-M's preset: flow_grpo's `geneval_sd3` recipe (workers/trainer/presets_recipes.py `sd35m_geneval`) on the
+    user's prompts and reward (--prompts, --reward: the preset names none)."""
+    return derive(presets_recipes.sd35m_geneval(), "sd35m_lora")
 
 
 def qwen_image_lora() -> RunConfig:
-    """Flow-GRPO's Qwen-Image recipe (the Flow-GRPO paper's): 10 steps, noise level 1.2 on a 2-step SDE window,
-    groups of 16, clip 1e-4, KL beta 0.04, LoRA r=64 at lr 3e-4, true CFG 4.5. For a GPU."""
-    return derive(
-        sd35m_lora(),
-        "qwen_image_lora",
-        model=dict(lora_rank=64),
-        train=dict(group_size=16),
-        sampling=dict(noise_level=1.2, sde_window=(0, 2)),
-    )
+    """Qwen-Image's preset: flow_grpo's `pickscore_qwenimage` recipe (`qwen_image_pickscore`): a 2-step SDE window
+    placed at random in steps 0-4, true CFG 4, no KL, global-std advantages."""
+    return derive(presets_recipes.qwen_image_pickscore(), "qwen_image_lora")
 
 
 def flux1_lora() -> RunConfig:
-    """FLUX.1-dev: the SD3.5-M recipe with FLUX.1-dev's guidance embedding at 3.5 instead of true CFG (no FLUX
-    figures in the Flow-GRPO paper; these are SD3.5-M's, unverified on FLUX). For a GPU."""
-    return derive(sd35m_lora(), "flux1_lora", model=dict(guidance=3.5))
+    """FLUX.1-dev's preset: flow_grpo's `pickscore_flux` recipe (`flux1_flow_grpo`): 6 steps at noise level 0.9,
+    guidance embedding 3.5, no KL, global-std advantages, EMA."""
+    return derive(presets_recipes.flux1_flow_grpo(), "flux1_lora")
+
+
+RECIPE_PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "sd35m_geneval": presets_recipes.sd35m_geneval,
+    "sd35m_ocr": presets_recipes.sd35m_ocr,
+    "sd35m_pickscore": presets_recipes.sd35m_pickscore,
+    "qwen_image_pickscore": presets_recipes.qwen_image_pickscore,
+    "flux1_flow_grpo": presets_recipes.flux1_flow_grpo,
+    "flux1_dancegrpo": presets_recipes.flux1_dancegrpo,
+}
+"""The published recipes, by name (workers/trainer/presets_recipes.py; their values beside the cited configs:
+docs/MODELS.md, "Recipe presets")."""
 
 
 PRESETS: dict[str, Callable[[], RunConfig]] = {
@@ -248,10 +225,11 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
     "sd35m_lora": sd35m_lora,
     "qwen_image_lora": qwen_image_lora,
     "flux1_lora": flux1_lora,
+    **RECIPE_PRESETS,
 }
 """Every preset, by name: the one registry `spotlight config`, `run`, `train`, `launch` and the Dagster UI read."""
 
-GPU_PRESETS = ("sd35m_lora", "qwen_image_lora", "flux1_lora")
+GPU_PRESETS = ("sd35m_lora", "qwen_image_lora", "flux1_lora", *RECIPE_PRESETS)
 """The presets written for a diffusers pipeline on a GPU."""
 
 

@@ -8,10 +8,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+from workers.algo.ema import EMAConfig
 from workers.algo.grpo import GRPOConfig
 from workers.algo.sampler import SamplerConfig
+from workers.algo.sde_window import check_sde_window_placement, place_sde_window
+from workers.algo.seeds import domain_seed
 from workers.task.prompt_file import PromptSource
 from workers.task.prompts import CATEGORIES
 from workers.task.rewards import get_reward
@@ -69,7 +73,53 @@ class TrainConfig:
     gradients accumulate (each weighted by its share), so the step equals the whole minibatch's up to float
     rounding while activations are held for one micro-batch only. None = the whole minibatch at once."""
 
+    sde_window_size: int | None = None
+    """Steps of an SDE window placed at random each iteration (flow_grpo's sample.sde_window_size; None: the
+    sampler's own window, fixed). The sampler's sde_window must then be None."""
+    sde_window_range: tuple[int, int] | None = None
+    """Steps [low, high) the random window stays in (flow_grpo's sample.sde_window_range); None = every step."""
+    init_same_noise: bool = False
+    """Every sample of a prompt's group starts from one initial noise (flow_grpo's sample.same_latent, DanceGRPO's
+    --init_same_noise), drawn from `group_init_seed`; the SDE steps' noise stays each sample's own."""
+    ema: EMAConfig | None = None
+    """An exponential moving average of the trained parameters (flow_grpo's train.ema); None = off."""
+
+    eval_guidance: float | None = None
+    """A diffusers pipeline's guidance while validating (flow_grpo's sample.eval_guidance_scale); None = the
+    model's own (ModelSpec.guidance)."""
+    validation_steps: int | None = None
+    """Denoising steps of validation's ODE sampler (flow_grpo's sample.eval_num_steps); None = sampler.num_steps."""
+
+    def sampler_at(self, iteration: int) -> SamplerConfig:
+        """The sampler iteration `iteration` samples and trains with: the SDE window placed for it when it is random
+        (`place_sde_window`, a function of the run seed and the iteration), else `sampler` itself."""
+        if self.sde_window_size is None:
+            return self.sampler
+        window = place_sde_window(self.sde_window_size, self._window_range, self.seed, iteration)
+        return dataclasses.replace(self.sampler, sde_window=window)
+
+    def group_init_seed(self, iteration: int, prompt_index: int) -> int | None:
+        """The seed of the initial noise group `prompt_index` of `iteration` shares (None without init_same_noise)."""
+        return domain_seed(self.seed, "init_noise", iteration, prompt_index) if self.init_same_noise else None
+
+    def init_seeds(self, iteration: int, groups: list[list[int]]) -> list[int] | None:
+        """Each sample's initial-noise seed, group by group (the seeds of prompt i in groups[i]): its group's with
+        init_same_noise, else None (each sample's own seed)."""
+        if not self.init_same_noise:
+            return None
+        return [domain_seed(self.seed, "init_noise", iteration, i) for i, group in enumerate(groups) for _ in group]
+
+    @property
+    def _window_range(self) -> tuple[int, int]:
+        return self.sde_window_range or (0, self.sampler.num_steps)
+
     def __post_init__(self):
+        if self.sde_window_size is not None:
+            if self.sampler.sde_window is not None:
+                raise ValueError("sde_window_size (a window placed at random) and sampler.sde_window (fixed): set one")
+            check_sde_window_placement(self.sde_window_size, self._window_range, self.sampler.num_steps)
+        elif self.sde_window_range is not None:
+            raise ValueError("sde_window_range applies with sde_window_size: set both")
         for name in ("rollout_batch", "micro_batch"):
             value = getattr(self, name)
             if value is not None and value < 1:

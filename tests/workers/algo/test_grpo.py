@@ -78,9 +78,11 @@ def test_the_gpu_presets_kl_term_weighs_what_flow_grpos_beta_weighed():
     mean, ref = torch.randn(3, 4, 8, 8, generator=gen), torch.randn(3, 4, 8, 8, generator=gen)
     std, dt = torch.tensor(0.9), torch.tensor(-0.08)
     flow_grpo = 0.04 * ((mean - ref) ** 2).mean(dim=(1, 2, 3)) / (2 * std**2)
-    for name in ("sd35m_lora", "qwen_image_lora", "flux1_lora"):
+    for name in ("sd35m_lora", "sd35m_geneval", "sd35m_ocr"):
         g = get_preset(name).grpo
         torch.testing.assert_close(g.kl_beta * kl_to_reference(mean, ref, std, dt, g.kl_form), flow_grpo)
+    for name in ("qwen_image_lora", "flux1_lora"):  # pickscore_qwenimage, pickscore_flux: train.beta 0
+        assert get_preset(name).grpo.kl_beta == 0
     torch.testing.assert_close(
         kl_to_reference(mean, ref, std, dt, "step"), kl_to_reference(mean, ref, std, dt, "flow_grpo") / 0.08
     )

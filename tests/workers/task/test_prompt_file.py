@@ -41,7 +41,8 @@ def test_json_lines_hand_each_prompts_other_fields_to_the_reward(tmp_path):
     "content,message",
     [
         ("", "holds no prompt"),
-        ("# only a comment\n\n", "holds no prompt"),
+        ("\n\n", "holds no prompt"),
+        ('# a comment\n{"prompt": "ok"}\n', "line 1 is not JSON"),  # comments are a plain-text file's only
         ('{"prompt": "ok"}\n{"text": "no prompt column"}\n', "line 2 has no 'prompt' field"),
         ('{"prompt": "ok"}\n\n{"prompt": "ok", \n', "line 3 is not JSON"),
         ('{"prompt": "ok"}\n{"prompt": 7}\n', "line 2: 'prompt' is int"),

@@ -130,6 +130,9 @@ class DiffusersPolicy(nn.Module):
         self._prompt_cache = self.frozen.prompt_cache
         self._sigma_cache: dict[int, torch.Tensor] = {}
         self.geometry = family.geometry(spec)
+        self.row_negatives: dict[str, str] = {}
+        """Prompt -> its own negative prompt under true CFG (a prompts file row's `negative_prompt`); a prompt not
+        here uses the run's (`Family.negative_prompt_for`)."""
 
     # -- what the sampler walks --------------------------------------------------------------------
     @property
@@ -157,17 +160,20 @@ class DiffusersPolicy(nn.Module):
         if not changes:
             return self
         spec = dataclasses.replace(self.model_spec, **changes)
-        return DiffusersPolicy(spec, self.family, self.transformer, self.frozen).train(self.training)
+        view = DiffusersPolicy(spec, self.family, self.transformer, self.frozen).train(self.training)
+        view.row_negatives = self.row_negatives
+        return view
 
     # -- prompts -------------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> tuple[Conditioning, None]:
         """The batch's conditioning (and the unconditional one under true CFG): each prompt's embeddings come from
         the store's prompt cache when there is one, else the pipeline's frozen text encoder(s), once per process."""
-        negative = self.family.negative_prompt_for(self.model_spec)
+        default = self.family.negative_prompt_for(self.model_spec)
+        negatives = [self.row_negatives.get(p, default) for p in prompts]
         cfg = self.model_spec.guidance > 1 and self.family.uses_true_cfg
-        found = self.frozen.embeddings([*prompts, negative] if cfg else list(prompts))
+        found = self.frozen.embeddings(list(dict.fromkeys([*prompts, *negatives])) if cfg else list(prompts))
         cond = self.family.collate([found[p] for p in prompts], self.device)
-        uncond = self.family.collate([found[negative]] * len(prompts), self.device) if cfg else None
+        uncond = self.family.collate([found[n] for n in negatives], self.device) if cfg else None
         return Conditioning(cond, uncond), None
 
     def cache_prompt_embeddings(self, embeddings: dict[str, dict[str, torch.Tensor]]) -> None:
