@@ -160,6 +160,12 @@ class TrainSection(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute each transformer block in backward: less memory, one more forward."
     )
+    gpu_memory_gb: Optional[float] = Field(
+        None,
+        gt=0,
+        description="With model: GB of memory per GPU for the memory plan (spotlight config --memory); a run that "
+        "cannot fit is refused before weights load (unset: the GPU's own size on CUDA, else no check).",
+    )
 
 
 class SamplingSection(Section):
