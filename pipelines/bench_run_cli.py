@@ -315,10 +315,18 @@ def bench_memory(
     resolution: int = typer.Option(128, help="Image side in pixels."),
     num_steps: int = typer.Option(2, help="Denoising steps (all SDE, all trained)."),
     threads: int = typer.Option(2, help="Torch threads of each measuring process."),
+    nproc: int = typer.Option(
+        1, help="2 or more: each gloo rank's peak RSS through one iteration of the real phases, against one process."
+    ),
+    lora_rank: int = typer.Option(64, help="With --nproc: LoRA rank (0: full fine-tuning over FSDP2)."),
+    calibrate: bool = typer.Option(
+        False, "--calibrate", help="The memory plan's figures: one block's saved activations, sampling and VAE peaks."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print all figures as one JSON object."),
 ) -> None:
     """Peak RSS of one training iteration (sample, decode, score, update) per samples per iteration, each in a fresh
-    process, on the CPU: with chunks everywhere the largest iteration should need about what the smallest needs."""
+    process, on the CPU: with chunks everywhere the largest iteration should need about what the smallest needs.
+    --nproc N: the same per trainer rank; --calibrate: what the memory plan scales (spotlight config --memory)."""
     import tempfile
 
     from workers.bench.memory import MemoryBench, format_memory_report, run_memory_bench
@@ -329,6 +337,9 @@ def bench_memory(
         model = build_tiny_pipeline(
             "qwen-image", Path(tempfile.mkdtemp(prefix="spotlight-memory-")) / "qwen", widths="real", num_layers=layers
         )
+    if calibrate or nproc > 1:
+        _memory_variant(str(Path(model).resolve()), calibrate, nproc, lora_rank, resolution, threads, as_json)
+        return
     try:
         bench = MemoryBench(
             model=str(Path(model).resolve()),
@@ -344,3 +355,25 @@ def bench_memory(
     figures = run_memory_bench(bench, progress=lambda line: typer.echo(line, err=True))
     figures["model"] = str(model)
     show(figures, as_json, format_memory_report)
+
+
+def _memory_variant(
+    model: str, calibrate: bool, nproc: int, lora_rank: int, resolution: int, threads: int, as_json: bool
+) -> None:
+    """`bench memory --calibrate` or `--nproc N`."""
+    from workers.bench.memory_calibrate import CalibrationBench, format_calibration
+    from workers.bench.memory_calibrate import calibrate as run_calibration
+    from workers.bench.memory_ranks import RanksBench, format_ranks_report, run_ranks_bench
+
+    try:
+        if calibrate:
+            bench = CalibrationBench(model=model, resolution=resolution, lora_rank=lora_rank, threads=threads)
+            figures, report = run_calibration(bench), format_calibration
+        else:
+            ranks = RanksBench(model=model, nproc=nproc, lora_rank=lora_rank, resolution=resolution, threads=threads)
+            figures = run_ranks_bench(ranks, progress=lambda line: typer.echo(line, err=True))
+            report = format_ranks_report
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    figures["model"] = model
+    show(figures, as_json, report)

@@ -85,6 +85,13 @@ def config_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the tree as JSON."),
     list_presets: bool = typer.Option(False, "--list", help="List the presets, with the first line of each's doc."),
+    memory: Optional[float] = typer.Option(
+        None,
+        "--memory",
+        metavar="GPU_GB",
+        help="Print the run's memory plan per GPU of this many GB (the model built on the meta device; needs "
+        "--model) instead of the tree, and exit 1 when it cannot fit.",
+    ),
     **settings,
 ) -> None:
     """Print the run config that `spotlight run` (or train, or launch) would run with these settings: the preset,
@@ -96,6 +103,9 @@ def config_command(
             typer.echo(f"{name:<20} {(make.__doc__ or '').strip().splitlines()[0]}")
         return
     resolved = resolve_command(settings, config_files, check_paths=False)
+    if memory is not None:
+        show_memory_plan(resolved.config, memory, as_json)
+        return
     if explain:
         rows = resolved.explain()
         width = max(len(k) for k, _, _ in rows)
@@ -110,3 +120,26 @@ def config_command(
     from resources.settings.resolve import to_yaml
 
     typer.echo(to_yaml(resolved.config), nl=False)
+
+
+def show_memory_plan(config, gpu_GB: float, as_json: bool) -> None:
+    """Print the memory plan of `config` on GPUs of `gpu_GB`; exit 1 when it does not fit."""
+    if config.model.model is None:
+        raise typer.BadParameter("the memory plan is for a diffusers pipeline: pass --model DIR", param_hint="--memory")
+    if not gpu_GB > 0:
+        raise typer.BadParameter(f"must be a positive number of GB, got {gpu_GB:g}", param_hint="--memory")
+    from workers.trainer.memory_plan import format_plan, plan_as_json, plan_memory
+    from workers.trainer.model_sizes import model_sizes
+
+    try:
+        plan = plan_memory(config, model_sizes(config.model.model, config.model.lora_rank), gpu_GB)
+    except (OSError, ValueError) as err:
+        raise typer.BadParameter(str(err), param_hint="--model") from None
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(plan_as_json(plan), indent=2))
+    else:
+        typer.echo(format_plan(plan))
+    if not plan.fits:
+        raise typer.Exit(1)

@@ -33,6 +33,29 @@ def check_ranks(nproc: int, device: str, config) -> None:
         raise typer.BadParameter(str(err), param_hint="--nproc") from None
 
 
+def check_memory(config) -> None:
+    """typer.BadParameter naming the knobs when the memory plan (workers/trainer/memory_plan.py) of a run on a
+    diffusers pipeline exceeds its GPU: `train.gpu_memory_gb`, else the CUDA device's own size. Nothing for the
+    pixel policy or a CPU run with no size given."""
+    if config.model.model is None:
+        return
+    gpu_GB = config.train.gpu_memory_gb
+    if gpu_GB is None and config.train.device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            gpu_GB = torch.cuda.get_device_properties(0).total_memory / 1e9
+    if gpu_GB is None:
+        return
+    from workers.trainer.memory_plan import MemoryPlanError, check_fits, plan_memory
+    from workers.trainer.model_sizes import model_sizes
+
+    try:
+        check_fits(plan_memory(config, model_sizes(config.model.model, config.model.lora_rank), gpu_GB))
+    except MemoryPlanError as err:
+        raise typer.BadParameter(str(err), param_hint="--gpu-memory-gb") from None
+
+
 def in_ranks(
     nproc: int, gradient_checkpointing: bool, device: str, main: Callable[..., Any], kwargs: dict, failed_hint: str = ""
 ) -> Any:

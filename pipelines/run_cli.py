@@ -130,9 +130,10 @@ def _resolve_config(settings: dict, config_files, resume: bool, overwrite: bool,
         train = build_resources(config)["run_config"].train
     except (ConfigError, DeploymentError) as err:
         raise typer.BadParameter(str(err)) from None
-    from pipelines.ranks_cli import check_ranks
+    from pipelines.ranks_cli import check_memory, check_ranks
 
     check_ranks(config.train.nproc, config.train.device, train)
+    check_memory(config)  # a run that cannot fit its GPU stops here, before any weights load
     return config
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from pipelines.config_cli import config_option, resolve_command
-from pipelines.ranks_cli import check_ranks, in_ranks
+from pipelines.ranks_cli import check_memory, check_ranks, in_ranks
 from pipelines.settings_cli import COMMAND_KEYS, settings_options
 
 TRAIN_PRESET = "cpu_tiny_long"
@@ -71,6 +71,7 @@ def _check_run_options(run, out: Optional[Path], overwrite: bool) -> None:
     that holds a run; with --overwrite that run is removed, last, once everything else has passed."""
     config = run.config
     check_ranks(config.train.nproc, config.train.device, run.train)
+    check_memory(config)  # a run that cannot fit its GPU stops here, before any weights load
     checkpoint = config.model.checkpoint
     if checkpoint is not None and not (Path(checkpoint) / "policy.json").is_file():
         raise typer.BadParameter(

@@ -180,6 +180,12 @@ class TrainSection(Section):
         0.9, ge=0, lt=1, description="With ema: the decay, min((1+k)/(10+k), ema_decay) at step k."
     )
     ema_every: int = Field(8, ge=1, description="With ema: optimizer steps between EMA updates.")
+    gpu_memory_gb: Optional[float] = Field(
+        None,
+        gt=0,
+        description="With model: GB of memory per GPU for the memory plan (spotlight config --memory); a run that "
+        "cannot fit is refused before weights load (unset: the GPU's own size on CUDA, else no check).",
+    )
 
 
 class SamplingSection(Section):

@@ -10,7 +10,9 @@ PULSE encode/apply GB/s on the trained weights, and how far the first minibatch'
 step (BF16 forwards, true CFG; `first_ratio_dev`). workers/bench/model_check_memory.py adds the peak fitted against
 blocks and batch and extrapolated to 60 blocks plus the text encoder (`memory_fit`), the chunked VAE decode's peak
 (`vae_decode`), one FSDP2 update with checkpointing and adapter swaps (`fsdp_update`), and load times with and
-without `low_cpu_mem_usage` (`load`). `--widths tiny` runs the same path at toy size on a CPU (what the tests do).
+without `low_cpu_mem_usage` (`load`). workers/bench/model_check_preset.py runs each GPU preset's own update (its
+objective, CFG, checkpointing, micro-batches, precision) and sets its peak beside the memory plan's (`presets`).
+`--widths tiny` runs the same path at toy size on a CPU (what the tests do).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 
 from workers.bench.model_check_memory import fit_memory, fsdp_update, load_times, vae_decode_peak
+from workers.bench.model_check_preset import preset_checks
 from workers.bench.rollout import bench_rollout
 from workers.trainer.presets import GPU_ROLLOUT_BATCH
 
@@ -161,6 +164,8 @@ def run_model_check(
     figures["vae_decode"] = vae_decode_peak(paths[1], device, resolution, chunk=GPU_ROLLOUT_BATCH)
     figures["fsdp_update"] = fsdp_update(paths[1], device, resolution, lora_rank)
     figures["load"] = load_times(paths[2])
+    folders = {"qwen-image": paths[1], **{f: build_tiny_pipeline(f, root / f"{f}-tiny") for f in ("sd3", "flux")}}
+    figures["presets"] = preset_checks(folders, device, resolution=resolution)
     return figures
 
 

@@ -1,25 +1,32 @@
-"""Text encoders out of the trainer's memory: every prompt the run will use is encoded once, then the encoders go.
+"""Text encoders out of every process's memory: every prompt of the run is encoded once, on the device, into the
+store's prompt cache, then the encoders go.
 
 A run's prompts are known before it starts: each iteration's training prompts are a pure function of (run seed,
 iteration, the prompts file if any), the held-out prompts are fixed, and true CFG adds the negative prompt.
-Qwen-Image's text encoder is about 16 GB; its embeddings of a few hundred short prompts are megabytes. So at the
-base version the coordinator's process encodes them all into the policy's prompt cache and drops the encoders;
-every later phase (rollout, train, exploration, validation, the store's prompt cache for workers) reads the cache.
-A run with more distinct prompts than MAX_CACHED_PROMPTS keeps its encoders.
+Qwen-Image's text encoder is about 16 GB; the embeddings of thousands of prompts are a few GB, on disk. So at the
+base version the coordinator's process moves the encoders to the run's device, encodes every prompt of the run in
+chunks, commits each chunk to the store (`prompt_store`), and drops the encoders. Every later phase on every
+process (trainer ranks, rollout workers, exploration, validation) reads the store through its policy's prompt
+source (`resident_checkpoint` and `PolicyHolder` attach it) and keeps at most MAX_HELD_PROMPTS in memory.
 
 Example:
-    cached = encode_run_prompts(ctx, policy)     # None: too many prompts, the encoders stay
+    cached = encode_run_prompts(ctx, policy)     # None: a policy without text encoders (the pixel policy)
 """
 
 from __future__ import annotations
 
 from workers.coordinator.context import RunContext
-from workers.model.families.prompt_store import prompts_to_cache
+from workers.model.families.prompt_store import (
+    StorePromptSource,
+    attach_prompt_store,
+    prompts_to_cache,
+    publish_encoded,
+)
 from workers.task.prompt_file import negative_prompts, train_prompts
 from workers.task.validation import resolve_validation
 
-MAX_CACHED_PROMPTS = 4096
-"""Above this many distinct prompts the run keeps its text encoders (the cache would outgrow them)."""
+ENCODE_CHUNK = 256
+"""Prompts encoded (and held in memory) between two commits to the store."""
 
 
 def run_prompts(ctx: RunContext) -> list[str]:
@@ -32,15 +39,22 @@ def run_prompts(ctx: RunContext) -> list[str]:
 
 
 def encode_run_prompts(ctx: RunContext, policy) -> int | None:
-    """Encode every prompt of the run (and the negative prompt) into `policy`'s prompt cache, then drop its text
-    encoders; returns how many prompts were cached, or None (nothing done) for a policy without text encoders or
-    a run of more than MAX_CACHED_PROMPTS prompts."""
-    if not callable(getattr(policy, "drop_text_encoders", None)):
+    """Encode every prompt of the run (and the negative prompt) on `ctx.device` into the store's prompt cache, then
+    drop `policy`'s text encoders; returns how many prompts the store holds for the run, or None (nothing done)
+    for a policy without text encoders."""
+    frozen = getattr(policy, "frozen", None)
+    if frozen is None or not callable(getattr(policy, "drop_text_encoders", None)):
         return None
-
-    prompts = prompts_to_cache(policy.model_spec, run_prompts(ctx))
-    if len(prompts) > MAX_CACHED_PROMPTS:
-        return None
-    policy.prompt_embeddings(prompts)
+    spec = policy.model_spec
+    prompts = prompts_to_cache(spec, run_prompts(ctx))
+    source = StorePromptSource(ctx.store, ctx.run)
+    missing = [p for p in prompts if not source.has(p, spec)]
+    frozen.prompt_source = None  # encode here: never echo the store back into it
+    frozen.to(ctx.device)  # the encoders run on the device (and the VAE loads there later)
+    for start in range(0, len(missing), ENCODE_CHUNK):
+        chunk = missing[start : start + ENCODE_CHUNK]
+        publish_encoded(ctx.store, ctx.run, spec, policy.prompt_embeddings(chunk))
+        frozen.forget_prompts()  # they are in the store now: host memory stays one chunk's worth
     policy.drop_text_encoders()
+    attach_prompt_store(policy, ctx.store, ctx.run)
     return len(prompts)

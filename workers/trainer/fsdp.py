@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workers.trainer.frozen import shares_transformer
-from workers.trainer.sharded_load import materialise
+from workers.trainer.sharded_load import is_empty, materialise
 
 BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
 """The diffusers transformers' ModuleLists of blocks (Qwen-Image and SD3: the first; FLUX.1: both)."""
@@ -128,6 +128,9 @@ class DataShard:
     """Where the stats' all-reduce runs (the CPU for gloo, this rank's GPU for NCCL)."""
     group: object = None
     """The process group (None = the default one)."""
+    replicated: bool = False
+    """True: every rank holds the whole trained parameters (a LoRA on a whole base, `replicate_lora`), so the
+    gradients are summed here (`reduce_gradients`); False: FSDP2's reduce-scatter sums them."""
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
@@ -158,6 +161,21 @@ class DataShard:
         values = torch.tensor([stats[k] * share for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(values, group=self.group)
         return dict(zip(keys, values.tolist(), strict=False))
+
+    def reduce_gradients(self, parameters) -> None:
+        """A replicated rank's gradients summed over the ranks, in place (one flat all-reduce): every rank then
+        holds the whole minibatch's gradient, as FSDP2's reduce-scatter gives each its shard of it."""
+        if not self.replicated:
+            return
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(self.device)
+        dist.all_reduce(flat, group=self.group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     def gather_columns(self, values_SN: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """`values_SN` with every rank's own `columns` (each column computed by exactly one rank) in place of the
@@ -191,15 +209,30 @@ def check_batch_split(num_samples: int, num_minibatches: int, world_size: int) -
         )
 
 
-def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig(), from_rank0: bool = False):
+def replicate(trainer, mesh):
+    """Make a fresh GRPOTrainer's updates data-parallel over `mesh` without sharding: every rank trains its own whole
+    policy (under LoRA, the resident base with the adapters on, which every rank holds anyway to sample with), and
+    the adapters' gradients are summed over the ranks before clipping (`DataShard.reduce_gradients`). Returns the
+    trainer. The adapters are megabytes: sharding them would save little, and sharding the base would take it
+    from the sampler."""
+    c = trainer.config
+    world_size = mesh.size()
+    check_batch_split(c.prompts_per_iteration * c.group_size, c.grpo.num_minibatches, world_size)
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
+    trainer.data_shard = DataShard(mesh.get_local_rank(), world_size, device, mesh.get_group(), replicated=True)
+    return trainer
+
+
+def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig(), from_rank0: bool = False, source=None):
     """Shard a fresh GRPOTrainer's policy (and its NFT v_old and KL reference, which never train; under LoRA they
     are adapter views of the policy's own transformer, sharded with it) over `mesh`, rebuild its optimizer on the
     shards, and make its updates data-parallel. Returns the trainer.
 
     Call it after constructing the trainer (its copies are made from the whole policy) and before the first
     update: the optimizer is rebuilt, so it must hold no state yet. Every rank then calls `update` on the same
-    batch. from_rank0: the ranks other than 0 built their policies empty (workers/trainer/sharded_load.py); each
-    rank allocates its shards and receives them from rank 0's whole weights."""
+    batch. from_rank0: the ranks built their policies empty (workers/trainer/sharded_load.py); each rank allocates
+    its shards and receives them from rank 0's whole weights: a policy's own, or `source`'s (rank 0's resident
+    policy, holding the version the trainer starts from) for a policy rank 0 built empty too."""
     if trainer.optimizer.state:
         raise ValueError(
             "distribute() needs a trainer that has not stepped yet (its AdamW state would be lost); "
@@ -211,7 +244,9 @@ def distribute(trainer, mesh, config: FSDPConfig = FSDPConfig(), from_rank0: boo
     device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
     for policy in (trainer.policy, trainer.sampling_policy, trainer.reference):
         if policy is not None and not shares_transformer(policy, trainer.policy):  # LoRA views: sharded with it
-            whole = policy.state_dict() if from_rank0 and mesh.get_local_rank() == 0 else None
+            whole = None
+            if from_rank0 and mesh.get_local_rank() == 0:
+                whole = (source if source is not None and is_empty(policy) else policy).state_dict()
             shard_policy(policy, mesh, config)
             if from_rank0:
                 materialise(policy, device, whole)

@@ -299,6 +299,7 @@ class GRPOTrainer:
                 part, share = (slice(None), 1.0) if self.data_shard is None else self.data_shard.part(len(index))
                 stats = self._accumulate(batch, index, gen, part, share)
                 if self.data_shard is not None:
+                    self.data_shard.reduce_gradients(trainable_parameters(self.policy))
                     stats = self.data_shard.sum_over_ranks(stats, share)
                 stats["grad_norm"] = float(
                     torch.nn.utils.clip_grad_norm_(list(trainable_parameters(self.policy)), g.max_grad_norm)

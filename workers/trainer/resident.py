@@ -7,8 +7,11 @@ transformer's masters). So the process keeps the first policy it builds and, for
 checkpoint's weights into it in place (`policy.load_weights`); a version already in place is not copied again.
 A checkpoint of another architecture (another spec) replaces the resident policy.
 
-What is not resident: the KL reference of full fine-tuning (a second, frozen copy, by design) and a trainer that
-FSDP2 shards over ranks (sharding replaces its parameters), which load their own with `load_checkpoint`.
+Under `--nproc N` each rank keeps one resident policy too: under LoRA it is also what trains (the adapters'
+gradients summed over the ranks), so a rank holds one base; under full fine-tuning FSDP2 trains shards built empty
+and filled from rank 0's resident weights, and the trained weights are gathered back into each rank's resident
+policy (workers/trainer/shared_base.py). Not resident: the KL reference of full fine-tuning (a frozen copy, by
+design). A resident policy reads the run's prompt embeddings from the store (`attach_prompt_store`).
 
 Example:
     policy, optimizer_state = resident_checkpoint(store, "demo", 3)    # built once, then updated in place
@@ -28,6 +31,7 @@ import torch
 
 from resources.keys import weights_key
 from resources.store.base import TensorStore
+from workers.model.families.prompt_store import attach_prompt_store
 from workers.model.policy_loader import build_from_spec
 from workers.trainer.checkpoint import OptimizerState, checkpoint_metadata, optimizer_state
 
@@ -61,6 +65,9 @@ def resident_checkpoint(
         _resident = None
         release_memory()  # the previous architecture's policy goes before the next one is built
         _resident = _Resident(spec_key, build_from_spec(meta["policy_config"]), None)
+        # Every rank and phase reads the run's prompt embeddings from the store (the coordinator encoded them all at
+        # the base version, on the device, and dropped the encoders): no process loads text encoders again.
+        attach_prompt_store(_resident.policy, store, run)
     policy = _resident.policy
     if needs_weights:
         with torch.no_grad():
@@ -74,6 +81,7 @@ def adopt(policy, spec: dict, store: TensorStore, run: str, version: int) -> Non
     process's resident policy, so no phase builds it again."""
     global _resident
     _resident = _Resident(json.dumps(spec, sort_keys=True), policy, (store.url, run, version))
+    attach_prompt_store(policy, store, run)
 
 
 def mark_version(store: TensorStore, run: str, version: int, policy=None) -> None:

@@ -1,12 +1,12 @@
-"""Sharded loading for FSDP2 ranks: rank 0 alone holds the checkpoint's whole weights; the other ranks build the
-policy empty (parameters on the meta device: no `from_pretrained`, no weights read, nothing allocated), and after
-`fully_shard` every rank allocates only its own shards and receives them from rank 0
-(`set_model_state_dict(..., broadcast_from_rank0=True)`, torch.distributed.checkpoint.state_dict). A 20B base so
-costs one whole CPU copy on the machine, not one per rank.
+"""Sharded loading for FSDP2 ranks: every rank builds the policy it trains empty (parameters on the meta device: no
+`from_pretrained`, no weights read, nothing allocated), and after `fully_shard` allocates only its own shards and
+receives them from rank 0 (`set_model_state_dict(..., broadcast_from_rank0=True)`,
+torch.distributed.checkpoint.state_dict), which broadcasts its resident policy's weights (the ones it samples with):
+no rank loads a second whole copy of the base.
 
-Example (every rank; `distribute(..., from_rank0=True)` runs the last two steps for each policy it shards):
-    policy = load_checkpoint(store, run, k)[0] if rank == 0 else empty_policy(store, run, k)
-    whole = policy.state_dict() if rank == 0 else None
+Example (every rank; `distribute(..., from_rank0=True, source=resident)` runs the last two steps per policy):
+    policy = empty_policy(store, run, k)
+    whole = resident_policy().state_dict() if rank == 0 else None
     shard_policy(policy, mesh); materialise(policy, device, whole)
 """
 
@@ -25,13 +25,19 @@ def empty_policy(store: TensorStore, run: str, version: int):
     return build_from_spec(checkpoint_metadata(store, run, version)["policy_config"], empty=True).eval()
 
 
+def is_empty(policy: nn.Module) -> bool:
+    """True for a policy built on the meta device (`empty_policy`): nothing allocated yet."""
+    return any(p.is_meta for p in policy.parameters())
+
+
 def materialise(policy: nn.Module, device: torch.device, whole: dict[str, torch.Tensor] | None) -> None:
     """A collective, after `fully_shard`: this rank's shards of `policy` filled from rank 0's whole state dict.
-    `whole`: rank 0's `policy.state_dict()` taken before sharding; None on the ranks that built the policy empty,
-    which allocate their shards first (buffers keep the values they were built with)."""
+    `whole`: on rank 0 the weights to broadcast (the policy's own state dict taken before sharding, or the resident
+    policy's at the same version), None on the others. A policy built empty allocates its shards first (buffers
+    keep the values they were built with)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    if whole is None:
+    if is_empty(policy):
         buffers = {name: b.detach().clone() for name, b in policy.named_buffers() if not b.is_meta}
         policy.to_empty(device=device)
         with torch.no_grad():

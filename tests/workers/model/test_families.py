@@ -118,6 +118,12 @@ def test_the_gpu_checks_code_path_runs_at_toy_size_and_pulse_is_lossless(tmp_pat
     assert figures["vae_decode"]["two_chunks_s"] > 0
     assert figures["fsdp_update"]["optimizer_steps"] > 0 and figures["fsdp_update"]["grad_norm"] > 0
     assert set(figures["load"]) == {"load_s_low_cpu_mem_usage_false", "load_s_low_cpu_mem_usage_true", "build_empty_s"}
+    presets = {p["preset"]: p for p in figures["presets"]}
+    assert set(presets) == {"qwen_image_lora", "sd35m_lora", "flux1_lora"}  # each family's preset, its own update
+    for p in presets.values():
+        assert p["optimizer_steps"] == 1 and p["grad_norm"] > 0 and p["gradient_checkpointing"]
+        assert p["measured_GB"] >= 0 and p["planned_GB"] > 0
+    assert presets["qwen_image_lora"]["guidance"] > 1 and presets["flux1_lora"]["guidance"] == 3.5
 
 
 def test_the_memory_fit_extrapolates_the_block_and_batch_slopes():

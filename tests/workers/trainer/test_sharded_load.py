@@ -1,12 +1,14 @@
 """Two gloo trainer ranks run an iteration's in-process rollout and train phase (workers/coordinator/rollout.py,
-train.py) on a tiny Qwen-Image pipeline under full fine-tuning, against one process on the same checkpoint:
+train.py) on a tiny Qwen-Image pipeline, against one process on the same checkpoint, under full fine-tuning and
+under LoRA:
 
 - every rank samples its half of the requests (the results name the rank that committed them);
-- rank 1 builds its training copy empty (diffusers `from_config` under accelerate's `init_empty_weights`) and
-  receives its shards from rank 0, so its one `from_pretrained` of the transformer is its resident policy, the one
-  it samples with, while rank 0 also loads the training copy whole;
-- the published version 1 equals the one process's within float rounding (the ranks' reduce-scatter sums in another
-  order: tests/workers/trainer/test_fsdp.py), and its AdamW state was stored sharded.
+- one base per rank: each rank's one `from_pretrained` of the transformer is its resident policy, the one it
+  samples with. Under full fine-tuning every rank builds its training copy empty (diffusers `from_config` under
+  accelerate's `init_empty_weights`) and receives its shards from rank 0's resident weights; under LoRA every rank
+  trains its resident policy in place (the adapters' gradients summed over the ranks), building nothing more;
+- the published version 1 equals the one process's within float rounding (the ranks sum gradients in another
+  order: tests/workers/trainer/test_fsdp.py); full fine-tuning's AdamW state was stored sharded, LoRA's whole.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def _count_model_builds(calls: list[str]) -> None:
     ConfigMixin.from_config = classmethod(counted_config)
 
 
-def _rank_main(rank: int, port: int, work: str) -> None:
+def _rank_main(rank: int, port: int, work: str, lora_rank: int) -> None:
     """Rank 0 runs the rollout and train phases; rank 1 follows its orders. Each writes what it built."""
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
@@ -86,7 +88,9 @@ def _rank_main(rank: int, port: int, work: str) -> None:
         else:
             follow_orders(setup)
     leave_ranks()
-    (Path(work) / f"rank{rank}.json").write_text(json.dumps(calls))
+    from workers.bench.memory_ranks import transformers_held
+
+    (Path(work) / f"rank{rank}.json").write_text(json.dumps({"calls": calls, "held": transformers_held()}))
 
 
 def _free_port() -> int:
@@ -95,8 +99,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def iteration(tmp_path_factory):
+@pytest.fixture(scope="module", params=[0, 4], ids=["full", "lora"])
+def iteration(tmp_path_factory, request):
     """(the work folder, the requests, each rank's model builds) after the ranks' iteration and the one process's."""
     from resources.store import open_store
     from workers.coordinator.rollout import collect_in_process, iteration_requests
@@ -107,8 +111,9 @@ def iteration(tmp_path_factory):
     from workers.trainer import resident
     from workers.trainer.checkpoint import save_checkpoint
 
+    lora_rank = request.param
     work = tmp_path_factory.mktemp("sharded_load")
-    policy = load_model_policy(build_tiny_pipeline("qwen-image", work / "qwen"), resolution=32, lora_rank=0)
+    policy = load_model_policy(build_tiny_pipeline("qwen-image", work / "qwen"), resolution=32, lora_rank=lora_rank)
     for name in ("ranks", "alone"):
         save_checkpoint(open_store(str(work / name)), RUN, 0, policy)
     requests = iteration_requests(CONFIG, RUN, 0, weights_version=0, plan=default_seed_plan(CONFIG, 0))
@@ -121,8 +126,8 @@ def iteration(tmp_path_factory):
     finally:
         resident.release_resident()
     port = _free_port()
-    run_spawned(_rank_main, lambda r: (r, port, str(work)), WORLD_SIZE, timeout_s=400)
-    return work, requests, [json.loads((work / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    run_spawned(_rank_main, lambda r: (r, port, str(work), lora_rank), WORLD_SIZE, timeout_s=400)
+    return work, requests, [json.loads((work / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)], lora_rank
 
 
 @pytest.mark.slow  # two spawned ranks importing torch and diffusers, one iteration each way (~1-2 min here)
@@ -130,7 +135,7 @@ def test_each_rank_samples_its_half_of_the_requests(iteration):
     from resources.store import open_store
     from workers.coordinator.rollout import load_results
 
-    work, requests, _ = iteration
+    work, requests, _, _ = iteration
     results = load_results(open_store(str(work / "ranks")), RUN, 0, requests)
     workers = [meta["worker_id"] for _, meta in results]
     half = len(requests) // 2
@@ -138,14 +143,18 @@ def test_each_rank_samples_its_half_of_the_requests(iteration):
 
 
 @pytest.mark.slow
-def test_only_rank_0_loads_the_training_copy_from_disk_and_the_update_equals_one_process(iteration):
+def test_each_rank_holds_one_base_and_the_update_equals_one_process(iteration):
     from resources.store import open_store
     from workers.trainer.checkpoint import load_checkpoint
 
-    work, _, (rank0, rank1) = iteration
+    work, _, ranks_built, lora_rank = iteration
     cls = "QwenImageTransformer2DModel"
-    assert rank1 == [f"from_pretrained:{cls}", f"from_config:{cls}"], rank1  # resident to sample; empty to train
-    assert rank0 == [f"from_pretrained:{cls}"] * 2, rank0  # resident to sample; whole to train and broadcast
+    for built in ranks_built:
+        if lora_rank:  # the resident policy trains in place: nothing else is built
+            assert built["calls"] == [f"from_pretrained:{cls}"], built
+        else:  # resident to sample; empty to train, filled from rank 0's resident weights
+            assert built["calls"] == [f"from_pretrained:{cls}", f"from_config:{cls}"], built
+        assert built["held"] == 1, built  # after the update: the resident policy alone, holding version 1
     (ranks, ranks_opt), (alone, alone_opt) = (
         load_checkpoint(open_store(str(work / name)), RUN, 1) for name in ("ranks", "alone")
     )
@@ -157,5 +166,5 @@ def test_only_rank_0_loads_the_training_copy_from_disk_and_the_update_equals_one
     # difference: 1.4e-5 (ATEN_CPU_CAPABILITY=default), 6.2e-6 (avx2), 2.0e-5 (avx512, one of 12,288 elements;
     # docs/log/kernel-sets.md); a wrong update (a missing shard, another gradient) moves weights by about lr.
     torch.testing.assert_close(got, want, atol=CONFIG.grpo.lr / 20, rtol=1e-4)
-    assert ranks_opt.sharded and not alone_opt.sharded
+    assert ranks_opt.sharded == (lora_rank == 0) and not alone_opt.sharded
     torch.testing.assert_close(ranks_opt.whole_tensors(), alone_opt.tensors, atol=1e-6, rtol=1e-3)

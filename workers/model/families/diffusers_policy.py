@@ -38,6 +38,9 @@ from workers.model.families.model_spec import ModelSpec
 from workers.model.families.registry import family_for
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+MAX_HELD_PROMPTS = 1024
+"""Prompt embeddings a process keeps in memory when the store holds them all (Qwen-Image's: about 0.3-1.4 MB each,
+FP32); beyond it the cache is emptied and refilled from the store."""
 DECODE_BATCH = 8
 """Latents per VAE call unless the caller chunks otherwise (`DiffusersPolicy.decode`)."""
 
@@ -86,6 +89,8 @@ class FrozenParts:
         One prompt per encoder call, so an embedding never depends on what it was batched with and a worker
         that encodes a prompt itself gets the bits the coordinator stored."""
         needed = [p for p in dict.fromkeys(prompts) if p not in self.prompt_cache]
+        if needed and self.prompt_source is not None and len(self.prompt_cache) + len(needed) > MAX_HELD_PROMPTS:
+            self.forget_prompts(keep=prompts)  # the store holds them all: read them again when asked
         if needed and self.prompt_source is not None:
             self.prompt_cache.update(self.prompt_source.read(needed, self.spec))
             needed = [p for p in needed if p not in self.prompt_cache]
@@ -103,6 +108,12 @@ class FrozenParts:
     def drop_text_encoders(self) -> None:
         self._text_pipe = None
         self.text_encoders_dropped = True
+
+    def forget_prompts(self, keep: list[str] = ()) -> None:
+        """Drop this process's cached embeddings (but `keep`'s): they are in the store, read again on demand."""
+        kept = {p: self.prompt_cache[p] for p in keep if p in self.prompt_cache}
+        self.prompt_cache.clear()  # in place: every policy sharing these parts holds this dict
+        self.prompt_cache.update(kept)
 
     def __deepcopy__(self, memo):
         return self

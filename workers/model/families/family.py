@@ -104,8 +104,8 @@ class Family(ABC):
             with init_empty_weights():  # parameters only: buffers and RoPE tables stay real
                 return cls.from_config(config).to(dtype)
         return cls.from_pretrained(
-            spec.path, subfolder="transformer", torch_dtype=dtype, local_files_only=True, low_cpu_mem_usage=False
-        )
+            spec.path, subfolder="transformer", torch_dtype=dtype, local_files_only=True, low_cpu_mem_usage=True
+        )  # built on meta, then filled from the checkpoint: one copy at peak, not a random init plus the weights
 
     def load_text_pipeline(self, spec: ModelSpec, dtype: torch.dtype):
         """The pipeline with its text encoder(s) and tokenizer(s) only (no transformer, no VAE): what encodes

@@ -72,12 +72,18 @@ def publish_prompt_embeddings(
     finally:
         frozen.prompt_source = previous
     encode_s = time.perf_counter() - started
-    size = 0
-    for prompt in missing:
-        meta = {"format": FORMAT, "prompt": prompt, **encoder_settings(spec)}
-        published = store.publish_tensors(prompt_embeddings_key(run, prompt), encoded[prompt], meta)
-        size += sum(entry.size_bytes for entry in published.manifest.objects.values())
+    size = publish_encoded(store, run, spec, {p: encoded[p] for p in missing})
     return PromptCacheOutcome(len(wanted), len(missing), size, encode_s)
+
+
+def publish_encoded(store: TensorStore, run: str, spec: ModelSpec, encoded: dict[str, dict[str, torch.Tensor]]) -> int:
+    """Commit each prompt's embeddings (encoded by `spec`'s text encoders); returns the bytes committed."""
+    size = 0
+    for prompt, tensors in encoded.items():
+        meta = {"format": FORMAT, "prompt": prompt, **encoder_settings(spec)}
+        published = store.publish_tensors(prompt_embeddings_key(run, prompt), tensors, meta)
+        size += sum(entry.size_bytes for entry in published.manifest.objects.values())
+    return size
 
 
 def publish_run_prompt_embeddings(store: TensorStore, run: str, prompts: Iterable[str]) -> PromptCacheOutcome | None:
