@@ -28,7 +28,7 @@ from resources.queue.redis_tls import CERT_ENV, KEY_ENV, RunTls
 from resources.reward_http import REWARD_TOKEN_ENV  # a secret of every node; the YAMLs declare it empty
 from resources.settings.config import RunConfig
 from resources.settings.resolve import derive, to_yaml
-from resources.urls import PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
+from resources.urls import CLIENT_CERT_ENV, CLIENT_KEY_ENV, PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
 
 WORKER_JOB_SUFFIX = "-rollout-"
 """Spot worker i of the run whose reserved node is the cluster C is the managed job `C-rollout-i`: `status`, `down`
@@ -40,8 +40,8 @@ SECRET_NAMES = (PASSWORD_ENV, *AWS_KEYS, REWARD_TOKEN_ENV)
 MTLS_ENV = "REDIS_MUTUAL_TLS"
 """On the reserved node: "yes" makes its Redis require a client certificate of the run's CA (`tls-auth-clients
 yes`, resources/queue/redis_tls.py --mutual-tls); set by a launch with a public queue (`LaunchPlan.public_queue`)."""
-CLIENT_CERT_ENV = "SPOTLIGHT_REDIS_CLIENT_CERT"
-CLIENT_KEY_ENV = "SPOTLIGHT_REDIS_CLIENT_KEY"
+CLIENT_CERT_NAME = "spotlight-workers"
+"""The common name of the client certificate a public queue's workers show (signed by the run's CA at launch)."""
 """A spot worker's client certificate and key (base64 PEM, signed by the run's CA), secrets of a public queue's
 workers only: redis-py presents them (resources/urls.py)."""
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -136,15 +136,18 @@ def run_config_folder(cluster: str, env: Mapping[str, str] = os.environ) -> Path
 
 def with_run_tls(secrets: Mapping[str, str], tls: RunTls) -> dict[str, str]:
     """The launch secrets plus the run's TLS material: the CA for everyone, the server's certificate and key for the
-    reserved node only (each task takes only the secrets its YAML declares)."""
-    client = {  # a public queue's client certificate, where resources/queue/redis_tls.py makes one (mutual TLS)
-        name: base64.b64encode(pem).decode("ascii")
-        for name, pem in (
-            (CLIENT_CERT_ENV, getattr(tls, "client_cert_pem", None)),
-            (CLIENT_KEY_ENV, getattr(tls, "client_key_pem", None)),
-        )
-        if pem
-    }
+    reserved node only, and, when this machine kept the run's CA key, a client certificate it signs now for the
+    workers of a public queue (mutual TLS; each task takes only the secrets its YAML or plan gives it). One
+    certificate for the run's workers: Redis 7 maps no certificate to a user, each job still logs in as its own."""
+    client = {}
+    if tls.ca_key_pem is not None:
+        from resources.queue.redis_certs import client_cert
+
+        cert, key = client_cert(tls, CLIENT_CERT_NAME)
+        client = {
+            CLIENT_CERT_ENV: base64.b64encode(cert).decode("ascii"),
+            CLIENT_KEY_ENV: base64.b64encode(key).decode(),
+        }
     return {
         **secrets,
         RUN_CA_ENV: tls.b64("ca_pem"),
@@ -289,8 +292,9 @@ def client_tls(secrets: Mapping[str, str]) -> dict[str, str]:
     if len(given) < 2 and secrets.get(PASSWORD_ENV):
         raise CloudError(
             f"--public-queue needs the workers' client certificate ({CLIENT_CERT_ENV}, {CLIENT_KEY_ENV}), signed by "
-            "the run's CA (resources/queue/redis_tls.py): without it the public port would be guarded by the "
-            "password alone"
+            "the run's CA: this machine does not hold that CA's key (the run's TLS files were made before spotlight "
+            "kept it). Launch without --public-queue, or as a new run (a new --cluster) whose TLS files are made "
+            "now; without it the public port would be guarded by the password alone"
         )
     return given
 

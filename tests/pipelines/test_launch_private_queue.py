@@ -4,13 +4,15 @@ machine reaches its Redis through an SSH tunnel (stood in for). `--public-queue`
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from tests.paths import REPO_ROOT
 from tests.pipelines.sky_fakes import SECRETS, launch_plan, private_ip, served_task
 from tests.pipelines.sky_fakes import invoke as _invoke
 
-CLIENT = {"SPOTLIGHT_REDIS_CLIENT_CERT": "Y2VydA==", "SPOTLIGHT_REDIS_CLIENT_KEY": "a2V5"}
+CLIENT = ("SPOTLIGHT_REDIS_CLIENT_CERT", "SPOTLIGHT_REDIS_CLIENT_KEY")
 
 
 def test_the_reserved_yaml_opens_no_port() -> None:
@@ -43,13 +45,16 @@ def test_by_default_workers_reach_the_nodes_private_address_in_its_region_and_se
 
 
 def test_a_public_queue_opens_the_port_with_mutual_tls_and_its_workers_show_a_client_certificate(tmp_path) -> None:
+    from cryptography import x509
+
     import sky
     from resources.cloud import NodePlace, plan_tasks, ship_run_config, with_run_tls
     from resources.cloud.network import skypilot_config_overrides
     from resources.queue.redis_tls import make_run_tls
 
     plan = launch_plan(spot_workers=1, public_queue=True)
-    secrets = {**with_run_tls(SECRETS, make_run_tls()), **CLIENT}
+    tls = make_run_tls()
+    secrets = with_run_tls(SECRETS, tls)  # the launcher holds the run's CA key: it signs the workers' certificate
     place = NodePlace(sky.AWS(), "us-east-2", "10.0.0.7", "3.80.1.2")
     reserved, worker = plan_tasks(
         plan, secrets, ship_run_config(plan, tmp_path), "rediss://w@3.80.1.2:6379/0", 0.5, place
@@ -57,18 +62,26 @@ def test_a_public_queue_opens_the_port_with_mutual_tls_and_its_workers_show_a_cl
     reserved, worker = served_task(reserved), served_task(worker)
     assert [list(r.ports or []) for r in reserved.resources] == [["6379"]]
     assert reserved.envs["REDIS_MUTUAL_TLS"] == "yes"
-    assert {k: worker.secrets[k].get_secret_value() for k in CLIENT} == CLIENT
+    shown = x509.load_pem_x509_certificate(base64.b64decode(worker.secrets[CLIENT[0]].get_secret_value()))
+    shown.verify_directly_issued_by(x509.load_pem_x509_certificate(tls.ca_pem))  # raises unless the run's CA signed it
+    assert "PRIVATE KEY" in base64.b64decode(worker.secrets[CLIENT[1]].get_secret_value()).decode()
     assert not set(CLIENT) & set(reserved.secrets)  # the node holds the server's key, not a client's
     assert {r.region for r in worker.resources} == {None}  # any region: it reaches the public endpoint
     assert "security_group_name" not in skypilot_config_overrides(plan).get("aws", {})  # SkyPilot's own, opened
 
 
 def test_a_public_queue_without_client_certificates_is_refused_before_anything_is_submitted(tmp_path) -> None:
-    from resources.cloud import CloudError, plan_tasks, ship_run_config
+    """No TLS at all, or a run's TLS files whose CA key this machine did not keep: no certificate can be signed."""
+    import dataclasses
+
+    from resources.cloud import CloudError, plan_tasks, ship_run_config, with_run_tls
+    from resources.queue.redis_tls import make_run_tls
 
     plan = launch_plan(spot_workers=1, public_queue=True)
-    with pytest.raises(CloudError, match="--public-queue needs the workers' client certificate"):
-        plan_tasks(plan, SECRETS, ship_run_config(plan, tmp_path))
+    old_run = with_run_tls(SECRETS, dataclasses.replace(make_run_tls(), ca_key_pem=None))
+    for secrets in (SECRETS, old_run):
+        with pytest.raises(CloudError, match="--public-queue needs the workers' client certificate"):
+            plan_tasks(plan, secrets, ship_run_config(plan, tmp_path))
 
 
 _SSH = """#!{python}
