@@ -125,3 +125,14 @@ def make_test_ca(folder: Path) -> tuple[Path, Path, Path]:
     paths[2].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     paths[2].chmod(0o600)
     return paths
+
+
+def recording_loads(real_load, loads: list[int]):
+    """ImageFile.load, noting the width of each image whose pixels it is about to decode (tiles still pending)."""
+
+    def load(image):
+        if image.tile:
+            loads.append(image.width)
+        return real_load(image)
+
+    return load

@@ -18,23 +18,11 @@ from PIL import ImageFile
 from pipelines.reward_cli import reward_server
 from resources.reward_limits import ServeLimits
 from resources.reward_server import server_ssl_context
-from tests.pipelines.reward_clients import Trickle, make_test_ca, png_of_zeros, serving, start_all
+from tests.pipelines.reward_clients import Trickle, make_test_ca, png_of_zeros, recording_loads, serving, start_all
 from tests.pipelines.test_reward_serve import start_cli_server, stop_cli_server
 from workers.task import rewards
 from workers.task.rewards import get_reward
 from workers.task.rewards_remote import TOKEN_ENV, RemoteRewardError, encode_request
-
-
-def _recording(real_load, loads: list[int]):
-    """ImageFile.load, noting the width of each image whose pixels it is about to decode (tiles still pending)."""
-
-    def load(image):
-        if image.tile:
-            loads.append(image.width)
-        return real_load(image)
-
-    return load
-
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (7, 16, 16, 3), dtype=np.uint8)
 PROMPTS = [f"prompt {i}" for i in range(7)]
@@ -126,7 +114,7 @@ def test_a_batch_over_the_pixel_budget_is_refused_from_its_headers_without_decod
     their headers; PIL's decoder (ImageFile.load) is never entered for them, and is for an ordinary request."""
     loads: list[int] = []
     real_load = ImageFile.ImageFile.load
-    monkeypatch.setattr(ImageFile.ImageFile, "load", _recording(real_load, loads))
+    monkeypatch.setattr(ImageFile.ImageFile, "load", recording_loads(real_load, loads))
     png = base64.b64encode(png_of_zeros(4096, 4096)).decode()
     body = json.dumps({"prompts": ["a"] * 256, "images": [png] * 256}).encode()
     server = _server(token=None)

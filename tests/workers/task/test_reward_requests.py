@@ -11,20 +11,9 @@ from PIL import ImageFile
 
 from resources.reward_http import RequestTooLarge
 from resources.reward_limits import ImageLimits
+from tests.pipelines.reward_clients import recording_loads
 from workers.task.reward_requests import read_scoring_request
 from workers.task.rewards_remote import encode_png, encode_request
-
-
-def _recording(real_load, loads: list[int]):
-    """ImageFile.load, noting the width of each image whose pixels it is about to decode (tiles still pending)."""
-
-    def load(image):
-        if image.tile:
-            loads.append(image.width)
-        return real_load(image)
-
-    return load
-
 
 IMAGES = np.random.default_rng(1).integers(0, 256, (3, 12, 10, 3), dtype=np.uint8)
 BODY = encode_request(IMAGES, ["a", "b", "c"], [{"text": "x"}, {}, {"n": 1}])
@@ -35,7 +24,7 @@ def decoded(monkeypatch) -> list[int]:
     """The widths of the images PIL decodes (ImageFile.load), in order."""
     loads: list[int] = []
     real_load = ImageFile.ImageFile.load
-    monkeypatch.setattr(ImageFile.ImageFile, "load", _recording(real_load, loads))
+    monkeypatch.setattr(ImageFile.ImageFile, "load", recording_loads(real_load, loads))
     return loads
 
 
