@@ -84,7 +84,7 @@ from resources.cloud.tasks import (
 )
 from resources.queue.redis_acl import grant_worker_at
 from resources.queue.redis_tls import FILES
-from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_address
+from resources.urls import CLIENT_CERT_ENV, CLIENT_KEY_ENV, PASSWORD_ENV, RUN_CA_ENV, redis_address
 
 __all__ = [
     "CHECKOUT",
@@ -193,12 +193,17 @@ def _submit_workers(
 ) -> None:
     """One managed job per spot worker, skipping this run's jobs already unfinished (a relaunch resumes the run); each
     job submitted gets its own ACL user, granted first on the node's Redis as the coordinator (`admin_url`: this
-    machine's route to it, the SSH tunnel of a private queue)."""
+    machine's route to it, the SSH tunnel of a private queue), and the user of the slot's earlier job, recorded in
+    the run's state folder (`worker_users_granted`), is revoked: a job that ended keeps no credential."""
     running = {job["name"]: job for job in worker_jobs(plan.cluster, echo)}
+    users = worker_users_granted(plan.cluster)
     for index in range(1, plan.spot_workers + 1):
         task = worker_task(plan, secrets, index, run_config, queue_url, usd_per_hour, place)
-        if task.name not in running:
-            grant_worker_at(admin_url, secrets, urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or "")
+        if task.name not in running:  # the slot's earlier job (failed, cancelled) loses its user
+            user = urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or ""
+            grant_worker_at(admin_url, secrets, user, replaces=users.get(task.name))
+            users[task.name] = user
+            save_worker_users(plan.cluster, users)
         if task.name in running:
             echo(
                 f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
@@ -223,7 +228,8 @@ def wait_for_redis(
     setup or run block failed)."""
     import time
 
-    address = redis_address(queue_url, {k: secrets[k] for k in (PASSWORD_ENV, RUN_CA_ENV) if secrets.get(k)})
+    credentials = (PASSWORD_ENV, RUN_CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV)  # a public queue's: mutual TLS
+    address = redis_address(queue_url, {k: secrets[k] for k in credentials if secrets.get(k)})
     deadline, last = time.monotonic() + timeout_s, None
     while True:
         try:
@@ -278,3 +284,26 @@ def use_run_ca(cluster: str, env: Any = os.environ) -> bool:
 
     env[RUN_CA_ENV] = base64.b64encode(ca.read_bytes()).decode("ascii")
     return True
+
+
+WORKER_USERS_FILE = "worker-users.json"
+"""In the run's state folder (0600): each worker job name -> the ACL user its last submission was granted."""
+
+
+def worker_users_granted(cluster: str) -> dict[str, str]:
+    """The users `launch` granted `cluster`'s worker jobs ({} before the first); a relaunch revokes a slot's old one."""
+    import json
+
+    path = run_config_folder(cluster) / WORKER_USERS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save_worker_users(cluster: str, users: Mapping[str, str]) -> None:
+    """Record the users granted to `cluster`'s worker jobs (names only: the passwords derive from the node's)."""
+    import json
+
+    from resources.cloud.by_hand import write_private
+
+    folder = run_config_folder(cluster)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_private(folder / WORKER_USERS_FILE, json.dumps(dict(users), indent=1, sort_keys=True))

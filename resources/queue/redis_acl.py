@@ -143,9 +143,10 @@ def with_user(queue_url: str, user: str) -> str:
     return urlunsplit(parsed._replace(netloc=f"{user}@{parsed.netloc.rsplit('@', 1)[-1]}"))
 
 
-def grant_worker_at(queue_url: str, env: Mapping[str, str], user: str) -> None:
-    """Grant worker user `user` on the Redis of `queue_url` as the coordinator: the password and the run's CA (and a
-    client certificate, for mutual TLS) come from `env`, as redis_address reads them (the launcher's secrets)."""
+def grant_worker_at(queue_url: str, env: Mapping[str, str], user: str, replaces: str | None = None) -> None:
+    """Grant worker user `user` on the Redis of `queue_url` as the coordinator, first revoking `replaces` (the user
+    of an earlier job in the same slot, no longer running): the password and the run's CA (and a client
+    certificate, for mutual TLS) come from `env`, as redis_address reads them (the launcher's secrets)."""
     from resources.queue.redis_streams import redis_client  # lazy: pulls redis
     from resources.urls import redis_address
 
@@ -154,6 +155,8 @@ def grant_worker_at(queue_url: str, env: Mapping[str, str], user: str) -> None:
         raise ValueError("granting a worker user needs the coordinator's password (SPOTLIGHT_REDIS_PASSWORD)")
     admin = redis_client(address, socket_connect_timeout=10, socket_timeout=10)
     try:
+        if replaces is not None and replaces != user:
+            revoke_worker(admin, replaces)
         grant_worker(admin, user, worker_password(address.password, user))
     finally:
         admin.close()

@@ -128,3 +128,32 @@ def test_the_run_config_which_keeps_a_queue_url_as_given_is_readable_by_its_owne
     save_run_config(resolve_run(tmp_path, resume=False, flags=flags, replace=True).config)
     assert (tmp_path / CONFIG_NAME).stat().st_mode & 0o777 == 0o600
     assert "pass-in-url-Q1" in (tmp_path / CONFIG_NAME).read_text()  # kept for --resume, for its owner's eyes only
+
+
+def test_a_relaunch_revokes_the_user_of_a_worker_job_that_ended_and_keeps_the_running_ones(
+    fake_sky, reserved_redis, monkeypatch
+) -> None:
+    """A slot whose job failed gets a new job with a new user; the old job's user is revoked on the node (a job that
+    ended keeps no credential), the running job's user stays."""
+    from urllib.parse import urlsplit
+
+    from resources.queue.redis_acl import worker_users
+
+    assert _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p").exit_code == 0
+    first = {
+        name: urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username
+        for n, (task, name), _ in fake_sky.calls
+        if n == "jobs.launch"
+    }
+    fake_sky.jobs = [
+        job("spotlight-reserved-rollout-1", 4, "RUNNING"),
+        job("spotlight-reserved-rollout-2", 5, "FAILED"),
+    ]
+    fake_sky.calls.clear()
+    assert _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p").exit_code == 0
+    ((task, name),) = [args for n, args, _ in fake_sky.calls if n == "jobs.launch"]
+    replacement = urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username
+    assert name == "spotlight-reserved-rollout-2" and replacement != first[name]
+    with _node_queue(reserved_redis, monkeypatch) as coordinator:
+        granted = set(worker_users(coordinator._redis))
+    assert granted == {first["spotlight-reserved-rollout-1"], replacement}
