@@ -334,7 +334,8 @@ class WorkersSection(Section):
         2,
         ge=0,
         description="rollouts local_pool / local_cluster: rollout worker processes on this machine, one torch thread "
-        "each (0 only on a Redis queue: remote workers sample everything).",
+        "each, on a CPU or MPS run; on CUDA one worker per GPU the trainer leaves, whatever this says (0 only on a "
+        "Redis queue: remote workers sample everything).",
     )
     num_reserved: int = Field(0, ge=0, description="local_cluster: how many of them are reserved (never preempted).")
     preemptions_per_hour: float = Field(

@@ -27,7 +27,7 @@ import torch
 from workers.bench.model_check_memory import fit_memory, fsdp_update, load_times, vae_decode_peak
 from workers.bench.model_check_preset import preset_checks
 from workers.bench.rollout import bench_rollout
-from workers.trainer.presets import GPU_ROLLOUT_BATCH
+from workers.trainer.presets_recipes import GPU_ROLLOUT_BATCH
 
 
 def _peak_bytes(device: str) -> int | None:

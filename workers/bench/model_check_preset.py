@@ -42,7 +42,10 @@ def preset_check_config(preset: str, path: Path, device: str, num_samples: int, 
         reward="jpeg_compressibility",
         device=device,
     )
-    tree["sampling"].update(num_steps=2, sde_window=None, rollout_batch=num_samples)
+    # Every one of the 2 steps an SDE step: a window (fixed, or placed at random: qwen_image_lora) needs more steps.
+    tree["sampling"].update(
+        num_steps=2, sde_window=None, sde_window_size=None, sde_window_range=None, rollout_batch=num_samples
+    )
     if not cuda:
         tree["sampling"]["forward_dtype"] = "fp32"
     return RunConfig.model_validate(tree)

@@ -88,7 +88,8 @@ def ema_swapped(policy, ema: dict[str, torch.Tensor] | None) -> Iterator[None]:
     if ema is None:
         yield
         return
-    live = {k: v.detach().clone() for k, v in policy.weights().items()}
+    # The live weights wait on the CPU: under full fine-tuning a second copy on the GPU would not fit beside them.
+    live = {k: v.detach().to("cpu", copy=True) for k, v in policy.weights().items()}
     try:
         with torch.no_grad():
             policy.load_weights(ema)

@@ -17,7 +17,6 @@ from resources.settings.config import RunConfig
 from resources.settings.resolve import derive
 from workers.trainer import presets_lowpass, presets_ocr, presets_recipes
 from workers.trainer.from_config import train_config
-from workers.trainer.presets_recipes import GPU_MICRO_BATCH, GPU_ROLLOUT_BATCH  # noqa: F401  (the benches read them)
 from workers.trainer.train_config import TrainConfig
 
 CPU_EXPLORE_BUDGET_ROLLOUTS = 2.0
