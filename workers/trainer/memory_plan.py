@@ -116,6 +116,8 @@ def plan_memory(
         c[f"trained update state: {what}grads + AdamW + {frozen} frozen copies"] = (
             P * (shard + 4 + 8 + 4 * frozen) / n / GB
         )
+    if t.ema and n == 1:  # one process keeps the EMA beside the weights, on the device; ranks keep it on the host
+        c["EMA of the trained weights (train.ema)"] = (sizes.lora_params if m.lora_rank else P) * 4 / GB
     tokens = image_tokens(config) + min(m.max_sequence_length, PROMPT_TOKENS)
     cfg = 2 if m.guidance > 1 and family_for(sizes.family).uses_true_cfg else 1
     micro = t.micro_batch or max(1, t.prompts_per_iteration * t.group_size // t.minibatches // n)
@@ -134,7 +136,7 @@ def plan_memory(
     c["text encoders (until every prompt is encoded)"] = sizes.text_encoder_params * base_bytes / GB
     c["reward model"] = reward_GB(t.reward)
     weights = [k for k in c if k.startswith(("transformer", "LoRA adapters"))]
-    update_state = [k for k in c if k.startswith(("trained", "LoRA update"))]
+    update_state = [k for k in c if k.startswith(("trained", "LoRA update", "EMA"))]
     phases = {
         "encode prompts (base version)": ["text encoders (until every prompt is encoded)"],
         # validation samples on the trainer's GPU whoever samples the rollouts (and one GPU's workers share it)

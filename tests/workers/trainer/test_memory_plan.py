@@ -135,3 +135,16 @@ def test_one_process_full_fine_tuning_counts_its_masters_once_and_sampling_holds
     lora = plan_memory(_config(qwen_configs), model_sizes(qwen_configs, 64), gpu_GB=None)
     assert not any("AdamW" in k for k in lora.phases["sample"]), "the trainer's state is freed before sampling"
     assert any("AdamW" in k for k in lora.phases["update"])
+
+
+def test_one_process_with_train_ema_plans_the_ema_beside_the_weights_it_averages(qwen_configs):
+    from workers.trainer.memory_plan import GB, plan_memory
+    from workers.trainer.model_sizes import model_sizes
+
+    sizes = model_sizes(qwen_configs, 0)
+    config = _config(qwen_configs, model={"lora_rank": 0}, train={"nproc": 1, "ema": False})
+    without = plan_memory(config, sizes, gpu_GB=None)
+    config = _config(qwen_configs, model={"lora_rank": 0}, train={"nproc": 1, "ema": True})
+    with_ema = plan_memory(config, sizes, gpu_GB=None)
+    # workers/trainer/ema_weights.py: alone, an FP32 clone of the trained weights on the trainer's device
+    assert with_ema.phase_GB("update") - without.phase_GB("update") == pytest.approx(sizes.transformer_params * 4 / GB)
