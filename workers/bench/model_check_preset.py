@@ -76,9 +76,8 @@ def preset_update(path: Path, preset: str, device: str, num_samples: int = 4, re
     stats = trainer.update(batch, recompute_old_log_probs=True)
     peak = torch.cuda.max_memory_allocated() if cuda else peak_rss_bytes()
     plan = plan_memory(config, model_sizes(path, config.model.lora_rank), gpu_GB=None)
-    predicted = plan.components["activations of one micro-batch"] + sum(
-        v for k, v in plan.components.items() if k.startswith(("LoRA", "trained"))
-    )
+    # what the update adds to what sampling held: activations, gradients, AdamW state (and an EMA)
+    predicted = sum(plan.components[k] for k in plan.phases["update"] if k not in plan.phases["sample"])
     measured = ((peak - before) if not cuda else peak) / 1e9
     planned = plan.phase_GB("update") if cuda else predicted
     return {
@@ -95,7 +94,7 @@ def preset_update(path: Path, preset: str, device: str, num_samples: int = 4, re
         "planned_GB": round(planned, 3),
         "what": "device peak vs the plan's update phase"
         if cuda
-        else "RSS above the pre-update level vs the plan's activations + adapter state (weights were already held)",
+        else "RSS above the pre-update level vs the plan's activations + gradients + AdamW (weights were already held)",
     }
 
 
