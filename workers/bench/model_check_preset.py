@@ -43,6 +43,8 @@ def preset_check_config(preset: str, path: Path, device: str, num_samples: int, 
         device=device,
     )
     tree["sampling"].update(num_steps=2, sde_window=None, rollout_batch=num_samples)
+    if tree["sampling"].get("sde_window_size") is not None:  # a random window (qwen_image_lora's): within the 2 steps
+        tree["sampling"].update(sde_window_size=min(tree["sampling"]["sde_window_size"], 2), sde_window_range=(0, 2))
     if not cuda:
         tree["sampling"]["forward_dtype"] = "fp32"
     return RunConfig.model_validate(tree)
