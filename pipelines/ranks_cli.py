@@ -44,7 +44,7 @@ def check_memory(config) -> None:
         import torch
 
         if torch.cuda.is_available():
-            gpu_GB = torch.cuda.get_device_properties(0).total_memory / 1e9
+            gpu_GB = torch.cuda.get_device_properties(torch.device(config.train.device).index or 0).total_memory / 1e9
     if gpu_GB is None:
         return
     from workers.trainer.memory_plan import MemoryPlanError, check_fits, plan_memory

@@ -167,7 +167,12 @@ class TrainSection(Section):
     nft_adv_scale: float = Field(2.0, gt=0, description="nft: advantage that maps to optimality 1 / 0.")
     nft_weighting: NftWeighting = Field("velocity", description="nft: velocity or adaptive (DiffusionNFT's).")
     device: str = Field("cpu", description="Where the trainer, in-process sampling and validation run: cpu, cuda:N.")
-    nproc: int = Field(1, ge=1, description="Trainer processes; each update is sharded over them with FSDP2.")
+    nproc: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes; each update is split over them (LoRA: whole base per rank, "
+        "adapter gradients summed; full fine-tuning: FSDP2 shards).",
+    )
     gradient_checkpointing: bool = Field(
         False, description="Recompute each transformer block in backward: less memory, one more forward."
     )

@@ -42,10 +42,9 @@ def preset_check_config(preset: str, path: Path, device: str, num_samples: int, 
         reward="jpeg_compressibility",
         device=device,
     )
-    # Every one of the 2 steps an SDE step: a window (fixed, or placed at random: qwen_image_lora) needs more steps.
-    tree["sampling"].update(
-        num_steps=2, sde_window=None, sde_window_size=None, sde_window_range=None, rollout_batch=num_samples
-    )
+    tree["sampling"].update(num_steps=2, sde_window=None, rollout_batch=num_samples)
+    if tree["sampling"].get("sde_window_size") is not None:  # a random window (qwen_image_lora's): within the 2 steps
+        tree["sampling"].update(sde_window_size=min(tree["sampling"]["sde_window_size"], 2), sde_window_range=(0, 2))
     if not cuda:
         tree["sampling"]["forward_dtype"] = "fp32"
     return RunConfig.model_validate(tree)
@@ -79,9 +78,8 @@ def preset_update(path: Path, preset: str, device: str, num_samples: int = 4, re
     stats = trainer.update(batch, recompute_old_log_probs=True)
     peak = torch.cuda.max_memory_allocated() if cuda else peak_rss_bytes()
     plan = plan_memory(config, model_sizes(path, config.model.lora_rank), gpu_GB=None)
-    predicted = plan.components["activations of one micro-batch"] + sum(
-        v for k, v in plan.components.items() if k.startswith(("LoRA", "trained"))
-    )
+    # what the update adds to what sampling held: activations, gradients, AdamW state (and an EMA)
+    predicted = sum(plan.components[k] for k in plan.phases["update"] if k not in plan.phases["sample"])
     measured = ((peak - before) if not cuda else peak) / 1e9
     planned = plan.phase_GB("update") if cuda else predicted
     return {
@@ -98,7 +96,7 @@ def preset_update(path: Path, preset: str, device: str, num_samples: int = 4, re
         "planned_GB": round(planned, 3),
         "what": "device peak vs the plan's update phase"
         if cuda
-        else "RSS above the pre-update level vs the plan's activations + adapter state (weights were already held)",
+        else "RSS above the pre-update level vs the plan's activations + gradients + AdamW (weights were already held)",
     }
 
 

@@ -129,7 +129,7 @@ class DataShard:
     group: object = None
     """The process group (None = the default one)."""
     replicated: bool = False
-    """True: every rank holds the whole trained parameters (a LoRA on a whole base, `replicate_lora`), so the
+    """True: every rank holds the whole trained parameters (a LoRA on a whole base, `replicate`), so the
     gradients are summed here (`reduce_gradients`); False: FSDP2's reduce-scatter sums them."""
 
     def __post_init__(self):

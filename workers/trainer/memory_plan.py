@@ -101,14 +101,23 @@ def plan_memory(
     act_bytes = 4 if s.forward_dtype == "fp32" else 2
     P = sizes.transformer_params
     c: dict[str, float] = {}
+    # What trains besides the weights that sample (gradients, AdamW state, full FT's shards and frozen copies) is
+    # freed after the update (workers/coordinator/train.py): the "update state" components are in that phase only.
     if m.lora_rank:
-        copies = 2 if t.objective == "nft" else 1  # NFT's v_old is a second adapter
+        copies = 2 if t.objective == "nft" else 1  # NFT's v_old is a second adapter, kept on the transformer
         c["transformer base (frozen, whole on every rank)"] = P * base_bytes / GB
-        c["LoRA adapters (FP32) + grads + AdamW"] = sizes.lora_params * (4 * copies + 4 + 8) / GB
+        c["LoRA adapters (FP32)"] = sizes.lora_params * 4 * copies / GB
+        c["LoRA update state: grads + AdamW"] = sizes.lora_params * (4 + 8) / GB
     else:
         frozen = (t.objective == "nft") + (t.kl_beta > 0)  # v_old and the KL reference: frozen sharded copies
+        shard = 4 if n > 1 else 0  # one process trains the resident policy in place: no second copy of the masters
         c["transformer (FP32, whole: the resident policy that samples)"] = P * 4 / GB
-        c[f"trained shard (1/{n}) + grads + AdamW + {frozen} frozen copies"] = P * (4 + 4 + 8 + 4 * frozen) / n / GB
+        what = f"trained shard (1/{n}) + " if n > 1 else ""
+        c[f"trained update state: {what}grads + AdamW + {frozen} frozen copies"] = (
+            P * (shard + 4 + 8 + 4 * frozen) / n / GB
+        )
+    if t.ema and n == 1:  # one process keeps the EMA beside the weights, on the device; ranks keep it on the host
+        c["EMA of the trained weights (train.ema)"] = (sizes.lora_params if m.lora_rank else P) * 4 / GB
     tokens = image_tokens(config) + min(m.max_sequence_length, PROMPT_TOKENS)
     cfg = 2 if m.guidance > 1 and family_for(sizes.family).uses_true_cfg else 1
     micro = t.micro_batch or max(1, t.prompts_per_iteration * t.group_size // t.minibatches // n)
@@ -126,12 +135,13 @@ def plan_memory(
     )
     c["text encoders (until every prompt is encoded)"] = sizes.text_encoder_params * base_bytes / GB
     c["reward model"] = reward_GB(t.reward)
-    weights = [k for k in c if k.startswith(("transformer", "trained", "LoRA"))]
+    weights = [k for k in c if k.startswith(("transformer", "LoRA adapters"))]
+    update_state = [k for k in c if k.startswith(("trained", "LoRA update", "EMA"))]
     phases = {
         "encode prompts (base version)": ["text encoders (until every prompt is encoded)"],
         # validation samples on the trainer's GPU whoever samples the rollouts (and one GPU's workers share it)
         "sample": [*weights, "sampling forward (no grad)", "VAE weights", "VAE decode of one chunk", "reward model"],
-        "update": [*weights, "activations of one micro-batch", "reward model"],
+        "update": [*weights, *update_state, "activations of one micro-batch", "reward model"],
     }
     plan = MemoryPlan(c, phases, gpu_GB, notes=_notes(config, sizes, tokens, micro, cfg, calibration))
     plan.knobs = knobs(config, plan)

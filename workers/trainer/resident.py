@@ -34,6 +34,7 @@ from resources.store.base import TensorStore
 from workers.model.families.prompt_store import attach_prompt_store
 from workers.model.policy_loader import build_from_spec
 from workers.trainer.checkpoint import OptimizerState, checkpoint_metadata, optimizer_state
+from workers.trainer.optimizer_state import SHARDED_FORMAT
 
 
 @dataclass
@@ -60,7 +61,9 @@ def resident_checkpoint(
     here = (store.url, run, version)
     fresh = _resident is None or _resident.spec_key != spec_key
     needs_weights = fresh or _resident.version != here
-    tensors = store.load_tensors(key) if needs_weights or meta.get("optimizer") is not None else {}
+    # A whole optimizer state lives beside the weights; a sharded one (FSDP2 ranks) apart from them, read by each rank.
+    whole_optimizer = meta.get("optimizer") is not None and meta["optimizer"].get("format") != SHARDED_FORMAT
+    tensors = store.load_tensors(key) if needs_weights or whole_optimizer else {}
     if fresh:
         _resident = None
         release_memory()  # the previous architecture's policy goes before the next one is built

@@ -63,3 +63,59 @@ def test_a_policy_built_later_reads_the_store_and_never_loads_a_text_encoder(enc
         torch.testing.assert_close(got, reference[prompt], atol=0, rtol=0)
         assert len(policy.frozen.prompt_cache) <= 2  # held in memory: bounded, the store has the rest
     assert "text_encoders" not in policy.frozen.loaded
+
+
+def test_a_rows_negative_prompt_is_encoded_before_the_drop_and_read_from_the_store_by_another_rank(tmp_path):
+    """43b's row negatives meet the store: the run's own prompt list (not a stub) carries each row's negative
+    prompt, so a rank that never loads the encoders builds that row's true-CFG pass from the store."""
+    import json
+
+    from workers.algo.sampler import SamplerConfig
+    from workers.model.families.diffusers_policy import load_model_policy
+    from workers.model.families.tiny import build_tiny_pipeline
+    from workers.task.prompt_file import PromptSource
+    from workers.task.validation import ValidationConfig
+    from workers.trainer.checkpoint import save_checkpoint
+    from workers.trainer.grpo_trainer import GRPOTrainer, TrainConfig
+
+    rows = tmp_path / "prompts.jsonl"
+    rows.write_text(
+        "\n".join(
+            json.dumps(r) for r in [{"prompt": "a cat", "negative_prompt": "blurry, low quality"}, {"prompt": "a dog"}]
+        )
+    )
+    train = TrainConfig(
+        iterations=1,
+        prompts_per_iteration=2,
+        group_size=2,
+        reward="jpeg_compressibility",
+        prompts=PromptSource.from_file(rows),
+        sampler=SamplerConfig(num_steps=2),
+    )
+    folder = build_tiny_pipeline("qwen-image", tmp_path / "qwen")
+    store = LocalTensorStore(str(tmp_path / "store"))
+    try:
+        policy = load_model_policy(folder, lora_rank=4, resolution=32, guidance=4.5)
+        save_checkpoint(store, RUN, 0, policy)
+        ctx = SimpleNamespace(
+            store=store,
+            run=RUN,
+            device="cpu",
+            train=train,
+            num_iterations=1,
+            validation=ValidationConfig(prompts=("a bird",)),
+            model=str(folder),
+        )
+        assert "blurry, low quality" in text_encoders.run_prompts(ctx)
+        text_encoders.encode_run_prompts(ctx, policy)
+        diffusers_policy._SHARED.clear()  # as another rank's process
+        resident.release_resident()
+        other, _ = resident.resident_checkpoint(store, RUN, 0)
+        GRPOTrainer(other, train)  # gives the policy the rows' negative prompts, as every train phase does
+        conditioning, _ = other.encode_prompts(["a cat", "a dog"])
+        assert conditioning.uncond is not None
+        assert "text_encoders" not in other.frozen.loaded
+        assert "blurry, low quality" in other.frozen.prompt_cache
+    finally:
+        resident.release_resident()
+        diffusers_policy._SHARED.clear()

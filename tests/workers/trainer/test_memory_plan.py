@@ -121,3 +121,30 @@ def test_spotlight_train_refuses_a_run_too_big_for_its_gpu_before_loading_weight
     said = re.sub(r"[\s│]+", " ", done.output)
     assert done.exit_code != 0 and "needs about" in said and "--lora-rank 64" in said, said
     assert not out.exists()
+
+
+def test_one_process_full_fine_tuning_counts_its_masters_once_and_sampling_holds_no_adamw(qwen_configs):
+    from workers.trainer.memory_plan import GB, plan_memory
+    from workers.trainer.model_sizes import model_sizes
+
+    sizes = model_sizes(qwen_configs, 0)
+    alone = plan_memory(_config(qwen_configs, model={"lora_rank": 0}, train={"nproc": 1}), sizes, gpu_GB=None)
+    weights_and_state = alone.phase_GB("update") - alone.components["activations of one micro-batch"]
+    # the resident policy trains in place: FP32 masters, gradients and AdamW, 16 bytes a parameter, not 20
+    assert weights_and_state == pytest.approx(sizes.transformer_params * 16 / GB)
+    lora = plan_memory(_config(qwen_configs), model_sizes(qwen_configs, 64), gpu_GB=None)
+    assert not any("AdamW" in k for k in lora.phases["sample"]), "the trainer's state is freed before sampling"
+    assert any("AdamW" in k for k in lora.phases["update"])
+
+
+def test_one_process_with_train_ema_plans_the_ema_beside_the_weights_it_averages(qwen_configs):
+    from workers.trainer.memory_plan import GB, plan_memory
+    from workers.trainer.model_sizes import model_sizes
+
+    sizes = model_sizes(qwen_configs, 0)
+    config = _config(qwen_configs, model={"lora_rank": 0}, train={"nproc": 1, "ema": False})
+    without = plan_memory(config, sizes, gpu_GB=None)
+    config = _config(qwen_configs, model={"lora_rank": 0}, train={"nproc": 1, "ema": True})
+    with_ema = plan_memory(config, sizes, gpu_GB=None)
+    # workers/trainer/ema_weights.py: alone, an FP32 clone of the trained weights on the trainer's device
+    assert with_ema.phase_GB("update") - without.phase_GB("update") == pytest.approx(sizes.transformer_params * 4 / GB)

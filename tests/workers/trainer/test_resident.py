@@ -131,3 +131,28 @@ def test_spotlight_run_walks_three_iterations_of_dagster_assets_on_one_build(tmp
     )
     assert done.exit_code == 0, done.output[-3000:]
     assert [c for c in loads if c[1] == "transformer"] == [("QwenImageTransformer2DModel", "transformer")], loads
+
+
+def test_the_version_in_place_with_a_sharded_optimizer_reads_no_weights_from_the_store(tmp_path, monkeypatch):
+    """Rank 0 of full fine-tuning asks for its resident policy at version k to broadcast it (train.py `_restore`),
+    and every later phase asks for k + 1: the weights are in place and AdamW's shards live apart, so nothing of the
+    checkpoint (a whole FP32 copy of the model) is read again."""
+    from resources.store import open_store
+    from workers.model.tiny_policy import SHIPPED_BASE, load_policy
+    from workers.trainer.checkpoint import publish_checkpoint
+    from workers.trainer.optimizer_state import SHARDED_FORMAT
+
+    store = open_store(str(tmp_path / "store"))
+    policy = load_policy(SHIPPED_BASE)
+    publish_checkpoint(store, "r", 1, policy.spec(), policy.weights(), {"format": SHARDED_FORMAT, "key": "elsewhere"})
+    resident.release_resident()
+    try:
+        first, state = resident.resident_checkpoint(store, "r", 1)
+        assert state is not None and state.sharded
+        reads = []
+        load_tensors = type(store).load_tensors
+        monkeypatch.setattr(type(store), "load_tensors", lambda self, key: reads.append(key) or load_tensors(self, key))
+        again, state = resident.resident_checkpoint(store, "r", 1)
+        assert again is first and state.sharded and reads == []
+    finally:
+        resident.release_resident()
