@@ -84,7 +84,7 @@ from resources.cloud.tasks import (
 )
 from resources.queue.redis_acl import grant_worker_at
 from resources.queue.redis_tls import FILES
-from resources.urls import PASSWORD_ENV, RUN_CA_ENV, redis_address
+from resources.urls import CLIENT_CERT_ENV, CLIENT_KEY_ENV, PASSWORD_ENV, RUN_CA_ENV, redis_address
 
 __all__ = [
     "CHECKOUT",
@@ -219,11 +219,13 @@ def wait_for_redis(
     cluster: str = RESERVED_CLUSTER,
 ) -> None:
     """Poll the reserved node's Redis until it answers a PING with the password (over TLS, trusting the run's CA
-    alone); CloudError (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its
-    setup or run block failed)."""
+    alone, showing the run's client certificate when `secrets` hold one: a public queue's mutual TLS); CloudError
+    (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its setup or run block
+    failed)."""
     import time
 
-    address = redis_address(queue_url, {k: secrets[k] for k in (PASSWORD_ENV, RUN_CA_ENV) if secrets.get(k)})
+    names = (PASSWORD_ENV, RUN_CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV)  # a public queue's node asks for the cert
+    address = redis_address(queue_url, {k: secrets[k] for k in names if secrets.get(k)})
     deadline, last = time.monotonic() + timeout_s, None
     while True:
         try:
@@ -268,10 +270,19 @@ def _ping(address: Any, connect_timeout_s: float) -> None:
         raise OSError(str(err)) from None
 
 
-def use_run_ca(cluster: str, env: Any = os.environ) -> bool:
+def use_run_ca(cluster: str, env: Any = os.environ, client_cert: bool = False) -> bool:
     """Trust the run's CA in this process (SPOTLIGHT_REDIS_RUN_CA in `env`) when its TLS files are on this machine
-    and nothing else is set: `spotlight status` and a relaunch then reach the node's Redis. False when absent."""
-    ca = tls_folder(cluster, env) / FILES[0]
+    and nothing else is set: `spotlight status` and a relaunch then reach the node's Redis. With `client_cert` (a
+    public queue: mutual TLS) also show a client certificate signed now by the run's CA key, when this machine kept
+    it and `env` names none. False when absent."""
+    folder = tls_folder(cluster, env)
+    if client_cert and not env.get(CLIENT_CERT_ENV) and all((folder / name).is_file() for name in FILES):
+        from resources.queue.redis_tls import run_tls
+
+        tls = run_tls(folder)
+        if tls.ca_key_pem is not None:
+            env.update({k: v for k, v in with_run_tls({}, tls).items() if k in (CLIENT_CERT_ENV, CLIENT_KEY_ENV)})
+    ca = folder / FILES[0]
     if env.get(RUN_CA_ENV) or not ca.is_file():
         return bool(env.get(RUN_CA_ENV))
     import base64
