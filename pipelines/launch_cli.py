@@ -202,7 +202,8 @@ def launch_command(
         queue_url = launch(plan, secrets, before_workers=lambda url: _refuse_over_budget(url, max_usd), echo=typer.echo)
     except CloudError as err:
         _fail("launch", err)
-    typer.echo(f"the workers' queue {queue_url}; follow the run with: spotlight status --cluster {cluster}")
+    follow = f"spotlight status --cluster {cluster}" + (" --public-queue" if public_queue else "")
+    typer.echo(f"the workers' queue {queue_url}; follow the run with: {follow}")
 
 
 def _check_sp_against_model(plan) -> None:
