@@ -23,8 +23,9 @@ node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GP
 
 The reserved node's Redis is TLS-only, signed by a CA made for the run (resources/queue/redis_tls.py): the node
 gets the server's key, each worker job only the CA certificate and the password of its own ACL user, which `launch`
-grants on the node's Redis (resources/queue/redis_acl.py) just before it submits that job. Its port is open to no one
-by default: the workers reach it on the node's private address and this machine through an SSH tunnel
+grants on the node's Redis (resources/queue/redis_acl.py) just before it submits that job (and, for a public queue,
+the workers' client certificate, which this machine signs with the run's CA key). Its port is open to no one by
+default: the workers reach it on the node's private address and this machine through an SSH tunnel
 (resources/cloud/network.py), which also carries the grants; `public_queue` opens it, with mutual TLS. `launch`
 submits workers once that Redis answers. Worker jobs carry the run's cluster name (resources/cloud/jobs.py), so runs
 launched side by side never touch each other's jobs. The venv cache is signed by the reserved node with the run's
