@@ -386,7 +386,8 @@ def node_queue(node: NodeRedis, monkeypatch, client_cert: bool = False):
     from resources.cloud import use_run_ca
     from resources.queue import open_queue
 
-    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
+    for name in ("SPOTLIGHT_REDIS_RUN_CA", "SPOTLIGHT_REDIS_CLIENT_CERT", "SPOTLIGHT_REDIS_CLIENT_KEY"):
+        monkeypatch.setenv(name, "")  # use_run_ca sets them in os.environ: undone after the test
     assert use_run_ca("spotlight-reserved", client_cert=client_cert)
     return open_queue(node.url())
 
