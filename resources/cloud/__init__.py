@@ -199,7 +199,7 @@ def _submit_workers(
     for index in range(1, plan.spot_workers + 1):
         task = worker_task(plan, secrets, index, run_config, queue_url, usd_per_hour, place)
         if task.name not in running:
-            grant_worker_at(admin_url, secrets, urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or "")
+            _grant(admin_url, secrets, urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or "", task.name)
         if task.name in running:
             echo(
                 f"{task.name} is already running (managed job {running[task.name]['job_id']}, "
@@ -209,6 +209,19 @@ def _submit_workers(
         with skypilot_overrides(plan):
             job_ids, _ = sky.get(sky.jobs.launch(task, name=task.name))
         echo(f"submitted {task.name} (managed job {', '.join(map(str, job_ids or []))})")
+
+
+def _grant(admin_url: str, secrets: Mapping[str, str], user: str, job: str) -> None:
+    """grant_worker_at, or CloudError (the jobs submitted so far stay; a relaunch resumes) when Redis cannot do it."""
+    import redis
+
+    try:
+        grant_worker_at(admin_url, secrets, user)
+    except redis.exceptions.RedisError as err:
+        raise CloudError(
+            f"could not grant {job}'s Redis user on the reserved node ({type(err).__name__}: {err}); {job} and the "
+            "workers after it were not submitted: `spotlight launch` again resumes the run"
+        ) from None
 
 
 def wait_for_redis(

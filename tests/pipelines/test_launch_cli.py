@@ -165,3 +165,23 @@ def test_a_public_queue_launch_reaches_its_mutual_tls_node_checks_the_cap_then_g
             assert "spotlight status --cluster spotlight-reserved --public-queue" in result.output
     finally:
         stop_node_redis(node)
+
+
+def test_a_grant_the_nodes_redis_cannot_make_stops_the_launch_with_what_to_do(
+    fake_sky, reserved_redis, monkeypatch
+) -> None:
+    """The node's Redis stops taking the launcher's password between its first answer and the first grant (its
+    password changed there): the launch says so and submits no worker (no traceback); launching again resumes."""
+    import pipelines.launch_cli as launch_cli
+    from resources.queue.redis_streams import redis_client
+    from resources.urls import redis_address
+
+    def password_changed_on_the_node(url: str, max_usd: float) -> None:
+        with redis_client(redis_address(url)) as admin:
+            admin.execute_command("ACL", "SETUSER", "default", "resetpass", ">another-password-16")
+
+    monkeypatch.setattr(launch_cli, "_refuse_over_budget", password_changed_on_the_node)
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "could not grant spotlight-reserved-rollout-1's Redis user" in result.output
+    assert "`spotlight launch` again resumes the run" in result.output and fake_sky.submitted == ["launch"]
