@@ -197,12 +197,13 @@ def launch_command(
         }
         typer.echo(json.dumps(shown, sort_keys=True))
         return
-    use_run_ca(cluster)
+    use_run_ca(cluster, client_cert=public_queue)  # the spend-cap check reads the queue from here too
     try:
         queue_url = launch(plan, secrets, before_workers=lambda url: _refuse_over_budget(url, max_usd), echo=typer.echo)
     except CloudError as err:
         _fail("launch", err)
-    typer.echo(f"the workers' queue {queue_url}; follow the run with: spotlight status --cluster {cluster}")
+    follow = f"spotlight status --cluster {cluster}" + (" --public-queue" if public_queue else "")
+    typer.echo(f"the workers' queue {queue_url}; follow the run with: {follow}")
 
 
 def _check_sp_against_model(plan) -> None:
@@ -300,7 +301,7 @@ def status_command(
         if queue is None and ledger is None:
             from resources.cloud import launcher_route, node_place, use_run_ca, worker_jobs
 
-            if not use_run_ca(cluster):
+            if not use_run_ca(cluster, client_cert=public_queue):  # mutual TLS: the run's client certificate
                 raise CloudError(
                     f"no TLS files of {cluster!r} on this machine (spotlight launch keeps them under "
                     "$SPOTLIGHT_STATE_DIR, default ~/.spotlight): set SPOTLIGHT_REDIS_RUN_CA, or pass --queue"

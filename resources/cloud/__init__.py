@@ -23,8 +23,9 @@ node agent (`SP_DEGREE`, sky/spot_workers.yaml), priced for the ledger at its GP
 
 The reserved node's Redis is TLS-only, signed by a CA made for the run (resources/queue/redis_tls.py): the node
 gets the server's key, each worker job only the CA certificate and the password of its own ACL user, which `launch`
-grants on the node's Redis (resources/queue/redis_acl.py) just before it submits that job. Its port is open to no one
-by default: the workers reach it on the node's private address and this machine through an SSH tunnel
+grants on the node's Redis (resources/queue/redis_acl.py) just before it submits that job (and, for a public queue,
+the workers' client certificate, which this machine signs with the run's CA key). Its port is open to no one by
+default: the workers reach it on the node's private address and this machine through an SSH tunnel
 (resources/cloud/network.py), which also carries the grants; `public_queue` opens it, with mutual TLS. `launch`
 submits workers once that Redis answers. Worker jobs carry the run's cluster name (resources/cloud/jobs.py), so runs
 launched side by side never touch each other's jobs. The venv cache is signed by the reserved node with the run's
@@ -201,7 +202,7 @@ def _submit_workers(
         task = worker_task(plan, secrets, index, run_config, queue_url, usd_per_hour, place)
         if task.name not in running:  # the slot's earlier job (failed, cancelled) loses its user
             user = urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or ""
-            grant_worker_at(admin_url, secrets, user, replaces=users.get(task.name))
+            _grant(admin_url, secrets, user, task.name, replaces=users.get(task.name))
             users[task.name] = user
             save_worker_users(plan.cluster, users)
         if task.name in running:
@@ -215,6 +216,20 @@ def _submit_workers(
         echo(f"submitted {task.name} (managed job {', '.join(map(str, job_ids or []))})")
 
 
+def _grant(admin_url: str, secrets: Mapping[str, str], user: str, job: str, replaces: str | None = None) -> None:
+    """grant_worker_at (revoking `replaces` first), or CloudError (the jobs submitted so far stay; a relaunch
+    resumes) when Redis cannot do it."""
+    import redis
+
+    try:
+        grant_worker_at(admin_url, secrets, user, replaces=replaces)
+    except redis.exceptions.RedisError as err:
+        raise CloudError(
+            f"could not grant {job}'s Redis user on the reserved node ({type(err).__name__}: {err}); {job} and the "
+            "workers after it were not submitted: `spotlight launch` again resumes the run"
+        ) from None
+
+
 def wait_for_redis(
     queue_url: str,
     secrets: Mapping[str, str],
@@ -224,12 +239,13 @@ def wait_for_redis(
     cluster: str = RESERVED_CLUSTER,
 ) -> None:
     """Poll the reserved node's Redis until it answers a PING with the password (over TLS, trusting the run's CA
-    alone); CloudError (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its
-    setup or run block failed)."""
+    alone, showing the run's client certificate when `secrets` hold one: a public queue's mutual TLS); CloudError
+    (nothing more submitted) when it refuses the password or stays silent for `timeout_s` (its setup or run block
+    failed)."""
     import time
 
-    credentials = (PASSWORD_ENV, RUN_CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV)  # a public queue's: mutual TLS
-    address = redis_address(queue_url, {k: secrets[k] for k in credentials if secrets.get(k)})
+    names = (PASSWORD_ENV, RUN_CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV)  # a public queue's node asks for the cert
+    address = redis_address(queue_url, {k: secrets[k] for k in names if secrets.get(k)})
     deadline, last = time.monotonic() + timeout_s, None
     while True:
         try:
@@ -274,10 +290,19 @@ def _ping(address: Any, connect_timeout_s: float) -> None:
         raise OSError(str(err)) from None
 
 
-def use_run_ca(cluster: str, env: Any = os.environ) -> bool:
+def use_run_ca(cluster: str, env: Any = os.environ, client_cert: bool = False) -> bool:
     """Trust the run's CA in this process (SPOTLIGHT_REDIS_RUN_CA in `env`) when its TLS files are on this machine
-    and nothing else is set: `spotlight status` and a relaunch then reach the node's Redis. False when absent."""
-    ca = tls_folder(cluster, env) / FILES[0]
+    and nothing else is set: `spotlight status` and a relaunch then reach the node's Redis. With `client_cert` (a
+    public queue: mutual TLS) also show a client certificate signed now by the run's CA key, when this machine kept
+    it and `env` names none. False when absent."""
+    folder = tls_folder(cluster, env)
+    if client_cert and not env.get(CLIENT_CERT_ENV) and all((folder / name).is_file() for name in FILES):
+        from resources.queue.redis_tls import run_tls
+
+        tls = run_tls(folder)
+        if tls.ca_key_pem is not None:
+            env.update({k: v for k, v in with_run_tls({}, tls).items() if k in (CLIENT_CERT_ENV, CLIENT_KEY_ENV)})
+    ca = folder / FILES[0]
     if env.get(RUN_CA_ENV) or not ca.is_file():
         return bool(env.get(RUN_CA_ENV))
     import base64

@@ -29,7 +29,7 @@ from resources.cloud.jobs import worker_job_name
 from resources.cloud.network import REDIS_PORT, NodePlace, skypilot_config_overrides
 from resources.cloud.plan import LaunchPlan
 from resources.cloud.tasks import NODE_QUEUE, SKY_DIR, reserved_task, ship_run_config, worker_task
-from resources.urls import PASSWORD_ENV, RUN_CA_ENV
+from resources.urls import CLIENT_CERT_ENV, CLIENT_KEY_ENV, PASSWORD_ENV, RUN_CA_ENV
 
 
 def dotenv_text(values: Mapping[str, str]) -> str:
@@ -92,9 +92,12 @@ def by_hand_commands(
     indexes = range(1, plan.spot_workers + 1)
     tasks = [worker_task(hand, secrets, index, run_config, queue, place=place) for index in indexes]
     users = [urlsplit(task.envs["SPOTLIGHT_QUEUE"]).username or "" for task in tasks]
+    needs = f"{PASSWORD_ENV} and {RUN_CA_ENV}"
+    if plan.public_queue:  # mutual TLS: the node cuts a client without a certificate of the run's CA, even on loopback
+        needs = f"{PASSWORD_ENV}, {RUN_CA_ENV} and {CLIENT_CERT_ENV}/{CLIENT_KEY_ENV} (a worker's secret file's)"
     lines.append(
         "# 2. grant each worker job's own ACL user on the node's Redis first, as the coordinator (with "
-        f"{PASSWORD_ENV} and {RUN_CA_ENV} set, through `ssh -L 6379:127.0.0.1:6379 {plan.cluster}`):"
+        f"{needs} set, through `ssh -L 6379:127.0.0.1:6379 {plan.cluster}`):"
     )
     lines.append(shlex.join(["python", "-m", "resources.queue.redis_acl", "--queue", NODE_QUEUE, "grant", *users]))
     lines.append(f"# 3. the spot workers (queue {queue}, each as its own user), one managed job each")

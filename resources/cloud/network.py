@@ -14,7 +14,7 @@ Example:
     with skypilot_overrides(plan):
         sky.stream_and_get(sky.launch(task, cluster_name=plan.cluster))
     place = node_place(plan.cluster)                    # cloud, region, private and public IP
-    with launcher_route(plan, place) as address:        # 127.0.0.1:PORT (a tunnel), or the public endpoint
+    with launcher_route(plan.cluster, plan.public_queue) as address:   # 127.0.0.1:PORT (a tunnel), or the public one
         ...
 """
 

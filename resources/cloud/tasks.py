@@ -30,9 +30,6 @@ from resources.settings.config import RunConfig
 from resources.settings.resolve import derive, to_yaml
 from resources.urls import CLIENT_CERT_ENV, CLIENT_KEY_ENV, PASSWORD_ENV, PASSWORD_FILE_ENV, RUN_CA_ENV, redis_password
 
-WORKER_JOB_SUFFIX = "-rollout-"
-"""Spot worker i of the run whose reserved node is the cluster C is the managed job `C-rollout-i`: `status`, `down`
-and a relaunch find a run's own jobs by that name, never another run's (`run_worker_jobs`)."""
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 MIN_PASSWORD_CHARS = 16
 """The shortest Redis password a launch accepts (`openssl rand -hex 24` gives 48)."""
@@ -42,8 +39,6 @@ MTLS_ENV = "REDIS_MUTUAL_TLS"
 yes`, resources/queue/redis_tls.py --mutual-tls); set by a launch with a public queue (`LaunchPlan.public_queue`)."""
 CLIENT_CERT_NAME = "spotlight-workers"
 """The common name of the client certificate a public queue's workers show (signed by the run's CA at launch)."""
-"""A spot worker's client certificate and key (base64 PEM, signed by the run's CA), secrets of a public queue's
-workers only: redis-py presents them (resources/urls.py)."""
 CHECKOUT = Path(__file__).resolve().parents[2]
 """The repository: the YAMLs' folder and the workdir SkyPilot syncs to every node."""
 SKY_DIR = CHECKOUT / "sky"

@@ -333,9 +333,10 @@ class NodeRedis:
         return f"rediss://{user + '@' if user else ''}127.0.0.1:{self.port}/0"
 
 
-def start_node_redis(cluster: str, folder, password: str) -> NodeRedis:
+def start_node_redis(cluster: str, folder, password: str, mutual_tls: bool = False) -> NodeRedis:
     """A redis-server configured by resources.queue.redis_tls, as `cluster`'s node's run block starts it, from the
-    TLS files `spotlight launch` reads for that cluster (made here first, in the state folder)."""
+    TLS files `spotlight launch` reads for that cluster (made here first, in the state folder); `mutual_tls` as a
+    public queue's node (REDIS_MUTUAL_TLS=yes)."""
     import socket
     import subprocess
 
@@ -347,7 +348,7 @@ def start_node_redis(cluster: str, folder, password: str) -> NodeRedis:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    conf = write_node_files(folder, port, with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password}, tls))
+    conf = write_node_files(folder, port, with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password}, tls), mutual_tls)
     subprocess.run(["redis-server", str(conf)], check=True, timeout=30)  # daemonizes, as on the node
     wait_for(
         lambda: (folder / "redis.pid").exists() and socket.socket().connect_ex(("127.0.0.1", port)) == 0,
@@ -379,13 +380,15 @@ def reserved_redis(fake_sky, tmp_path, monkeypatch):
     stop_node_redis(node)
 
 
-def node_queue(node: NodeRedis, monkeypatch):
-    """The coordinator's connection to the node's Redis (this process trusting the run's CA)."""
+def node_queue(node: NodeRedis, monkeypatch, client_cert: bool = False):
+    """The coordinator's connection to the node's Redis (this process trusting the run's CA; with `client_cert`,
+    showing a client certificate of it, for a mutual-TLS node)."""
     from resources.cloud import use_run_ca
     from resources.queue import open_queue
 
-    monkeypatch.setenv("SPOTLIGHT_REDIS_RUN_CA", "")
-    assert use_run_ca("spotlight-reserved")
+    for name in ("SPOTLIGHT_REDIS_RUN_CA", "SPOTLIGHT_REDIS_CLIENT_CERT", "SPOTLIGHT_REDIS_CLIENT_KEY"):
+        monkeypatch.setenv(name, "")  # use_run_ca sets them in os.environ: undone after the test
+    assert use_run_ca("spotlight-reserved", client_cert=client_cert)
     return open_queue(node.url())
 
 

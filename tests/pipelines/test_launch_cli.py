@@ -157,3 +157,60 @@ def test_a_relaunch_revokes_the_user_of_a_worker_job_that_ended_and_keeps_the_ru
     with _node_queue(reserved_redis, monkeypatch) as coordinator:
         granted = set(worker_users(coordinator._redis))
     assert granted == {first["spotlight-reserved-rollout-1"], replacement}
+
+
+def test_a_public_queue_launch_reaches_its_mutual_tls_node_checks_the_cap_then_grants_and_submits(
+    fake_sky, tmp_path, monkeypatch
+) -> None:
+    """With --public-queue the node's Redis asks every client for a certificate of the run's CA: the launcher shows
+    the one it signs (its wait for Redis, the spend-cap check, the grants), and says how to follow the run."""
+    import shutil
+
+    import pytest
+
+    import resources.cloud as cloud
+    from resources.queue.redis_acl import worker_users
+    from tests.pipelines.sky_fakes import start_node_redis, stop_node_redis
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    monkeypatch.setattr(cloud, "REDIS_WAIT_S", 5.0)  # a refused handshake fails in seconds, not 20 minutes
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", "public-node-pass-16")
+    node = start_node_redis("spotlight-reserved", tmp_path / "node-redis", "public-node-pass-16", mutual_tls=True)
+    fake_sky.address = f"127.0.0.1:{node.port}"  # the node's public endpoint
+    flags = ("launch", "--spot-workers", "1", "--store", "s3://b/p", "--public-queue")
+    try:
+        with _node_queue(node, monkeypatch, client_cert=True) as queue:
+            queue.publish_info({"usd_total": 51.5, "max_usd": 50.0})
+            admin = queue._redis
+            for name in ("SPOTLIGHT_REDIS_RUN_CA", "SPOTLIGHT_REDIS_CLIENT_CERT", "SPOTLIGHT_REDIS_CLIENT_KEY"):
+                monkeypatch.setenv(name, "")  # a fresh shell: only the TLS files kept under the state folder
+            over = _invoke(*flags, "--max-usd", "50")
+            assert over.exit_code == 1 and "already spent $51.50" in over.output, over.output
+            assert fake_sky.submitted == ["launch"]
+            result = _invoke(*flags, "--max-usd", "80")
+            assert result.exit_code == 0, result.output
+            assert fake_sky.submitted == ["launch", "launch", "jobs.launch"] and len(worker_users(admin)) == 1
+            assert "spotlight status --cluster spotlight-reserved --public-queue" in result.output
+    finally:
+        stop_node_redis(node)
+
+
+def test_a_grant_the_nodes_redis_cannot_make_stops_the_launch_with_what_to_do(
+    fake_sky, reserved_redis, monkeypatch
+) -> None:
+    """The node's Redis stops taking the launcher's password between its first answer and the first grant (its
+    password changed there): the launch says so and submits no worker (no traceback); launching again resumes."""
+    import pipelines.launch_cli as launch_cli
+    from resources.queue.redis_streams import redis_client
+    from resources.urls import redis_address
+
+    def password_changed_on_the_node(url: str, max_usd: float) -> None:
+        with redis_client(redis_address(url)) as admin:
+            admin.execute_command("ACL", "SETUSER", "default", "resetpass", ">another-password-16")
+
+    monkeypatch.setattr(launch_cli, "_refuse_over_budget", password_changed_on_the_node)
+    result = _invoke("launch", "--spot-workers", "2", "--store", "s3://b/p")
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "could not grant spotlight-reserved-rollout-1's Redis user" in result.output
+    assert "`spotlight launch` again resumes the run" in result.output and fake_sky.submitted == ["launch"]

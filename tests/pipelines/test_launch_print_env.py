@@ -154,3 +154,21 @@ def test_each_yaml_header_tells_how_to_run_it_by_hand_with_print_env(name) -> No
 
     header = (REPO_ROOT / "sky" / name).read_text().split("\nname:")[0]
     assert "--print-env" in header and "--env-file" in header and "--secret-file" in header
+
+
+def test_print_env_of_a_public_queue_has_the_grant_line_show_the_workers_client_certificate(tmp_path) -> None:
+    """A public queue's node asks every client for a certificate of the run's CA (mutual TLS), the coordinator's
+    grant included: the printed step says which variables it needs, and each worker's secret file holds them."""
+    import sky
+    from resources.cloud import NodePlace, with_run_tls
+    from resources.cloud.by_hand import by_hand_commands
+    from resources.queue.redis_tls import make_run_tls
+    from tests.pipelines.sky_fakes import launch_plan
+
+    plan = launch_plan(spot_workers=1, public_queue=True)
+    place = NodePlace(sky.AWS(), "us-east-2", "10.0.0.7", "3.80.1.2")
+    lines = by_hand_commands(plan, with_run_tls(SECRETS, make_run_tls()), tmp_path, place, "3.80.1.2:6379")
+    (step,) = [line for line in lines if line.startswith("# 2. grant")]
+    assert "SPOTLIGHT_REDIS_CLIENT_CERT" in step and "SPOTLIGHT_REDIS_CLIENT_KEY" in step
+    secrets = (tmp_path / "worker-1.secrets").read_text()
+    assert "SPOTLIGHT_REDIS_CLIENT_CERT=" in secrets and "SPOTLIGHT_REDIS_CLIENT_KEY=" in secrets

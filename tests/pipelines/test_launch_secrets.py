@@ -54,6 +54,11 @@ def test_every_secret_a_run_line_reads_is_declared_by_its_yaml() -> None:
         declared = set(raw["envs"]) | set(raw["secrets"])
         assert "SPOTLIGHT_REWARD_TOKEN" in raw["secrets"] and "SPOTLIGHT_ENV_VERIFY_KEY" in raw["envs"]
         assert setup_reads - {"SPOTLIGHT_ENV_SIGNING_KEY"} <= declared
+        run = raw["run"]  # the run block's own reads: less what it sets itself or gives a default, and the shell's
+        run_reads = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)\b(?!:-)", run))
+        run_reads -= set(re.findall(r"(?:^|\s)([A-Z_][A-Z0-9_]*)=", run)) | {"HOME", "PATH"}
+        assert "REDIS_MUTUAL_TLS" in run_reads or name != "reserved.yaml"  # the scan sees the run block's reads
+        assert run_reads <= declared, run_reads - declared
     assert "SPOTLIGHT_ENV_SIGNING_KEY" in yaml.safe_load((REPO_ROOT / "sky" / "reserved.yaml").read_text())["secrets"]
     assert (
         "SPOTLIGHT_ENV_SIGNING_KEY"

@@ -247,3 +247,11 @@ def test_the_reserved_block_archives_the_run_and_marks_it_ended_after_the_run_li
     assert commands[4][1:] == ["--run-dir", str(tmp_path / "run"), "--store", "s3://b/p"]
     autostop = _raw("reserved.yaml")["resources"]["autostop"]
     assert autostop["down"] is True and autostop["wait_for"] == "jobs"
+
+
+@pytest.mark.parametrize("mutual", ["yes", "no"])
+def test_the_reserved_block_asks_clients_for_a_certificate_only_for_a_public_queue(tmp_path: Path, mutual) -> None:
+    """REDIS_MUTUAL_TLS (launch sets "yes" with --public-queue) reaches the node's redis.conf as --mutual-tls."""
+    commands = _python_commands("reserved.yaml", tmp_path, {"REDIS_MUTUAL_TLS": mutual})
+    (tls,) = [argv for argv in commands if argv[0] == "resources.queue.redis_tls"]
+    assert ("--mutual-tls" in tls) == (mutual == "yes")

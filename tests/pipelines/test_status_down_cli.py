@@ -99,3 +99,27 @@ def test_status_without_flags_finds_the_reserved_node_and_the_spot_jobs_through_
     down = _invoke("status")
     assert down.exit_code == 1 and "cannot find the reserved node 'spotlight-reserved'" in down.output
     assert "Traceback" not in down.output
+
+
+def test_status_of_a_public_queue_shows_the_runs_client_certificate(fake_sky, tmp_path, monkeypatch) -> None:
+    """`status --public-queue` reaches a node whose Redis asks for a client certificate (mutual TLS): it signs one
+    with the run's CA key kept here, as `launch` does for the workers and its spend-cap check."""
+    import shutil
+
+    from tests.pipelines.sky_fakes import start_node_redis, stop_node_redis
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    monkeypatch.setenv("SPOTLIGHT_REDIS_PASSWORD", "public-node-pass-16")
+    node = start_node_redis("spotlight-reserved", tmp_path / "node-redis", "public-node-pass-16", mutual_tls=True)
+    fake_sky.address = f"127.0.0.1:{node.port}"  # the node's public endpoint
+    try:
+        with _node_queue(node, monkeypatch, client_cert=True) as queue:
+            queue.publish_info({"iteration": 4, "heldout_score": 0.61, "usd_total": 12.5, "workers_alive": 1})
+        for name in ("SPOTLIGHT_REDIS_RUN_CA", "SPOTLIGHT_REDIS_CLIENT_CERT", "SPOTLIGHT_REDIS_CLIENT_KEY"):
+            monkeypatch.setenv(name, "")  # a fresh shell: only the TLS files kept under the state folder
+        result = _invoke("status", "--public-queue")
+        assert result.exit_code == 0, result.output
+        assert "iteration 4  held-out 0.610  spent $12.50" in result.output and fake_sky.tunnels == []
+    finally:
+        stop_node_redis(node)

@@ -77,3 +77,13 @@ def test_the_ca_key_stays_on_the_launching_machine_and_never_reaches_a_node(tmp_
     assert run_tls(tmp_path / "tls") == tls  # a relaunch reads the same files, the CA key included
     shipped = with_run_tls({}, tls)
     assert not any(tls.b64("ca_key_pem") in value for value in shipped.values())
+
+
+def test_the_launcher_reaches_a_public_queue_with_the_client_certificate_it_signed(public_node) -> None:
+    """`spotlight launch --public-queue` waits for the node's Redis with the certificate it gives the workers: without
+    it the mutual-TLS node cuts every PING and the launch waits for nothing."""
+    from resources.cloud import wait_for_redis, with_run_tls
+    from resources.urls import PASSWORD_ENV
+
+    secrets = with_run_tls({PASSWORD_ENV: NODE_PASSWORD}, public_node.tls)
+    wait_for_redis(public_node.url(), secrets, timeout_s=5.0, echo=lambda _: None, poll_s=0.5)
