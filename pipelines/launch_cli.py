@@ -130,19 +130,7 @@ def launch_command(
 ) -> None:
     """Start the reserved node (Redis, coordinator, trainer) with sky.launch, then N spot workers as managed jobs,
     every node running the same resolved config file."""
-    from resources.cloud import (
-        CloudError,
-        LaunchPlan,
-        describe_task,
-        launch,
-        launch_secrets,
-        placed_run_config,
-        plan_tasks,
-        run_config_folder,
-        ship_run_config,
-        use_run_ca,
-    )
-    from resources.cloud.tasks import client_tls
+    from resources.cloud import CloudError, LaunchPlan, launch, placed_run_config, use_run_ca
     from resources.settings.resolve import ConfigError
 
     try:
@@ -165,21 +153,7 @@ def launch_command(
         _check_reward_chosen(plan)
     except (ConfigError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
-    try:
-        secrets = launch_secrets(os.environ, aws_keys=plan.remote_identity is None)
-        _check_reward_token(plan, secrets)
-    except CloudError as err:
-        if not dry_run:
-            _fail("launch", err)
-        typer.echo(f"# not ready to launch: {err}", err=True)
-        secrets = {}
-    if secrets:  # the run's CA, Redis certificate and env-cache key: kept on this machine (a relaunch reuses them)
-        secrets = _run_keys(secrets, cluster, throwaway=dry_run)  # a dry run's are thrown away
-        if public_queue:
-            try:
-                client_tls(secrets)  # mutual TLS, or no public port
-            except CloudError as err:
-                _fail("launch", err)
+    secrets = _launch_secrets(plan, dry_run)
     if print_env:
         from pipelines.launch_steps import print_env as _print_env
 
@@ -189,13 +163,7 @@ def launch_command(
             _fail("launch", err)
         return
     if dry_run:
-        folder = run_config_folder(cluster) / "dry-run"  # beside the live run's file, never over it
-        tasks = plan_tasks(plan, secrets, ship_run_config(plan, folder))
-        shown = {
-            "run_config": placed_run_config(plan).model_dump(mode="json"),
-            "tasks": list(map(describe_task, tasks)),
-        }
-        typer.echo(json.dumps(shown, sort_keys=True))
+        _print_dry_run(plan, secrets)
         return
     use_run_ca(cluster, client_cert=public_queue)  # the spend-cap check reads the queue from here too
     try:
@@ -204,6 +172,42 @@ def launch_command(
         _fail("launch", err)
     follow = f"spotlight status --cluster {cluster}" + (" --public-queue" if public_queue else "")
     typer.echo(f"the workers' queue {queue_url}; follow the run with: {follow}")
+
+
+def _launch_secrets(plan, dry_run: bool) -> dict[str, str]:
+    """The launch's secrets from this environment, with the run's CA, Redis certificate and env-cache key (kept on
+    this machine: a relaunch reuses them; a dry run's are thrown away); exits on what would stop a real launch, and a
+    dry run goes on without secrets."""
+    from resources.cloud import CloudError, launch_secrets
+    from resources.cloud.tasks import client_tls
+
+    try:
+        secrets = launch_secrets(os.environ, aws_keys=plan.remote_identity is None)
+        _check_reward_token(plan, secrets)
+    except CloudError as err:
+        if not dry_run:
+            _fail("launch", err)
+        typer.echo(f"# not ready to launch: {err}", err=True)
+        return {}
+    if not secrets:
+        return {}
+    secrets = _run_keys(secrets, plan.cluster, throwaway=dry_run)
+    if plan.public_queue:
+        try:
+            client_tls(secrets)  # mutual TLS, or no public port
+        except CloudError as err:
+            _fail("launch", err)
+    return secrets
+
+
+def _print_dry_run(plan, secrets: dict[str, str]) -> None:
+    """--dry-run: the run's config tree as the cloud runs it and each task launch would submit, as one JSON line."""
+    from resources.cloud import describe_task, placed_run_config, plan_tasks, run_config_folder, ship_run_config
+
+    folder = run_config_folder(plan.cluster) / "dry-run"  # beside the live run's file, never over it
+    tasks = plan_tasks(plan, secrets, ship_run_config(plan, folder))
+    shown = {"run_config": placed_run_config(plan).model_dump(mode="json"), "tasks": list(map(describe_task, tasks))}
+    typer.echo(json.dumps(shown, sort_keys=True))
 
 
 def _check_sp_against_model(plan) -> None:

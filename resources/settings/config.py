@@ -15,42 +15,23 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from resources.settings.base import Advantage, OnHacking, SyncMode
-
-Objective = Literal["flow_grpo", "nft"]
-AdvNorm = Literal["group", "batch", "global_std"]
-KlForm = Literal["step", "flow_grpo"]
-NftWeighting = Literal["velocity", "adaptive"]
-LrSchedule = Literal["constant", "cosine"]
-ForwardDtype = Literal["auto", "fp32", "bf16"]
-BaseDtype = Literal["fp32", "bf16"]
-ResidentDtype = Literal["auto", "fp32", "bf16"]
-Rollouts = Literal["local_pool", "inprocess", "local_cluster", "remote"]
-"""Who samples each rollout phase: local_pool (worker processes this command starts for the whole run, preempted on a
-Poisson trace: `spotlight run`'s default), inprocess (the trainer itself, batched), local_cluster (worker processes
-started for each phase: the Dagster UI's), remote (workers that already pull from the queue: the cloud's spot jobs,
-or `python -m workers.rollout` started by hand)."""
-DeploymentKind = Literal["local", "cloud"]
-
-
-def _path(help_: str) -> dict:
-    """A local file or folder: made absolute when resolved (workers and a --resume elsewhere find the same one)."""
-    return {"description": help_, "json_schema_extra": {"path": True}}
-
-
-def _url(help_: str) -> dict:
-    """A URL or a local path: a path is made absolute when resolved, a URL kept as it is."""
-    return {"description": help_, "json_schema_extra": {"url": True}}
-
-
-class Section(BaseModel):
-    """A section of the tree: unknown keys and wrong types are refused, and a value is checked when set."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_assignment=True)
+from resources.settings.sections import (
+    AdvNorm,
+    BaseDtype,
+    ForwardDtype,
+    KlForm,
+    LrSchedule,
+    NftWeighting,
+    Objective,
+    Section,
+    _path,
+)
+from resources.settings.sections_ops import DeploymentSection, WorkersSection
 
 
 class ModelSection(Section):
@@ -328,67 +309,6 @@ class GuardSection(Section):
     rollback_lr_scale: float = Field(0.5, gt=0, le=1, description="rollback: learning-rate factor per rollback.")
     rollback_kl_beta: Optional[float] = Field(
         None, ge=0, description="rollback: train on with at least this KL coefficient (unset: the run's)."
-    )
-
-
-class WorkersSection(Section):
-    """Every rollout worker's knobs, in one place: local pools, per-phase clusters, the cloud's spot jobs and
-    `python -m workers.rollout` all read them from here."""
-
-    local_workers: int = Field(
-        2,
-        ge=0,
-        description="rollouts local_pool / local_cluster: rollout worker processes on this machine, one torch thread "
-        "each, on a CPU or MPS run; on CUDA one worker per GPU the trainer leaves, whatever this says (0 only on a "
-        "Redis queue: remote workers sample everything).",
-    )
-    num_reserved: int = Field(0, ge=0, description="local_cluster: how many of them are reserved (never preempted).")
-    preemptions_per_hour: float = Field(
-        12.0, ge=0, description="Local workers: injected preemptions per spot worker-hour, Poisson (0 = none)."
-    )
-    notice_share: float = Field(
-        0.5, ge=0, le=1, description="Share of injected preemptions that come with a 2 s notice (the rest: SIGKILL)."
-    )
-    commit_every: int = Field(2, ge=1, description="Denoising steps between in-flight state commits.")
-    lease_s: float = Field(
-        10.0, gt=0, description="Queue lease in seconds: how long a silently killed worker's request waits."
-    )
-    restart_delay_s: float = Field(3.0, ge=0, description="Local workers: seconds until a preempted slot restarts.")
-    rollout_timeout_s: float = Field(1800.0, gt=0, description="Longest wait for an iteration's rollouts.")
-    resident_dtype: ResidentDtype = Field(
-        "auto", description="Worker weights: bf16, fp32, or auto (bf16 on CUDA, fp32 elsewhere)."
-    )
-    worker_threads: int = Field(1, ge=1, description="torch CPU threads per local worker.")
-    poll_s: float = Field(0.2, gt=0, description="A worker's wait between claims while the queue is empty.")
-    ready_timeout_s: float = Field(180.0, gt=0, description="How long a local worker may take to start.")
-    spot_usd_per_hour: float = Field(0.03, ge=0, description="Price of a spot worker (local: a notional spot VM).")
-
-
-class DeploymentSection(Section):
-    """Where the run's state lives and what the trainer's node costs: local files, or S3 + Redis in a cloud."""
-
-    deployment: DeploymentKind = Field("local", description="local (files here) or cloud (S3, Redis, SkyPilot).")
-    run_dir: str = Field(
-        "runs/run", **_path("Run folder: config.yaml, ledger.duckdb, report/, and the store and queue by default.")
-    )
-    run: Optional[str] = Field(None, description="Run name: the store prefix and ledger run id (unset: the folder's).")
-    store: Optional[str] = Field(None, **_url("Tensor store: a folder or s3://bucket/prefix (unset: RUN_DIR/store)."))
-    queue: Optional[str] = Field(
-        None,
-        **_url(
-            "Request queue: a SQLite file or redis(s)://host:port/db (unset: RUN_DIR/queue.db); the Redis password "
-            "in SPOTLIGHT_REDIS_PASSWORD(_FILE), not here."
-        ),
-    )
-    ledger: Optional[str] = Field(None, **_path("The ledger's DuckDB file (unset: RUN_DIR/ledger.duckdb)."))
-    rollouts: Rollouts = Field(
-        "local_pool",
-        description="Who samples: local_pool (workers for the whole run), inprocess (the trainer), local_cluster "
-        "(workers per phase) or remote (workers already pulling from the queue).",
-    )
-    anchor_every: int = Field(10, ge=1, description="A full BF16 anchor every this many weight versions.")
-    reserved_usd_per_hour: float = Field(
-        0.10, ge=0, description="The trainer node's price in USD per hour, for the ledger and the spend cap."
     )
 
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from pipelines.cli import app
 from sky import exceptions as sky_exceptions
+from tests.pipelines.sky_node import NodeRedis, start_node_redis, stop_node_redis  # noqa: F401 (tests import them here)
 
 PASSWORD = "launch-pass-Vw2x"  # MIN_PASSWORD_CHARS long
 SECRETS = {"SPOTLIGHT_REDIS_PASSWORD": PASSWORD, "AWS_ACCESS_KEY_ID": "AKIATEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t-key"}
@@ -319,50 +320,6 @@ def fake_sky(monkeypatch: pytest.MonkeyPatch, tmp_path):
 
 def invoke(*args: str):
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})  # one error line, unwrapped
-
-
-@dataclass
-class NodeRedis:
-    """The reserved node's Redis as its run block starts it: TLS with the run's CA, the ACL users, the password."""
-
-    port: int
-    password: str
-    folder: Any
-
-    def url(self, user: str = "") -> str:
-        return f"rediss://{user + '@' if user else ''}127.0.0.1:{self.port}/0"
-
-
-def start_node_redis(cluster: str, folder, password: str, mutual_tls: bool = False) -> NodeRedis:
-    """A redis-server configured by resources.queue.redis_tls, as `cluster`'s node's run block starts it, from the
-    TLS files `spotlight launch` reads for that cluster (made here first, in the state folder); `mutual_tls` as a
-    public queue's node (REDIS_MUTUAL_TLS=yes)."""
-    import socket
-    import subprocess
-
-    from resources.cloud import tls_folder, with_run_tls
-    from resources.queue.redis_tls import run_tls, write_node_files
-    from tests.pipelines.sky_blocks import wait_for
-
-    tls = run_tls(tls_folder(cluster))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    conf = write_node_files(folder, port, with_run_tls({"SPOTLIGHT_REDIS_PASSWORD": password}, tls), mutual_tls)
-    subprocess.run(["redis-server", str(conf)], check=True, timeout=30)  # daemonizes, as on the node
-    wait_for(
-        lambda: (folder / "redis.pid").exists() and socket.socket().connect_ex(("127.0.0.1", port)) == 0,
-        20,
-        "the node's redis-server",
-    )
-    return NodeRedis(port, password, folder)
-
-
-def stop_node_redis(node: NodeRedis) -> None:
-    import os
-    import signal
-
-    os.kill(int((node.folder / "redis.pid").read_text()), signal.SIGTERM)
 
 
 @pytest.fixture

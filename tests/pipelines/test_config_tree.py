@@ -43,7 +43,7 @@ def _options(name: str) -> dict:
 
 # --- declared once -------------------------------------------------------------------------------------------------
 
-SETTINGS_HOMES = {"resources/settings/config.py", "workers/trainer/presets.py"}
+SETTINGS_HOMES = {"resources/settings/config.py", "resources/settings/sections_ops.py", "workers/trainer/presets.py"}
 """Where a setting may be declared or given a value: the tree, and the presets that fill it."""
 SCANNED = ("pipelines", "assets", "resources", "workers/rollout", "workers/coordinator", "workers/sp")
 """The code between the user and the processes: where a knob declared again would drift from the tree."""

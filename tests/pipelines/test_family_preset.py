@@ -81,7 +81,7 @@ def test_a_reward_that_cannot_score_the_prompts_stops_spotlight_run_before_anyth
     (tmp_path / "free.txt").write_text("a cat sleeping on a sofa\n")
     run_dir = tmp_path / "run"
     flags = ["--model", str(folder), "--preset", "cpu_smoke", "--prompts", str(tmp_path / "free.txt")]
-    result = CliRunner().invoke(app, ["run", *flags, "--run-dir", str(run_dir)])
+    result = CliRunner().invoke(app, ["run", *flags, "--run-dir", str(run_dir)], env={"COLUMNS": "400"})  # unwrapped
     out = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2, result.output
     assert "reward 'minigeneval' cannot score the run's prompts" in out and "free.txt, line 1" in out

@@ -49,6 +49,19 @@ def sky_cli_task(line: str, monkeypatch):
     return task, applied, (params["cluster"] if not jobs else params["name"])
 
 
+def _served_by_hand(output: str, monkeypatch) -> dict:
+    """Each printed `sky` line as SkyPilot's CLI builds and its API server serves it: name -> (task, config set by
+    its --config flags); each line's --env-file and --secret-file are this user's only (0600)."""
+    by_hand = {}
+    for line in (line for line in output.splitlines() if line.startswith("sky ")):
+        task, config, name = sky_cli_task(line, monkeypatch)
+        by_hand[name] = (served_task(task), config)
+        for flag in ("--env-file", "--secret-file"):
+            path = shlex.split(line)[shlex.split(line).index(flag) + 1]
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    return by_hand
+
+
 def test_print_env_gives_skypilots_cli_the_tasks_launch_submits_and_no_secret_on_a_command_line(
     fake_sky, reserved_redis, monkeypatch
 ) -> None:
@@ -66,15 +79,8 @@ def test_print_env_gives_skypilots_cli_the_tasks_launch_submits_and_no_secret_on
     assert not fake_sky.submitted  # nothing launched
     for secret in (reserved_redis.password, SECRETS["AWS_SECRET_ACCESS_KEY"], TOKEN, "PRIVATE KEY"):
         assert secret not in printed.output
-    commands = [line for line in printed.output.splitlines() if line.startswith("sky ")]
-    assert len(commands) == 3  # the reserved node, then one managed job per spot worker
-    by_hand = {}
-    for line in commands:
-        task, config, name = sky_cli_task(line, monkeypatch)
-        by_hand[name] = (served_task(task), config)
-        for flag in ("--env-file", "--secret-file"):
-            path = shlex.split(line)[shlex.split(line).index(flag) + 1]
-            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    by_hand = _served_by_hand(printed.output, monkeypatch)
+    assert len(by_hand) == 3  # the reserved node, then one managed job per spot worker
     users = {
         name: urlsplit(hand.envs["SPOTLIGHT_QUEUE"]).username
         for name, (hand, _) in by_hand.items()

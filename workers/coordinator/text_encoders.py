@@ -50,6 +50,8 @@ def encode_run_prompts(ctx: RunContext, policy) -> int | None:
     source = StorePromptSource(ctx.store, ctx.run)
     missing = [p for p in prompts if not source.has(p, spec)]
     frozen.prompt_source = None  # encode here: never echo the store back into it
+    if missing:  # the parts are shared per folder in this process: an earlier run here may have dropped the encoders
+        frozen.text_encoders_dropped = False  # loaded again on first use, dropped again below
     frozen.to(ctx.device)  # the encoders run on the device (and the VAE loads there later)
     for start in range(0, len(missing), ENCODE_CHUNK):
         chunk = missing[start : start + ENCODE_CHUNK]

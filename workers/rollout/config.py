@@ -22,7 +22,8 @@ from typing import Optional, Sequence
 
 from pydantic import ValidationError
 
-from resources.settings.config import ResidentDtype, RunConfig, WorkersSection
+from resources.settings.config import RunConfig, WorkersSection
+from resources.settings.sections import ResidentDtype
 
 KNOBS = WorkersSection()
 """The worker knobs' defaults: the run config tree's, their one home."""
