@@ -156,10 +156,11 @@ from pipelines.bench_cli import bench_app  # noqa: E402
 app.add_typer(bench_app, name="bench")
 
 # `spotlight simulate` / `spotlight plan`: cost at scale on simulated time (pipelines/sim_cli.py imports only typer).
-from pipelines.sim_cli import plan_command, simulate_command  # noqa: E402
+from pipelines.sim_cli import plan_command, simulate_calibrate_command, simulate_command  # noqa: E402
 
 app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
+app.command("simulate-calibrate")(simulate_calibrate_command)
 
 # `spotlight launch` / `status` / `down`: the cloud path on SkyPilot (pipelines/launch_cli.py imports only typer).
 from pipelines.launch_cli import down_command, launch_command, status_command  # noqa: E402

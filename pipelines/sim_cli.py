@@ -103,6 +103,7 @@ def simulate_command(
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    from workers.sim.calibration import calibration_line, load_calibration
     from workers.sim.report import PAPER_CLAIMS, plot, sweep
     from workers.sim.report import table as md_table
     from workers.sim.summary import against_paper, summary_markdown
@@ -133,6 +134,7 @@ def simulate_command(
                     "iterations": iterations,
                     "run_wall_s": [round(r["sim_wall_s"], 2) for r in rows],
                     "against_paper": against_paper(rows),
+                    "calibration": load_calibration(),
                 },
                 sort_keys=True,
                 default=str,
@@ -141,6 +143,7 @@ def simulate_command(
         return
     typer.echo(md_table(rows) if len(seed_list) == 1 else summary)
     typer.echo(f"\nmarket: {mk.name}; curve: {lc.source}\n{PAPER_CLAIMS}\n{len(rows)} runs in {elapsed:.1f} s")
+    typer.echo(f"\n{calibration_line(load_calibration())}")
 
 
 def plan_command(
@@ -193,3 +196,31 @@ def plan_command(
             f"cheapest: {best['policy']} on {best['spot_gpus']} spot GPUs: target {target} in "
             f"{best['hours_to_target']:.2f} h for ${best['usd_to_target']:.1f} (run total ${best['usd_total']:.1f})"
         )
+
+
+def simulate_calibrate_command(
+    ledger: Path = typer.Option(..., help="A real `spotlight run`'s ledger.duckdb (make demo writes runs/demo)."),
+    note: Optional[str] = typer.Option(None, help="How the real run was made (its command, the machine's load)."),
+    out: Optional[Path] = typer.Option(None, help="Where to write the record (default: the one simulate prints)."),
+) -> None:
+    """Replay a real run in the simulator and record the agreement that `spotlight simulate` prints."""
+    if not ledger.is_file():
+        raise typer.BadParameter(f"--ledger {ledger}: no such file (a run folder's ledger.duckdb)")
+    from workers.sim.calibration import calibrate, calibration_line, write_calibration
+
+    try:
+        record = calibrate(ledger, {"note": note, "commit": _commit()})
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    path = write_calibration(record, out)
+    typer.echo(f"{calibration_line(record)}\nwritten to {path}")
+
+
+def _commit() -> Optional[str]:
+    """The checkout's short commit (None outside a git checkout)."""
+    import subprocess
+
+    here = Path(__file__).parent
+    cmd = ["git", "rev-parse", "--short", "HEAD"]
+    done = subprocess.run(cmd, cwd=here, capture_output=True, text=True, check=False)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None

@@ -122,6 +122,7 @@ def seed_plan_phase(ctx: RunContext, k: int) -> PhaseResult:
             "train_s": train_s,
             "overhead_s": record.overhead_s,
             "explored_prompts": finished.num_done,
+            "planned_requests_missing": finished.num_missing,
             "cancelled_requests": finished.num_cancelled,
             "explored_reward_variance": record.reward_variance,
         },

@@ -16,8 +16,9 @@ Iteration k, in the order the pipeline runs them:
 
 With `ExploreConfig.budget_samples` the stop is a request budget instead of the wall clock: step 2
 plans the arm and the requests that fit the budget in samples and records them in the session;
-step 3 waits for exactly those (at most `budget_wait_s`), so the plan is a function of the run's
-seed, not of how fast the workers were (the wait, if any, is the call's `overhead_s`).
+step 3 waits for exactly those, however slow the workers are while they make progress (it gives up only after
+`budget_wait_s` without one finishing), so the plan is a function of the run's seed, not of how fast the workers
+were (the wait, if any, is the call's `overhead_s`).
 
 The state (bandit, budget history, baseline, fallback flag) lives at `bandit_state_key`,
 each session at `exploration_key(run, k)`, each result at `explore_result_key`.
@@ -87,6 +88,9 @@ class Finished:
     """Prompt index -> (candidate seeds, explored rewards) of the finished requests."""
     finished_at: dict[int, float] = field(default_factory=dict)
     worker_ids: dict[int, str] = field(default_factory=dict)
+    num_missing: int = 0
+    """On a budget in requests: planned requests without a result when the plan was made (0 unless no worker
+    finished one for `budget_wait_s`; the plan then depends on timing, and the seed plan phase says so)."""
 
 
 def start_exploration(
@@ -137,11 +141,18 @@ def _new_session(
     return session
 
 
-def _wait_for_planned(queue, session: Session, wait_s: float) -> None:
-    """A budget in requests: wait until every planned request has a result (at most `wait_s`)."""
-    deadline = time.monotonic() + wait_s
-    while len(queue.results(session.request_ids)) < len(session.request_ids) and time.monotonic() < deadline:
+def _wait_for_planned(queue, session: Session, stall_s: float) -> int:
+    """A budget in requests: wait until every planned request has a result, however long the workers take while
+    they make progress; give up only after `stall_s` without any planned request finishing (no worker is serving
+    the queue). Returns how many planned requests have no result."""
+    planned = len(session.request_ids)
+    done, last_progress = len(queue.results(session.request_ids)), time.monotonic()
+    while done < planned and time.monotonic() - last_progress < stall_s:
         time.sleep(0.05)
+        now_done = len(queue.results(session.request_ids))
+        if now_done > done:
+            done, last_progress = now_done, time.monotonic()
+    return planned - done
 
 
 def finish_exploration(
@@ -160,8 +171,9 @@ def finish_exploration(
     if train_s is not None:
         state.record_train_s(iteration, train_s)
     in_samples = explore_config.budget_samples is not None
+    missing = 0
     if in_samples and session.request_ids:
-        _wait_for_planned(queue, session, explore_config.budget_wait_s)
+        missing = _wait_for_planned(queue, session, explore_config.budget_wait_s)
     cancelled = queue.cancel_iteration(iteration, kind="explore") if session.request_ids else 0
     done = queue.results(session.request_ids) if session.request_ids else {}
     results, finished_at, worker_ids, compute_s = {}, {}, {}, 0.0
@@ -192,6 +204,7 @@ def finish_exploration(
         results,
         finished_at,
         worker_ids,
+        missing,
     )
 
 

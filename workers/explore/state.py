@@ -70,8 +70,9 @@ class ExploreConfig:
     `UCBBandit.work_units`), records the plan, and the seed plan waits for exactly those requests, so a run seed
     gives the same seed plans whatever the load (what waiting costs shows as the plan's `overhead_s`)."""
     budget_wait_s: float = 600.0
-    """With `budget_samples`: the longest the seed plan waits for the planned requests (then it plans from what
-    finished, and its reason says how many did not)."""
+    """With `budget_samples`: the longest the seed plan waits without any planned request finishing (workers that
+    make progress are waited for however slow they are; after a stall this long it plans from what finished, and
+    the seed plan phase reports how many planned requests were missing)."""
     bandit: BanditConfig = field(default_factory=BanditConfig)
 
     def __post_init__(self) -> None:

@@ -89,3 +89,39 @@ def test_a_budget_below_every_arm_enqueues_nothing_and_keeps_random_seeds(tmp_st
 def test_a_budget_that_is_not_positive_is_refused_with_the_field_named(change: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(change))):
         ExploreConfig(**change)
+
+
+class _SlowQueue:
+    """The queue as the seed plan's wait sees it: planned request i has a result `every_s` x (i + 1) after start."""
+
+    def __init__(self, ids: list[str], every_s: float) -> None:
+        self.ids, self.every_s, self.start = ids, every_s, time.monotonic()
+
+    def results(self, ids: list[str]) -> dict[str, str]:
+        done = int((time.monotonic() - self.start) / self.every_s)
+        return {rid: "key" for rid in self.ids[:done] if rid in ids}
+
+
+def test_the_wait_follows_workers_that_make_progress_however_long_they_take_in_all() -> None:
+    from workers.explore.session import Session, _wait_for_planned
+
+    session = Session(0, "m8-half_steps", 8.0, None, None, "", request_ids=["a", "b", "c"], prompt_indices=[0, 1, 2])
+    started = time.monotonic()
+    assert _wait_for_planned(_SlowQueue(session.request_ids, every_s=0.4), session, stall_s=0.7) == 0
+    assert time.monotonic() - started > 0.7 * 1.5  # longer in all than the stall limit: progress kept it waiting
+    assert _wait_for_planned(_SlowQueue(session.request_ids, every_s=60.0), session, stall_s=0.3) == 3
+
+
+def test_with_no_worker_serving_the_plan_stops_waiting_after_the_stall_and_counts_what_is_missing(
+    tmp_store, tmp_path
+) -> None:
+    from workers.model.tiny_policy import SHIPPED_BASE, load_policy
+    from workers.rollout.weights import publish_policy
+
+    explore = ExploreConfig(**ARMS, budget_samples=8.0, budget_wait_s=0.3)
+    publish_policy(tmp_store, "nobody", load_policy(SHIPPED_BASE))
+    with open_queue(tmp_path / "nobody.db") as queue:
+        start_exploration(tmp_store, queue, "nobody", CONFIG, 0, explore)
+        finished = finish_exploration(tmp_store, queue, "nobody", CONFIG, 0, explore, train_s=0.1)
+    assert finished.num_missing == CONFIG.prompts_per_iteration and finished.num_done == 0
+    assert finished.plan.planner == "random:nothing-explored-in-time"

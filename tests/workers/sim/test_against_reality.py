@@ -110,3 +110,32 @@ def rollout_error(detail: list) -> float:
     """Mean relative error of the simulated rollout phase's seconds, over the iterations that rolled out."""
     pairs = [(r["rollout_s"], s["rollout_s"]) for r, s in detail if r["rollout_s"] > 0]
     return sum(abs(sim - real) / real for real, sim in pairs) / max(len(pairs), 1)
+
+
+def test_simulate_calibrate_records_the_agreement_that_simulate_prints(real_run, tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+    from workers.sim import calibration
+
+    record_path = tmp_path / "calibration.json"
+    done = CliRunner().invoke(
+        app, ["simulate-calibrate", "--ledger", str(real_run), "--note", "the test's run", "--out", str(record_path)]
+    )
+    assert done.exit_code == 0, done.output
+    record = json.loads(record_path.read_text())
+    errors, detail = replayed(real_run, tmp_path / "again")
+    assert record["errors"]["wall_s"] == pytest.approx(errors["wall_s"], abs=1e-3)
+    assert record["real"]["preemptions"] == sum(r["preemptions"] for r, _ in detail) >= 1
+    assert record["step_time_2x_errors"]["rollout_s"] > record["errors"]["rollout_s"]  # it can see a wrong step time
+    assert record["source"]["run"]["preset"] == "cpu_tiny" and record["source"]["note"] == "the test's run"
+    # `spotlight simulate` prints that record, without simulating the real run again.
+    monkeypatch.setattr(calibration, "CALIBRATION_FILE", record_path)
+    args = ["simulate", "--spot-gpus", "2", "--policies", "spotlight", "--iterations", "2", "--market", "none"]
+    printed = " ".join(CliRunner().invoke(app, args).output.split())
+    assert "calibration: replaying a real local run (the test's run: 2 iterations, 2 workers" in printed
+    assert f"preemptions {record['real']['preemptions']:g} real, {record['simulated']['preemptions']:g} simulated" in (
+        printed
+    )

@@ -226,3 +226,32 @@ def test_a_pre_filter_samples_w_seeds_per_explored_prompt_on_the_critical_path(t
 def test_keep_factor_below_one_is_refused():
     with pytest.raises(ValueError, match="keep_factor must be >= 1"):
         small("spotlight", keep_factor=0.5)
+
+
+def test_simulate_prints_its_recorded_calibration_or_how_to_record_one(tmp_path, monkeypatch):
+    """The shipped record is read (no real run is replayed at simulate time); without one the line says how."""
+    import json
+
+    from pipelines.cli import app
+    from workers.sim import calibration
+
+    args = ["simulate", "--spot-gpus", "2", "--policies", "spotlight", "--iterations", "2", "--market", "none"]
+    shipped = calibration.load_calibration()
+    assert shipped is not None, "workers/sim/calibration.json is missing: spotlight simulate-calibrate writes it"
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.output.split())
+    wall = f"wall {100 * shipped['errors']['wall_s']:.1f} %"
+    assert "calibration: replaying a real local run" in text and wall in text and shipped["machine"] in text
+    summary = json.loads(CliRunner().invoke(app, [*args, "--json"]).output.splitlines()[-1])
+    assert summary["calibration"]["errors"] == shipped["errors"]
+    monkeypatch.setattr(calibration, "CALIBRATION_FILE", tmp_path / "none.json")
+    text = " ".join(CliRunner().invoke(app, args).output.split())
+    assert "calibration: none recorded" in text and "spotlight simulate-calibrate --ledger" in text
+
+
+def test_simulate_calibrate_refuses_a_ledger_that_is_not_there(tmp_path):
+    from pipelines.cli import app
+
+    done = CliRunner().invoke(app, ["simulate-calibrate", "--ledger", str(tmp_path / "nope.duckdb")])
+    assert done.exit_code != 0 and "no such file" in " ".join(done.output.split())
