@@ -35,7 +35,7 @@ lint: setup
 # (tests/conftest.py's scheduler).
 XDIST := -n 2
 
-# What CI runs: every behaviour a user would notice, in under 25 minutes on 2 idle cores.
+# What CI runs: every behaviour a user would notice (docs/BENCHMARKS.md, "The test suite": its time and what is nightly).
 test: setup
 	$(BIN)/python -m pytest $(XDIST) -m "not nightly" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-kernels

@@ -26,7 +26,7 @@ from tests.pipelines.sky_blocks import ArgvWatch, Block, start_block, task_env, 
 from tests.pipelines.stand_in_uv import install_stand_in_uv, setup_env, setup_report
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.nightly,  # the whole node and two spot blocks, 2.5-6 min: make test-all (CI: the print-env test)
     pytest.mark.timeout(600),
     pytest.mark.skipif(
         shutil.which("redis-server") is None,

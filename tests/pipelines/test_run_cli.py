@@ -170,6 +170,7 @@ def _content(run_dir: Path, queries: dict[str, str]) -> dict:
     return {name: query_ledger(run_dir / "ledger.duckdb", sql).rows for name, sql in queries.items()}
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_ledger_of_an_uninterrupted_run(tmp_path, tiny_policy):
     """In-process rollouts, and exploration in process on a budget in samples, make a run deterministic: the resumed

@@ -88,6 +88,7 @@ def _final_state(run_dir: Path) -> tuple[dict, dict]:
     return policy.weights(), optimizer.whole_tensors()  # sharded by the ranks: read back whole
 
 
+@pytest.mark.nightly
 @pytest.mark.slow  # a cpu_smoke pipeline run in two processes, killed and resumed (~2 min on 2 idle cores)
 @pytest.mark.timeout(900)
 def test_a_killed_two_rank_run_resumes_on_its_ranks_and_trains_what_one_process_trains(tmp_path, smoke_run):

@@ -23,7 +23,7 @@ import pytest
 
 from resources.ledger.db import query_ledger
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.nightly  # two whole runs, about 3 min: make test-all (CI: test_request_budget.py)
 
 AFTER_S = 1.0
 """Seconds the slowed run's workers stay stopped after the update they wait out has published its weights."""

@@ -68,6 +68,7 @@ def _ledger_rows(run) -> tuple[list, tuple, list]:
     return syncs, sampled, pool
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_run_with_merged_sync_publishes_a_chain_a_fresh_worker_replays(tmp_path):
     from resources.store import open_store

@@ -344,6 +344,7 @@ def test_a_real_file_size_limit_is_reported_and_leaves_nothing_partial(tmp_path)
 # --- a whole run through the faulty proxy -------------------------------------------------------
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_a_run_on_s3_completes_through_random_faults_and_commits_only_whole_objects(s3_server, proxy, tmp_path) -> None:
     import os

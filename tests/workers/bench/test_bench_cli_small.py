@@ -150,6 +150,7 @@ def test_bench_loco_quick_syncs_a_sparse_share_of_the_bytes_and_keeps_replicas_i
     assert all(len(m["eval_curve"]) == run["rounds"] + 1 for m in (ddp, diloco, pulse))
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_bench_elastic_one_repeat_regroups_faster_than_restarting_and_its_parts_add_up():
     (figures,) = _bench("elastic", "--repeats", "1")

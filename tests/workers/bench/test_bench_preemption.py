@@ -23,6 +23,7 @@ def test_state_commitment_cuts_the_work_a_preemption_loses_and_resumes_bit_ident
     assert "pull" not in format_preemption_report(figures)
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_pulling_beats_static_assignment_when_one_worker_is_slow() -> None:
     # The slow worker sleeps 0.1 s a step (1.6 s over its 4 static requests): a gap that CPU contention from other

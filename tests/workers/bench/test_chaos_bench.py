@@ -13,6 +13,7 @@ from workers.bench.chaos import ChaosBench
 
 
 # 60-90 s on 2 shared cores: two worker start-ups, a third after a preemption, and the fault-free reference
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_the_quick_chaos_soak_reports_preemptions_and_no_lost_duplicated_or_mismatched_result() -> None:
     result = CliRunner().invoke(bench_app, ["chaos", "--quick", "--json"])

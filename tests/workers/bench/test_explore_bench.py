@@ -32,6 +32,7 @@ def _quick(tmp_path, *extra: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_quick_learning_bench_compares_the_strategies_on_equal_terms(tmp_path) -> None:
     figures = _quick(

@@ -9,6 +9,7 @@ from pipelines.cli import app
 from workers.model.families.tiny import build_tiny_pipeline
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_bench_memory_reports_each_iterations_peak_from_a_fresh_process(tmp_path):
     model = build_tiny_pipeline("qwen-image", tmp_path / "qwen")

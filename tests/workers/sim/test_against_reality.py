@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.nightly  # a real preempted run first, about 2 min: make test-all
 
 
 @pytest.fixture(scope="module")

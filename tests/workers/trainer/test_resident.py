@@ -98,6 +98,7 @@ def test_a_resident_checkpoint_takes_each_versions_weights_in_place(tmp_path, lo
     assert all(torch.equal(v, load_checkpoint(store, "r", 0)[0].weights()[k]) for k, v in again.weights().items())
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_spotlight_run_walks_three_iterations_of_dagster_assets_on_one_build(tmp_path, loads):
     """The Dagster walk runs every asset's step in the command's process: its phases share the resident policy

@@ -130,6 +130,7 @@ def iteration(tmp_path_factory, request):
     return work, requests, [json.loads((work / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)], lora_rank
 
 
+@pytest.mark.nightly
 @pytest.mark.slow  # two spawned ranks importing torch and diffusers, one iteration each way (~1-2 min here)
 def test_each_rank_samples_its_half_of_the_requests(iteration):
     from resources.store import open_store
