@@ -40,8 +40,10 @@ class Trickle:
     started: float = field(default_factory=time.monotonic)
 
     def run(self, give_up_s: float = 15.0) -> None:
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        # Stamped before connecting: the server's clock starts at accept, which can come before a stamp taken after
+        # connect returns (a descheduled client thread read 0.999 s for a 1 s cut in CI).
         self.started = time.monotonic()
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
         try:
             sock.sendall(self.head)
             sock.settimeout(self.every_s)
