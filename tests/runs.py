@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.golden import GOLDEN_ARGS
 from tests.paths import REPO_ROOT
 
 SPOTLIGHT = Path(sys.executable).parent / "spotlight"
@@ -78,11 +79,11 @@ def spotlight(cwd: Path, *args: str, timeout_s: float = 240, check: bool = True)
     return done
 
 
-SMOKE_TRAIN_ARGS = ("train", "--preset", "cpu_smoke", "--seed", "0", "--json", "--out", "rel/train")
+SMOKE_TRAIN_ARGS = (*GOLDEN_ARGS["train"], "--out", "rel/train")
 """The golden `spotlight train`: two tiny GRPO iterations (tests/golden.py)."""
-SMOKE_NFT_TRAIN_ARGS = ("train", "--preset", "cpu_smoke_nft", "--seed", "0", "--json", "--out", "rel/train_nft")
+SMOKE_NFT_TRAIN_ARGS = (*GOLDEN_ARGS["train_nft"], "--out", "rel/train_nft")
 """The golden of the default objective, NFT, at cpu_smoke's size."""
-SMOKE_RUN_ARGS = ("run", "--preset", "cpu_smoke", "--rollouts", "inprocess", "--run-dir", "rel/run")
+SMOKE_RUN_ARGS = (*GOLDEN_ARGS["run"], "--run-dir", "rel/run")
 """The golden `spotlight run`: the same two iterations through the Dagster walk (a run named "run")."""
 SMOKE_CLUSTER_ARGS = (
     "run",

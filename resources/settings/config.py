@@ -271,6 +271,12 @@ class ValidationSection(Section):
 
     validate_every: int = Field(5, ge=1, description="Score the held-out split every this many iterations.")
     validation_seeds: int = Field(2, ge=1, description="Fixed seeds per held-out prompt.")
+    validation_max_prompts: Optional[int] = Field(
+        None,
+        ge=1,
+        description="Score only this many held-out prompts, spread evenly over the held-out list (unset: all); a "
+        "quick check's setting, since a score over fewer prompts is noisier.",
+    )
     validation_steps: Optional[int] = Field(
         None,
         ge=1,

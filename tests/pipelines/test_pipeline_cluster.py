@@ -53,6 +53,10 @@ def test_default_run_shows_preemptions_and_spot_cost_in_summary_and_report(smoke
         (0, True, True),
         (1, True, True),
     ]
+    # cpu_smoke's validation_max_prompts reached the run: 16 held-out prompts, every category's share of them.
+    assert rows("SELECT iteration, num_prompts FROM validation ORDER BY 1") == [(0, 16), (1, 16)]
+    categories = "SELECT criterion FROM validation_scores WHERE iteration = 0 AND criterion LIKE 'category.%'"
+    assert len(rows(categories)) == 4
     assert "preempt." in smoke_cluster_run.stdout and "$ spot" in smoke_cluster_run.stdout  # the summary table
     page = (run / "report" / "index.html").read_text()
     assert 'src="preemptions.png"' in page and 'src="cost.png"' in page

@@ -45,7 +45,12 @@ class RunSettings:
         check_reward_reads_prompts(train.reward, train.prompts)
         v, g = config.validation, config.guard
         validation = validation_from_options(
-            v.validation_reward, v.validation_prompts, train.reward, config.model.model is not None, train.prompts
+            v.validation_reward,
+            v.validation_prompts,
+            train.reward,
+            config.model.model is not None,
+            train.prompts,
+            max_prompts=v.validation_max_prompts,
         )
         hacking = hacking_from_options(
             g.on_hacking,

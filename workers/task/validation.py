@@ -123,17 +123,31 @@ def validation_from_options(
     train_reward: str,
     model: bool,
     train_prompts: "PromptSource | None" = None,
+    max_prompts: int | None = None,
 ) -> ValidationConfig:
     """The ValidationConfig of `--validation-reward` / `--validation-prompts` (the file read now), checked against
     the run's reward and policy (the defaults too); ValueError saying what to change, before any compute. Without
     --validation-prompts, a training prompts file with a held-out share (`train_prompts`) gives the held-out
-    prompts."""
+    prompts. `max_prompts` keeps that many of them, spread evenly (`spread_evenly`)."""
     prompts, fields = None if prompts_file is None else read_prompts_file(prompts_file), None
     if prompts is None and train_prompts is not None and train_prompts.heldout_fraction > 0:
         prompts, fields = train_prompts.table().heldout, train_prompts
+    if max_prompts is not None:
+        prompts = spread_evenly(tuple(prompts if prompts is not None else split_prompts()["heldout"]), max_prompts)
     config = ValidationConfig(reward=reward, prompts=prompts, fields=fields)
     resolve_validation(config, train_reward, model)
     return config
+
+
+def spread_evenly(prompts: tuple[str, ...], count: int) -> tuple[str, ...]:
+    """`count` of `prompts` at even spacing, in their order (all of them when there are no more than `count`): a
+    list grouped by category, as MiniGenEval's held-out split is (16 prompts each of 4), keeps every category in
+    its share."""
+    if count < 1:
+        raise ValueError(f"validation_max_prompts must be >= 1, got {count}")
+    if len(prompts) <= count:
+        return prompts
+    return tuple(prompts[i * len(prompts) // count] for i in range(count))
 
 
 def check_validation_reward(spec: str, given: bool = True) -> None:

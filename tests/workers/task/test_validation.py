@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,21 @@ def test_the_pixel_policy_keeps_minigenevals_detector_and_a_model_run_validates_
     assert (model.reward, model.detector, model.prompts) == ("jpeg_compressibility", False, pixel.prompts)
     named = resolve_validation(ValidationConfig(reward="minigeneval"), "jpeg_compressibility", model=True)
     assert (named.reward, named.detector) == ("minigeneval", False)
+
+
+def test_max_prompts_keeps_that_many_held_out_prompts_spread_over_every_category(tmp_path):
+    heldout = tuple(split_prompts()["heldout"])
+    kept = validation_from_options(None, None, "minigeneval", model=False, max_prompts=16).prompts
+    assert kept is not None and len(kept) == 16 and set(kept) < set(heldout)
+    assert list(kept) == sorted(kept, key=heldout.index)  # in the held-out order
+    by_category = Counter(parse_prompt(p).category for p in kept)
+    assert by_category == {c: 4 for c in {parse_prompt(p).category for p in heldout}}  # 4 of each 16
+    path = tmp_path / "heldout.txt"
+    path.write_text("a photo of a corgi\nan oil painting of a harbour\n")
+    few = validation_from_options("jpeg_compressibility", path, "minigeneval", model=True, max_prompts=16)
+    assert few.prompts == read_prompts_file(path)  # fewer than asked: all of them
+    with pytest.raises(ValueError, match="validation_max_prompts must be >= 1"):
+        validation_from_options(None, None, "minigeneval", model=False, max_prompts=0)
 
 
 def test_a_prompts_file_holds_one_prompt_a_line_with_comments_and_blank_lines(tmp_path):
