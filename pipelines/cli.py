@@ -53,6 +53,12 @@ def pretrain(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a policy already in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print the final validation as JSON."),
     task: str = typer.Option("minigeneval", help="What to render: minigeneval scenes or miniocr strings."),
+    save_every: int = typer.Option(
+        0,
+        min=0,
+        help="Also save the policy to --out every this many steps (0: only at the end), so a stopped pretraining "
+        "leaves a base to use or to continue with --init.",
+    ),
 ) -> None:
     """Pretrain the tiny DiT by flow matching on rendered MiniGenEval scenes or MiniOCR strings (a base model)."""
     from workers.model.pretrain import PretrainConfig
@@ -74,10 +80,33 @@ def pretrain(
             "`spotlight pretrain` or `spotlight train --out`"
         )
     policy = build_policy(PolicyConfig(task=task), seed=seed) if init is None else with_task(load_policy(init), task)
+
+    def save(step: int) -> None:
+        """Written in a folder beside --out, then renamed into it part by part (policy.json last): a pretraining
+        stopped while writing leaves the previous save untouched; only the three renames are not one step."""
+        import shutil
+
+        saving, old = out.with_name(out.name + ".saving"), out.with_name(out.name + ".old")
+        shutil.rmtree(saving, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        save_policy(policy, saving)
+        out.mkdir(parents=True, exist_ok=True)
+        if (out / "transformer").exists():
+            (out / "transformer").rename(old)
+        (saving / "transformer").rename(out / "transformer")
+        for name in ("text_encoder.safetensors", "policy.json"):
+            (saving / name).replace(out / name)
+        shutil.rmtree(saving, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        typer.echo(f"step {step}/{steps}: saved {out}", err=True)
+
+    every = max(1, steps // 50)  # where no progress bar shows (a log file), a line every 2 % of the steps
     with Progress(transient=not as_json) as progress:
         bar = progress.add_task("pretraining", total=steps)
-        for step, loss in run_pretrain(policy, config):
+        for step, loss in run_pretrain(policy, config, save, save_every):
             progress.update(bar, completed=step, description=f"pretraining  loss {loss:.4f}")
+            if not progress.console.is_terminal and (step % every == 0 or step == steps):
+                typer.echo(f"step {step}/{steps}  loss {loss:.4f}", err=True)
     save_policy(policy, out)
     result = evaluate_base(policy, task)
     record = {

@@ -37,11 +37,15 @@ def pretrained(tmp_path_factory):
                 "--seed",
                 str(SEED),
                 "--json",
+                "--save-every",  # saves at step 1: the replay below shows saving leaves the training unchanged
+                "1",
             ],
         )
     finally:
         torch.set_num_threads(threads)
     assert done.exit_code == 0, done.output
+    assert f"step 1/{STEPS}: saved {out}" in done.stderr and f"step {STEPS}/{STEPS}  loss" in done.stderr
+    assert not out.with_name("base.saving").exists() and not out.with_name("base.old").exists()
     return out, json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -113,3 +117,39 @@ def test_train_from_the_pretrain_output_starts_from_its_weights(pretrained, tmp_
     (synced,) = query_ledger(run / "ledger.duckdb", "SELECT weights_hash FROM syncs WHERE version = 0").rows[0]
     assert synced == weights_hash(published_form(load_policy(out))[1])
     assert synced != weights_hash(published_form(load_policy())[1])  # not the shipped base it was pretrained from
+
+
+def test_save_every_leaves_a_usable_base_mid_way_and_does_not_change_the_training(tmp_path):
+    """`--save-every` (the command's, in the fixture above): a stopped pretraining leaves a base. The mid-way saves
+    hold the EMA weights of their step, and saving does not perturb the run: it ends bit for bit where a run
+    without saves ends."""
+    from workers.model.pretrain import PretrainConfig, pretrain
+    from workers.model.tiny_policy import SHIPPED_BASE, load_policy, save_policy
+
+    config = PretrainConfig(steps=3, batch_size=2, seed=1)
+    saved: dict[int, dict] = {}
+
+    def save(step: int) -> None:
+        save_policy(policy, tmp_path / f"at{step}")
+        saved[step] = {k: v.clone() for k, v in policy.state_dict().items()}
+
+    policy = load_policy(SHIPPED_BASE)
+    losses = [loss for _, loss in pretrain(policy, config, save, save_every=1)]
+    plain = load_policy(SHIPPED_BASE)
+    assert [loss for _, loss in pretrain(plain, config)] == losses
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in policy.state_dict().items())
+    assert sorted(saved) == [1, 2]  # the end is saved by the caller, as before
+    base = load_policy(SHIPPED_BASE).state_dict()
+    for step, state in saved.items():
+        loaded = load_policy(tmp_path / f"at{step}").state_dict()
+        assert all(torch.equal(loaded[k], state[k]) for k in state)
+        assert any(not torch.equal(state[k], base[k]) for k in state)  # the EMA has moved off the base
+    # What step 1 saved is the EMA (0.995) of the base and step 1's training weights, not the training weights.
+    stepped = load_policy(SHIPPED_BASE)
+    next(pretrain(stepped, config))
+    trained = stepped.state_dict()
+    assert any(not torch.equal(saved[1][k], trained[k]) for k in trained)
+    for k, w in trained.items():
+        torch.testing.assert_close(saved[1][k], torch.lerp(base[k], w, 1 - config.ema_decay), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="save_every"):
+        next(pretrain(load_policy(SHIPPED_BASE), config, None, save_every=2))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -117,8 +117,14 @@ def lr_factor(step: int, config: PretrainConfig) -> float:
     return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def pretrain(policy, config: PretrainConfig) -> Iterator[tuple[int, float]]:
-    """Train in place (ending with the EMA weights); yields (step, loss) after every optimizer step."""
+def pretrain(
+    policy, config: PretrainConfig, save: Callable[[int], None] | None = None, save_every: int = 0
+) -> Iterator[tuple[int, float]]:
+    """Train in place (ending with the EMA weights); yields (step, loss) after every optimizer step. With
+    `save_every`, `save(step)` is called every that many steps while the policy holds what pretraining would end
+    with if it stopped there (its EMA weights, in eval mode); the training weights come back after it."""
+    if save_every < 0 or (save_every and save is None):
+        raise ValueError(f"save_every must be >= 0 and needs a save callback, got {save_every}")
     if policy.config.task != config.task:
         raise ValueError(f"the policy reads {policy.config.task} prompts; pretraining task is {config.task}")
     stream_type = TextStream if config.task == "miniocr" else SceneStream
@@ -139,12 +145,30 @@ def pretrain(policy, config: PretrainConfig) -> Iterator[tuple[int, float]]:
         sched.step()
         if ema is not None:
             torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - config.ema_decay)
+        if save is not None and save_every and step % save_every == 0 and step < config.steps:
+            _save_with_ema(policy, params, ema, save, step)
         yield step, loss.item()
     if ema is not None:
         with torch.no_grad():
             for p, e in zip(params, ema, strict=False):
                 p.copy_(e)
     policy.eval()
+
+
+def _save_with_ema(policy, params: list, ema: list | None, save: Callable[[int], None], step: int) -> None:
+    """`save(step)` with the EMA weights in `params` (the training weights without an EMA) and the policy in eval mode;
+    then the training weights and mode back, so the loop goes on as if nothing happened."""
+    with torch.no_grad():
+        training = [p.detach().clone() for p in params]
+        if ema is not None:
+            torch._foreach_copy_(params, ema)
+    policy.eval()
+    try:
+        save(step)
+    finally:
+        with torch.no_grad():
+            torch._foreach_copy_(params, training)
+        policy.train()
 
 
 def evaluate_base(policy, task: str):
