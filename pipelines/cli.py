@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from workers.model.tiny_policy import Policy
 
 app = typer.Typer(
     help="spotlight: GRPO post-training of flow-matching DiTs on spot GPUs.",
@@ -36,6 +39,27 @@ def refuse_to_overwrite(out: Optional[Path], marker: str, overwrite: bool) -> No
 from pipelines.train_cli import train_command  # noqa: E402
 
 app.command("train")(train_command)
+
+
+def save_in_place(policy: Policy, out: Path) -> None:
+    """Write `policy` to `out` through a folder beside it, renamed in part by part (policy.json last): a
+    pretraining stopped while writing leaves the previous save untouched; only the three renames are not one step."""
+    import shutil
+
+    from workers.model.tiny_policy import save_policy
+
+    saving, old = out.with_name(out.name + ".saving"), out.with_name(out.name + ".old")
+    shutil.rmtree(saving, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    save_policy(policy, saving)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "transformer").exists():
+        (out / "transformer").rename(old)
+    (saving / "transformer").rename(out / "transformer")
+    for name in ("text_encoder.safetensors", "policy.json"):
+        (saving / name).replace(out / name)
+    shutil.rmtree(saving, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @app.command()
@@ -82,22 +106,7 @@ def pretrain(
     policy = build_policy(PolicyConfig(task=task), seed=seed) if init is None else with_task(load_policy(init), task)
 
     def save(step: int) -> None:
-        """Written in a folder beside --out, then renamed into it part by part (policy.json last): a pretraining
-        stopped while writing leaves the previous save untouched; only the three renames are not one step."""
-        import shutil
-
-        saving, old = out.with_name(out.name + ".saving"), out.with_name(out.name + ".old")
-        shutil.rmtree(saving, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-        save_policy(policy, saving)
-        out.mkdir(parents=True, exist_ok=True)
-        if (out / "transformer").exists():
-            (out / "transformer").rename(old)
-        (saving / "transformer").rename(out / "transformer")
-        for name in ("text_encoder.safetensors", "policy.json"):
-            (saving / name).replace(out / name)
-        shutil.rmtree(saving, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        save_in_place(policy, out)
         typer.echo(f"step {step}/{steps}: saved {out}", err=True)
 
     every = max(1, steps // 50)  # where no progress bar shows (a log file), a line every 2 % of the steps

@@ -208,7 +208,8 @@ def check_budget(ledger, max_usd: Optional[float], iteration: int) -> None:
     """BudgetReachedError once the run's spend (the ledger's run_cost) reached `max_usd` (None: no cap)."""
     from resources.run_status import ledger_status, over_budget
 
-    status = ledger_status(ledger.query)
+    with ledger.held():
+        status = ledger_status(ledger.query)
     if over_budget(status, max_usd):
         when = f"after iteration {iteration}" if iteration >= 0 else "before its next iteration"
         raise BudgetReachedError(

@@ -65,7 +65,7 @@ def connect(path: Path, *, read_only: bool, timeout_s: float) -> duckdb.DuckDBPy
                 holder = message.split("Conflicting lock is held in", 1)[-1].split(". See", 1)[0].strip()
                 raise LedgerLockedError(
                     f"ledger {path} stayed locked for {timeout_s:g} s by another process ({holder}). "
-                    "spotlight writers hold it only for single writes, so a process is keeping it open "
+                    "spotlight writers hold it for a write or a report's few seconds, so a process is keeping it open "
                     "(a DuckDB shell or notebook?). Close that connection, or copy the file and query the copy."
                 ) from err
             time.sleep(delay * random.uniform(0.5, 1.5))

@@ -47,6 +47,7 @@ class LedgerFile:
         self._buffer = RowBuffer()
         self._open_phases: set[tuple[int, str]] = set()
         self._batches = 0
+        self._held: duckdb.DuckDBPyConnection | None = None  # the connection of a `held()` block
         self._lock = threading.RLock()  # the buffer and the file, should a thread record too
         if str(path) == ":memory:":
             self.path = None
@@ -67,7 +68,7 @@ class LedgerFile:
         return cls(":memory:", prices=prices)
 
     def close(self) -> None:
-        """Write the buffered rows, then release the in-memory database (a file is never held open)."""
+        """Write the buffered rows, then release the in-memory database (a file is held open only in `held()`)."""
         self.flush()
         if self._memory is not None:
             self._memory.close()
@@ -104,6 +105,25 @@ class LedgerFile:
         self.close()
 
     @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """One connection for every read and write inside the block (a report's few dozen queries), where each
+        would otherwise open the file anew: opening it costs about 25 ms of CPU (DuckDB builds its catalog),
+        which short runs paid hundreds of times. Other processes wait for the file until the block ends, so a
+        block holds no sampling or training, only ledger work and what it draws. Nested blocks share the outer
+        one's connection; other threads of this process use it too, one at a time."""
+        with self._lock:
+            if self.path is None or self._held is not None:
+                yield
+                return
+            self._held = connect(self.path, read_only=False, timeout_s=self.lock_timeout_s)
+        try:
+            yield
+        finally:
+            with self._lock:
+                con, self._held = self._held, None
+                con.close()  # release the file so readers in other processes get their turn
+
+    @contextlib.contextmanager
     def _connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-write connection with the buffered rows already written (so reads see every record)."""
         with self._lock:
@@ -112,6 +132,10 @@ class LedgerFile:
                     raise ValueError("this in-memory ledger is closed")
                 self._write_buffer(self._memory)
                 yield self._memory
+                return
+            if self._held is not None:
+                self._write_buffer(self._held)
+                yield self._held
                 return
             con = connect(self.path, read_only=False, timeout_s=self.lock_timeout_s)
             try:

@@ -100,3 +100,36 @@ def test_a_writer_that_exits_without_closing_still_writes_its_buffer(tmp_path: P
     path = tmp_path / "ledger.duckdb"
     subprocess.run([sys.executable, "-c", _CRASHER, str(path), "exit"], cwd=REPO_ROOT, check=True, timeout=120)
     assert _count(path) == 250
+
+
+def test_a_held_block_opens_the_file_once_and_other_processes_read_once_it_ends(tmp_path: Path, monkeypatch) -> None:
+    """`held()`: the report's few dozen reads and writes on one connection (opening the file costs ~25 ms of CPU
+    each time); a reader in another process waits while the block runs and reads every row after it."""
+    import resources.ledger.file as ledger_file
+    from resources.ledger.db import LedgerLockedError
+
+    path = tmp_path / "ledger.duckdb"
+    opened = []
+    real_connect = ledger_file.connect
+    monkeypatch.setattr(ledger_file, "connect", lambda *a, **k: opened.append(1) or real_connect(*a, **k))
+    reader = [
+        sys.executable,
+        "-c",
+        f"from resources.ledger.db import query_ledger; print(query_ledger({str(path)!r}, "
+        "'SELECT count(*) FROM attempts', timeout_s=0.5).rows[0][0])",
+    ]
+    with Ledger(path) as ledger:
+        opened.clear()
+        with ledger.held():
+            for i in range(20):
+                ledger.record_attempt(attempt(i))  # outside a phase: written at once, on the held connection
+                assert ledger.query("SELECT count(*) FROM attempts").rows == [(i + 1,)]
+            with ledger.held():  # nested: the same connection
+                ledger.start_iteration(0)
+            assert len(opened) == 1
+            waited = subprocess.run(reader, cwd=REPO_ROOT, capture_output=True, text=True)
+            assert waited.returncode != 0 and LedgerLockedError.__name__ in waited.stderr
+        done = subprocess.run(reader, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == "20"
+        ledger.query("SELECT 1")
+        assert len(opened) == 2  # outside the block each call opens the file again

@@ -221,6 +221,12 @@ def validate_phase(ctx: RunContext, k: int) -> PhaseResult:
         signals = held_out_signals(ctx, k, result, plan.reward, seeds)
     del policy
     release_memory()
+    with ctx.ledger.held():  # the sampling is done: what is left is ledger work, the guard's and the pictures
+        return _validation_result(ctx, k, plan, result, signals, seeds, named)
+
+
+def _validation_result(ctx: RunContext, k: int, plan, result, signals, seeds: int, named) -> PhaseResult:
+    """Record version k's held-out result, judge it (the drop guard, the hacking guard) and draw it."""
     criteria = {**result.per_criterion, **{f"category.{c}": v for c, v in result.per_category.items()}}
     ctx.ledger.record_validation(
         k,
@@ -309,6 +315,11 @@ def validation_pictures(ctx: RunContext, k: int, result, seeds: int, reward: str
 def report_phase(ctx: RunContext, k: int) -> PhaseResult:
     """Close the iteration in the ledger (the final one also closes the run), rewrite the report folder, and drop
     rollout results older than the context keeps."""
+    with ctx.ledger.held():  # ledger work and plots only: one connection for all of it
+        return _report_phase(ctx, k)
+
+
+def _report_phase(ctx: RunContext, k: int) -> PhaseResult:
     books.end_iteration(ctx.ledger, ctx, k)
     if ctx.keep_rollout_iterations is not None and k - ctx.keep_rollout_iterations >= 0:
         old = rollouts_prefix(ctx.run, k - ctx.keep_rollout_iterations)

@@ -42,6 +42,11 @@ class WrittenReport:
 
 def write_report(ledger: Ledger, store, run: str, out_dir: Path) -> WrittenReport:
     """(Re)write every plot and index.html from the ledger; returns the page and the plots' PNG bytes."""
+    with ledger.held():  # some 50 queries on one connection (the ledger is held a few seconds)
+        return _write_report(ledger, store, run, out_dir)
+
+
+def _write_report(ledger: Ledger, store, run: str, out_dir: Path) -> WrittenReport:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = {
         "reward": _reward_plot(ledger),
