@@ -185,9 +185,12 @@ class RunContext:
     ) -> "RunContext":
         """In-process sampling, with the store, the ledger and (when `report`) the report folder in `run_dir`,
         rewritten on validated iterations, and only the last iteration's rollout results kept (each is about
-        15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses."""
+        15 MB at cpu_tiny_long's 128 samples of 8 steps): what `spotlight train` uses. `validation` None:
+        `default_validation` (the benches' runs validate as `spotlight train` would)."""
         run_dir = run_dir.resolve()
         store_url = str(run_dir / "store")
+        if validation is None:
+            validation = default_validation(train, model is not None)
         return cls(
             run,
             preset,
@@ -205,6 +208,15 @@ class RunContext:
             report_every=train.validate_every,
             keep_rollout_iterations=1,
         )
+
+
+def default_validation(train: TrainConfig, model: bool) -> Any:
+    """The validation a run configured in code gets, as `spotlight train` gives it: the held-out side of a
+    training prompts file that has one (MiniOCR's strings, scored with the run's reward), else the defaults
+    (MiniGenEval's held-out prompts)."""
+    from workers.task.validation import validation_from_options
+
+    return validation_from_options(None, None, train.reward, model, train.prompts)
 
 
 def check_device(device: str) -> str:

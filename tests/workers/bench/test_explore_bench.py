@@ -182,3 +182,43 @@ def test_seconds_per_iteration_are_work_pooled_over_the_runs_so_a_doubled_group_
     assert timing["random_wide"]["wall_critical_s"]["median"] == pytest.approx(4 * 32.0)
     assert timing["explore"]["critical_s_per_iteration"] == timing["random"]["critical_s_per_iteration"]
     assert timing["explore"]["total_s_per_iteration"] > timing["explore"]["critical_s_per_iteration"]
+
+
+def test_a_run_built_in_code_validates_on_its_prompt_files_held_out_side_as_spotlight_train_does(tmp_path) -> None:
+    """The benches build their runs in code (RunContext.local, no RunSettings): a MiniOCR run must validate on the
+    prompts file's held-out strings with the OCR reward (MiniGenEval's prompts are words its policy cannot read),
+    and a MiniGenEval run as before."""
+    from workers.coordinator.context import RunContext
+    from workers.coordinator.run_settings import RunSettings
+    from workers.task.validation import resolve_validation
+    from workers.trainer.presets import get_preset, preset_config
+
+    def plan(preset: str):
+        ctx = RunContext.local(tmp_path / preset, "x", "bench", get_preset(preset), report=False)
+        return resolve_validation(ctx.validation, ctx.train.reward, model=False)
+
+    ocr, geneval = plan("cpu_tiny_ocr_spot"), plan("cpu_tiny")
+    heldout = get_preset("cpu_tiny_ocr_spot").prompts.table().heldout
+    assert ocr.reward == "ocr" and not ocr.detector and ocr.prompts == tuple(heldout) and len(heldout) == 53
+    train = RunSettings.of(preset_config("cpu_tiny_ocr_spot")).validation  # what `spotlight train` validates on
+    assert ocr == resolve_validation(train, "ocr", model=False)
+    assert geneval.detector and len(geneval.prompts) == 64
+
+
+@pytest.mark.nightly
+def test_a_learning_run_on_miniocr_reads_its_held_out_strings_as_spotlight_train_does(tmp_path) -> None:
+    """The bench builds its runs in code (no RunSettings): they must still validate on the prompts file's held-out
+    strings with the OCR reward, not on MiniGenEval's prompts, which the MiniOCR policy cannot read."""
+    import dataclasses
+
+    from workers.bench.exploration_learning import LearningRun, learning_run
+    from workers.explore.state import ExploreConfig
+    from workers.model.pretrain import evaluate_base
+    from workers.model.tiny_policy import SHIPPED_OCR_BASE, load_policy
+    from workers.trainer.presets import get_preset
+
+    config = dataclasses.replace(get_preset("cpu_tiny_ocr_spot"), iterations=1, prompts_per_iteration=2, group_size=4)
+    record = learning_run(LearningRun("random", 0, config, ExploreConfig(), 16.0, str(SHIPPED_OCR_BASE)))
+    assert [p["version"] for p in record["curve"]] == [0, 1]
+    base = evaluate_base(load_policy(SHIPPED_OCR_BASE), "miniocr")  # what `spotlight pretrain --json` reads
+    assert record["curve"][0]["score"] == pytest.approx(base.score, abs=1e-6) and base.score > 0.1
