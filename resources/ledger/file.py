@@ -112,16 +112,17 @@ class LedgerFile:
         block holds no sampling or training, only ledger work and what it draws. Nested blocks share the outer
         one's connection; other threads of this process use it too, one at a time."""
         with self._lock:
-            if self.path is None or self._held is not None:
-                yield
-                return
-            self._held = connect(self.path, read_only=False, timeout_s=self.lock_timeout_s)
+            opens = self.path is not None and self._held is None  # not in memory, not nested
+            if opens:
+                self._held = connect(self.path, read_only=False, timeout_s=self.lock_timeout_s)
         try:
             yield
         finally:
-            with self._lock:
-                con, self._held = self._held, None
-                con.close()  # release the file so readers in other processes get their turn
+            if opens:
+                with self._lock:
+                    con, self._held = self._held, None
+                    if con is not None:
+                        con.close()  # release the file so readers in other processes get their turn
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
