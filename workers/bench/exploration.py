@@ -277,9 +277,11 @@ def run_timing(bench: ExplorationBench, checkpoint: Path | None, say: Callable[[
 
 def _line(record: dict) -> str:
     curve = record["curve"]
+    first, last = curve[0], curve[-1]
+    start = "" if first["version"] == 0 else f" (version {first['version']}; the base is read by another run)"
     return (
-        f"{record['strategy']:>10} seed {record['seed']}: held-out {curve[0]['score']:.3f} -> {curve[-1]['score']:.3f} "
-        f"in {curve[-1]['version']} iterations ({record['wall_s'] / 60:.1f} min)"
+        f"{record['strategy']:>10} seed {record['seed']}: held-out {first['score']:.3f}{start} -> {last['score']:.3f} "
+        f"in {last['version']} iterations ({record['wall_s'] / 60:.1f} min)"
     )
 
 

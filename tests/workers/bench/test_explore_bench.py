@@ -222,3 +222,15 @@ def test_a_learning_run_on_miniocr_reads_its_held_out_strings_as_spotlight_train
     assert [p["version"] for p in record["curve"]] == [0, 1]
     base = evaluate_base(load_policy(SHIPPED_OCR_BASE), "miniocr")  # what `spotlight pretrain --json` reads
     assert record["curve"][0]["score"] == pytest.approx(base.score, abs=1e-6) and base.score > 0.1
+
+
+def test_a_runs_progress_line_says_when_its_first_reading_is_not_the_base() -> None:
+    from workers.bench.exploration import _line
+
+    def record(versions: list[int]) -> dict:
+        curve = [{"version": v, "score": 0.3 + 0.01 * v} for v in versions]
+        return {"strategy": "explore", "seed": 1, "curve": curve, "wall_s": 90.0}
+
+    assert _line(record([0, 5, 10])).endswith("held-out 0.300 -> 0.400 in 10 iterations (1.5 min)")
+    shared = _line(record([5, 10]))  # --shared-base-reading: another run read version 0
+    assert "held-out 0.350 (version 5; the base is read by another run) -> 0.400" in shared
