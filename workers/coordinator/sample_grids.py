@@ -72,8 +72,15 @@ def reward_marks(scores: list[float], reward: str, images_NHW3: np.ndarray | Non
     read = getattr(get_reward(reward), "readings", None)
     if images_NHW3 is None or read is None:
         return marks
-    texts = ["(OCR failed)" if r is None else f'"{r}"' for r in read(images_NHW3)]
-    return [f"{mark}\nread: {text}" for mark, text in zip(marks, texts, strict=True)]
+    return [f"{mark}\n{reading_line(text)}" for mark, text in zip(marks, read(images_NHW3), strict=True)]
+
+
+def reading_line(text: str | None) -> str:
+    """A caption's OCR line. PP-OCR's recogniser also reads Chinese, which the plots' font has no glyphs for:
+    those characters are written as escapes (`\\u65e5`) instead of an empty box."""
+    if text is None:
+        return "read: (OCR failed)"
+    return f'read: "{text.encode("ascii", "backslashreplace").decode("ascii")}"'
 
 
 def heldout_pictures(

@@ -103,3 +103,10 @@ def test_ocr_scored_grids_print_what_ocr_read_under_each_sample(tmp_path) -> Non
     heldout_pictures(tmp_path, 0, images, [*prompts, '"P9" in white'], scores=[1.0, 1.0, 0.0], reward="ocr")
     captions = json.loads((tmp_path / "heldout_samples.json").read_text())["captions"]
     assert [c.splitlines()[-1] for c in captions] == ['read: "K7"', 'read: "4HX"', 'read: ""']
+
+
+def test_an_ocr_reading_the_plot_font_cannot_draw_is_written_as_escapes() -> None:
+    from workers.coordinator.sample_grids import reading_line
+
+    assert reading_line("K7") == 'read: "K7"' and reading_line(None) == "read: (OCR failed)"
+    assert reading_line("K\u65e5") == 'read: "K\\u65e5"'  # PP-OCR read a CJK character: no empty box drawn
