@@ -34,6 +34,8 @@ from sky import exceptions as sky_exceptions
 REDIS_PORT = 6379
 TUNNEL_WAIT_S = 60.0
 """How long this machine waits for its SSH tunnel to the node to accept connections."""
+TUNNEL_STOP_S = 5.0
+"""How long a tunnel's ssh gets to exit on SIGTERM before it is killed."""
 
 
 @dataclass(frozen=True)
@@ -161,8 +163,18 @@ def ssh_tunnel(cluster: str, port: int) -> Iterator[str]:
         _wait_for_tunnel(tunnel, local, cluster)
         yield f"127.0.0.1:{local}"
     finally:
-        tunnel.terminate()
-        tunnel.wait(timeout=10)
+        _end(tunnel)
+
+
+def _end(tunnel: subprocess.Popen) -> None:
+    """Stop the tunnel's ssh: SIGTERM, then SIGKILL if it has not gone in TUNNEL_STOP_S (an ssh stuck closing its
+    forwards, or a loaded machine); never an error of its own that would hide the block's."""
+    tunnel.terminate()
+    try:
+        tunnel.wait(timeout=TUNNEL_STOP_S)
+    except subprocess.TimeoutExpired:
+        tunnel.kill()
+        tunnel.wait()
 
 
 def _wait_for_tunnel(tunnel: subprocess.Popen, local: int, cluster: str) -> None:

@@ -134,3 +134,24 @@ def test_the_ssh_tunnel_forwards_to_the_nodes_own_port_and_is_closed_afterwards(
     with pytest.raises(CloudError, match=r"the SSH tunnel to fail-node failed \(Permission denied"):
         with ssh_tunnel("fail-node", 6379):
             pass
+
+
+def test_a_tunnel_whose_ssh_ignores_sigterm_is_killed_and_the_blocks_error_is_the_one_raised(
+    tmp_path, monkeypatch
+) -> None:
+    import sys
+
+    from resources.cloud import network
+
+    (tmp_path / "ssh").write_text(
+        _SSH.format(python=sys.executable, log=str(tmp_path / "ssh.log")).replace(
+            "import socket, sys, threading\n",
+            "import signal, socket, sys, threading\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n",
+        )
+    )
+    (tmp_path / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr(network, "TUNNEL_STOP_S", 0.5)
+    with pytest.raises(KeyError, match="the block's own"):
+        with network.ssh_tunnel("run-a", 6379):
+            raise KeyError("the block's own")
