@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from resources.processes import stop_process
 from resources.queue import open_queue
 from resources.queue.base import QueueError
 
@@ -127,12 +128,7 @@ def supervise(
                 "resources.run_status: the run has ended; stopping this spot worker (its job ends with 0)",
                 file=sys.stderr,
             )
-            child.terminate()
-            try:
-                child.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+            stop_process(child, STOP_GRACE_S)
 
 
 def main(argv: list[str] | None = None) -> int:

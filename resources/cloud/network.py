@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 import sky
 from resources.cloud.plan import CloudError, LaunchPlan, configured_aws_identity
+from resources.processes import stop_process
 from sky import exceptions as sky_exceptions
 
 REDIS_PORT = 6379
@@ -163,18 +164,7 @@ def ssh_tunnel(cluster: str, port: int) -> Iterator[str]:
         _wait_for_tunnel(tunnel, local, cluster)
         yield f"127.0.0.1:{local}"
     finally:
-        _end(tunnel)
-
-
-def _end(tunnel: subprocess.Popen) -> None:
-    """Stop the tunnel's ssh: SIGTERM, then SIGKILL if it has not gone in TUNNEL_STOP_S (an ssh stuck closing its
-    forwards, or a loaded machine); never an error of its own that would hide the block's."""
-    tunnel.terminate()
-    try:
-        tunnel.wait(timeout=TUNNEL_STOP_S)
-    except subprocess.TimeoutExpired:
-        tunnel.kill()
-        tunnel.wait()
+        stop_process(tunnel, TUNNEL_STOP_S)  # SIGKILL if ssh has not gone in TUNNEL_STOP_S
 
 
 def _wait_for_tunnel(tunnel: subprocess.Popen, local: int, cluster: str) -> None:
