@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.coordinator.context import RunContext
+from workers.task.prompt_file import file_digest
 from workers.trainer.grpo_trainer import TrainConfig
 
 STRATEGIES = ("random", "explore", "wider_draw", "random_wide")
@@ -90,10 +91,13 @@ class LearningRun:
         return f"{self.strategy}-s{self.seed}"
 
     def fingerprint(self) -> str:
-        """What the record depends on: a record with another fingerprint is stale and is not reused."""
+        """What the record depends on: a record with another fingerprint is stale and is not reused. Files count by
+        their bytes, not their place: the same prompts file and base in another clone or folder reuse the record."""
+        train = dataclasses.asdict(self.train_config())
+        train["prompts"] = train["prompts"] and {k: v for k, v in train["prompts"].items() if k != "path"}
         fields = {
-            "train": dataclasses.asdict(self.train_config()),
-            "checkpoint": self.checkpoint,
+            "train": train,
+            "checkpoint": self.checkpoint and Path(self.checkpoint).exists() and file_digest(Path(self.checkpoint)),
             "explore": repr(self.explore_config) if self.strategy == "explore" else None,
             "budget": self.explore_samples if self.strategy == "explore" else None,
             **({} if self.reads_base else {"reads_base": False}),  # records made before the field stay valid

@@ -108,6 +108,41 @@ def test_a_learning_run_reuses_its_record_and_redoes_a_stale_one(tmp_path, tiny_
     assert json.loads((tmp_path / "out" / "explore-s0.json").read_text()) == record
 
 
+def test_a_record_is_reused_from_another_clone_and_redone_for_another_base(tmp_path, tiny_policy) -> None:
+    """A run's fingerprint names its prompts file and base by their bytes: a second clone (or a copied base) finds
+    the first one's records, and a base with other weights does not."""
+    import dataclasses
+    import shutil
+
+    import torch
+
+    from workers.bench.exploration_learning import LearningRun
+    from workers.explore.state import ExploreConfig
+    from workers.model.tiny_policy import save_policy
+    from workers.task.prompt_file import PromptSource
+    from workers.trainer.presets import get_preset
+
+    def spec(clone: Path, base: Path) -> LearningRun:
+        prompts = PromptSource.from_file(clone / "prompts.jsonl", heldout_fraction=0.1)
+        config = dataclasses.replace(get_preset("cpu_tiny_ocr"), prompts=prompts)
+        return LearningRun("explore", 0, config, ExploreConfig(), 64.0, str(base))
+
+    rows = "".join(json.dumps({"prompt": f"text {i}"}) + "\n" for i in range(60))
+    for clone in ("a", "b"):
+        (tmp_path / clone).mkdir()
+        (tmp_path / clone / "prompts.jsonl").write_text(rows)
+    save_policy(tiny_policy, tmp_path / "a" / "base")
+    shutil.copytree(tmp_path / "a" / "base", tmp_path / "b" / "base")
+    first = spec(tmp_path / "a", tmp_path / "a" / "base")
+    assert spec(tmp_path / "b", tmp_path / "b" / "base").fingerprint() == first.fingerprint()
+    with torch.no_grad():
+        next(tiny_policy.parameters()).add_(1e-3)
+    save_policy(tiny_policy, tmp_path / "b" / "base")
+    assert spec(tmp_path / "b", tmp_path / "b" / "base").fingerprint() != first.fingerprint()
+    (tmp_path / "b" / "prompts.jsonl").write_text(rows + json.dumps({"prompt": "one more"}) + "\n")
+    assert spec(tmp_path / "b", tmp_path / "a" / "base").fingerprint() != first.fingerprint()
+
+
 def test_bad_bench_settings_fail_before_any_compute() -> None:
     spotlight = str(Path(sys.executable).parent / "spotlight")
     out = subprocess.run(
