@@ -75,21 +75,10 @@ def ledger_digest(path: str | Path) -> dict[str, list]:
 
 
 def kernels() -> dict[str, str]:
-    """What decides float bits on a CPU: torch's version, the vector ISA its kernels use, and the processor (two
-    AVX512 machines of different models were seen to differ in every rollout hash)."""
-    import hashlib
-    import platform
+    """What decides float bits on a CPU (workers/rollout/kernels.py's `cpu_identity`)."""
+    from workers.rollout.kernels import cpu_identity
 
-    import torch
-
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    field = {line.split(":")[0].strip(): line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if ":" in line}
-    return {
-        "torch": torch.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "processor": field.get("model name", platform.processor()),
-        "cpu_flags_sha1": hashlib.sha1(field.get("flags", "").encode()).hexdigest()[:12],
-    }
+    return cpu_identity()
 
 
 def recorded_on_these_kernels() -> bool:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.coordinator.context import RunContext
+from workers.rollout.kernels import cpu_identity
 from workers.task.prompt_file import file_digest
 from workers.trainer.grpo_trainer import TrainConfig
 
@@ -92,7 +93,9 @@ class LearningRun:
 
     def fingerprint(self) -> str:
         """What the record depends on: a record with another fingerprint is stale and is not reused. Files count by
-        their bytes, not their place: the same prompts file and base in another clone or folder reuse the record."""
+        their bytes, not their place: the same prompts file and base in another clone or folder reuse the record.
+        The CPU counts too: the same seed on another processor model or kernel set is another run
+        (workers/rollout/kernels.py), so records from another machine are redone, not mixed with this one's."""
         train = dataclasses.asdict(self.train_config())
         train["prompts"] = train["prompts"] and {k: v for k, v in train["prompts"].items() if k != "path"}
         fields = {
@@ -101,6 +104,7 @@ class LearningRun:
             "explore": repr(self.explore_config) if self.strategy == "explore" else None,
             "budget": self.explore_samples if self.strategy == "explore" else None,
             **({} if self.reads_base else {"reads_base": False}),  # records made before the field stay valid
+            "kernels": cpu_identity(),
         }
         return hashlib.blake2b(json.dumps(fields, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
@@ -126,6 +130,7 @@ def learning_run(spec: LearningRun, out: Path | None = None, verbose: bool = Fal
         "curve": curve,
         "iterations": rows,
         "exploration": exploration,
+        "kernels": cpu_identity(),
         "wall_s": round(time.perf_counter() - started, 1),
     }
     if path is not None:

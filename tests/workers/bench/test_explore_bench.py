@@ -108,17 +108,21 @@ def test_a_learning_run_reuses_its_record_and_redoes_a_stale_one(tmp_path, tiny_
     assert json.loads((tmp_path / "out" / "explore-s0.json").read_text()) == record
 
 
-def test_a_record_is_reused_from_another_clone_and_redone_for_another_base(tmp_path, tiny_policy) -> None:
+def test_a_record_is_reused_from_another_clone_and_redone_for_another_base_or_cpu(
+    tmp_path, tiny_policy, monkeypatch
+) -> None:
     """A run's fingerprint names its prompts file and base by their bytes: a second clone (or a copied base) finds
-    the first one's records, and a base with other weights does not."""
+    the first one's records; a base with other weights, or another processor, does not."""
     import dataclasses
     import shutil
 
     import torch
 
+    from workers.bench import exploration_learning
     from workers.bench.exploration_learning import LearningRun
     from workers.explore.state import ExploreConfig
     from workers.model.tiny_policy import save_policy
+    from workers.rollout.kernels import cpu_identity
     from workers.task.prompt_file import PromptSource
     from workers.trainer.presets import get_preset
 
@@ -133,14 +137,17 @@ def test_a_record_is_reused_from_another_clone_and_redone_for_another_base(tmp_p
         (tmp_path / clone / "prompts.jsonl").write_text(rows)
     save_policy(tiny_policy, tmp_path / "a" / "base")
     shutil.copytree(tmp_path / "a" / "base", tmp_path / "b" / "base")
-    first = spec(tmp_path / "a", tmp_path / "a" / "base")
-    assert spec(tmp_path / "b", tmp_path / "b" / "base").fingerprint() == first.fingerprint()
+    first = spec(tmp_path / "a", tmp_path / "a" / "base").fingerprint()
+    assert spec(tmp_path / "b", tmp_path / "b" / "base").fingerprint() == first
     with torch.no_grad():
         next(tiny_policy.parameters()).add_(1e-3)
     save_policy(tiny_policy, tmp_path / "b" / "base")
-    assert spec(tmp_path / "b", tmp_path / "b" / "base").fingerprint() != first.fingerprint()
+    assert spec(tmp_path / "b", tmp_path / "b" / "base").fingerprint() != first
     (tmp_path / "b" / "prompts.jsonl").write_text(rows + json.dumps({"prompt": "one more"}) + "\n")
-    assert spec(tmp_path / "b", tmp_path / "a" / "base").fingerprint() != first.fingerprint()
+    assert spec(tmp_path / "b", tmp_path / "a" / "base").fingerprint() != first
+    here = cpu_identity()
+    monkeypatch.setattr(exploration_learning, "cpu_identity", lambda: {**here, "processor": "another model"})
+    assert spec(tmp_path / "a", tmp_path / "a" / "base").fingerprint() != first
 
 
 def test_bad_bench_settings_fail_before_any_compute() -> None:
