@@ -96,6 +96,23 @@ def _timeline(it: dict, p: dict, before_s: float) -> IterationTimes:
     )
 
 
+ATTEMPTS_SQL = (
+    "SELECT a.worker_id, a.started_at, a.ended_at, a.steps_done, a.resumed_from_step, a.outcome, r.kind, "
+    "r.iteration, coalesce(try_cast(regexp_extract(a.request_id, '-s[0-9]+x([0-9]+)$', 1) AS INTEGER), 1) AS samples "
+    "FROM attempts a JOIN requests r ON r.request_id = regexp_replace(a.request_id, '(-s[0-9]+)x[0-9]+$', '\\1') "
+    "ORDER BY a.worker_id, a.started_at"
+)
+"""Every attempt with its request's kind and iteration, and how many samples it drew. A batched rollout request (a
+prompt's seeds in one queue request, `seeds_per_request`; id `it3-p2-s0x8`, workers/coordinator/rollout.py) is
+leased and recorded under its queue id, while the ledger's requests are its samples (`it3-p2-s0` ... `s7`): the
+attempt takes its kind and iteration from its first sample, and counts `samples` = 8."""
+
+
+def attempt_rows(path: Path) -> list[dict]:
+    """The ledger's attempts as the replay reads them (ATTEMPTS_SQL)."""
+    return _rows(path, ATTEMPTS_SQL)
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -106,11 +123,7 @@ def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
     its least over the run: a phase that waited for a worker to come up, or for a lease to expire, would count
     that wait twice)."""
     its, phases = _phase_windows(path)
-    attempts = _rows(
-        path,
-        "SELECT a.worker_id, a.started_at, a.ended_at, a.steps_done, a.outcome, r.kind, r.iteration "
-        "FROM attempts a JOIN requests r USING (request_id) ORDER BY a.worker_id, a.started_at",
-    )
+    attempts = attempt_rows(path)
     by_iteration: dict[int, list[dict]] = {}
     for a in attempts:
         by_iteration.setdefault(a["iteration"], []).append(a)
@@ -133,8 +146,10 @@ def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
         done = [a for a in rows if a["kind"] == "rollout" and a["outcome"] == "done" and a["steps_done"]]
         # A claim's hand-over: one worker's consecutive attempts of one kind. Between its last rollout and its
         # first exploration request a worker waits for the explore phase to enqueue: idle time, not a claim.
+        # The simulator's requests are one sample each, so a batched attempt's step and hand-over count as its
+        # samples' (each 1/samples of them): the rollout phase's work stays what it was.
         gaps = [
-            _s(a["ended_at"], b["started_at"])
+            _s(a["ended_at"], b["started_at"]) / b["samples"]
             for a, b in zip(rows, rows[1:], strict=False)
             if a["worker_id"] == b["worker_id"]
             and a["kind"] == b["kind"]
@@ -144,7 +159,7 @@ def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
             _s(a["started_at"], a["ended_at"]) for a in rows if a["kind"] == "explore" and a["outcome"] == "done"
         ]
         step_s = (
-            (sum(_s(a["started_at"], a["ended_at"]) for a in done) / sum(a["steps_done"] for a in done))
+            (sum(_s(a["started_at"], a["ended_at"]) for a in done) / sum(a["steps_done"] * a["samples"] for a in done))
             if done
             else None
         )
@@ -193,17 +208,14 @@ def _typical(per_iteration: list, name: str, default: float) -> float:
 
 def _service_times(path: Path, per_iteration: list, per_worker: dict, slots: dict[str, list[dict]]) -> ServiceTimes:
     """The simulator's service times as the ledger measured them: medians over iterations and workers."""
-    runs = _rows(
-        path,
-        "SELECT max(steps_done + resumed_from_step) AS n FROM attempts a JOIN requests r USING (request_id) "
-        "WHERE r.kind = 'rollout' AND a.outcome = 'done'",
-    )
+    done = [a for a in attempt_rows(path) if a["kind"] == "rollout" and a["outcome"] == "done"]
+    num_steps = max((a["steps_done"] + a["resumed_from_step"] for a in done), default=0)
     restarts = [w.restart_delay_s for ws in slots.values() for w in (per_worker[x["worker_id"]] for x in ws[1:])]
     return ServiceTimes(
         model="measured",
         gpu_type="local",
         step_s=_typical(per_iteration, "step_s", 0.01),
-        num_steps=int(runs[0]["n"] or 4),
+        num_steps=int(num_steps or 4),
         claim_s=_typical(per_iteration, "claim_s", 0.01),
         enqueue_s=_typical(per_iteration, "enqueue_s", 0.05),
         collect_s=_typical(per_iteration, "collect_s", 0.05),
@@ -234,18 +246,25 @@ def replay_inputs(path: str | Path) -> Replay:
         PreemptionEvent(round(_s(t0, p["preempted_at"]), 6), p["worker_id"].split(".")[0], p["notice_s"])
         for p in _rows(path, "SELECT worker_id, preempted_at, notice_s FROM preemptions ORDER BY 2")
     )
+    # Seeds per prompt: G, what every prompt draws (the fewest), and a pre-filter's W = keep_factor x G for each
+    # explored prompt (the most; cpu_tiny_spot: 12 of 8).
     shape = _rows(
-        path, "SELECT count(DISTINCT prompt) AS p, count(*) AS n FROM requests WHERE kind = 'rollout' AND iteration = 0"
+        path,
+        "SELECT min(n) AS g, max(n) AS w FROM "
+        "(SELECT count(*) AS n FROM requests WHERE kind = 'rollout' GROUP BY iteration, prompt)",
     )[0]
+    prompts = _rows(path, "SELECT count(DISTINCT prompt) AS p FROM requests WHERE kind = 'rollout' AND iteration = 0")
     iterations = _rows(path, "SELECT max(iteration) AS k FROM iterations")[0]["k"]
+    group = int(shape["g"])
     config = SimConfig(
         get_policy("spotlight"),
         num_spot_gpus=len(slots),
         num_trainer_gpus=1,
         gpus_per_node=1,
         iterations=int(iterations),
-        prompts_per_iteration=int(shape["p"]),
-        group_size=int(shape["n"]) // int(shape["p"]),
+        prompts_per_iteration=int(prompts[0]["p"]),
+        group_size=group,
+        keep_factor=int(shape["w"]) / group,
         commit_every=2,
         lease_s=10.0,
     )

@@ -255,3 +255,46 @@ def test_simulate_calibrate_refuses_a_ledger_that_is_not_there(tmp_path):
 
     done = CliRunner().invoke(app, ["simulate-calibrate", "--ledger", str(tmp_path / "nope.duckdb")])
     assert done.exit_code != 0 and "no such file" in " ".join(done.output.split())
+
+
+def test_a_batched_rollout_request_is_replayed_as_its_samples(tmp_path):
+    """`make demo` samples each prompt's seeds in one queue request (`it0-p0-s0x4`), recorded as one attempt while
+    the ledger's requests are its samples: the replay reads that attempt as 4 samples of the rollout's steps (before,
+    it matched no request, and the replay fell back to a made-up 0.01 s step), and the pre-filter's 6 seeds of
+    prompt 1 as a keep factor of 1.5."""
+    from datetime import datetime, timedelta
+
+    from resources.ledger import Ledger
+    from resources.ledger.records import AttemptRecord, RequestRecord
+    from workers.sim.measure import attempt_rows, replay_inputs
+
+    t0 = datetime(2026, 12, 7, 12, 0, 0)
+    at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger.start_run("demo", preset="cpu_tiny_spot")
+    ledger.start_worker("w0.0", role="rollout", instance_type="local", spot=True, usd_per_hour=0.1, at=at(0))
+    ledger.start_worker("t0", role="trainer", instance_type="local", spot=False, usd_per_hour=0.2, at=at(0))
+    ledger.start_iteration(0, weights_version=0, at=at(1))
+    for phase, start, end in (("sync", 1, 2), ("rollout", 2, 12), ("train", 12, 15)):
+        ledger.record_phase(0, phase, at(start), at(end))
+    seeds = {0: 4, 1: 6}
+    ledger.record_requests(
+        RequestRecord(f"it0-p{p}-s{s}", 0, "rollout", f"prompt {p}", s, 0, "w0.0", 1, finished_at=at(11))
+        for p, n in seeds.items()
+        for s in range(n)
+    )
+    for p, n, start, end in ((0, 4, 2.5, 5.7), (1, 6, 5.8, 10.6)):
+        ledger.record_attempt(AttemptRecord(f"it0-p{p}-s0x{n}", 1, "w0.0", at(start), at(end), "done", steps_done=8))
+    ledger.end_iteration(0, at=at(15))
+    ledger.start_iteration(1, weights_version=1, at=at(15))  # the final iteration: sync only
+    ledger.record_phase(1, "sync", at(15), at(16))
+    ledger.end_iteration(1, at=at(16))
+    ledger.close()
+
+    rows = attempt_rows(tmp_path / "ledger.duckdb")
+    assert [(r["kind"], r["iteration"], r["samples"]) for r in rows] == [("rollout", 0, 4), ("rollout", 0, 6)]
+    replay = replay_inputs(tmp_path / "ledger.duckdb")
+    assert replay.times.num_steps == 8
+    assert replay.times.step_s == pytest.approx((3.2 + 4.8) / (8 * 10))  # seconds per sample-step: 0.1
+    assert replay.setup.iterations[0].claim_s == pytest.approx(0.1 / 6)  # the hand-over, per sample
+    assert replay.config.group_size == 4 and replay.config.keep_factor == 1.5
