@@ -47,8 +47,8 @@ def kernel_set(device: torch.device | str, threads: int | None = None) -> str:
 def cpu_identity() -> dict[str, str]:
     """What decides float bits on this CPU: torch's version, the vector ISA its kernels use, and the processor (its
     model name and a digest of its flags: two AVX512 machines of different models were seen to differ in every
-    rollout hash, and a 106-image MiniOCR reading of one base by 0.005). A run recorded under another identity is
-    another run."""
+    rollout hash; one MiniOCR base's 106-image reading moved by 0.005 between two AMD EPYCs, by 0.02 between
+    AVX512 and AVX2 kernels on one). A run recorded under another identity is another run."""
     import hashlib
     import platform
     from pathlib import Path

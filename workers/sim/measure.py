@@ -209,7 +209,7 @@ def _typical(per_iteration: list, name: str, default: float) -> float:
 def _service_times(path: Path, per_iteration: list, per_worker: dict, slots: dict[str, list[dict]]) -> ServiceTimes:
     """The simulator's service times as the ledger measured them: medians over iterations and workers."""
     done = [a for a in attempt_rows(path) if a["kind"] == "rollout" and a["outcome"] == "done"]
-    num_steps = max((a["steps_done"] + a["resumed_from_step"] for a in done), default=0)
+    num_steps = max(((a["steps_done"] or 0) + a["resumed_from_step"] for a in done), default=0)
     restarts = [w.restart_delay_s for ws in slots.values() for w in (per_worker[x["worker_id"]] for x in ws[1:])]
     return ServiceTimes(
         model="measured",

@@ -28,9 +28,13 @@ pytestmark = pytest.mark.nightly  # a real preempted run first, about 2 min: mak
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> Path:
     """The ledger of a real run with preemptions, rollouts pulled by two worker processes."""
+    return run_for_real(tmp_path_factory.mktemp("reality"))
+
+
+def run_for_real(root: Path, *extra: str) -> Path:
+    """`spotlight run` of cpu_tiny, 2 iterations, under preemptions that all come with notice; its ledger."""
     from workers.model.tiny_policy import PolicyConfig, build_policy, save_policy
 
-    root = tmp_path_factory.mktemp("reality")
     config = PolicyConfig(image_size=16, num_layers=1, num_heads=2, head_dim=16, text_dim=32, rope_axes=(4, 6, 6))
     save_policy(build_policy(config, seed=0).eval(), root / "tiny")  # the tiny_policy fixture's policy
     cmd = [
@@ -48,6 +52,7 @@ def real_run(tmp_path_factory) -> Path:
         "240",
         "--notice-share",
         "1",
+        *extra,
     ]
     done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr
@@ -104,6 +109,25 @@ def test_the_reality_check_fails_when_the_rollout_step_time_is_off_by_2x(real_ru
     # Where the rollout is a small share of an iteration (an idle machine), a wrong step time may move the
     # iteration's totals by less than 15 %; the rollout phase itself is then off, which the check also compares.
     assert max(max(errors[name] for name in COMPARED), rollout_error(detail)) > 0.15, (errors, detail)
+
+
+def test_a_run_of_batched_requests_replays_its_samples_work(tmp_path_factory, tmp_path):
+    """`make demo`'s rollout requests sample a prompt's seeds in one batch (`seeds_per_request`): the replay reads
+    each batched attempt as its samples, so the simulated rollout phases do the real run's work (before, they ran on
+    a made-up 0.01 s step: 87 % off on make demo's ledger)."""
+    from workers.sim.measure import replay_inputs
+
+    root = tmp_path_factory.mktemp("batched")
+    (root / "batched.yaml").write_text("sampling:\n  seeds_per_request: 4\n")
+    real = run_for_real(root, "--config", str(root / "batched.yaml"))
+    replay = replay_inputs(real)
+    assert replay.times.num_steps == 8 and replay.config.group_size == 8  # cpu_tiny's sampler and group
+    errors, detail = replayed(real, tmp_path)
+    real_s, sim_s = (sum(row["rollout_s"] for row in rows) for rows in zip(*detail, strict=True))
+    assert abs(sim_s - real_s) / real_s <= 0.15, (real_s, sim_s, detail)  # measured: 2.3 s real, 2.3 s simulated
+    assert errors["wall_s"] <= 0.15, (errors, detail)  # measured: 1.2 %
+    _, slow = replayed(real, tmp_path / "slow", slower_steps=2.0)
+    assert rollout_error(slow) > 0.15, slow  # and a wrong step time shows (measured: 67 %)
 
 
 def rollout_error(detail: list) -> float:
