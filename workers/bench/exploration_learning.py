@@ -49,6 +49,25 @@ ARM_NAMES = {"random": "R_G", "explore": "E_G", "random_wide": "R_2G", "wider_dr
 """The headline's names of the strategies (docs/EXPLORATION.md, "The headline, pre-registered")."""
 
 
+READER_PACKAGES = ("numpy", "onnxruntime", "rapidocr", "opencv-python-headless")
+"""Packages whose version can change a run's numbers beside torch (in cpu_identity): the arrays, and the OCR
+reward's reader (its model runs on onnxruntime, its images go through OpenCV)."""
+
+
+def run_environment() -> dict:
+    """What a run's numbers depend on besides its settings: the CPU and torch (`cpu_identity`) and READER_PACKAGES'
+    versions (None where one is not installed)."""
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {**cpu_identity(), "packages": {name: version(name) for name in READER_PACKAGES}}
+
+
 @dataclass(frozen=True)
 class LearningRun:
     """One training run of the learning factor."""
@@ -94,8 +113,8 @@ class LearningRun:
     def fingerprint(self) -> str:
         """What the record depends on: a record with another fingerprint is stale and is not reused. Files count by
         their bytes, not their place: the same prompts file and base in another clone or folder reuse the record.
-        The CPU counts too: the same seed on another processor model or kernel set is another run
-        (workers/rollout/kernels.py), so records from another machine are redone, not mixed with this one's."""
+        The machine counts too: the same seed on another processor model, kernel set or reader version is another
+        run (`run_environment`), so records from another machine are redone, not mixed with this one's."""
         train = dataclasses.asdict(self.train_config())
         train["prompts"] = train["prompts"] and {k: v for k, v in train["prompts"].items() if k != "path"}
         fields = {
@@ -104,7 +123,7 @@ class LearningRun:
             "explore": repr(self.explore_config) if self.strategy == "explore" else None,
             "budget": self.explore_samples if self.strategy == "explore" else None,
             **({} if self.reads_base else {"reads_base": False}),  # records made before the field stay valid
-            "kernels": cpu_identity(),
+            "kernels": run_environment(),
         }
         return hashlib.blake2b(json.dumps(fields, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
@@ -130,7 +149,7 @@ def learning_run(spec: LearningRun, out: Path | None = None, verbose: bool = Fal
         "curve": curve,
         "iterations": rows,
         "exploration": exploration,
-        "kernels": cpu_identity(),
+        "kernels": run_environment(),
         "wall_s": round(time.perf_counter() - started, 1),
     }
     if path is not None:
