@@ -37,6 +37,8 @@ XDIST := -n 2
 
 # What CI runs: every behaviour a user would notice (docs/BENCHMARKS.md, "The test suite": its time and what is nightly).
 test: setup
+	@command -v redis-server >/dev/null || echo "make test: no redis-server on PATH, so the Redis queue tests skip (about 55); CI installs Debian's: apt-get install redis-server"
+	@command -v chromium >/dev/null || echo "make test: no chromium on PATH, so the Dagster UI screenshot skips; CI installs it: apt-get install chromium"
 	$(BIN)/python -m pytest $(XDIST) -m "not nightly" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-kernels
 
