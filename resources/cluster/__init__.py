@@ -204,6 +204,7 @@ class LocalCluster:
             str(cfg.threads_per_worker),
             "--step-delay-s",
             str(slot.step_delay_s),
+            *("--parent-pid", str(os.getpid())),  # the worker stops when this process is gone, however it ended
         ]
         if slot.gpu_type:
             command += ["--gpu-type", slot.gpu_type]

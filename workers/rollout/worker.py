@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-idle-s", type=float, default=None, help="Exit after this long without work (default: run until SIGTERM)."
     )
     p.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="Stop as on SIGTERM once this process is no longer the worker's parent: a local cluster's workers end "
+        "with the run that started them, even one killed with SIGKILL (default: run until SIGTERM).",
+    )
+    p.add_argument(
         "--step-delay-s",
         type=float,
         default=WorkerConfig.step_delay_s,
@@ -214,6 +221,7 @@ def run_process(args: argparse.Namespace, who: str, id_flag: str, check, serve) 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    watch_parent(getattr(args, "parent_pid", None), stop)
     opened = open_io(args, who)
     if opened is None:
         return EXIT_UNREACHABLE
@@ -229,6 +237,25 @@ def run_process(args: argparse.Namespace, who: str, id_flag: str, check, serve) 
     if reason == "misconfigured":
         return EXIT_UNREACHABLE
     return args.notice_exit_code if reason == "stopped" else 0
+
+
+PARENT_POLL_S = 1.0
+"""How often a worker started with --parent-pid checks that its parent is still there."""
+
+
+def watch_parent(parent_pid: int | None, stop: threading.Event) -> None:
+    """Set `stop` once `parent_pid` is no longer this process's parent (it ended: the process was re-parented), on a
+    daemon thread; nothing without a parent pid. A killed run's workers then stop like on SIGTERM (commit, give the
+    request back, exit) instead of polling a queue no one reads, holding their memory, for ever."""
+    if parent_pid is None:
+        return
+
+    def watch() -> None:
+        while not stop.wait(PARENT_POLL_S):
+            if os.getppid() != parent_pid:
+                stop.set()
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def default_instance_type(cluster_info: str | None) -> str:

@@ -326,3 +326,41 @@ def test_help_answers_without_importing_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert "--commit-every" in done.stdout and done.stdout.strip().endswith("False")
+
+
+def test_a_worker_stops_when_the_process_that_started_it_is_gone(tmp_path, rollout_store) -> None:
+    """A local cluster passes --parent-pid: when the run that started the workers dies (even by SIGKILL, which no
+    clean-up survives), they stop instead of polling a queue no one reads, holding their memory, for ever."""
+    starter = (
+        "import os, subprocess, sys\n"
+        "worker = subprocess.Popen([sys.executable, '-m', 'workers.rollout', '--queue', sys.argv[1], '--store', "
+        "sys.argv[2], '--threads', '1', '--worker-id', 'w1', '--parent-pid', str(os.getpid())], "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(worker.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", starter, str(tmp_path / "queue.db"), str(rollout_store.root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == -9, done.stderr  # the starter was SIGKILLed, as a killed run is
+    pid = int(done.stdout.split()[0])
+
+    def alive() -> bool:
+        status = Path(f"/proc/{pid}/status")
+        try:
+            return "\nState:\tZ" not in status.read_text()  # a zombie has exited
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 90
+    while alive():
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the worker kept running 90 s after the process that started it was killed")
+        time.sleep(0.5)
