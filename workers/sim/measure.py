@@ -117,13 +117,12 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _iteration_times(path: Path, t0: datetime) -> list[IterationTimes]:
+def _iteration_times(path: Path, t0: datetime, attempts: list[dict]) -> list[IterationTimes]:
     """Each iteration's timeline, and its rollout service times: mean seconds per denoising step and per claim
     (the load of that moment is in them), the hand-overs into the first claim and out of the last result (each
     its least over the run: a phase that waited for a worker to come up, or for a lease to expire, would count
     that wait twice)."""
     its, phases = _phase_windows(path)
-    attempts = attempt_rows(path)
     by_iteration: dict[int, list[dict]] = {}
     for a in attempts:
         by_iteration.setdefault(a["iteration"], []).append(a)
@@ -206,9 +205,11 @@ def _typical(per_iteration: list, name: str, default: float) -> float:
     return _median([getattr(i, name) for i in per_iteration if getattr(i, name) is not None], default)
 
 
-def _service_times(path: Path, per_iteration: list, per_worker: dict, slots: dict[str, list[dict]]) -> ServiceTimes:
+def _service_times(
+    path: Path, attempts: list[dict], per_iteration: list, per_worker: dict, slots: dict[str, list[dict]]
+) -> ServiceTimes:
     """The simulator's service times as the ledger measured them: medians over iterations and workers."""
-    done = [a for a in attempt_rows(path) if a["kind"] == "rollout" and a["outcome"] == "done"]
+    done = [a for a in attempts if a["kind"] == "rollout" and a["outcome"] == "done"]
     num_steps = max(((a["steps_done"] or 0) + a["resumed_from_step"] for a in done), default=0)
     restarts = [w.restart_delay_s for ws in slots.values() for w in (per_worker[x["worker_id"]] for x in ws[1:])]
     return ServiceTimes(
@@ -240,8 +241,9 @@ def replay_inputs(path: str | Path) -> Replay:
         slots.setdefault(w["worker_id"].split(".")[0], []).append(w)
     t0 = rollout[0]["started_at"]
     per_worker = _worker_times(path, slots, t0)
-    per_iteration = _iteration_times(path, t0)
-    times = _service_times(path, per_iteration, per_worker, slots)
+    attempts = attempt_rows(path)  # read once: the per-iteration times and the run-wide step count both use them
+    per_iteration = _iteration_times(path, t0, attempts)
+    times = _service_times(path, attempts, per_iteration, per_worker, slots)
     trace = tuple(
         PreemptionEvent(round(_s(t0, p["preempted_at"]), 6), p["worker_id"].split(".")[0], p["notice_s"])
         for p in _rows(path, "SELECT worker_id, preempted_at, notice_s FROM preemptions ORDER BY 2")
