@@ -123,7 +123,8 @@ def cpu_tiny_ocr() -> RunConfig:
 
 
 def cpu_tiny_ocr_spot() -> RunConfig:
-    """cpu_tiny_spot's recipe (exploration as a pre-filter, whole groups per request) on MiniOCR."""
+    """cpu_tiny_spot's recipe (whole groups per request) on MiniOCR, exploring as measured there: explored seeds in
+    place of random ones, no pre-filter (workers/trainer/presets_ocr.py)."""
     base = cpu_tiny_spot()
     return presets_ocr.cpu_tiny_ocr_spot(
         derive(base, base.preset, validation=dict(validation_seeds=cpu_tiny().validation.validation_seeds))

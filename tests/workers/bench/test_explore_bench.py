@@ -276,3 +276,38 @@ def test_a_runs_progress_line_says_when_its_first_reading_is_not_the_base() -> N
     assert _line(record([0, 5, 10])).endswith("held-out 0.300 -> 0.400 in 10 iterations (1.5 min)")
     shared = _line(record([5, 10]))  # --shared-base-reading: another run read version 0
     assert "held-out 0.350 (version 5; the base is read by another run) -> 0.400" in shared
+
+
+@pytest.mark.parametrize(
+    ("preset", "flags"),
+    [
+        ("cpu_tiny_ocr_spot", []),  # the MiniOCR pilot's and confirmation's command (BENCHMARKS.md)
+        ("cpu_tiny_lowpass", ["--seed-multiplier", "4", "--level", "half_steps", "--explore-samples", "64"]),
+    ],
+)
+def test_the_explore_arm_a_bench_measured_is_how_spotlight_run_explores_that_preset(
+    monkeypatch, preset: str, flags: list[str]
+) -> None:
+    """What the exploration bench measured for a preset's E_G arm (its documented command, through the CLI) is what
+    `spotlight run --preset` then runs: the same arms, seeds kept per group, control prompts, tau floor and budget of
+    samples per iteration. MiniOCR's preset explored as a pre-filter with a control prompt while its bench measured
+    explored seeds in place of random ones."""
+    from typer.testing import CliRunner
+
+    import workers.bench.exploration as exploration
+    from pipelines.cli import app
+    from workers.explore.state import explore_config_for
+    from workers.trainer.presets import preset_config
+
+    measured = []
+    monkeypatch.setattr(exploration, "run_exploration_bench", lambda bench, *a, **k: measured.append(bench) or {})
+    done = CliRunner().invoke(
+        app, ["bench", "exploration", "--json", "--preset", preset, "--strategy", "explore", *flags]
+    )
+    assert done.exit_code == 0, done.output
+    bench, run = measured[0].explore_config(), explore_config_for(preset)
+    fields = ("seed_multipliers", "cache_levels", "keep_factors", "control_prompts")
+    assert {f: getattr(bench, f) for f in fields} == {f: getattr(run, f) for f in fields}
+    assert bench.bandit.min_arm_tau == run.bandit.min_arm_tau
+    assert measured[0].explore_samples == run.budget_samples  # a request budget of the same samples per iteration
+    assert preset_config(preset).explore.explore is True
