@@ -175,9 +175,10 @@ def bench_exploration(
     """Seed exploration on stale weights vs random seeds vs the wider draw: iterations and critical-path seconds to a
     held-out target over run seeds, with bootstrap intervals; exploration's overhead and rank consistency."""
     import dataclasses
+    import sys
 
     from workers.bench.exploration import ExplorationBench, progress_to_stderr, run_exploration_bench
-    from workers.bench.exploration_summary import format_exploration_report
+    from workers.bench.exploration_summary import format_exploration_report, run_difference_note
 
     changes = {
         k: v
@@ -212,6 +213,9 @@ def bench_exploration(
         raise typer.BadParameter(f"--checkpoint {checkpoint} holds no policy (no policy.json)")
     if out is not None and out.exists() and not out.is_dir():
         raise typer.BadParameter(f"--out {out} is a file; give a folder for the run records")
+    note = run_difference_note(bench.preset, bench.differs_from_run())
+    if note:  # before hours of compute: the bench may be about to measure another design than the preset runs
+        print(note, file=sys.stderr, flush=True)
     figures = run_exploration_bench(
         bench,
         None if checkpoint is None else checkpoint.resolve(),

@@ -158,6 +158,29 @@ class ExplorationBench:
             bandit=BanditConfig(min_arm_tau=self.min_arm_tau),
         )
 
+    def differs_from_run(self) -> dict[str, dict]:
+        """The explore strategy's settings that differ from how `spotlight run --preset` explores (each: this bench's
+        value, the run's, and the flag that would set it here): the bench explores with its own flags' defaults, so
+        a bench of a preset that explores otherwise measures another design unless told. Empty without `explore`."""
+        from workers.explore.state import explore_config_for
+        from workers.trainer.presets import preset_config
+
+        if "explore" not in self.strategies:
+            return {}
+        mine, run, config = self.explore_config(), explore_config_for(self.preset), self.train_config()
+        rollouts = preset_config(self.preset).explore.explore_budget_rollouts
+        pairs = {
+            "seed_multipliers": ("--seed-multiplier", mine.seed_multipliers, run.seed_multipliers),
+            "cache_levels": ("--level", mine.cache_levels, run.cache_levels),
+            "keep_factors": ("--keep-factor", mine.keep_factors, run.keep_factors),
+            "control_prompts": ("--control-prompts", mine.control_prompts, run.control_prompts),
+            "min_arm_tau": ("--min-arm-tau", mine.bandit.min_arm_tau, run.bandit.min_arm_tau),
+        }
+        if rollouts is not None:  # a run on a request budget (a GPU preset's stops when training ends)
+            budget = rollouts * config.prompts_per_iteration * config.group_size
+            pairs["explore_samples"] = ("--explore-samples", self.explore_samples, budget)
+        return {name: {"bench": b, "run": r, "flag": f} for name, (f, b, r) in pairs.items() if b != r}
+
     def learning_runs(self, checkpoint: str | None) -> list[LearningRun]:
         config, explore = self.train_config(), self.explore_config()
         runs = [
@@ -225,6 +248,7 @@ def run_exploration_bench(
         "per_seed_to_target": per_seed_to_target(learning, seconds),
         "static": static,
         "arms": [a.name for a in bench.explore_config().arms(config.group_size)],
+        "explore_differs_from_run": bench.differs_from_run(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "learning_runs": records,
         "timing_runs": timing,

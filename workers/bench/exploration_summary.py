@@ -290,6 +290,27 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+def run_difference_note(preset: str, differences: dict[str, dict]) -> str:
+    """One line saying how `spotlight run --preset` explores where the bench's explore strategy does not, with the
+    flags that would measure that ("" when they agree)."""
+    if not differences:
+        return ""
+
+    def shown(value) -> list[str]:
+        return [f"{v:g}" if isinstance(v, float) else str(v) for v in (value if isinstance(value, tuple) else (value,))]
+
+    def flags(flag: str, value) -> str:
+        return f"no {flag}" if value is None else " ".join(f"{flag} {v}" for v in shown(value))
+
+    said = ", ".join(
+        f"{flags(d['flag'], d['run'])} (this bench: {'unset' if d['bench'] is None else ', '.join(shown(d['bench']))})"
+        for d in differences.values()
+    )
+    return (
+        f"note: `spotlight run --preset {preset}` explores otherwise: {said}; give those flags to measure what it runs"
+    )
+
+
 def format_exploration_report(figures: dict) -> str:
     """The headline figures as text (the CLI without --json)."""
     learning = figures["learning"]
@@ -297,6 +318,7 @@ def format_exploration_report(figures: dict) -> str:
         f"base held-out {figures['base_score']:.3f}, headline target {figures['target_score']:.3f} "
         f"(+{figures['target_gain']:.2f}); {figures['num_seeds']} seeds x {figures['iterations']} iterations; "
         f"exploration budget {figures['explore_samples']:g} samples per iteration",
+        *filter(None, [run_difference_note(figures["preset"], figures.get("explore_differs_from_run", {}))]),
         f"{'strategy':>10} {'final gain (SE)':>16} {'reached':>7} {'mean curve at ' + str(learning['versions']):<40}",
     ]
     for name, s in learning["strategies"].items():

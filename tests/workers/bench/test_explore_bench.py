@@ -311,3 +311,26 @@ def test_the_explore_arm_a_bench_measured_is_how_spotlight_run_explores_that_pre
     assert bench.bandit.min_arm_tau == run.bandit.min_arm_tau
     assert measured[0].explore_samples == run.budget_samples  # a request budget of the same samples per iteration
     assert preset_config(preset).explore.explore is True
+    assert "explores otherwise" not in done.output
+
+
+def test_a_bench_of_a_preset_that_explores_otherwise_says_so_before_any_compute(monkeypatch) -> None:
+    """The demo's preset explores as a pre-filter with a control prompt and a tau floor; the bench's explore strategy
+    defaults to neither. Before it starts, the bench says how `spotlight run` explores and the flags that measure it,
+    and with those flags it measures the run's exploration and says nothing."""
+    from typer.testing import CliRunner
+
+    import workers.bench.exploration as exploration
+    from pipelines.cli import app
+
+    started = []
+    monkeypatch.setattr(exploration, "run_exploration_bench", lambda bench, *a, **k: started.append(bench) or {})
+    done = CliRunner().invoke(app, ["bench", "exploration", "--json", "--preset", "cpu_tiny_spot"])
+    assert done.exit_code == 0, done.output
+    note = done.output.splitlines()[0]
+    assert note.startswith("note: `spotlight run --preset cpu_tiny_spot` explores otherwise")
+    assert "--keep-factor 1.5 (this bench: 1)" in note and "--control-prompts 1" in note and "--min-arm-tau 0.2" in note
+    flags = ["--keep-factor", "1.5", "--control-prompts", "1", "--min-arm-tau", "0.2"]
+    done = CliRunner().invoke(app, ["bench", "exploration", "--json", "--preset", "cpu_tiny_spot", *flags])
+    assert done.exit_code == 0 and "explores otherwise" not in done.output
+    assert started[1].differs_from_run() == {} and started[1].explore_config().keep_factors == (1.5,)
