@@ -24,6 +24,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
+from workers.algo.crossing import crossing  # one definition, shared with the simulator (workers/sim/metrics.py)
+
 
 def mean_curve(scores_SV: Sequence[Sequence[float]]) -> np.ndarray:
     """Mean over run seeds (rows) of held-out scores at each validated version (columns)."""
@@ -31,21 +33,6 @@ def mean_curve(scores_SV: Sequence[Sequence[float]]) -> np.ndarray:
     if array.ndim != 2 or array.shape[0] < 1:
         raise ValueError(f"scores must be seeds x versions with at least one seed, got shape {array.shape}")
     return array.mean(axis=0)
-
-
-def crossing(versions: Sequence[float], curve: Sequence[float], target: float) -> float | None:
-    """The version at which `curve` first reaches `target`, linear between validations; None if it never does.
-    A curve that starts at or above the target crosses at its first version."""
-    if len(versions) != len(curve) or not len(versions):
-        raise ValueError(f"versions ({len(versions)}) and curve ({len(curve)}) must be equally long and non-empty")
-    if curve[0] >= target:
-        return float(versions[0])
-    for i in range(1, len(curve)):
-        if curve[i] >= target:
-            low, high = curve[i - 1], curve[i]
-            share = (target - low) / (high - low)
-            return float(versions[i - 1] + share * (versions[i] - versions[i - 1]))
-    return None
 
 
 def paired_crossings(

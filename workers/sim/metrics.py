@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from resources.ledger import Ledger
+from workers.algo.crossing import crossing
 
 
 def run_metrics(ledger: Ledger, coordinator, target: float | None) -> dict[str, Any]:
@@ -25,11 +26,14 @@ def run_metrics(ledger: Ledger, coordinator, target: float | None) -> dict[str, 
     curve = q("SELECT max(score) AS best, arg_max(score, iteration) AS final FROM validation_curve")[0]
     reached = None
     if target is not None:
-        rows = q(
-            "SELECT min(elapsed_s) AS s, min(cumulative_usd) AS usd FROM validation_curve "
-            f"WHERE score >= {float(target)!r}"
-        )
-        reached = rows[0] if rows and rows[0]["s"] is not None else None
+        # Linear between validations, as the exploration bench reads its curves: read only at the validations,
+        # a run that crosses just after one waits validate_every iterations, and speed-ups between two cadence
+        # steps all read alike.
+        rows = q("SELECT elapsed_s, cumulative_usd, score FROM validation_curve ORDER BY iteration")
+        scores = [r["score"] for r in rows]
+        at_s = crossing([r["elapsed_s"] for r in rows], scores, float(target)) if rows else None
+        if at_s is not None:
+            reached = {"s": at_s, "usd": crossing([r["cumulative_usd"] for r in rows], scores, float(target))}
     explored = q("SELECT count(*) AS n, coalesce(avg(time_used_s), 0) AS used_s FROM exploration WHERE arm <> 'none'")[
         0
     ]

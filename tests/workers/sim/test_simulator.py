@@ -298,3 +298,29 @@ def test_a_batched_rollout_request_is_replayed_as_its_samples(tmp_path):
     assert replay.times.step_s == pytest.approx((3.2 + 4.8) / (8 * 10))  # seconds per sample-step: 0.1
     assert replay.setup.iterations[0].claim_s == pytest.approx(0.1 / 6)  # the hand-over, per sample
     assert replay.config.group_size == 4 and replay.config.keep_factor == 1.5
+
+
+def test_the_time_to_a_target_falls_between_validations_so_a_larger_speedup_reads_sooner(tmp_path):
+    """Read only at the validations (every 5 iterations here), a 1.2x and a 1.4x faster learner both 'reach' the
+    target at the same validation, and a 2.8x one at the same as 1.5x (the MiniOCR re-run's first table): the time
+    to a target is where the run's validation curve crosses it, linear between readings, as the bench reads its
+    curves."""
+    from dataclasses import replace
+
+    from workers.sim.inputs import LearningCurve
+
+    curve = LearningCurve((0.0, 20.0), (0.0, 1.0), "linear, test")
+    reached = {}
+    for speedup in (1.2, 1.4):
+        out = tmp_path / str(speedup)
+        out.mkdir()
+        config = replace(small("spotlight", explore_speedup=speedup), iterations=10, validate_every=5)
+        result = simulate(config, model_preset("qwen-image-20b"), parse_market("none"), curve, out_dir=out, target=0.3)
+        readings = query_ledger(out / "ledger.duckdb", "SELECT elapsed_s, score FROM validation_curve ORDER BY 1").rows
+        first = next(i for i, (_, score) in enumerate(readings) if score >= 0.3)
+        hours = result.metrics["hours_to_target"]
+        assert readings[first - 1][0] / 3600 < hours < readings[first][0] / 3600  # between two validations
+        assert 0 < result.metrics["usd_to_target"]
+        reached[speedup] = result.metrics
+    assert reached[1.4]["hours_to_target"] < reached[1.2]["hours_to_target"]
+    assert reached[1.4]["usd_to_target"] < reached[1.2]["usd_to_target"]
