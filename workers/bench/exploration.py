@@ -163,12 +163,10 @@ class ExplorationBench:
         value, the run's, and the flag that would set it here): the bench explores with its own flags' defaults, so
         a bench of a preset that explores otherwise measures another design unless told. Empty without `explore`."""
         from workers.explore.state import explore_config_for
-        from workers.trainer.presets import preset_config
 
         if "explore" not in self.strategies:
             return {}
-        mine, run, config = self.explore_config(), explore_config_for(self.preset), self.train_config()
-        rollouts = preset_config(self.preset).explore.explore_budget_rollouts
+        mine, run = self.explore_config(), explore_config_for(self.preset)
         pairs = {
             "seed_multipliers": ("--seed-multiplier", mine.seed_multipliers, run.seed_multipliers),
             "cache_levels": ("--level", mine.cache_levels, run.cache_levels),
@@ -176,9 +174,8 @@ class ExplorationBench:
             "control_prompts": ("--control-prompts", mine.control_prompts, run.control_prompts),
             "min_arm_tau": ("--min-arm-tau", mine.bandit.min_arm_tau, run.bandit.min_arm_tau),
         }
-        if rollouts is not None:  # a run on a request budget (a GPU preset's stops when training ends)
-            budget = rollouts * config.prompts_per_iteration * config.group_size
-            pairs["explore_samples"] = ("--explore-samples", self.explore_samples, budget)
+        if run.budget_samples is not None:  # a run on a request budget (a GPU preset's stops when training ends)
+            pairs["explore_samples"] = ("--explore-samples", self.explore_samples, run.budget_samples)
         return {name: {"bench": b, "run": r, "flag": f} for name, (f, b, r) in pairs.items() if b != r}
 
     def learning_runs(self, checkpoint: str | None) -> list[LearningRun]:

@@ -252,10 +252,9 @@ def replay_inputs(path: str | Path) -> Replay:
     # explored prompt (the most; cpu_tiny_spot: 12 of 8).
     shape = _rows(
         path,
-        "SELECT min(n) AS g, max(n) AS w FROM "
-        "(SELECT count(*) AS n FROM requests WHERE kind = 'rollout' GROUP BY iteration, prompt)",
+        "SELECT min(n) AS g, max(n) AS w, count(*) FILTER (WHERE iteration = 0) AS p FROM "
+        "(SELECT iteration, count(*) AS n FROM requests WHERE kind = 'rollout' GROUP BY iteration, prompt)",
     )[0]
-    prompts = _rows(path, "SELECT count(DISTINCT prompt) AS p FROM requests WHERE kind = 'rollout' AND iteration = 0")
     iterations = _rows(path, "SELECT max(iteration) AS k FROM iterations")[0]["k"]
     group = int(shape["g"])
     config = SimConfig(
@@ -264,7 +263,7 @@ def replay_inputs(path: str | Path) -> Replay:
         num_trainer_gpus=1,
         gpus_per_node=1,
         iterations=int(iterations),
-        prompts_per_iteration=int(prompts[0]["p"]),
+        prompts_per_iteration=int(shape["p"]),
         group_size=group,
         keep_factor=int(shape["w"]) / group,
         commit_every=2,

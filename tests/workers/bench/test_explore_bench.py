@@ -296,7 +296,7 @@ def test_the_explore_arm_a_bench_measured_is_how_spotlight_run_explores_that_pre
 
     import workers.bench.exploration as exploration
     from pipelines.cli import app
-    from workers.explore.state import explore_config_for
+    from workers.coordinator.run_settings import RunSettings
     from workers.trainer.presets import preset_config
 
     measured = []
@@ -305,7 +305,7 @@ def test_the_explore_arm_a_bench_measured_is_how_spotlight_run_explores_that_pre
         app, ["bench", "exploration", "--json", "--preset", preset, "--strategy", "explore", *flags]
     )
     assert done.exit_code == 0, done.output
-    bench, run = measured[0].explore_config(), explore_config_for(preset)
+    bench, run = measured[0].explore_config(), RunSettings.of(preset_config(preset)).explore  # what the run reads
     fields = ("seed_multipliers", "cache_levels", "keep_factors", "control_prompts")
     assert {f: getattr(bench, f) for f in fields} == {f: getattr(run, f) for f in fields}
     assert bench.bandit.min_arm_tau == run.bandit.min_arm_tau
