@@ -133,11 +133,13 @@ _WRITER = textwrap.dedent("""
     import sys, time
     from resources.ledger import Ledger
     from resources.ledger.records import RequestRecord
+    from pathlib import Path
     ledger = Ledger(sys.argv[1])
+    stop = Path(sys.argv[2])
     print("ready", flush=True)
-    end = time.monotonic() + float(sys.argv[2])
+    end = time.monotonic() + 120  # a bound if the test dies before it asks the writer to stop
     i = 0
-    while time.monotonic() < end:
+    while not stop.exists() and time.monotonic() < end:
         ledger.record_request(RequestRecord(f"r-{i}", 0, "rollout", "p", i, 0, "w", 1, reward=0.5))
         i += 1
     print(i, flush=True)
@@ -145,26 +147,33 @@ _WRITER = textwrap.dedent("""
 
 
 def test_a_reader_works_while_a_writer_is_recording(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.duckdb"
+    path, stop = tmp_path / "ledger.duckdb", tmp_path / "stop"
     writer = ProcessLines(
         subprocess.Popen(
-            [sys.executable, "-c", _WRITER, str(path), "3"],
+            [sys.executable, "-c", _WRITER, str(path), str(stop)],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
     )
+    # The writer records until told to stop, so the reads fall inside its writing however
+    # loaded the machine is (a writer on a clock could finish before a slow reader's first read).
     try:
         writer.expect("ready", timeout_s=60)
-        seen = []
-        for _ in range(8):
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(set(seen)) < 3 and time.monotonic() < deadline:
             seen.append(query_ledger(path, "SELECT count(*) FROM requests", timeout_s=10).rows[0][0])
-            time.sleep(0.1)
+            assert writer.proc.poll() is None, "the writer ended before the reads did"
+            time.sleep(0.05)
+        stop.touch()
         written = int(writer.finish(timeout_s=60)[0][-1])
     finally:
+        stop.touch()
         writer.proc.kill()
-    assert seen == sorted(seen) and seen[0] < seen[-1] <= written  # reads interleaved with writes
+    assert len(set(seen)) >= 3, f"the reads saw no new rows while the writer recorded: {seen}"
+    assert seen == sorted(seen) and seen[-1] <= written  # each read is a consistent snapshot
     assert query_ledger(path, "SELECT count(*) FROM requests").rows[0][0] == written
 
 
