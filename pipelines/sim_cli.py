@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -46,6 +47,10 @@ def _inputs(
     learning, measured = _curve(curve, target)
     if explore_speedup is None:
         explore_speedup = measured or 1.0
+    elif curve is not None and explore_speedup != measured:  # the report names the speed-up the runs used
+        learning = replace(
+            learning, source=f"{learning.source}; explore speedup {explore_speedup:g} used, from --explore-speedup"
+        )
     base = SimConfig(
         POLICIES["spotlight"], iterations=iterations, explore_speedup=explore_speedup, keep_factor=keep_factor
     )

@@ -3,6 +3,8 @@ bad input fails early."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -161,7 +163,9 @@ def test_a_bench_record_gives_the_learning_curve_and_the_measured_exploration_sp
     summary = [line for line in done.output.splitlines() if '"summary"' in line][0]
     assert "mean held-out over 3 run seeds" in summary and '"explore_speedup": 2.0' in summary
     done = CliRunner().invoke(app, args[:-1] + ["--explore-speedup", "1.0", "--json"])
-    assert '"explore_speedup": 1.0' in done.output  # the command line wins over the record
+    summary = [line for line in done.output.splitlines() if '"summary"' in line][0]
+    assert '"explore_speedup": 1.0' in summary  # the command line wins over the record
+    assert "explore speedup 1 used, from --explore-speedup" in json.loads(summary)["curve"]  # and the report says so
     (tmp_path / "not_bench.json").write_text("{}")
     done = CliRunner().invoke(app, ["simulate", "--curve", str(tmp_path / "not_bench.json")])
     assert done.exit_code != 0 and "not a `spotlight bench exploration --json` record" in " ".join(done.output.split())
