@@ -137,6 +137,18 @@ def request_id(iteration: int, prompt_index: int, sample_index: int) -> str:
     return f"it{iteration}-p{prompt_index}-s{sample_index}"
 
 
+def batch_request_id(first_request_id: str, samples: int) -> str:
+    """`it3-p2-s0x8`: the queue id of a batched rollout request, a prompt's `samples` seeds from
+    `first_request_id` on (each sample keeps its own request id for its result and its ledger row)."""
+    return f"{first_request_id}x{samples}"
+
+
+BATCH_SAMPLES_SQL_RE = "-s[0-9]+x([0-9]+)$"
+"""SQL regexp (DuckDB's RE2) whose group 1 is a batch_request_id's sample count; no match: one sample."""
+BATCH_FIRST_SAMPLE_SQL_RE = ("(-s[0-9]+)x[0-9]+$", "\\1")
+"""regexp_replace's (pattern, replacement) from a batch_request_id to its first sample's request id."""
+
+
 def rollout_key(run: str, iteration: int, request_id: str) -> str:
     """Final result of one request; committed exclusively (first writer wins)."""
     return rollouts_prefix(run, iteration) + check_name(request_id, "request id")

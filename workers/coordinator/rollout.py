@@ -22,7 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from resources.keys import request_id, rollout_key  # request_id: re-exported, the rollout phase names its requests
+from resources.keys import (  # request_id: re-exported, the rollout phase names its requests
+    batch_request_id,
+    request_id,
+    rollout_key,
+)
 from resources.ledger.records import RequestRecord, components_json
 from resources.store.base import TensorStore
 from workers.algo.sampler import Trajectory
@@ -83,7 +87,7 @@ def queue_batches(requests: list[PlannedRequest], seeds_per_request: int) -> lis
     for _, group in itertools.groupby(requests, key=lambda r: r.prompt_index):
         group = list(group)
         for chunk in (group[n : n + seeds_per_request] for n in range(0, len(group), seeds_per_request)):
-            rid = chunk[0].request_id if len(chunk) == 1 else f"{chunk[0].request_id}x{len(chunk)}"
+            rid = chunk[0].request_id if len(chunk) == 1 else batch_request_id(chunk[0].request_id, len(chunk))
             out.append((rid, RolloutSpec.batched([r.spec for r in chunk], [r.request_id for r in chunk])))
     return out
 

@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from resources.cluster.preemption import PreemptionEvent
+from resources.keys import BATCH_FIRST_SAMPLE_SQL_RE, BATCH_SAMPLES_SQL_RE
 from resources.ledger.db import query_ledger
 from workers.sim.config import SimConfig, get_policy
 from workers.sim.inputs import IterationTimes, LearningCurve, ServiceTimes, Setup, WorkerTimes
@@ -98,8 +99,9 @@ def _timeline(it: dict, p: dict, before_s: float) -> IterationTimes:
 
 ATTEMPTS_SQL = (
     "SELECT a.worker_id, a.started_at, a.ended_at, a.steps_done, a.resumed_from_step, a.outcome, r.kind, "
-    "r.iteration, coalesce(try_cast(regexp_extract(a.request_id, '-s[0-9]+x([0-9]+)$', 1) AS INTEGER), 1) AS samples "
-    "FROM attempts a JOIN requests r ON r.request_id = regexp_replace(a.request_id, '(-s[0-9]+)x[0-9]+$', '\\1') "
+    f"r.iteration, coalesce(try_cast(regexp_extract(a.request_id, '{BATCH_SAMPLES_SQL_RE}', 1) AS INTEGER), 1) "
+    "AS samples FROM attempts a JOIN requests r ON r.request_id = "
+    f"regexp_replace(a.request_id, '{BATCH_FIRST_SAMPLE_SQL_RE[0]}', '{BATCH_FIRST_SAMPLE_SQL_RE[1]}') "
     "ORDER BY a.worker_id, a.started_at"
 )
 """Every attempt with its request's kind and iteration, and how many samples it drew. A batched rollout request (a

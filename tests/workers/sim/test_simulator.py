@@ -268,6 +268,7 @@ def test_a_batched_rollout_request_is_replayed_as_its_samples(tmp_path):
     prompt 1 as a keep factor of 1.5."""
     from datetime import datetime, timedelta
 
+    from resources.keys import batch_request_id, request_id
     from resources.ledger import Ledger
     from resources.ledger.records import AttemptRecord, RequestRecord
     from workers.sim.measure import attempt_rows, replay_inputs
@@ -283,12 +284,13 @@ def test_a_batched_rollout_request_is_replayed_as_its_samples(tmp_path):
         ledger.record_phase(0, phase, at(start), at(end))
     seeds = {0: 4, 1: 6}
     ledger.record_requests(
-        RequestRecord(f"it0-p{p}-s{s}", 0, "rollout", f"prompt {p}", s, 0, "w0.0", 1, finished_at=at(11))
+        RequestRecord(request_id(0, p, s), 0, "rollout", f"prompt {p}", s, 0, "w0.0", 1, finished_at=at(11))
         for p, n in seeds.items()
         for s in range(n)
     )
     for p, n, start, end in ((0, 4, 2.5, 5.7), (1, 6, 5.8, 10.6)):
-        ledger.record_attempt(AttemptRecord(f"it0-p{p}-s0x{n}", 1, "w0.0", at(start), at(end), "done", steps_done=8))
+        queue_id = batch_request_id(request_id(0, p, 0), n)  # as the rollout phase names it (queue_batches)
+        ledger.record_attempt(AttemptRecord(queue_id, 1, "w0.0", at(start), at(end), "done", steps_done=8))
     ledger.end_iteration(0, at=at(15))
     ledger.start_iteration(1, weights_version=1, at=at(15))  # the final iteration: sync only
     ledger.record_phase(1, "sync", at(15), at(16))
