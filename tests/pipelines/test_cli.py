@@ -142,6 +142,36 @@ def test_train_explores_on_a_sample_budget_and_the_ledger_shows_the_explored_pla
     ]  # every arm untried: the cheapest first
 
 
+def test_a_run_files_explore_section_is_how_the_run_explores(tmp_path, tiny_policy):
+    """The seam from a user's run file to the exploration that runs: the file names a sample budget, one arm and a
+    control prompt; every explored plan in the ledger uses that arm, and one of the two prompts keeps its default
+    seeds (the preset's own arms would start at m8-quarter_steps on both)."""
+    from workers.model.tiny_policy import save_policy
+
+    save_policy(tiny_policy, tmp_path / "ckpt")
+    (tmp_path / "run.yaml").write_text(
+        "explore:\n  explore_samples: 16\n  seed_multipliers: [4]\n  cache_levels: [half_steps]\n  control_prompts: 1\n"
+    )
+    run = tmp_path / "run"
+    args = ["train", "--preset", "cpu_smoke", "--config", str(tmp_path / "run.yaml"), "--iterations", "3"]
+    result = runner.invoke(app, [*args, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    rows = runner.invoke(
+        app,
+        [
+            "ledger",
+            "SELECT iteration, planner, explored_prompts FROM exploration_payoff ORDER BY iteration",
+            "--db",
+            str(run / "ledger.duckdb"),
+            "--json",
+        ],
+    )
+    payoff = [json.loads(line) for line in rows.stdout.splitlines() if line.startswith("{")]
+    explored = [(r["planner"], r["explored_prompts"]) for r in payoff if r["iteration"] > 0]
+    # cpu_smoke: 2 prompts x G = 4; m16 is 4 x G.
+    assert explored and set(explored) == {("explore:m16-half_steps", 1)}, payoff
+
+
 def test_train_with_the_nft_objective_writes_its_steps_to_the_ledger(tmp_path, tiny_policy):
     """NFT updates have no PPO clip: the ledger's clip_fraction is NULL, not a crash (it was a KeyError)."""
     from workers.model.tiny_policy import save_policy

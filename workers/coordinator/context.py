@@ -136,8 +136,9 @@ class RunContext:
     """Iterations whose rollout results stay in the store once an iteration ends: None keeps them all (the
     pipeline's runs stay inspectable); 1 keeps the last (a redone iteration needs only its own)."""
     explore_config: Any = None
-    """workers.explore.state.ExploreConfig: the arms and fallback (None: its defaults); num_workers is set to the
-    rollout workers alive when exploration starts."""
+    """workers.explore.state.ExploreConfig: the arms and fallback, from the run's config (RunSettings.explore; None,
+    in a context built in code: the preset's, explore_config_for); num_workers is set to the rollout workers alive
+    when exploration starts."""
     validation: Any = None
     """workers.task.validation.ValidationConfig: the validation reward and held-out prompts (None: the defaults,
     MiniGenEval's detector for the pixel policy, the run's reward for a diffusers pipeline)."""
