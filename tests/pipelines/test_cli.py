@@ -105,6 +105,14 @@ def test_train_writes_a_ledger_that_spotlight_ledger_reads(tmp_path, tiny_policy
     assert steps.stdout.strip().splitlines()[-1] == "2"
 
 
+def _payoff(run) -> list[dict]:
+    """Each iteration's planner and explored prompts, as `spotlight ledger` reads them from the run's ledger."""
+    sql = "SELECT iteration, planner, explored_prompts FROM exploration_payoff ORDER BY iteration"
+    rows = runner.invoke(app, ["ledger", sql, "--db", str(run / "ledger.duckdb"), "--json"])
+    assert rows.exit_code == 0, rows.output
+    return [json.loads(line) for line in rows.stdout.splitlines() if line.startswith("{")]
+
+
 def test_train_explores_on_a_sample_budget_and_the_ledger_shows_the_explored_plans(tmp_path, tiny_policy):
     from workers.model.tiny_policy import save_policy
 
@@ -125,17 +133,7 @@ def test_train_explores_on_a_sample_budget_and_the_ledger_shows_the_explored_pla
         ],
     )
     assert result.exit_code == 0, result.output
-    rows = runner.invoke(
-        app,
-        [
-            "ledger",
-            "SELECT iteration, planner, explored_prompts FROM exploration_payoff ORDER BY iteration",
-            "--db",
-            str(run / "ledger.duckdb"),
-            "--json",
-        ],
-    )
-    payoff = [json.loads(line) for line in rows.stdout.splitlines() if line.startswith("{")]
+    payoff = _payoff(run)
     assert [(r["iteration"], r["planner"], r["explored_prompts"]) for r in payoff] == [
         (0, "default", 0),
         (1, "explore:m8-quarter_steps", 2),
@@ -156,17 +154,7 @@ def test_a_run_files_explore_section_is_how_the_run_explores(tmp_path, tiny_poli
     args = ["train", "--preset", "cpu_smoke", "--config", str(tmp_path / "run.yaml"), "--iterations", "3"]
     result = runner.invoke(app, [*args, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(run)])
     assert result.exit_code == 0, result.output
-    rows = runner.invoke(
-        app,
-        [
-            "ledger",
-            "SELECT iteration, planner, explored_prompts FROM exploration_payoff ORDER BY iteration",
-            "--db",
-            str(run / "ledger.duckdb"),
-            "--json",
-        ],
-    )
-    payoff = [json.loads(line) for line in rows.stdout.splitlines() if line.startswith("{")]
+    payoff = _payoff(run)
     explored = [(r["planner"], r["explored_prompts"]) for r in payoff if r["iteration"] > 0]
     # cpu_smoke: 2 prompts x G = 4; m16 is 4 x G.
     assert explored and set(explored) == {("explore:m16-half_steps", 1)}, payoff
